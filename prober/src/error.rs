@@ -1,0 +1,150 @@
+//! The prober's error type.
+//!
+//! Every variant carries the context an operator needs to act on it (which verb, which
+//! resource, which API server URL, which pod) and maps to a short static
+//! [`Error::reason`] usable as a metric label. `main` turns any error into one line on
+//! stderr and exit code 2 (DESIGN §4: "the run errored").
+
+use thiserror::Error;
+
+/// Errors the prober library returns.
+#[derive(Debug, Error)]
+pub enum Error {
+    /// A command-line value could not be used (bad selector, toleration, kind, …).
+    #[error("invalid {flag}: {message}")]
+    Config {
+        /// The flag, e.g. `--toleration`.
+        flag: &'static str,
+        /// What is wrong with the value.
+        message: String,
+    },
+
+    /// No kubeconfig / in-cluster config could be found or loaded.
+    #[error("cannot load Kubernetes client configuration (KUBECONFIG or in-cluster): {0}")]
+    ClientConfig(String),
+
+    /// The API server could not be reached at all (connect/TLS/timeout).
+    #[error("cannot reach the Kubernetes API at {url} ({verb} {resource}): {message}")]
+    Unreachable {
+        /// API server URL from the client configuration.
+        url: String,
+        /// The HTTP verb as the API names it: get, list, watch, create, delete.
+        verb: &'static str,
+        /// The resource, e.g. `pods in namespace firstpacket`.
+        resource: String,
+        /// The transport error text.
+        message: String,
+    },
+
+    /// The API server answered with an error Status (403, 422, 500, …).
+    #[error("Kubernetes API at {url} refused {verb} {resource}: HTTP {code} {reason}: {message}")]
+    Api {
+        /// API server URL.
+        url: String,
+        /// The verb.
+        verb: &'static str,
+        /// The resource.
+        resource: String,
+        /// HTTP status code from the `Status` body.
+        code: u16,
+        /// `Status.reason` (e.g. `Forbidden`).
+        reason: String,
+        /// `Status.message`.
+        message: String,
+    },
+
+    /// Too few Nodes are eligible to form a `cross_node` pair.
+    #[error("need at least 2 eligible nodes for cross_node probes, found {eligible}{detail}")]
+    NotEnoughNodes {
+        /// Eligible count.
+        eligible: usize,
+        /// Why the others were skipped (already formatted, may be empty).
+        detail: String,
+    },
+
+    /// A wait on the pod watch gave up (the watch never delivered its initial list).
+    #[error("pod watch did not become ready within {seconds}s: {message}")]
+    WatchNotReady {
+        /// The wait, seconds.
+        seconds: u64,
+        /// The last watch error, if any.
+        message: String,
+    },
+
+    /// Writing an output file failed.
+    #[error("cannot write {path}: {source}")]
+    Output {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A feature that the CLI accepts but this version does not implement.
+    #[error("{0} is not implemented yet")]
+    NotImplemented(String),
+}
+
+impl Error {
+    /// Short static label for metrics and logs (bounded set).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::Config { .. } => "config",
+            Error::ClientConfig(_) => "client_config",
+            Error::Unreachable { .. } => "api_unreachable",
+            Error::Api { code: 403, .. } => "api_forbidden",
+            Error::Api { .. } => "api_error",
+            Error::NotEnoughNodes { .. } => "not_enough_nodes",
+            Error::WatchNotReady { .. } => "watch_not_ready",
+            Error::Output { .. } => "output",
+            Error::NotImplemented(_) => "not_implemented",
+        }
+    }
+
+    /// Wraps a kube client error with the request's context.
+    ///
+    /// `kube::Error::Api` (a `Status` body) becomes [`Error::Api`]; every other error
+    /// (hyper/tower transport, TLS, decoding) becomes [`Error::Unreachable`].
+    pub fn from_kube(err: kube::Error, url: &str, verb: &'static str, resource: impl Into<String>) -> Self {
+        match err {
+            kube::Error::Api(status) => Error::Api {
+                url: url.to_string(),
+                verb,
+                resource: resource.into(),
+                code: status.code,
+                reason: status.reason.clone(),
+                message: status.message.clone(),
+            },
+            other => Error::Unreachable {
+                url: url.to_string(),
+                verb,
+                resource: resource.into(),
+                message: error_chain(&other),
+            },
+        }
+    }
+}
+
+/// Flattens an error and its sources into one line (`a: b: c`).
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        let s = e.to_string();
+        if !out.contains(&s) {
+            out.push_str(": ");
+            out.push_str(&s);
+        }
+        cur = e.source();
+    }
+    out
+}
+
+/// HTTP code of a kube error if it is an API `Status` (e.g. 404, 409).
+pub fn kube_status_code(err: &kube::Error) -> Option<u16> {
+    match err {
+        kube::Error::Api(s) => Some(s.code),
+        _ => None,
+    }
+}

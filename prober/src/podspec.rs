@@ -1,0 +1,450 @@
+//! Probe pod manifests (DESIGN §2 steps 2 and 4, §6 labels and pod-spec contract). Pure.
+//!
+//! Both pods run the `--image` (target-server) with **args only** — the image's
+//! entrypoint is its binary (DESIGN §6) — and a readiness probe on `/readyz` with
+//! `periodSeconds: 1`, `failureThreshold: 1`, so `Ready` turns `True` at the first
+//! passing kubelet probe. `restartPolicy: Never`, `terminationGracePeriodSeconds: 1`,
+//! `terminationMessagePolicy: FallbackToLogsOnError` (the source's JSON report is read
+//! from the termination message), and `activeDeadlineSeconds` =
+//! 2 × give-up + hold + 60 s so a killed prober never leaks a running pod
+//! (<https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/>).
+//! Placement is a required node affinity on `kubernetes.io/hostname`, so the pods go
+//! through the scheduler (taints, cordon) like real workloads.
+
+use crate::schedule::TolerationSpec;
+use k8s_openapi::api::core::v1::{
+    Affinity, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
+    LocalObjectReference, NodeAffinity, NodeSelector, NodeSelectorRequirement,
+    NodeSelectorTerm, ObjectFieldSelector, Pod, PodSpec, Probe,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use sha1::{Digest, Sha1};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// `app.kubernetes.io/name` label key (value [`APP_NAME`]).
+pub const LABEL_NAME: &str = "app.kubernetes.io/name";
+/// `app.kubernetes.io/component` label key (`probe-target`, `probe-source`, `probe-filler`).
+pub const LABEL_COMPONENT: &str = "app.kubernetes.io/component";
+/// Prober instance id label key.
+pub const LABEL_INSTANCE: &str = "firstpacket.io/instance";
+/// Probe id label key.
+pub const LABEL_PROBE_ID: &str = "firstpacket.io/probe-id";
+/// Probe kind label key (`cross_node`, …).
+pub const LABEL_KIND: &str = "firstpacket.io/kind";
+/// Value of [`LABEL_NAME`] on everything the prober creates.
+pub const APP_NAME: &str = "firstpacket";
+/// Field manager sent on every write (a fixed manager, STYLE.md).
+pub const FIELD_MANAGER: &str = "firstpacket-prober";
+/// Container name in probe pods.
+pub const CONTAINER_NAME: &str = "target-server";
+/// Port target-server listens on in both pods.
+pub const SERVER_PORT: i32 = 8080;
+/// Margin added to `activeDeadlineSeconds` beyond 2 × give-up + hold.
+pub const DEADLINE_MARGIN: Duration = Duration::from_secs(60);
+
+/// Which pod of a probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodRole {
+    /// T: `target-server serve`.
+    Target,
+    /// S: `target-server probe`.
+    Source,
+}
+
+impl PodRole {
+    /// The `app.kubernetes.io/component` value.
+    pub fn component(self) -> &'static str {
+        match self {
+            PodRole::Target => "probe-target",
+            PodRole::Source => "probe-source",
+        }
+    }
+
+    /// Pod-name suffix (`t` / `s`).
+    pub fn suffix(self) -> &'static str {
+        match self {
+            PodRole::Target => "t",
+            PodRole::Source => "s",
+        }
+    }
+}
+
+/// Everything a probe pod manifest depends on besides the probe itself.
+#[derive(Debug, Clone)]
+pub struct PodConfig {
+    /// Namespace the pods go to.
+    pub namespace: String,
+    /// target-server image.
+    pub image: String,
+    /// Prober instance id (`gate-xxxxxxxx`).
+    pub instance: String,
+    /// From `--toleration`.
+    pub tolerations: Vec<TolerationSpec>,
+    /// From `--image-pull-secret`.
+    pub image_pull_secrets: Vec<String>,
+    /// From `--priority-class`.
+    pub priority_class: Option<String>,
+    /// Source attempt spacing (`--dial-interval`).
+    pub dial_interval: Duration,
+    /// Per-attempt timeout.
+    pub attempt_timeout: Duration,
+    /// Source gives up after this long without success.
+    pub give_up: Duration,
+    /// Hold after the first success.
+    pub hold: Duration,
+    /// Owner (the prober pod) when running in-cluster.
+    pub owner: Option<OwnerReference>,
+}
+
+/// Pod name of one probe's pod: `fp-<probe id>-t` / `fp-<probe id>-s`.
+pub fn pod_name(probe_id: &str, role: PodRole) -> String {
+    format!("fp-{probe_id}-{}", role.suffix())
+}
+
+/// `activeDeadlineSeconds` = ceil(2 × give-up + hold + 60 s), in whole seconds.
+pub fn active_deadline_seconds(give_up: Duration, hold: Duration) -> i64 {
+    let total = give_up * 2 + hold + DEADLINE_MARGIN;
+    let secs = total.as_secs() + u64::from(total.subsec_nanos() > 0);
+    i64::try_from(secs).unwrap_or(i64::MAX)
+}
+
+/// A duration as a target-server flag value: whole seconds as `60s`, else milliseconds
+/// (`100ms`, `1500ms`); both are humantime syntax, which target-server parses.
+pub fn duration_arg(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms % 1000 == 0 {
+        format!("{}s", ms / 1000)
+    } else {
+        format!("{ms}ms")
+    }
+}
+
+/// Calico's host-side interface name for a pod: `cali` + the first 11 hex characters of
+/// SHA-1(`<namespace>.<pod>`) (libcalico-go `lib/names/names.go`,
+/// `VethNameForWorkload`). The testbed names its veths the same way (DESIGN §5).
+pub fn calico_iface_name(namespace: &str, pod: &str) -> String {
+    let digest = Sha1::digest(format!("{namespace}.{pod}").as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("cali{}", &hex[..11])
+}
+
+/// The five labels of DESIGN §6 for one probe pod.
+pub fn probe_labels(
+    instance: &str,
+    probe_id: &str,
+    kind: &str,
+    role: PodRole,
+) -> BTreeMap<String, String> {
+    [
+        (LABEL_NAME, APP_NAME),
+        (LABEL_COMPONENT, role.component()),
+        (LABEL_INSTANCE, instance),
+        (LABEL_PROBE_ID, probe_id),
+        (LABEL_KIND, kind),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+/// Label selector for every pod of one prober instance.
+pub fn instance_selector(instance: &str) -> String {
+    format!("{LABEL_INSTANCE}={instance}")
+}
+
+/// Args of the target container: `serve --port 8080`.
+pub fn target_args() -> Vec<String> {
+    ["serve", "--port", "8080"].map(String::from).to_vec()
+}
+
+/// Args of the source container (`target-server probe`, DESIGN §6 flags).
+pub fn source_args(cfg: &PodConfig, target_ip: &str, target_pod: &str) -> Vec<String> {
+    vec![
+        "probe".into(),
+        "--target".into(),
+        format!("{target_ip}:{SERVER_PORT}"),
+        "--expect-pod".into(),
+        target_pod.into(),
+        "--interval".into(),
+        duration_arg(cfg.dial_interval),
+        "--attempt-timeout".into(),
+        duration_arg(cfg.attempt_timeout),
+        "--give-up".into(),
+        duration_arg(cfg.give_up),
+        "--hold".into(),
+        duration_arg(cfg.hold),
+    ]
+}
+
+fn field_env(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_string(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                api_version: None,
+                field_path: path.to_string(),
+            }),
+            ..Default::default()
+        }),
+    }
+}
+
+/// Builds one probe pod.
+///
+/// `role` picks name suffix, component label and args (`target_args()` or
+/// `source_args(cfg, target_ip, target_pod)` — pass the latter in `args`). The pod is
+/// pinned to `node` by a required node affinity on `kubernetes.io/hostname`.
+pub fn probe_pod(
+    cfg: &PodConfig,
+    probe_id: &str,
+    kind: &str,
+    role: PodRole,
+    node: &str,
+    args: Vec<String>,
+) -> Pod {
+    let name = pod_name(probe_id, role);
+    let readiness = Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some("/readyz".into()),
+            port: IntOrString::Int(SERVER_PORT),
+            scheme: Some("HTTP".into()),
+            ..Default::default()
+        }),
+        period_seconds: Some(1),
+        failure_threshold: Some(1),
+        success_threshold: Some(1),
+        timeout_seconds: Some(1),
+        ..Default::default()
+    };
+    let container = Container {
+        name: CONTAINER_NAME.into(),
+        image: Some(cfg.image.clone()),
+        args: Some(args),
+        command: None,
+        env: Some(vec![
+            field_env("POD_NAME", "metadata.name"),
+            field_env("POD_NAMESPACE", "metadata.namespace"),
+            field_env("POD_IP", "status.podIP"),
+            field_env("NODE_NAME", "spec.nodeName"),
+        ]),
+        ports: Some(vec![ContainerPort {
+            name: Some("http".into()),
+            container_port: SERVER_PORT,
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
+        readiness_probe: Some(readiness),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        ..Default::default()
+    };
+    let affinity = Affinity {
+        node_affinity: Some(NodeAffinity {
+            required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                node_selector_terms: vec![NodeSelectorTerm {
+                    match_expressions: Some(vec![NodeSelectorRequirement {
+                        key: "kubernetes.io/hostname".into(),
+                        operator: "In".into(),
+                        values: Some(vec![node.to_string()]),
+                    }]),
+                    match_fields: None,
+                }],
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let tolerations: Vec<_> = cfg.tolerations.iter().map(TolerationSpec::to_k8s).collect();
+    let pull_secrets: Vec<_> = cfg
+        .image_pull_secrets
+        .iter()
+        .map(|s| LocalObjectReference { name: s.clone() })
+        .collect();
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: Some(cfg.namespace.clone()),
+            labels: Some(probe_labels(&cfg.instance, probe_id, kind, role)),
+            owner_references: cfg.owner.clone().map(|o| vec![o]),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![container],
+            affinity: Some(affinity),
+            restart_policy: Some("Never".into()),
+            termination_grace_period_seconds: Some(1),
+            active_deadline_seconds: Some(active_deadline_seconds(cfg.give_up, cfg.hold)),
+            automount_service_account_token: Some(false),
+            enable_service_links: Some(false),
+            tolerations: (!tolerations.is_empty()).then_some(tolerations),
+            image_pull_secrets: (!pull_secrets.is_empty()).then_some(pull_secrets),
+            priority_class_name: cfg.priority_class.clone(),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// The target pod T of a probe on `node`.
+pub fn target_pod(cfg: &PodConfig, probe_id: &str, kind: &str, node: &str) -> Pod {
+    probe_pod(cfg, probe_id, kind, PodRole::Target, node, target_args())
+}
+
+/// The source pod S of a probe on `node`, dialing `target_ip:8080` and expecting
+/// `target_pod` to answer.
+pub fn source_pod(
+    cfg: &PodConfig,
+    probe_id: &str,
+    kind: &str,
+    node: &str,
+    target_ip: &str,
+    target_pod: &str,
+) -> Pod {
+    let args = source_args(cfg, target_ip, target_pod);
+    probe_pod(cfg, probe_id, kind, PodRole::Source, node, args)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> PodConfig {
+        PodConfig {
+            namespace: "firstpacket".into(),
+            image: "ghcr.io/firstpacket/target-server:0.1.0".into(),
+            instance: "gate-abcd1234".into(),
+            tolerations: vec!["dedicated=net:NoSchedule".parse().expect("tol")],
+            image_pull_secrets: vec!["regcred".into()],
+            priority_class: Some("high".into()),
+            dial_interval: Duration::from_millis(100),
+            attempt_timeout: Duration::from_millis(900),
+            give_up: Duration::from_secs(60),
+            hold: Duration::from_secs(5),
+            owner: None,
+        }
+    }
+
+    #[test]
+    fn target_pod_carries_design_labels_affinity_and_args_only() {
+        let pod = target_pod(&cfg(), "abcd1234-0", "cross_node", "node-2");
+        assert_eq!(pod.metadata.name.as_deref(), Some("fp-abcd1234-0-t"));
+        let labels = pod.metadata.labels.clone().expect("labels");
+        assert_eq!(labels[LABEL_NAME], "firstpacket");
+        assert_eq!(labels[LABEL_COMPONENT], "probe-target");
+        assert_eq!(labels[LABEL_INSTANCE], "gate-abcd1234");
+        assert_eq!(labels[LABEL_PROBE_ID], "abcd1234-0");
+        assert_eq!(labels[LABEL_KIND], "cross_node");
+        let spec = pod.spec.expect("spec");
+        let c = &spec.containers[0];
+        assert!(c.command.is_none());
+        assert_eq!(c.args.as_deref(), Some(&target_args()[..]));
+        assert_eq!(c.image.as_deref(), Some("ghcr.io/firstpacket/target-server:0.1.0"));
+        let term = &spec
+            .affinity
+            .and_then(|a| a.node_affinity)
+            .and_then(|n| n.required_during_scheduling_ignored_during_execution)
+            .expect("required affinity")
+            .node_selector_terms[0];
+        let req = &term.match_expressions.as_ref().expect("exprs")[0];
+        assert_eq!(req.key, "kubernetes.io/hostname");
+        assert_eq!(req.operator, "In");
+        assert_eq!(req.values.as_deref(), Some(&["node-2".to_string()][..]));
+        assert!(spec.node_name.is_none(), "must go through the scheduler");
+        assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
+        assert_eq!(spec.active_deadline_seconds, Some(2 * 60 + 5 + 60));
+        assert_eq!(spec.automount_service_account_token, Some(false));
+        assert_eq!(spec.termination_grace_period_seconds, Some(1));
+        let rp = c.readiness_probe.as_ref().expect("readiness");
+        assert_eq!(rp.period_seconds, Some(1));
+        assert_eq!(rp.failure_threshold, Some(1));
+        let get = rp.http_get.as_ref().expect("httpGet");
+        assert_eq!(get.path.as_deref(), Some("/readyz"));
+        assert_eq!(get.port, IntOrString::Int(8080));
+        assert_eq!(
+            c.termination_message_policy.as_deref(),
+            Some("FallbackToLogsOnError")
+        );
+        let env: Vec<_> = c
+            .env
+            .iter()
+            .flatten()
+            .map(|e| {
+                let path = e
+                    .value_from
+                    .as_ref()
+                    .and_then(|v| v.field_ref.as_ref())
+                    .map(|f| f.field_path.clone());
+                (e.name.clone(), path)
+            })
+            .collect();
+        assert!(env.contains(&("POD_IP".into(), Some("status.podIP".into()))));
+        assert!(env.contains(&("NODE_NAME".into(), Some("spec.nodeName".into()))));
+        let tol = &spec.tolerations.expect("tolerations")[0];
+        assert_eq!(tol.key.as_deref(), Some("dedicated"));
+        assert_eq!(tol.operator.as_deref(), Some("Equal"));
+        assert_eq!(spec.priority_class_name.as_deref(), Some("high"));
+        assert_eq!(spec.image_pull_secrets.expect("secrets")[0].name, "regcred");
+    }
+
+    #[test]
+    fn source_pod_args_come_from_flags() {
+        let mut c = cfg();
+        c.dial_interval = Duration::from_millis(250);
+        c.hold = Duration::from_millis(1500);
+        let pod = source_pod(&c, "p1", "cross_node", "node-1", "10.0.1.5", "fp-p1-t");
+        assert_eq!(pod.metadata.name.as_deref(), Some("fp-p1-s"));
+        let labels = pod.metadata.labels.clone().expect("labels");
+        assert_eq!(labels[LABEL_COMPONENT], "probe-source");
+        let spec = pod.spec.expect("spec");
+        let args = spec.containers[0].args.clone().expect("args");
+        assert_eq!(
+            args,
+            [
+                "probe",
+                "--target",
+                "10.0.1.5:8080",
+                "--expect-pod",
+                "fp-p1-t",
+                "--interval",
+                "250ms",
+                "--attempt-timeout",
+                "900ms",
+                "--give-up",
+                "60s",
+                "--hold",
+                "1500ms"
+            ]
+        );
+        assert!(spec.containers[0].command.is_none());
+        assert_eq!(spec.active_deadline_seconds, Some(120 + 2 + 60));
+    }
+
+    #[test]
+    fn pod_serialises_without_command_and_with_camel_case_fields() {
+        let pod = target_pod(&cfg(), "x", "cross_node", "n");
+        let v = serde_json::to_value(&pod).expect("json");
+        let c = &v["spec"]["containers"][0];
+        assert!(c.get("command").is_none());
+        assert_eq!(v["spec"]["activeDeadlineSeconds"], 185);
+        assert_eq!(c["readinessProbe"]["periodSeconds"], 1);
+    }
+
+    #[test]
+    fn calico_iface_name_matches_sha1_of_namespace_dot_pod() {
+        // `printf 'default.web-0' | sha1sum` = 0d7763386da219ddff1f…
+        let name = calico_iface_name("default", "web-0");
+        assert_eq!(name, "cali0d7763386da");
+        assert_ne!(name, calico_iface_name("default", "web-1"));
+        assert_eq!(name, calico_iface_name("default", "web-0"));
+    }
+
+    #[test]
+    fn deadline_rounds_up_partial_seconds() {
+        assert_eq!(
+            active_deadline_seconds(Duration::from_millis(1500), Duration::from_millis(1)),
+            64
+        );
+    }
+}

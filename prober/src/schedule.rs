@@ -1,0 +1,556 @@
+//! Node-pair choice for `cross_node` probes (DESIGN §2 step 1). Pure: takes Node data,
+//! returns a plan; no I/O.
+//!
+//! Eligibility follows what the Kubernetes scheduler itself would accept for a probe pod:
+//! the Node's `Ready` condition is `True`, `spec.unschedulable` is not set (cordoned,
+//! <https://kubernetes.io/docs/concepts/architecture/nodes/#manual-node-administration>),
+//! its labels match `--node-selector` (label-selector syntax,
+//! <https://kubernetes.io/docs/concepts/overview/working-with-objects/labels/#label-selectors>),
+//! and every `NoSchedule`/`NoExecute` taint is tolerated by a `--toleration`
+//! (matching rules of `ToleratesTaint`, k8s.io/api `core/v1/toleration.go`).
+//!
+//! The plan is a shuffled ring (seeded, reproducible): pair `k` has
+//! `source = order[k % n]` and `target = order[(k + 1 + (k / n) % (n - 1)) % n]`, so each
+//! lap of `n` pairs uses every node once as source and once as target, and later laps
+//! shift the target offset so new pairs get exercised.
+
+use k8s_openapi::api::core::v1::{Node, Toleration};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+/// One requirement of an equality-based label selector.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Requirement {
+    /// `key=value` or `key==value`.
+    Equals(String, String),
+    /// `key!=value` (also true when the label is absent, as in Kubernetes).
+    NotEquals(String, String),
+    /// `key`: the label exists.
+    Exists(String),
+    /// `!key`: the label does not exist.
+    NotExists(String),
+}
+
+/// A label selector in Kubernetes' equality-based syntax, comma-separated
+/// (`kubernetes.io/os=linux,pool!=gpu`). Set-based forms (`in (…)`) are rejected with
+/// an error. An empty string selects every node.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeSelector {
+    /// All requirements must hold (AND).
+    pub requirements: Vec<Requirement>,
+}
+
+impl NodeSelector {
+    /// True when every requirement holds for `labels`.
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.requirements.iter().all(|r| match r {
+            Requirement::Equals(k, v) => labels.get(k) == Some(v),
+            Requirement::NotEquals(k, v) => labels.get(k) != Some(v),
+            Requirement::Exists(k) => labels.contains_key(k),
+            Requirement::NotExists(k) => !labels.contains_key(k),
+        })
+    }
+}
+
+impl FromStr for NodeSelector {
+    type Err = String;
+
+    /// Parses `k=v[,k==v][,k!=v][,k][,!k]`; errors name the offending term.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut requirements = Vec::new();
+        for term in s.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+            if term.contains('(') || term.contains(' ') {
+                return Err(format!(
+                    "'{term}': only equality-based selectors (k=v, k!=v, k, !k) are supported"
+                ));
+            }
+            let req = if let Some((k, v)) = term.split_once("!=") {
+                Requirement::NotEquals(k.to_string(), v.to_string())
+            } else if let Some((k, v)) = term.split_once("==") {
+                Requirement::Equals(k.to_string(), v.to_string())
+            } else if let Some((k, v)) = term.split_once('=') {
+                Requirement::Equals(k.to_string(), v.to_string())
+            } else if let Some(k) = term.strip_prefix('!') {
+                Requirement::NotExists(k.to_string())
+            } else {
+                Requirement::Exists(term.to_string())
+            };
+            let key = match &req {
+                Requirement::Equals(k, _)
+                | Requirement::NotEquals(k, _)
+                | Requirement::Exists(k)
+                | Requirement::NotExists(k) => k,
+            };
+            if key.is_empty() || key.contains('=') || key.contains('!') {
+                return Err(format!("'{term}': empty or malformed label key"));
+            }
+            requirements.push(req);
+        }
+        Ok(NodeSelector { requirements })
+    }
+}
+
+impl fmt::Display for NodeSelector {
+    /// The canonical selector string, as sent in `labelSelector=`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let parts: Vec<String> = self
+            .requirements
+            .iter()
+            .map(|r| match r {
+                Requirement::Equals(k, v) => format!("{k}={v}"),
+                Requirement::NotEquals(k, v) => format!("{k}!={v}"),
+                Requirement::Exists(k) => k.clone(),
+                Requirement::NotExists(k) => format!("!{k}"),
+            })
+            .collect();
+        f.write_str(&parts.join(","))
+    }
+}
+
+/// Taint effects (core/v1 `TaintEffect`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaintEffect {
+    /// New pods are not scheduled.
+    NoSchedule,
+    /// The scheduler avoids the node (ignored by eligibility).
+    PreferNoSchedule,
+    /// Running pods are evicted and new ones not scheduled.
+    NoExecute,
+}
+
+impl TaintEffect {
+    /// The API string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaintEffect::NoSchedule => "NoSchedule",
+            TaintEffect::PreferNoSchedule => "PreferNoSchedule",
+            TaintEffect::NoExecute => "NoExecute",
+        }
+    }
+}
+
+impl FromStr for TaintEffect {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "NoSchedule" => Ok(TaintEffect::NoSchedule),
+            "PreferNoSchedule" => Ok(TaintEffect::PreferNoSchedule),
+            "NoExecute" => Ok(TaintEffect::NoExecute),
+            other => Err(format!(
+                "unknown taint effect '{other}' (NoSchedule, PreferNoSchedule, NoExecute)"
+            )),
+        }
+    }
+}
+
+/// A `--toleration` value: `key[=value]:Effect`, `key:Effect`, or without `:Effect`
+/// (tolerates every effect, like a Kubernetes toleration with an empty effect).
+/// With `=value` the operator is `Equal`, otherwise `Exists`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TolerationSpec {
+    /// Taint key (non-empty).
+    pub key: String,
+    /// `Some` → operator `Equal`; `None` → operator `Exists`.
+    pub value: Option<String>,
+    /// `None` → every effect.
+    pub effect: Option<TaintEffect>,
+}
+
+impl FromStr for TolerationSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (kv, effect) = match s.rsplit_once(':') {
+            Some((kv, eff)) => (kv, Some(eff.parse::<TaintEffect>()?)),
+            None => (s, None),
+        };
+        let (key, value) = match kv.split_once('=') {
+            Some((k, v)) => (k, Some(v.to_string())),
+            None => (kv, None),
+        };
+        if key.is_empty() {
+            return Err(format!("'{s}': empty key (expected key[=value]:Effect)"));
+        }
+        Ok(TolerationSpec {
+            key: key.to_string(),
+            value,
+            effect,
+        })
+    }
+}
+
+impl fmt::Display for TolerationSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.key)?;
+        if let Some(v) = &self.value {
+            write!(f, "={v}")?;
+        }
+        if let Some(e) = self.effect {
+            write!(f, ":{}", e.as_str())?;
+        }
+        Ok(())
+    }
+}
+
+impl TolerationSpec {
+    /// Whether this toleration tolerates a taint (`ToleratesTaint` in k8s.io/api
+    /// `core/v1/toleration.go`: effect must match unless empty; key must match;
+    /// `Exists` ignores the value, `Equal` compares it).
+    pub fn tolerates(&self, taint: &NodeTaint) -> bool {
+        if let Some(e) = self.effect {
+            if e.as_str() != taint.effect {
+                return false;
+            }
+        }
+        if self.key != taint.key {
+            return false;
+        }
+        match &self.value {
+            None => true,
+            Some(v) => v == taint.value.as_deref().unwrap_or(""),
+        }
+    }
+
+    /// The pod-spec toleration.
+    pub fn to_k8s(&self) -> Toleration {
+        Toleration {
+            key: Some(self.key.clone()),
+            operator: Some(if self.value.is_some() { "Equal" } else { "Exists" }.to_string()),
+            value: self.value.clone(),
+            effect: self.effect.map(|e| e.as_str().to_string()),
+            toleration_seconds: None,
+        }
+    }
+}
+
+/// A Node taint as found in `spec.taints`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeTaint {
+    /// Taint key.
+    pub key: String,
+    /// Taint value (often absent).
+    pub value: Option<String>,
+    /// `NoSchedule`, `PreferNoSchedule` or `NoExecute`.
+    pub effect: String,
+}
+
+/// What the planner needs of a Node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeInfo {
+    /// `metadata.name`.
+    pub name: String,
+    /// `metadata.labels`.
+    pub labels: BTreeMap<String, String>,
+    /// `Ready` condition is `True`.
+    pub ready: bool,
+    /// `spec.unschedulable` (cordoned).
+    pub unschedulable: bool,
+    /// `spec.taints`.
+    pub taints: Vec<NodeTaint>,
+}
+
+impl NodeInfo {
+    /// Extracts the planner's view of a Node object.
+    pub fn from_node(node: &Node) -> Self {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let labels = node.metadata.labels.clone().unwrap_or_default();
+        let ready = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .map(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            .unwrap_or(false);
+        let spec = node.spec.as_ref();
+        let unschedulable = spec.and_then(|s| s.unschedulable).unwrap_or(false);
+        let taints = spec
+            .and_then(|s| s.taints.as_ref())
+            .map(|ts| {
+                ts.iter()
+                    .map(|t| NodeTaint {
+                        key: t.key.clone(),
+                        value: t.value.clone(),
+                        effect: t.effect.clone(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        NodeInfo {
+            name,
+            labels,
+            ready,
+            unschedulable,
+            taints,
+        }
+    }
+}
+
+/// Why a node was left out of the plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SkipReason {
+    /// `Ready` condition not `True`.
+    NotReady,
+    /// `spec.unschedulable: true`.
+    Cordoned,
+    /// Labels do not match `--node-selector`.
+    SelectorMismatch,
+    /// A `NoSchedule`/`NoExecute` taint no `--toleration` tolerates.
+    UntoleratedTaint(String),
+}
+
+impl fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SkipReason::NotReady => f.write_str("not Ready"),
+            SkipReason::Cordoned => f.write_str("cordoned"),
+            SkipReason::SelectorMismatch => f.write_str("does not match --node-selector"),
+            SkipReason::UntoleratedTaint(t) => write!(f, "untolerated taint {t}"),
+        }
+    }
+}
+
+/// Checks one node; `Ok(())` if probe pods can go there.
+pub fn check_node(
+    node: &NodeInfo,
+    selector: &NodeSelector,
+    tolerations: &[TolerationSpec],
+) -> Result<(), SkipReason> {
+    if !node.ready {
+        return Err(SkipReason::NotReady);
+    }
+    if node.unschedulable {
+        return Err(SkipReason::Cordoned);
+    }
+    if !selector.matches(&node.labels) {
+        return Err(SkipReason::SelectorMismatch);
+    }
+    for t in &node.taints {
+        if t.effect != "NoSchedule" && t.effect != "NoExecute" {
+            continue;
+        }
+        if !tolerations.iter().any(|tol| tol.tolerates(t)) {
+            let v = t.value.as_deref().map(|v| format!("={v}")).unwrap_or_default();
+            return Err(SkipReason::UntoleratedTaint(format!(
+                "{}{}:{}",
+                t.key, v, t.effect
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Splits nodes into eligible ones (sorted by name) and skipped ones with the reason.
+pub fn filter_nodes(
+    nodes: &[NodeInfo],
+    selector: &NodeSelector,
+    tolerations: &[TolerationSpec],
+) -> (Vec<NodeInfo>, Vec<(String, SkipReason)>) {
+    let mut eligible = Vec::new();
+    let mut skipped = Vec::new();
+    for n in nodes {
+        match check_node(n, selector, tolerations) {
+            Ok(()) => eligible.push(n.clone()),
+            Err(r) => skipped.push((n.name.clone(), r)),
+        }
+    }
+    eligible.sort_by(|a, b| a.name.cmp(&b.name));
+    skipped.sort_by(|a, b| a.0.cmp(&b.0));
+    (eligible, skipped)
+}
+
+/// One planned probe: 0-based index, source node (A) and target node (B).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedPair {
+    /// Position in the plan, 0-based.
+    pub index: usize,
+    /// Node of the source pod S.
+    pub source: String,
+    /// Node of the target pod T (≠ source).
+    pub target: String,
+}
+
+/// Plans `pairs` cross-node pairs over `nodes` (names; order irrelevant: they are sorted,
+/// then shuffled with `StdRng::seed_from_u64(seed)`, so the same seed and node set give
+/// the same plan). Returns `None` when fewer than 2 nodes are given.
+pub fn plan_ring(nodes: &[String], pairs: usize, seed: u64) -> Option<Vec<PlannedPair>> {
+    let n = nodes.len();
+    if n < 2 {
+        return None;
+    }
+    let mut order: Vec<String> = nodes.to_vec();
+    order.sort();
+    order.dedup();
+    let n = order.len();
+    if n < 2 {
+        return None;
+    }
+    let mut rng = StdRng::seed_from_u64(seed);
+    order.shuffle(&mut rng);
+    Some(
+        (0..pairs)
+            .map(|k| {
+                let offset = 1 + (k / n) % (n - 1);
+                PlannedPair {
+                    index: k,
+                    source: order[k % n].clone(),
+                    target: order[(k + offset) % n].clone(),
+                }
+            })
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    fn names(n: usize) -> Vec<String> {
+        (1..=n).map(|i| format!("node-{i}")).collect()
+    }
+
+    fn node(name: &str) -> NodeInfo {
+        let mut labels = BTreeMap::new();
+        labels.insert("kubernetes.io/os".to_string(), "linux".to_string());
+        labels.insert("kubernetes.io/hostname".to_string(), name.to_string());
+        NodeInfo {
+            name: name.to_string(),
+            labels,
+            ready: true,
+            unschedulable: false,
+            taints: vec![],
+        }
+    }
+
+    #[test]
+    fn one_lap_uses_every_node_once_as_source_and_once_as_target() {
+        for n in 2..12 {
+            let plan = plan_ring(&names(n), n, 42).expect("n >= 2");
+            let sources: BTreeSet<_> = plan.iter().map(|p| p.source.clone()).collect();
+            let targets: BTreeSet<_> = plan.iter().map(|p| p.target.clone()).collect();
+            assert_eq!(sources.len(), n, "n={n}");
+            assert_eq!(targets.len(), n, "n={n}");
+            assert!(plan.iter().all(|p| p.source != p.target), "n={n}");
+        }
+    }
+
+    #[test]
+    fn later_laps_pair_nodes_differently() {
+        let plan = plan_ring(&names(5), 10, 7).expect("plan");
+        let lap1: BTreeSet<_> = plan[..5].iter().map(|p| (&p.source, &p.target)).collect();
+        let lap2: BTreeSet<_> = plan[5..].iter().map(|p| (&p.source, &p.target)).collect();
+        assert!(lap1.is_disjoint(&lap2));
+        assert!(plan.iter().all(|p| p.source != p.target));
+    }
+
+    #[test]
+    fn same_seed_same_plan_and_other_seed_other_order() {
+        let a = plan_ring(&names(8), 8, 1234).expect("plan");
+        let mut shuffled_input = names(8);
+        shuffled_input.reverse();
+        let b = plan_ring(&shuffled_input, 8, 1234).expect("plan");
+        assert_eq!(a, b);
+        let differs = (0..20u64).any(|s| plan_ring(&names(8), 8, s).expect("plan") != a);
+        assert!(differs);
+    }
+
+    #[test]
+    fn fewer_than_two_nodes_give_no_plan() {
+        assert!(plan_ring(&names(1), 3, 1).is_none());
+        assert!(plan_ring(&[], 3, 1).is_none());
+        assert!(plan_ring(&["a".into(), "a".into()], 3, 1).is_none());
+    }
+
+    #[test]
+    fn cordoned_notready_mismatched_and_tainted_nodes_are_skipped() {
+        let ok = node("node-1");
+        let mut cordoned = node("node-2");
+        cordoned.unschedulable = true;
+        let mut notready = node("node-3");
+        notready.ready = false;
+        let mut windows = node("node-4");
+        windows
+            .labels
+            .insert("kubernetes.io/os".into(), "windows".into());
+        let mut tainted = node("node-5");
+        tainted.taints.push(NodeTaint {
+            key: "dedicated".into(),
+            value: Some("gpu".into()),
+            effect: "NoSchedule".into(),
+        });
+        let mut prefer = node("node-6");
+        prefer.taints.push(NodeTaint {
+            key: "soft".into(),
+            value: None,
+            effect: "PreferNoSchedule".into(),
+        });
+        let sel: NodeSelector = "kubernetes.io/os=linux".parse().expect("selector");
+        let all = [ok, cordoned, notready, windows, tainted.clone(), prefer];
+        let (eligible, skipped) = filter_nodes(&all, &sel, &[]);
+        let names: Vec<_> = eligible.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(names, ["node-1", "node-6"]);
+        let reasons: BTreeMap<_, _> = skipped.into_iter().collect();
+        assert_eq!(reasons["node-2"], SkipReason::Cordoned);
+        assert_eq!(reasons["node-3"], SkipReason::NotReady);
+        assert_eq!(reasons["node-4"], SkipReason::SelectorMismatch);
+        assert!(matches!(reasons["node-5"], SkipReason::UntoleratedTaint(_)));
+
+        let tol: TolerationSpec = "dedicated=gpu:NoSchedule".parse().expect("toleration");
+        assert!(check_node(&tainted, &sel, &[tol]).is_ok());
+        let wrong_value: TolerationSpec = "dedicated=cpu:NoSchedule".parse().expect("toleration");
+        assert!(check_node(&tainted, &sel, &[wrong_value]).is_err());
+        let wrong_effect: TolerationSpec = "dedicated:NoExecute".parse().expect("toleration");
+        assert!(check_node(&tainted, &sel, &[wrong_effect]).is_err());
+        let exists_any: TolerationSpec = "dedicated".parse().expect("toleration");
+        assert!(check_node(&tainted, &sel, &[exists_any]).is_ok());
+    }
+
+    #[test]
+    fn selector_syntax_round_trips_and_rejects_set_based() {
+        let s: NodeSelector = "a=b, c!=d,e,!f,g==h".parse().expect("selector");
+        assert_eq!(s.to_string(), "a=b,c!=d,e,!f,g=h");
+        let mut l = BTreeMap::new();
+        l.insert("a".to_string(), "b".to_string());
+        l.insert("e".to_string(), "".to_string());
+        l.insert("g".to_string(), "h".to_string());
+        assert!(s.matches(&l));
+        l.insert("f".to_string(), "x".to_string());
+        assert!(!s.matches(&l));
+        assert!("env in (a,b)".parse::<NodeSelector>().is_err());
+        assert!("=x".parse::<NodeSelector>().is_err());
+        assert!("".parse::<NodeSelector>().expect("empty").matches(&BTreeMap::new()));
+    }
+
+    #[test]
+    fn toleration_forms_parse_and_render_k8s_operator() {
+        let t: TolerationSpec = "k=v:NoExecute".parse().expect("t");
+        assert_eq!(t.to_string(), "k=v:NoExecute");
+        assert_eq!(t.to_k8s().operator.as_deref(), Some("Equal"));
+        let t: TolerationSpec = "k:NoSchedule".parse().expect("t");
+        assert_eq!(t.to_k8s().operator.as_deref(), Some("Exists"));
+        assert_eq!(t.to_k8s().value, None);
+        assert!("k:Sometimes".parse::<TolerationSpec>().is_err());
+        assert!(":NoSchedule".parse::<TolerationSpec>().is_err());
+    }
+
+    #[test]
+    fn node_info_reads_ready_condition_from_fixture() {
+        let raw = include_str!("../tests/fixtures/k8s-node-ready.json");
+        let n: Node = serde_json::from_str(raw).expect("fixture parses as Node");
+        let info = NodeInfo::from_node(&n);
+        assert_eq!(info.name, "kind-control-plane");
+        assert!(info.ready);
+        assert!(!info.unschedulable);
+        let mut n2 = n.clone();
+        if let Some(st) = n2.status.as_mut() {
+            for c in st.conditions.iter_mut().flatten() {
+                if c.type_ == "Ready" {
+                    c.status = "False".into();
+                }
+            }
+        }
+        assert!(!NodeInfo::from_node(&n2).ready);
+    }
+}

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Installs the system packages firstpacket's testbed and tests need (Debian/Ubuntu, as root).
+set -euo pipefail
+need=()
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v nft >/dev/null 2>&1 || need+=(nftables)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "setup: installing ${need[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi

@@ -1,0 +1,35 @@
+//! The Kubernetes API subset of the testbed (DESIGN.md §5 "API server").
+//!
+//! Two layers:
+//! - [`Store`]: the in-process object store (etcd + registry logic): objects as
+//!   `serde_json::Value` in the real wire shape, one global resourceVersion counter,
+//!   a bounded event history for watch resumption (410 Gone when too old), graceful
+//!   Pod deletion, namespace termination, ownerReference garbage collection. The
+//!   kubelet, the scheduler and the daemon use it directly.
+//! - [`router`] / [`serve`]: the axum HTTP front end real clients (kube-rs, kubectl)
+//!   talk to: discovery, CRUD, watch, label/field selectors, Table responses, PATCH
+//!   (merge, strategic-merge, JSON patch, apply), `Status` errors.
+//!
+//! What real kubectl sends and needs is in `shared/notes/kubectl-requests.md`; real
+//! response shapes in `shared/fixtures/k8s-*.json*`.
+
+mod discovery;
+mod error;
+mod http;
+mod kind;
+mod patch;
+pub mod selector;
+mod store;
+pub mod table;
+
+pub use error::ApiError;
+pub use http::{router, serve};
+pub use kind::Kind;
+pub use patch::{apply_json_patch, merge_patch, strategic_merge_patch};
+pub use store::{
+    rfc3339_now, LogQuery, LogSource, ProxyFuture, ProxyRequest, ProxyResponse, ProxySource,
+    Store, StoreEvent, StoreSnapshot, WatchEventType, WatchStart, DEFAULT_HISTORY,
+};
+
+/// `gitVersion` the testbed API server reports on `/version`.
+pub const GIT_VERSION: &str = "v1.32.4-firstpacket-testbed";

@@ -1,0 +1,461 @@
+//! The `testbed` command line (DESIGN §6 "testbed CLI"; binding).
+//!
+//! Every subcommand takes `--state-dir DIR` (env `TESTBED_STATE_DIR`, default
+//! `/tmp/firstpacket-testbed`). Names and subnets derive from that directory, so two
+//! testbeds with different state dirs coexist.
+
+use crate::daemon::{self, DaemonArgs, ReadyInfo};
+use crate::dataplane::Dataplane;
+use crate::plan::Plan;
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Parser, Subcommand};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Default state directory.
+pub const DEFAULT_STATE_DIR: &str = "/tmp/firstpacket-testbed";
+
+/// The healthy-cluster fault profile `testbed demo` applies (SCENARIOS.md S1).
+pub const DEMO_FAULT: &str = "rules:\n  - nodes: {all: true}\n    program_delay: {uniform: [200ms, 600ms]}\n";
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "testbed",
+    version,
+    about = "A small real Kubernetes-like cluster on this machine, for firstpacket",
+    long_about = "A small real Kubernetes-like cluster on this machine: an API server real \
+kubectl and kube-rs accept, a scheduler, a kubelet per node, and a Calico-like CNI \
+dataplane, with every node and pod in its own network namespace. Probe pods run the real \
+binaries; packets, routes and nftables rules are real. Faults (DESIGN.md §6) shape when \
+new endpoints get programmed; `testbed truth` prints what really happened and when.\n\n\
+Needs root (network namespaces, nftables). Touches nothing outside the namespaces it \
+creates.\n\nQuick start:\n  testbed up --nodes 3\n  testbed exec -- kubectl get pods -A -o wide\n  \
+testbed exec -- prober gate\n  testbed down"
+)]
+pub struct Cli {
+    /// State directory (plan, logs, kubeconfigs, truth log).
+    #[arg(long, global = true, env = "TESTBED_STATE_DIR", default_value = DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Build the cluster and return once every node is Ready.
+    Up(UpArgs),
+    /// Stop the cluster and remove everything it made (idempotent).
+    Down,
+    /// Run a command in the host network namespace, where the API server and the pod
+    /// network are reachable, with KUBECONFIG set (e.g. `testbed exec -- kubectl get no`).
+    Exec {
+        /// The command and its arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        cmd: Vec<String>,
+    },
+    /// Print the ground-truth log (JSON lines, DESIGN §6).
+    Truth,
+    /// Node operations: cordon | uncordon | stop | start NODE.
+    Node {
+        #[arg(value_parser = ["cordon", "uncordon", "stop", "start"])]
+        action: String,
+        node: String,
+    },
+    /// Fault operations: `fault set FILE` applies a fault file at once.
+    Fault {
+        #[arg(value_parser = ["set"])]
+        action: String,
+        file: PathBuf,
+    },
+    /// API server operations: restart | deny VERB RESOURCE | expire-watches.
+    Api {
+        #[arg(value_parser = ["restart", "deny", "expire-watches"])]
+        action: String,
+        rest: Vec<String>,
+    },
+    /// Up (3 nodes, healthy profile) → `prober gate` → report → down.
+    Demo(DemoArgs),
+    /// (internal) the daemon `up` starts.
+    #[command(hide = true)]
+    Daemon(UpArgs),
+    /// (internal) container entry: join the pod's namespaces and exec the binary.
+    #[command(hide = true)]
+    Shim {
+        #[arg(long)]
+        netns: String,
+        #[arg(long)]
+        dev_dir: PathBuf,
+        #[arg(long)]
+        hostname: String,
+        #[arg(long)]
+        sa_dir: Option<PathBuf>,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        cmd: Vec<String>,
+    },
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct UpArgs {
+    /// Number of nodes (`node-1` … `node-N`).
+    #[arg(long, default_value_t = 3)]
+    pub nodes: usize,
+    /// Fault file applied from the start (DESIGN §6 grammar).
+    #[arg(long)]
+    pub fault: Option<PathBuf>,
+    /// Extra node labels: `NODE=KEY=VALUE`, comma-separated and/or repeated,
+    /// e.g. `node-2=os=debian13,node-3=os=debian13`.
+    #[arg(long, value_delimiter = ',')]
+    pub node_labels: Vec<String>,
+    /// Directory with the image binaries (`target-server`, `prober`); default: the
+    /// directory of this executable.
+    #[arg(long)]
+    pub bin_dir: Option<PathBuf>,
+    /// Seconds to wait for the cluster to be Ready.
+    #[arg(long, default_value = "90s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct DemoArgs {
+    /// Number of nodes.
+    #[arg(long, default_value_t = 3)]
+    pub nodes: usize,
+    /// Where to copy the gate report (JSON).
+    #[arg(long, default_value = "firstpacket-report.json")]
+    pub report: PathBuf,
+    /// Extra arguments passed to `prober gate`.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    pub gate_args: Vec<String>,
+}
+
+/// Parses `NODE=KEY=VALUE` items into node → labels.
+pub fn parse_node_labels(items: &[String]) -> Result<BTreeMap<String, BTreeMap<String, String>>> {
+    let mut out: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    for item in items.iter().filter(|s| !s.trim().is_empty()) {
+        let mut parts = item.trim().splitn(3, '=');
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some(n), Some(k), Some(v)) if !n.is_empty() && !k.is_empty() => {
+                out.entry(n.to_owned()).or_default().insert(k.to_owned(), v.to_owned());
+            }
+            _ => bail!("--node-labels: {item:?} is not NODE=KEY=VALUE (e.g. node-2=os=debian13)"),
+        }
+    }
+    Ok(out)
+}
+
+/// Directory holding this executable (the default `--bin-dir`).
+pub fn default_bin_dir() -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("locate the testbed executable")?;
+    Ok(exe.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from(".")))
+}
+
+fn pid_alive(pid: i32) -> bool {
+    pid > 0 && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+}
+
+fn read_pid(state: &Path) -> Option<i32> {
+    std::fs::read_to_string(state.join("daemon.pid")).ok()?.trim().parse().ok()
+}
+
+/// Reads `ready.json`, or explains that the testbed is not up.
+pub fn ready_info(state: &Path) -> Result<ReadyInfo> {
+    let p = state.join("ready.json");
+    let text = std::fs::read_to_string(&p).map_err(|_| {
+        anyhow!(
+            "no running testbed in {} (run `testbed --state-dir {} up` first)",
+            state.display(),
+            state.display()
+        )
+    })?;
+    serde_json::from_str(&text).with_context(|| format!("parse {}", p.display()))
+}
+
+/// `testbed up`: starts the daemon and waits for Ready.
+pub fn up(state: &Path, args: &UpArgs) -> Result<()> {
+    if args.nodes < 1 {
+        bail!("--nodes must be at least 1");
+    }
+    parse_node_labels(&args.node_labels)?;
+    if let Some(f) = &args.fault {
+        let text = std::fs::read_to_string(f).with_context(|| format!("read fault file {}", f.display()))?;
+        crate::fault::FaultFile::parse(&text).map_err(|e| anyhow!("fault file {}: {e}", f.display()))?;
+    }
+    std::fs::create_dir_all(state).with_context(|| format!("create state dir {}", state.display()))?;
+    let state = state.canonicalize()?;
+    if let Some(pid) = read_pid(&state) {
+        if pid_alive(pid) {
+            bail!(
+                "a testbed is already running in {} (daemon pid {pid}); run `testbed --state-dir {} down` first",
+                state.display(),
+                state.display()
+            );
+        }
+    }
+    // Leftovers of a crashed run with this state dir.
+    if let Ok(plan) = Plan::load(&state) {
+        let _ = Dataplane::destroy(&plan);
+    }
+    let _ = std::fs::remove_file(state.join("ready.json"));
+    let bin_dir = match &args.bin_dir {
+        Some(b) => b.clone(),
+        None => default_bin_dir()?,
+    };
+    for b in ["target-server", "prober"] {
+        if !bin_dir.join(b).is_file() {
+            eprintln!("warning: {} has no `{b}` binary; pods with that image will fail with ErrImagePull", bin_dir.display());
+        }
+    }
+    let log = std::fs::File::create(state.join("daemon.log"))?;
+    let exe = std::env::current_exe()?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("--state-dir").arg(&state).arg("daemon").arg("--nodes").arg(args.nodes.to_string());
+    if let Some(f) = &args.fault {
+        cmd.arg("--fault").arg(f.canonicalize()?);
+    }
+    if !args.node_labels.is_empty() {
+        cmd.arg("--node-labels").arg(args.node_labels.join(","));
+    }
+    cmd.arg("--bin-dir").arg(bin_dir.canonicalize().unwrap_or(bin_dir));
+    use std::os::unix::process::CommandExt;
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .process_group(0);
+    let mut child = cmd.spawn().context("start the testbed daemon")?;
+    let start = Instant::now();
+    eprint!("testbed: starting {} node(s) in {} ", args.nodes, state.display());
+    loop {
+        if let Ok(info) = ready_info(&state) {
+            eprintln!("\ntestbed: up in {:.1}s — nodes {}", start.elapsed().as_secs_f64(), info.nodes.join(", "));
+            eprintln!("  API (this machine): {}   kubeconfig: {}", info.api_local, info.kubeconfig.display());
+            eprintln!("  try: testbed --state-dir {} exec -- kubectl get nodes -o wide", state.display());
+            return Ok(());
+        }
+        if let Some(status) = child.try_wait()? {
+            eprintln!();
+            let log = std::fs::read_to_string(state.join("daemon.log")).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(20).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            bail!("the testbed daemon exited ({status}) before the cluster was Ready:\n{}", tail.join("\n"));
+        }
+        if start.elapsed() > args.timeout {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM);
+            bail!("the cluster was not Ready within {:?}; see {}", args.timeout, state.join("daemon.log").display());
+        }
+        eprint!(".");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `testbed down`: stops the daemon and removes everything; idempotent.
+pub fn down(state: &Path) -> Result<()> {
+    if !state.exists() {
+        eprintln!("testbed: nothing to do ({} does not exist)", state.display());
+        return Ok(());
+    }
+    if let Some(pid) = read_pid(state) {
+        if pid_alive(pid) {
+            let p = nix::unistd::Pid::from_raw(pid);
+            let _ = nix::sys::signal::kill(p, nix::sys::signal::Signal::SIGTERM);
+            let start = Instant::now();
+            while pid_alive(pid) && start.elapsed() < Duration::from_secs(20) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            if pid_alive(pid) {
+                let _ = nix::sys::signal::kill(p, nix::sys::signal::Signal::SIGKILL);
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+    }
+    if let Ok(plan) = Plan::load(state) {
+        Dataplane::destroy(&plan).context("remove network namespaces")?;
+    }
+    for f in [
+        "plan.json", "ready.json", "daemon.pid", "daemon.log", "control.sock", "truth.jsonl",
+        "kubeconfig", "kubeconfig-cluster", "demo-fault.yaml", "report.json",
+    ] {
+        let _ = std::fs::remove_file(state.join(f));
+    }
+    let _ = std::fs::remove_dir_all(state.join("pods"));
+    let _ = std::fs::remove_dir(state);
+    eprintln!("testbed: down");
+    Ok(())
+}
+
+/// `testbed exec -- CMD…`: runs CMD in the host netns; returns its exit code.
+pub fn exec(state: &Path, cmd: &[String]) -> Result<i32> {
+    let info = ready_info(state)?;
+    let plan = Plan::load(state)?;
+    let bin_dir = default_bin_dir()?;
+    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
+    let status = std::process::Command::new("ip")
+        .args(["netns", "exec", &plan.host_netns])
+        .args(cmd)
+        .env("KUBECONFIG", &info.kubeconfig_cluster)
+        .env("PATH", path)
+        .env("TESTBED_STATE_DIR", state)
+        .status()
+        .context("run `ip netns exec` (is iproute2 installed?)")?;
+    Ok(status.code().unwrap_or(128 + 9))
+}
+
+/// Sends one line to the daemon's control socket and returns its answer.
+fn control(state: &Path, line: &str) -> Result<String> {
+    let _ = ready_info(state)?;
+    let mut s = std::os::unix::net::UnixStream::connect(state.join("control.sock"))
+        .with_context(|| format!("connect to the testbed daemon in {}", state.display()))?;
+    s.write_all(format!("{line}\n").as_bytes())?;
+    let mut answer = String::new();
+    BufReader::new(s).read_line(&mut answer)?;
+    let answer = answer.trim().to_owned();
+    match answer.strip_prefix("error ") {
+        Some(e) => bail!("{e}"),
+        None => Ok(answer),
+    }
+}
+
+/// `testbed fault set FILE`.
+pub fn fault_set(state: &Path, file: &Path) -> Result<()> {
+    let abs = file.canonicalize().with_context(|| format!("fault file {}", file.display()))?;
+    control(state, &format!("fault-set {}", abs.display()))?;
+    eprintln!("testbed: fault file {} applied", abs.display());
+    Ok(())
+}
+
+/// `testbed node cordon|uncordon NODE` through the API (as `kubectl cordon` does: a
+/// strategic-merge PATCH of `spec.unschedulable`).
+pub fn node_cordon(state: &Path, node: &str, cordon: bool) -> Result<()> {
+    let info = ready_info(state)?;
+    let addr: std::net::SocketAddr = info
+        .api_local
+        .trim_start_matches("http://")
+        .parse()
+        .context("API address in ready.json")?;
+    let body = if cordon { r#"{"spec":{"unschedulable":true}}"# } else { r#"{"spec":{"unschedulable":null}}"# };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let resp = rt.block_on(crate::httpc::request(
+        addr,
+        "PATCH",
+        &format!("/api/v1/nodes/{node}"),
+        &[("Content-Type", "application/strategic-merge-patch+json"), ("Accept", "application/json")],
+        body.as_bytes(),
+        Duration::from_secs(10),
+    ))?;
+    if resp.status != 200 {
+        bail!("PATCH node {node}: HTTP {}: {}", resp.status, String::from_utf8_lossy(&resp.body));
+    }
+    eprintln!("node/{node} {}", if cordon { "cordoned" } else { "uncordoned" });
+    Ok(())
+}
+
+/// `testbed demo`: up → `prober gate` → report → down. Returns the gate's exit code.
+pub fn demo(state: &Path, args: &DemoArgs) -> Result<i32> {
+    std::fs::create_dir_all(state)?;
+    let fault = state.join("demo-fault.yaml");
+    std::fs::write(&fault, DEMO_FAULT)?;
+    let up_args = UpArgs {
+        nodes: args.nodes,
+        fault: Some(fault),
+        node_labels: vec![],
+        bin_dir: None,
+        timeout: Duration::from_secs(90),
+    };
+    up(state, &up_args)?;
+    let report = state.join("report.json");
+    let mut cmd: Vec<String> = vec!["prober".into(), "gate".into(), "--report".into(), report.display().to_string()];
+    cmd.extend(args.gate_args.iter().cloned());
+    eprintln!("testbed: running {}", cmd.join(" "));
+    let code = exec(state, &cmd);
+    if report.is_file() {
+        if let Err(e) = std::fs::copy(&report, &args.report) {
+            eprintln!("testbed: could not copy the report to {}: {e}", args.report.display());
+        } else {
+            eprintln!("testbed: gate report written to {}", args.report.display());
+        }
+    }
+    down(state)?;
+    code
+}
+
+/// Entry point used by `main`; returns the process exit code.
+pub fn main_with(cli: Cli) -> Result<i32> {
+    let state = cli.state_dir.clone();
+    match cli.cmd {
+        Cmd::Shim { netns, dev_dir, hostname, sa_dir, cmd } => {
+            let spec = crate::shim::ShimSpec {
+                netns,
+                dev_dir,
+                hostname,
+                sa_dir,
+                program: PathBuf::from(&cmd[0]),
+                args: cmd[1..].to_vec(),
+            };
+            let e = crate::shim::enter_and_exec(&spec).unwrap_err();
+            Err(anyhow!("container start failed: {e}"))
+        }
+        Cmd::Daemon(a) => {
+            let node_labels = parse_node_labels(&a.node_labels)?;
+            daemon::run(DaemonArgs {
+                state_dir: state,
+                nodes: a.nodes,
+                fault: a.fault,
+                node_labels,
+                bin_dir: a.bin_dir.unwrap_or(default_bin_dir()?),
+            })?;
+            Ok(0)
+        }
+        Cmd::Up(a) => up(&state, &a).map(|_| 0),
+        Cmd::Down => down(&state).map(|_| 0),
+        Cmd::Exec { cmd } => exec(&state, &cmd),
+        Cmd::Truth => {
+            let p = state.join("truth.jsonl");
+            let text = std::fs::read_to_string(&p).with_context(|| format!("read {}", p.display()))?;
+            print!("{text}");
+            Ok(0)
+        }
+        Cmd::Node { action, node } => match action.as_str() {
+            "cordon" => node_cordon(&state, &node, true).map(|_| 0),
+            "uncordon" => node_cordon(&state, &node, false).map(|_| 0),
+            other => bail!("`testbed node {other}` is not implemented yet (testbed fidelity, issue 2 of 4)"),
+        },
+        Cmd::Fault { file, .. } => fault_set(&state, &file).map(|_| 0),
+        Cmd::Api { action, .. } => {
+            bail!("`testbed api {action}` is not implemented yet (testbed fidelity, issue 2 of 4)")
+        }
+        Cmd::Demo(a) => demo(&state, &a),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_labels_parse_node_key_value_items() {
+        let m = parse_node_labels(&["node-2=os=debian13".into(), "node-3=os=debian13".into(), "node-2=zone=a".into()]).unwrap();
+        assert_eq!(m["node-2"]["os"], "debian13");
+        assert_eq!(m["node-2"]["zone"], "a");
+        assert_eq!(m["node-3"].len(), 1);
+        assert!(parse_node_labels(&["node-2=os".into()]).is_err());
+        assert!(parse_node_labels(&["=a=b".into()]).is_err());
+    }
+
+    #[test]
+    fn cli_parses_contract_flags() {
+        let c = Cli::try_parse_from(["testbed", "--state-dir", "/tmp/x", "up", "--nodes", "4", "--node-labels", "node-2=os=a,node-3=os=a"]).unwrap();
+        match c.cmd {
+            Cmd::Up(a) => {
+                assert_eq!(a.nodes, 4);
+                assert_eq!(a.node_labels.len(), 2);
+            }
+            _ => panic!("not up"),
+        }
+        let c = Cli::try_parse_from(["testbed", "exec", "--", "kubectl", "get", "pods", "-A"]).unwrap();
+        match c.cmd {
+            Cmd::Exec { cmd } => assert_eq!(cmd, ["kubectl", "get", "pods", "-A"]),
+            _ => panic!("not exec"),
+        }
+    }
+}

@@ -1,0 +1,283 @@
+//! The testbed daemon: builds the cluster described by a [`Plan`] and runs it until
+//! SIGTERM/SIGINT (or a `shutdown` on the control socket), then removes everything.
+//!
+//! Files in the state dir (all removed by `testbed down`):
+//! - `plan.json` — names, subnets, addresses ([`Plan`]);
+//! - `daemon.pid`, `daemon.log`;
+//! - `ready.json` — written once every node is Ready: API URLs and kubeconfig paths;
+//! - `kubeconfig` — API at `http://127.0.0.1:PORT` (usable from the machine itself);
+//! - `kubeconfig-cluster` — API at `http://<bridge IP>:6443` (used by `testbed exec`
+//!   and by pods);
+//! - `truth.jsonl` — ground truth (DESIGN §6);
+//! - `control.sock` — line commands from the CLI (`fault-set PATH`, `shutdown`);
+//! - `pods/<uid>/…` — per-pod files (termination message, logs).
+
+use crate::agent::Agent;
+use crate::api::{self, Kind, Store};
+use crate::dataplane::Dataplane;
+use crate::fault::FaultFile;
+use crate::kubelet::{Kubelet, KubeletConfig};
+use crate::netns::{self, NetnsThread};
+use crate::plan::Plan;
+use crate::truth::{Truth, TruthEvent, TruthKind};
+use anyhow::{Context, Result};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+
+/// What `testbed daemon` is started with.
+#[derive(Debug, Clone)]
+pub struct DaemonArgs {
+    pub state_dir: PathBuf,
+    pub nodes: usize,
+    /// Fault file applied at start (DESIGN §6 grammar).
+    pub fault: Option<PathBuf>,
+    /// Extra node labels: node name → (key → value).
+    pub node_labels: BTreeMap<String, BTreeMap<String, String>>,
+    /// Directory holding the image binaries.
+    pub bin_dir: PathBuf,
+}
+
+/// Contents of `ready.json`.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct ReadyInfo {
+    pub pid: u32,
+    pub api_local: String,
+    pub api_cluster: String,
+    pub kubeconfig: PathBuf,
+    pub kubeconfig_cluster: PathBuf,
+    pub nodes: Vec<String>,
+}
+
+/// Kubeconfig for a plain-HTTP API server URL (no credentials).
+pub fn kubeconfig(server: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: testbed\n  cluster:\n    server: {server}\ncontexts:\n- name: testbed\n  context:\n    cluster: testbed\n    user: testbed\n    namespace: default\ncurrent-context: testbed\nusers:\n- name: testbed\n  user: {{}}\n"
+    )
+}
+
+/// Node object as the testbed kubelet registers it (shape of a real v1 Node, e.g.
+/// `shared/fixtures/k8s-node-ready.json`).
+pub fn node_object(plan: &Plan, idx: usize, labels: &BTreeMap<String, String>) -> serde_json::Value {
+    let n = &plan.nodes[idx];
+    let now = crate::kubelet::now_rfc3339();
+    let mut all = BTreeMap::new();
+    all.insert("kubernetes.io/hostname".to_string(), n.name.clone());
+    all.insert("kubernetes.io/os".to_string(), "linux".to_string());
+    all.insert("kubernetes.io/arch".to_string(), std::env::consts::ARCH.replace("x86_64", "amd64").replace("aarch64", "arm64"));
+    all.insert("beta.kubernetes.io/os".to_string(), "linux".to_string());
+    all.extend(labels.clone());
+    let cidr = n.pod_cidr_string();
+    json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": { "name": n.name, "labels": all },
+        "spec": { "podCIDR": cidr, "podCIDRs": [cidr] },
+        "status": {
+            "addresses": [
+                { "type": "InternalIP", "address": n.ip.to_string() },
+                { "type": "Hostname", "address": n.name },
+            ],
+            "capacity": { "cpu": "2", "memory": "4Gi", "pods": "110" },
+            "allocatable": { "cpu": "2", "memory": "4Gi", "pods": "110" },
+            "conditions": [
+                { "type": "MemoryPressure", "status": "False", "reason": "KubeletHasSufficientMemory", "message": "kubelet has sufficient memory available", "lastHeartbeatTime": now, "lastTransitionTime": now },
+                { "type": "DiskPressure", "status": "False", "reason": "KubeletHasNoDiskPressure", "message": "kubelet has no disk pressure", "lastHeartbeatTime": now, "lastTransitionTime": now },
+                { "type": "PIDPressure", "status": "False", "reason": "KubeletHasSufficientPID", "message": "kubelet has sufficient PID available", "lastHeartbeatTime": now, "lastTransitionTime": now },
+                { "type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status", "lastHeartbeatTime": now, "lastTransitionTime": now },
+            ],
+            "nodeInfo": {
+                "kubeletVersion": "v1.32.4-testbed", "kubeProxyVersion": "",
+                "osImage": "firstpacket testbed (network namespaces)",
+                "kernelVersion": kernel_version(), "operatingSystem": "linux",
+                "architecture": std::env::consts::ARCH, "containerRuntimeVersion": "testbed://0.1.0",
+                "machineID": "", "systemUUID": "", "bootID": "",
+            },
+        },
+    })
+}
+
+fn kernel_version() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// Runs the daemon until asked to stop; always removes what it built.
+pub fn run(args: DaemonArgs) -> Result<()> {
+    let plan = Plan::new(&args.state_dir, args.nodes).context("plan the cluster")?;
+    plan.save().context("save plan.json")?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let result = rt.block_on(run_inner(&args, &plan));
+    // Teardown happens whatever happened above.
+    if let Err(e) = Dataplane::destroy(&plan) {
+        tracing::warn!(error = %e, "dataplane teardown");
+    }
+    for f in ["ready.json", "control.sock", "daemon.pid"] {
+        let _ = std::fs::remove_file(args.state_dir.join(f));
+    }
+    let _ = std::fs::remove_dir_all(args.state_dir.join("pods"));
+    rt.shutdown_timeout(std::time::Duration::from_secs(2));
+    result
+}
+
+async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
+    let state = &args.state_dir;
+    std::fs::write(state.join("daemon.pid"), std::process::id().to_string())?;
+    let truth = Truth::open(&state.join("truth.jsonl")).context("open truth log")?;
+    let faults = match &args.fault {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("read fault file {}", p.display()))?;
+            FaultFile::parse(&text).map_err(|e| anyhow::anyhow!("fault file {}: {e}", p.display()))?
+        }
+        None => FaultFile::default(),
+    };
+    let faults = Arc::new(RwLock::new((faults, Instant::now())));
+
+    let dataplane = Arc::new(Dataplane::create(plan).context("create the network (netns, bridge, veths, nftables)")?);
+    let store = Store::new();
+    for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+        let _ = store.create(Kind::Namespace, json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
+    }
+
+    // API: one listener in the host netns (pods, `testbed exec`), one on loopback here.
+    let api_cluster = format!("{}:{}", plan.bridge_ip, plan.api_port);
+    let cluster_listener = {
+        let addr = api_cluster.clone();
+        netns::run_in_netns(&plan.host_netns, move || std::net::TcpListener::bind(&addr))
+            .context("enter host netns")?
+            .with_context(|| format!("bind API on {api_cluster}"))?
+    };
+    cluster_listener.set_nonblocking(true)?;
+    let local_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let api_local = format!("127.0.0.1:{}", local_listener.local_addr()?.port());
+    tokio::spawn(api::serve(store.clone(), tokio::net::TcpListener::from_std(cluster_listener)?));
+    tokio::spawn(api::serve(store.clone(), local_listener));
+    let kc = state.join("kubeconfig");
+    let kcc = state.join("kubeconfig-cluster");
+    std::fs::write(&kc, kubeconfig(&format!("http://{api_local}")))?;
+    std::fs::write(&kcc, kubeconfig(&format!("http://{api_cluster}")))?;
+
+    tokio::spawn(crate::scheduler::run(store.clone()));
+
+    // Nodes: a runtime inside each node netns running its kubelet and agent.
+    let testbed_exe = std::env::current_exe().context("locate the testbed executable")?;
+    let pods_dir = state.join("pods");
+    std::fs::create_dir_all(&pods_dir)?;
+    let mut node_threads = Vec::new();
+    let mut kubelets = Vec::new();
+    let mut agents = Vec::new();
+    for (i, n) in plan.nodes.iter().enumerate() {
+        let labels = args.node_labels.get(&n.name).cloned().unwrap_or_default();
+        let thread = NetnsThread::spawn(&n.netns).with_context(|| format!("start {} runtime", n.name))?;
+        let agent = Agent::new(n.name.clone(), labels.clone(), dataplane.clone(), truth.clone(), faults.clone());
+        let kubelet = Kubelet::new(
+            KubeletConfig {
+                node: n.name.clone(),
+                node_ip: n.ip,
+                bin_dir: args.bin_dir.clone(),
+                pods_dir: pods_dir.clone(),
+                testbed_exe: testbed_exe.clone(),
+                api_host: plan.bridge_ip.to_string(),
+                api_port: plan.api_port,
+            },
+            store.clone(),
+            dataplane.clone(),
+            agent.clone(),
+            truth.clone(),
+        );
+        thread.handle().spawn(kubelet.clone().run());
+        store
+            .create(Kind::Node, node_object(plan, i, &labels))
+            .map_err(|e| anyhow::anyhow!("register {}: {}", n.name, e.message))?;
+        truth.emit(TruthEvent::node(TruthKind::NodeReady, &n.name, json!({"ip": n.ip.to_string()})));
+        node_threads.push(thread);
+        kubelets.push(kubelet);
+        agents.push(agent);
+    }
+
+    let info = ReadyInfo {
+        pid: std::process::id(),
+        api_local: format!("http://{api_local}"),
+        api_cluster: format!("http://{api_cluster}"),
+        kubeconfig: kc,
+        kubeconfig_cluster: kcc,
+        nodes: plan.nodes.iter().map(|n| n.name.clone()).collect(),
+    };
+
+    // Control socket.
+    let sock_path = state.join("control.sock");
+    let _ = std::fs::remove_file(&sock_path);
+    let control = tokio::net::UnixListener::bind(&sock_path)?;
+    std::fs::write(state.join("ready.json"), serde_json::to_vec_pretty(&info)?)?;
+    tracing::info!(nodes = plan.nodes.len(), api = %info.api_local, "testbed up");
+
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    loop {
+        tokio::select! {
+            _ = sigterm.recv() => break,
+            _ = sigint.recv() => break,
+            conn = control.accept() => {
+                let Ok((stream, _)) = conn else { continue };
+                if handle_control(stream, &faults, &agents, &truth).await {
+                    break;
+                }
+            }
+        }
+    }
+    tracing::info!("shutting down");
+    for k in &kubelets {
+        k.kill_all();
+    }
+    drop(node_threads);
+    Ok(())
+}
+
+/// Serves one control connection: one command line, one answer line (`ok …` or
+/// `error …`). Returns true on `shutdown`.
+async fn handle_control(
+    stream: tokio::net::UnixStream,
+    faults: &Arc<RwLock<(FaultFile, Instant)>>,
+    agents: &[Arc<Agent>],
+    truth: &Truth,
+) -> bool {
+    let (r, mut w) = stream.into_split();
+    let mut lines = tokio::io::BufReader::new(r).lines();
+    let Ok(Some(line)) = lines.next_line().await else { return false };
+    let (cmd, arg) = line.split_once(' ').unwrap_or((line.as_str(), ""));
+    let (answer, stop) = match cmd {
+        "shutdown" => ("ok".to_string(), true),
+        "fault-set" => (apply_fault(Path::new(arg.trim()), faults, agents, truth), false),
+        other => (format!("error unknown command {other:?}"), false),
+    };
+    let _ = w.write_all(format!("{answer}\n").as_bytes()).await;
+    stop
+}
+
+fn apply_fault(
+    path: &Path,
+    faults: &Arc<RwLock<(FaultFile, Instant)>>,
+    _agents: &[Arc<Agent>],
+    truth: &Truth,
+) -> String {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) => return format!("error read {}: {e}", path.display()),
+    };
+    match FaultFile::parse(&text) {
+        Ok(f) => {
+            if let Ok(mut g) = faults.write() {
+                *g = (f, Instant::now());
+            }
+            truth.emit(TruthEvent::global(TruthKind::FaultChanged, json!({"file": path.display().to_string()})));
+            "ok".to_string()
+        }
+        Err(e) => format!("error {}: {e}", path.display()),
+    }
+}

@@ -1,0 +1,16 @@
+//! testbed: a small real Kubernetes-like cluster on one Linux machine.
+//!
+//! API server subset ([`api`]), scheduler ([`scheduler`]), kubelet, simulated CNI agent
+//! ([`agent`]) and dataplane ([`dataplane`]) in network namespaces, fault injection
+//! ([`fault`]) and ground truth ([`truth`]). Contract: DESIGN.md §5 and §6; the module
+//! map is in `testbed/ARCHITECTURE.md`.
+
+pub mod agent;
+pub mod api;
+pub mod dataplane;
+pub mod fault;
+pub mod netns;
+pub mod plan;
+pub mod scheduler;
+pub mod shim;
+pub mod truth;
