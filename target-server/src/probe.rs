@@ -1,0 +1,188 @@
+//! `target-server probe`: the source pod S (DESIGN.md §2 steps 4–8).
+//!
+//! From process start S serves `/`, `/readyz`, `/healthz` on `--port` (so the kubelet can
+//! mark it Ready and `ready_at` is recorded, see [`crate::http`]) and dials `--target`:
+//! a new attempt ([`crate::attempt::dial`]) every `--interval` on a tokio interval with
+//! [`MissedTickBehavior::Skip`] (after a stall the next attempt goes out on the next
+//! tick, never a burst), each spawned so attempts overlap.
+//!
+//! Phases:
+//! 1. **search** until the first success is observed or `--give-up` (since process
+//!    start) passes; at give-up no new attempt is sent, in-flight ones may still succeed
+//!    (their send time was within give-up), which then starts the hold.
+//! 2. **hold**: keep dialing for `--hold` after the first success was observed.
+//! 3. **drain**: wait for every in-flight attempt (each bounded by `--attempt-timeout`),
+//!    so the earliest-sent success is known before `first_success_sent` is fixed.
+//!
+//! Then one JSON line ([`crate::tally::encode_bounded`]) goes to `--termination-log`
+//! (created/truncated; a write error is logged on stderr and ignored) and stdout, and
+//! the process exits 0. SIGTERM/SIGINT at any point: `/readyz` → 503, dialing stops,
+//! in-flight attempts are dropped, the report is written with outcome `terminated`.
+
+use crate::attempt::dial;
+use crate::http::{self, ServerState};
+use crate::identity::Identity;
+use crate::report::SourceReport;
+use crate::serve::{bind, Termination};
+use crate::tally::{encode_bounded, ReportContext, Tally};
+use crate::{Error, ProcessStart};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio::time::{sleep_until, Instant, MissedTickBehavior};
+
+/// Validated `probe` settings (from [`crate::cli::ProbeArgs::to_config`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProbeConfig {
+    /// Address dialed (`--target`).
+    pub target: SocketAddr,
+    /// The only pod name that counts as success (`--expect-pod`).
+    pub expect_pod: String,
+    /// This pod's own HTTP port (`--port`; 0 = any free port).
+    pub port: u16,
+    /// Attempt spacing (`--interval`, ≥ 1 ms).
+    pub interval: Duration,
+    /// Bound on one attempt (`--attempt-timeout`, ≥ 1 ms).
+    pub attempt_timeout: Duration,
+    /// No success this long after process start → stop (`--give-up`).
+    pub give_up: Duration,
+    /// Keep dialing this long after the first success (`--hold`).
+    pub hold: Duration,
+    /// Where the report line is written (`--termination-log`).
+    pub termination_log: PathBuf,
+}
+
+/// How the dial loop ended.
+#[derive(Debug)]
+pub struct DialRun {
+    /// The attempt log.
+    pub tally: Tally,
+    /// When dialing stopped, seconds since process start.
+    pub dial_end: f64,
+    /// Stopped by SIGTERM/SIGINT.
+    pub terminated: bool,
+}
+
+/// Run the whole probe: serve, dial, hold, report. Returns the report that was written.
+///
+/// Errors: [`Error::Bind`] if `--port` cannot be bound, [`Error::Runtime`] if the signal
+/// handlers cannot be installed. A termination-log write failure is not an error.
+pub async fn run(
+    config: ProbeConfig,
+    identity: Identity,
+    origin: ProcessStart,
+) -> Result<SourceReport, Error> {
+    let mut termination = Termination::install()?;
+    let listener = bind(config.port).await?;
+    let state = ServerState::new(identity, origin);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let server = tokio::spawn(http::serve(listener, Arc::clone(&state), stop_rx));
+
+    let run = dial_loop(&config, origin, &mut termination).await;
+    if run.terminated {
+        state.set_not_ready();
+        eprintln!("target-server: SIGTERM, /readyz now 503, dialing stopped");
+    }
+    let report = run.tally.report(&ReportContext {
+        pod: state.identity().pod.clone(),
+        target: config.target.to_string(),
+        expect_pod: config.expect_pod.clone(),
+        interval_seconds: config.interval.as_secs_f64(),
+        attempt_timeout_seconds: config.attempt_timeout.as_secs_f64(),
+        give_up_seconds: config.give_up.as_secs_f64(),
+        hold_seconds: config.hold.as_secs_f64(),
+        process_start_unix: origin.unix_seconds(),
+        ready_at: state.ready_at(),
+        dial_end: run.dial_end,
+        terminated: run.terminated,
+    });
+    let line = encode_bounded(&report);
+    write_report(&config.termination_log, &line);
+    println!("{line}");
+    let _ = stop_tx.send(true);
+    let _ = server.await;
+    Ok(report)
+}
+
+/// Write `line` + newline to `path` (create/truncate); errors go to stderr only.
+pub fn write_report(path: &std::path::Path, line: &str) {
+    if let Err(e) = std::fs::write(path, format!("{line}\n")) {
+        eprintln!(
+            "target-server: cannot write termination log {}: {e}",
+            path.display()
+        );
+    }
+}
+
+/// The search / hold / drain loop (module docs). Never fails.
+pub async fn dial_loop(
+    config: &ProbeConfig,
+    origin: ProcessStart,
+    termination: &mut Termination,
+) -> DialRun {
+    let mut tally = Tally::new();
+    let mut tasks: JoinSet<(usize, crate::attempt::AttemptOutcome)> = JoinSet::new();
+    let mut ticker = tokio::time::interval(config.interval);
+    ticker.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    let give_up_at = Instant::from_std(origin.start) + config.give_up;
+    let mut hold_until: Option<Instant> = None;
+    let mut sending = true;
+    let mut dial_end: Option<f64> = None;
+    let expect: Arc<str> = Arc::from(config.expect_pod.as_str());
+
+    loop {
+        if !sending && tasks.is_empty() {
+            break;
+        }
+        // Deadline of the current phase: give-up while searching, hold end after.
+        let phase_end = hold_until.unwrap_or(give_up_at);
+        tokio::select! {
+            biased;
+            _ = termination.recv() => {
+                let now = origin.elapsed_seconds();
+                tasks.abort_all();
+                return DialRun { tally, dial_end: dial_end.unwrap_or(now), terminated: true };
+            }
+            Some(joined) = tasks.join_next(), if !tasks.is_empty() => {
+                // A panicked attempt task (should not happen) stays "in flight".
+                if let Ok((seq, outcome)) = joined {
+                    if tally.finish(seq, outcome) {
+                        eprintln!(
+                            "target-server: first success observed at {:.3}s, holding {}",
+                            origin.elapsed_seconds(),
+                            humantime::format_duration(config.hold)
+                        );
+                        hold_until = Some(Instant::now() + config.hold);
+                        sending = true;
+                        dial_end = None;
+                    }
+                }
+            }
+            _ = sleep_until(phase_end), if sending => {
+                sending = false;
+                dial_end = Some(origin.elapsed_seconds());
+                if !tally.has_success() {
+                    eprintln!(
+                        "target-server: no success after {}, giving up",
+                        humantime::format_duration(config.give_up)
+                    );
+                }
+            }
+            _ = ticker.tick(), if sending => {
+                let seq = tally.start(origin.elapsed_seconds());
+                let expect = Arc::clone(&expect);
+                let target = config.target;
+                let timeout = config.attempt_timeout;
+                tasks.spawn(async move { (seq, dial(origin, target, &expect, timeout).await) });
+            }
+        }
+    }
+    DialRun {
+        tally,
+        dial_end: dial_end.unwrap_or_else(|| origin.elapsed_seconds()),
+        terminated: false,
+    }
+}

@@ -1,0 +1,462 @@
+//! Report schema shared by `target-server probe` (the source pod) and the prober.
+//!
+//! Contract: DESIGN.md §2 (measurement) and §4 (outputs). Every document carries
+//! `"schema": 1`; fields may be added, never renamed. The JSON Schema for the gate
+//! report lives in `target-server/schema/report.schema.json`; the source report's in
+//! `target-server/schema/source-report.schema.json`.
+//!
+//! Units: every `*_seconds` field and every time in a [`SourceReport`] is in seconds
+//! (f64). Source times are on the source pod's monotonic clock, relative to its own
+//! process start (so `process_start` is always 0). Prober timelines are on the prober's
+//! monotonic clock, relative to the probe's start. Wall-clock fields (`*_unix`,
+//! `started_at`, …) are for display only and are never subtracted across machines.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Version of every JSON document defined here.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// The kubelet keeps only the last 4096 bytes of a termination message
+/// (k8s.io/kubernetes pkg/kubelet/kuberuntime: `maxTerminationMessageLogLength`); the
+/// source report stays below this bound with room to spare.
+pub const MAX_SOURCE_REPORT_BYTES: usize = 3 * 1024;
+
+/// Longest per-second hold series kept in a source report (bounded so the report stays
+/// ≤ [`MAX_SOURCE_REPORT_BYTES`]).
+pub const MAX_HOLD_SERIES: usize = 120;
+
+/// Outcome class of one probe (DESIGN §2 "Results"). Serialised as the exact strings
+/// `success`, `slow`, `failed`, `inconclusive`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProbeResult {
+    Success,
+    Slow,
+    Failed,
+    Inconclusive,
+}
+
+impl ProbeResult {
+    /// All values, in report order.
+    pub const ALL: [ProbeResult; 4] = [
+        ProbeResult::Success,
+        ProbeResult::Slow,
+        ProbeResult::Failed,
+        ProbeResult::Inconclusive,
+    ];
+
+    /// The JSON / metric-label string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProbeResult::Success => "success",
+            ProbeResult::Slow => "slow",
+            ProbeResult::Failed => "failed",
+            ProbeResult::Inconclusive => "inconclusive",
+        }
+    }
+
+    /// Conclusive results count toward thresholds; `inconclusive` ones (not the
+    /// network's fault) do not.
+    pub fn is_conclusive(self) -> bool {
+        self != ProbeResult::Inconclusive
+    }
+}
+
+/// Why a probe was not a plain success (DESIGN §2 table). Closed set; the JSON uses
+/// these exact strings. `success` has no reason (`null`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    /// `slow`: TTFP > `--slow-threshold`.
+    TtfpOverThreshold,
+    /// `failed`: no successful attempt before `--give-up`.
+    NoSuccessBeforeGiveUp,
+    /// `failed`: failures during the hold after the first success.
+    LostAfterSuccess,
+    /// `failed`: target container running, readiness never passed.
+    TargetNeverReady,
+    /// `failed`: source container running, readiness never passed.
+    SourceNeverReady,
+    /// `failed`: only a pod other than the expected target answered.
+    WrongPeer,
+    /// `inconclusive`: a pod could not be scheduled.
+    Unschedulable,
+    /// `inconclusive`: the image could not be pulled.
+    ImagePull,
+    /// `inconclusive`: a container exited abnormally / could not start.
+    ContainerFailed,
+    /// `inconclusive`: a node went NotReady (only if the probe would otherwise fail).
+    NodeNotReady,
+    /// `inconclusive`: the Kubernetes API failed us.
+    ApiError,
+    /// `inconclusive`: the prober was interrupted (signal, `--timeout`).
+    Interrupted,
+}
+
+impl Reason {
+    /// Every reason, in declaration order.
+    pub const ALL: [Reason; 12] = [
+        Reason::TtfpOverThreshold,
+        Reason::NoSuccessBeforeGiveUp,
+        Reason::LostAfterSuccess,
+        Reason::TargetNeverReady,
+        Reason::SourceNeverReady,
+        Reason::WrongPeer,
+        Reason::Unschedulable,
+        Reason::ImagePull,
+        Reason::ContainerFailed,
+        Reason::NodeNotReady,
+        Reason::ApiError,
+        Reason::Interrupted,
+    ];
+
+    /// The JSON / metric-label string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::TtfpOverThreshold => "ttfp_over_threshold",
+            Reason::NoSuccessBeforeGiveUp => "no_success_before_give_up",
+            Reason::LostAfterSuccess => "lost_after_success",
+            Reason::TargetNeverReady => "target_never_ready",
+            Reason::SourceNeverReady => "source_never_ready",
+            Reason::WrongPeer => "wrong_peer",
+            Reason::Unschedulable => "unschedulable",
+            Reason::ImagePull => "image_pull",
+            Reason::ContainerFailed => "container_failed",
+            Reason::NodeNotReady => "node_not_ready",
+            Reason::ApiError => "api_error",
+            Reason::Interrupted => "interrupted",
+        }
+    }
+
+    /// The result class this reason belongs to (DESIGN §2 table).
+    pub fn result(self) -> ProbeResult {
+        match self {
+            Reason::TtfpOverThreshold => ProbeResult::Slow,
+            Reason::NoSuccessBeforeGiveUp
+            | Reason::LostAfterSuccess
+            | Reason::TargetNeverReady
+            | Reason::SourceNeverReady
+            | Reason::WrongPeer => ProbeResult::Failed,
+            Reason::Unschedulable
+            | Reason::ImagePull
+            | Reason::ContainerFailed
+            | Reason::NodeNotReady
+            | Reason::ApiError
+            | Reason::Interrupted => ProbeResult::Inconclusive,
+        }
+    }
+}
+
+/// Kind of one failed dial attempt (DESIGN §2 step 5). Closed set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// No answer within `--attempt-timeout` (SYN or response lost).
+    Timeout,
+    /// TCP RST to the SYN (`ECONNREFUSED`).
+    Refused,
+    /// ICMP unreachable / no route (`EHOSTUNREACH`, `ENETUNREACH`).
+    Unreachable,
+    /// Connection reset or closed mid-exchange.
+    Reset,
+    /// An HTTP answer other than 200.
+    HttpStatus,
+    /// HTTP 200 from a pod other than `--expect-pod`.
+    WrongPeer,
+}
+
+impl ErrorKind {
+    /// Every kind, in declaration order.
+    pub const ALL: [ErrorKind; 6] = [
+        ErrorKind::Timeout,
+        ErrorKind::Refused,
+        ErrorKind::Unreachable,
+        ErrorKind::Reset,
+        ErrorKind::HttpStatus,
+        ErrorKind::WrongPeer,
+    ];
+
+    /// The JSON string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::Refused => "refused",
+            ErrorKind::Unreachable => "unreachable",
+            ErrorKind::Reset => "reset",
+            ErrorKind::HttpStatus => "http_status",
+            ErrorKind::WrongPeer => "wrong_peer",
+        }
+    }
+}
+
+/// How the source's dialing ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SourceOutcome {
+    /// A success, and the hold had no failure.
+    Success,
+    /// A success, then failures during the hold (works-then-breaks).
+    LostAfterSuccess,
+    /// No success before `--give-up`.
+    NoSuccess,
+    /// No success, and at least one attempt reached a pod other than the expected one.
+    WrongPeer,
+    /// Stopped by SIGTERM before the measurement finished.
+    Terminated,
+}
+
+/// What `target-server probe` writes to its termination log and stdout (one JSON line).
+///
+/// All `f64` times are seconds on the source's monotonic clock since its own process
+/// start. `null` means "did not happen". Size ≤ [`MAX_SOURCE_REPORT_BYTES`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SourceReport {
+    /// Always [`SCHEMA_VERSION`].
+    pub schema: u32,
+    /// This pod's name (downward API `POD_NAME`, else hostname).
+    pub pod: String,
+    /// `--target IP:PORT` as given.
+    pub target: String,
+    /// `--expect-pod`: the only identity that counts as success.
+    pub expect_pod: String,
+    /// Settings in force, seconds.
+    pub interval_seconds: f64,
+    pub attempt_timeout_seconds: f64,
+    pub give_up_seconds: f64,
+    pub hold_seconds: f64,
+    /// Wall clock at process start, Unix seconds (display only).
+    pub process_start_unix: f64,
+    /// Always 0.0: the origin of every other time here.
+    pub process_start: f64,
+    /// When the first attempt was sent.
+    pub first_attempt: Option<f64>,
+    /// First `/readyz` request with a `User-Agent: kube-probe/…` header answered 200.
+    pub ready_at: Option<f64>,
+    /// Earliest send time among successful attempts.
+    pub first_success_sent: Option<f64>,
+    /// When that attempt's answer arrived.
+    pub first_success_received: Option<f64>,
+    /// `first_success_sent − ready_at` floored at 0 (null unless both exist).
+    pub ttfp_seconds: Option<f64>,
+    /// `first_success_sent − ready_at`, may be negative.
+    pub raw_ttfp_seconds: Option<f64>,
+    /// Attempts sent before the one that first succeeded (all attempts if none did).
+    pub attempts_before_success: u64,
+    /// Of those, how many failed (attempts still in flight at success are not counted).
+    pub failures_before_success: u64,
+    /// Failure counts by kind, over the whole run.
+    pub errors: BTreeMap<ErrorKind, u64>,
+    /// Kind of the most recent failure before the first success.
+    pub last_error: Option<ErrorKind>,
+    /// Identity of a wrong peer seen (first one), if any.
+    pub wrong_peer: Option<String>,
+    /// The hold after the first success.
+    pub hold: SourceHold,
+    pub outcome: SourceOutcome,
+}
+
+/// Works-then-breaks accounting after the first success (DESIGN §2 step 7).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct SourceHold {
+    /// Hold length actually observed, seconds.
+    pub seconds: f64,
+    /// Attempts sent during the hold.
+    pub attempts: u64,
+    /// Failed attempts during the hold.
+    pub failures: u64,
+    /// Failures per whole second of the hold, at most [`MAX_HOLD_SERIES`] entries.
+    pub failures_per_second: Vec<u32>,
+}
+
+/// One pod's side of a probe (DESIGN §4 `source` / `target`).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct PodRef {
+    pub node: String,
+    pub pod: String,
+    pub uid: Option<String>,
+    pub ip: Option<String>,
+    /// Host-side interface name as Calico derives it (`cali` + 11 hex of SHA-1 of
+    /// `namespace.pod`, libcalico-go `names.go`).
+    pub iface: Option<String>,
+}
+
+/// API timeline of one pod, seconds on the prober's monotonic clock since probe start.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct PodTimeline {
+    pub created: Option<f64>,
+    pub scheduled: Option<f64>,
+    pub ip_assigned: Option<f64>,
+    pub ready: Option<f64>,
+    pub finished: Option<f64>,
+    pub deleted: Option<f64>,
+}
+
+/// Both pods' timelines plus the probe's wall-clock start.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Timeline {
+    /// RFC 3339 wall time when the probe started (display only).
+    pub started_at: String,
+    pub target: PodTimeline,
+    pub source: PodTimeline,
+    /// Seconds from probe start until the record was complete.
+    pub finished: Option<f64>,
+}
+
+/// Attempt accounting copied from the source report.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Attempts {
+    pub before_success: u64,
+    pub failures_before_success: u64,
+    pub last_error: Option<ErrorKind>,
+    pub errors: BTreeMap<ErrorKind, u64>,
+}
+
+/// Hold result in the probe record.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Hold {
+    pub seconds: f64,
+    pub failures: u64,
+}
+
+/// Node-agent signals (DESIGN §3). Closed set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Signal {
+    DataplaneApplySlow,
+    DataplaneApplyFailures,
+    DatastoreResync,
+    RouteResyncSlow,
+    AgentRestarted,
+    AgentNotReady,
+    AgentUnreachable,
+    AgentBadMetrics,
+}
+
+/// Which side of a probe a node played.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    Source,
+    Target,
+}
+
+/// A suspect (on slow/failed probes) or warning (normal TTFP): DESIGN §3.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Suspect {
+    pub node: String,
+    pub role: Role,
+    pub signal: Signal,
+    /// Free-form numbers behind the signal (e.g. `{"apply_mean_seconds": 1.2,
+    /// "healthy_apply_mean_seconds": 0.01}`).
+    pub evidence: serde_json::Value,
+}
+
+/// One probe as the prober records it (DESIGN §4 "Probe").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProbeRecord {
+    pub id: String,
+    /// `cross_node`, `same_node`, `recreate`, `service`, `burst`.
+    pub kind: String,
+    pub source: PodRef,
+    pub target: PodRef,
+    pub result: ProbeResult,
+    pub reason: Option<Reason>,
+    /// Human detail for non-success results (e.g. the pod condition message).
+    pub detail: Option<String>,
+    pub ttfp_seconds: Option<f64>,
+    pub raw_ttfp_seconds: Option<f64>,
+    /// Target Ready → source Ready on the prober clock: target-side delays shorter than
+    /// this are masked.
+    pub target_ready_to_source_ready_seconds: Option<f64>,
+    pub attempts: Attempts,
+    pub hold: Hold,
+    pub timeline: Timeline,
+    pub suspects: Vec<Suspect>,
+    /// The source's own report as read from its termination message, if any.
+    pub source_report: Option<SourceReport>,
+}
+
+/// Gate verdict (DESIGN §4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    Pass,
+    Fail,
+    Inconclusive,
+}
+
+/// What the summary concludes about the cluster (DESIGN §4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Diagnosis {
+    Healthy,
+    SlowNodes,
+    CrossNodeBroken,
+    NodeLocalBroken,
+    ScatteredFailures,
+    Inconclusive,
+}
+
+/// Thresholds the verdict used, seconds / counts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Thresholds {
+    pub slow_threshold_seconds: f64,
+    pub max_ttfp_seconds: f64,
+    pub max_failures: u64,
+    pub max_inconclusive: u64,
+}
+
+/// Gate summary: counts and nearest-rank TTFP quantiles over probes with a TTFP.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    pub total: u64,
+    /// Count per result; every result key is present (0 when none).
+    pub by_result: BTreeMap<ProbeResult, u64>,
+    pub ttfp_p50: Option<f64>,
+    pub ttfp_p95: Option<f64>,
+    pub ttfp_max: Option<f64>,
+    pub diagnosis: Diagnosis,
+}
+
+/// Per-node, per-role aggregate.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct NodeRoleStats {
+    pub probes: u64,
+    pub by_result: BTreeMap<ProbeResult, u64>,
+    pub ttfp_max: Option<f64>,
+}
+
+/// One node's line in the report (DESIGN §4 `nodes[]`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeSummary {
+    pub node: String,
+    /// The node labels named by `--group-by-label` (absent labels omitted).
+    pub labels: BTreeMap<String, String>,
+    pub as_source: NodeRoleStats,
+    pub as_target: NodeRoleStats,
+}
+
+/// The gate's report (`--report FILE`), DESIGN §4.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GateReport {
+    pub schema: u32,
+    pub verdict: Verdict,
+    /// Process exit code that goes with the verdict (0 pass, 1 fail, 2 inconclusive).
+    pub exit_code: i32,
+    /// Why the verdict is what it is, one line per broken threshold.
+    pub verdict_reasons: Vec<String>,
+    pub thresholds: Thresholds,
+    pub summary: Summary,
+    pub nodes: Vec<NodeSummary>,
+    pub warnings: Vec<Suspect>,
+    pub probes: Vec<ProbeRecord>,
+    /// Prober instance id (the `firstpacket.io/instance` label value).
+    pub instance: String,
+    /// RFC 3339 wall times (display only).
+    pub started_at: String,
+    pub finished_at: String,
+    pub duration_seconds: f64,
+    /// Run-level errors (API unreachable, `--timeout` hit, interrupted).
+    pub errors: Vec<String>,
+}

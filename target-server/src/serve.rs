@@ -1,0 +1,80 @@
+//! `target-server serve`: the target pod T (DESIGN.md §2 step 2).
+//!
+//! Listens on `0.0.0.0:PORT` at once (start → listening is the first thing after the
+//! runtime is up; budget ≤ 20 ms, DESIGN §7). On SIGTERM (or SIGINT): `/readyz` flips to
+//! 503, the listener keeps accepting for `--drain` (default 500 ms, below the prober's
+//! 1 s grace period) so a kubelet probe in flight sees the 503, then closes; the process
+//! exits 0.
+
+use crate::cli::ServeArgs;
+use crate::http::{self, ServerState};
+use crate::identity::Identity;
+use crate::{Error, ProcessStart};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio::signal::unix::{signal, Signal, SignalKind};
+use tokio::sync::watch;
+
+/// Bind `0.0.0.0:port` and log `target-server: listening on ADDR` on stderr (tests and
+/// operators read the real port from it when `port` is 0).
+///
+/// Errors: [`Error::Bind`].
+pub async fn bind(port: u16) -> Result<TcpListener, Error> {
+    let addr = SocketAddr::from((Ipv4Addr::UNSPECIFIED, port));
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| Error::Bind { addr, source })?;
+    let local = listener.local_addr().unwrap_or(addr);
+    eprintln!("target-server: listening on {local}");
+    Ok(listener)
+}
+
+/// SIGTERM (what the kubelet sends on pod deletion) and SIGINT (a terminal's Ctrl-C).
+pub struct Termination {
+    term: Signal,
+    int: Signal,
+}
+
+impl Termination {
+    /// Install both handlers. Errors: [`Error::Runtime`].
+    pub fn install() -> Result<Self, Error> {
+        let term = signal(SignalKind::terminate()).map_err(|source| Error::Runtime {
+            what: "SIGTERM handler",
+            source,
+        })?;
+        let int = signal(SignalKind::interrupt()).map_err(|source| Error::Runtime {
+            what: "SIGINT handler",
+            source,
+        })?;
+        Ok(Termination { term, int })
+    }
+
+    /// Resolve on the next SIGTERM or SIGINT.
+    pub async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
+    }
+}
+
+/// Run `serve` until SIGTERM/SIGINT plus the drain. Errors: [`Error::Bind`],
+/// [`Error::Runtime`].
+pub async fn run(args: ServeArgs, identity: Identity, origin: ProcessStart) -> Result<(), Error> {
+    let mut termination = Termination::install()?;
+    let listener = bind(args.port).await?;
+    let state = ServerState::new(identity, origin);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let server = tokio::spawn(http::serve(listener, Arc::clone(&state), stop_rx));
+    termination.recv().await;
+    state.set_not_ready();
+    eprintln!(
+        "target-server: SIGTERM, /readyz now 503, closing in {}",
+        humantime::format_duration(args.drain)
+    );
+    tokio::time::sleep(args.drain).await;
+    let _ = stop_tx.send(true);
+    let _ = server.await;
+    Ok(())
+}

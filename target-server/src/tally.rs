@@ -1,0 +1,576 @@
+//! Pure accounting of the source's attempts → [`SourceReport`] (DESIGN.md §2 steps 5–8).
+//!
+//! The dialer feeds every attempt in ([`Tally::start`] when it is spawned,
+//! [`Tally::finish`] when it ends); [`Tally::report`] derives every number at the end,
+//! so the rules below are tested without any I/O:
+//! - `first_success_sent` = the **earliest send time** among successful attempts (an
+//!   attempt sent earlier can complete after a later one; the dialer waits for every
+//!   in-flight attempt before the report is made).
+//! - attempts before success = attempts sent before it; failures before success = those
+//!   of them that failed (in-flight ones at SIGTERM are not failures); `last_error` = the
+//!   kind of the latest-**sent** failure before it (of all failures if none succeeded).
+//! - hold = attempts sent after it: `failures`, and `failures_per_second` bucketed by
+//!   whole seconds since `first_success_sent`: `round(hold seconds)` buckets (at least
+//!   1, at most [`MAX_HOLD_SERIES`]); the last bucket takes any tail.
+//! - `raw_ttfp_seconds = first_success_sent − ready_at`, `ttfp_seconds = max(0, raw)`,
+//!   both null unless both times exist.
+//! - outcome: `terminated` on SIGTERM; else `lost_after_success` if the hold saw a
+//!   failure, `success` if not; without success `wrong_peer` if any 200 came from another
+//!   pod, else `no_success`.
+//!
+//! Memory: 24 bytes per attempt (bounded by `cli::MAX_ATTEMPTS`).
+
+use crate::attempt::{AttemptOutcome, AttemptResult};
+use crate::report::{
+    ErrorKind, SourceHold, SourceOutcome, SourceReport, MAX_HOLD_SERIES, MAX_SOURCE_REPORT_BYTES,
+    SCHEMA_VERSION,
+};
+use std::collections::BTreeMap;
+
+/// State of one attempt in the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Spawned, not finished (only left at the end after SIGTERM).
+    InFlight,
+    /// HTTP 200 from the expected pod.
+    Success,
+    /// Failed with this kind.
+    Failed(ErrorKind),
+}
+
+/// One attempt: seconds since process start.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Attempt {
+    /// Send time (just before `connect()`; the spawn time while in flight).
+    pub sent: f64,
+    /// Completion time (equal to `sent` while in flight).
+    pub received: f64,
+    /// Result.
+    pub status: Status,
+}
+
+/// The attempt log plus the first wrong peer seen.
+#[derive(Debug, Default, Clone)]
+pub struct Tally {
+    attempts: Vec<Attempt>,
+    wrong_peer: Option<String>,
+    success_seen: bool,
+}
+
+/// Everything besides the attempt log that goes into the report.
+#[derive(Debug, Clone)]
+pub struct ReportContext {
+    /// This pod's name.
+    pub pod: String,
+    /// `--target` as given.
+    pub target: String,
+    /// `--expect-pod`.
+    pub expect_pod: String,
+    /// Settings, seconds.
+    pub interval_seconds: f64,
+    /// Settings, seconds.
+    pub attempt_timeout_seconds: f64,
+    /// Settings, seconds.
+    pub give_up_seconds: f64,
+    /// Settings, seconds.
+    pub hold_seconds: f64,
+    /// Wall clock at process start, Unix seconds.
+    pub process_start_unix: f64,
+    /// First kubelet `/readyz` answered 200, seconds since process start.
+    pub ready_at: Option<f64>,
+    /// When dialing stopped (hold over, give-up, or SIGTERM), seconds since start.
+    pub dial_end: f64,
+    /// Stopped by SIGTERM.
+    pub terminated: bool,
+}
+
+impl Tally {
+    /// Empty log.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Record a spawned attempt; `sent_estimate` stands in until it finishes. Returns its
+    /// sequence number for [`Tally::finish`].
+    pub fn start(&mut self, sent_estimate: f64) -> usize {
+        self.attempts.push(Attempt {
+            sent: sent_estimate,
+            received: sent_estimate,
+            status: Status::InFlight,
+        });
+        self.attempts.len() - 1
+    }
+
+    /// Record the outcome of attempt `seq`. Returns `true` exactly once: on the first
+    /// success observed (the dialer starts the hold then). Unknown `seq` is ignored.
+    pub fn finish(&mut self, seq: usize, outcome: AttemptOutcome) -> bool {
+        let Some(a) = self.attempts.get_mut(seq) else {
+            return false;
+        };
+        a.sent = outcome.sent;
+        a.received = outcome.received;
+        a.status = match outcome.result {
+            AttemptResult::Success => Status::Success,
+            AttemptResult::Failure { kind, peer } => {
+                if kind == ErrorKind::WrongPeer && self.wrong_peer.is_none() {
+                    self.wrong_peer = peer;
+                }
+                Status::Failed(kind)
+            }
+        };
+        if a.status == Status::Success && !self.success_seen {
+            self.success_seen = true;
+            return true;
+        }
+        false
+    }
+
+    /// Whether any attempt has succeeded so far.
+    pub fn has_success(&self) -> bool {
+        self.success_seen
+    }
+
+    /// The attempt log, in spawn order.
+    pub fn attempts(&self) -> &[Attempt] {
+        &self.attempts
+    }
+
+    /// Derive the report (rules in the module docs). Times are rounded to microseconds.
+    pub fn report(&self, ctx: &ReportContext) -> SourceReport {
+        let first_attempt = self
+            .attempts
+            .iter()
+            .map(|a| a.sent)
+            .min_by(|a, b| a.total_cmp(b));
+        let first_success = self
+            .attempts
+            .iter()
+            .filter(|a| a.status == Status::Success)
+            .min_by(|a, b| a.sent.total_cmp(&b.sent))
+            .copied();
+
+        let mut errors: BTreeMap<ErrorKind, u64> = ErrorKind::ALL.iter().map(|k| (*k, 0)).collect();
+        for a in &self.attempts {
+            if let Status::Failed(k) = a.status {
+                *errors.entry(k).or_insert(0) += 1;
+            }
+        }
+
+        let before = |a: &Attempt| first_success.is_none_or(|s| a.sent < s.sent);
+        let attempts_before_success = self.attempts.iter().filter(|a| before(a)).count() as u64;
+        let failures_before_success = self
+            .attempts
+            .iter()
+            .filter(|a| before(a) && matches!(a.status, Status::Failed(_)))
+            .count() as u64;
+        let last_error = self
+            .attempts
+            .iter()
+            .filter(|a| before(a))
+            .filter_map(|a| match a.status {
+                Status::Failed(k) => Some((a.sent, k)),
+                _ => None,
+            })
+            .max_by(|a, b| a.0.total_cmp(&b.0))
+            .map(|(_, k)| k);
+
+        let mut hold = SourceHold::default();
+        if let Some(s) = first_success {
+            hold.seconds = (ctx.dial_end - s.sent).max(0.0);
+            let buckets = (hold.seconds.round() as usize).clamp(1, MAX_HOLD_SERIES);
+            hold.failures_per_second = vec![0; buckets];
+            let mut first_taken = false;
+            for a in &self.attempts {
+                // The first success itself is not a hold attempt; ties in send time
+                // with it are (only one attempt is "the" first success).
+                if a.sent < s.sent {
+                    continue;
+                }
+                if !first_taken && a.status == Status::Success && a.sent == s.sent {
+                    first_taken = true;
+                    continue;
+                }
+                hold.attempts += 1;
+                if matches!(a.status, Status::Failed(_)) {
+                    hold.failures += 1;
+                    let i = ((a.sent - s.sent).max(0.0).floor() as usize).min(buckets - 1);
+                    hold.failures_per_second[i] = hold.failures_per_second[i].saturating_add(1);
+                }
+            }
+        }
+
+        let first_success_sent = first_success.map(|s| s.sent);
+        let raw_ttfp = match (first_success_sent, ctx.ready_at) {
+            (Some(s), Some(r)) => Some(round_us(s) - round_us(r)),
+            _ => None,
+        };
+        let outcome = if ctx.terminated {
+            SourceOutcome::Terminated
+        } else if first_success.is_some() {
+            if hold.failures > 0 {
+                SourceOutcome::LostAfterSuccess
+            } else {
+                SourceOutcome::Success
+            }
+        } else if errors.get(&ErrorKind::WrongPeer).copied().unwrap_or(0) > 0 {
+            SourceOutcome::WrongPeer
+        } else {
+            SourceOutcome::NoSuccess
+        };
+        hold.seconds = round_us(hold.seconds);
+
+        SourceReport {
+            schema: SCHEMA_VERSION,
+            pod: ctx.pod.clone(),
+            target: ctx.target.clone(),
+            expect_pod: ctx.expect_pod.clone(),
+            interval_seconds: round_us(ctx.interval_seconds),
+            attempt_timeout_seconds: round_us(ctx.attempt_timeout_seconds),
+            give_up_seconds: round_us(ctx.give_up_seconds),
+            hold_seconds: round_us(ctx.hold_seconds),
+            process_start_unix: round_us(ctx.process_start_unix),
+            process_start: 0.0,
+            first_attempt: first_attempt.map(round_us),
+            ready_at: ctx.ready_at.map(round_us),
+            first_success_sent: first_success_sent.map(round_us),
+            first_success_received: first_success.map(|s| round_us(s.received)),
+            ttfp_seconds: raw_ttfp.map(|r| round_us(r.max(0.0))),
+            raw_ttfp_seconds: raw_ttfp.map(round_us),
+            attempts_before_success,
+            failures_before_success,
+            errors,
+            last_error,
+            wrong_peer: self.wrong_peer.clone(),
+            hold,
+            outcome,
+        }
+    }
+}
+
+/// Round seconds to microseconds (keeps the JSON short; the clock is not finer anyway
+/// for what we measure).
+pub fn round_us(s: f64) -> f64 {
+    (s * 1e6).round() / 1e6
+}
+
+/// Longest string kept in a source report (Kubernetes object names are ≤ 253
+/// characters: Kubernetes docs "Object Names and IDs").
+pub const MAX_REPORT_STRING: usize = 253;
+
+/// Serialise `report` as one compact JSON line (no newline) of at most
+/// [`MAX_SOURCE_REPORT_BYTES`] bytes: strings are cut to [`MAX_REPORT_STRING`]
+/// characters, then, if still too long, the hold's per-second series is shortened from
+/// its end (totals stay). The kubelet keeps only the last 4096 bytes of a termination
+/// message, so an over-long report would lose its start and not parse.
+pub fn encode_bounded(report: &SourceReport) -> String {
+    let mut r = report.clone();
+    for s in [&mut r.pod, &mut r.target, &mut r.expect_pod] {
+        if s.chars().count() > MAX_REPORT_STRING {
+            *s = crate::attempt::truncate_chars(s, MAX_REPORT_STRING);
+        }
+    }
+    if let Some(p) = r.wrong_peer.as_mut() {
+        if p.chars().count() > MAX_REPORT_STRING {
+            *p = crate::attempt::truncate_chars(p, MAX_REPORT_STRING);
+        }
+    }
+    loop {
+        let line = serde_json::to_string(&r).unwrap_or_default();
+        if line.len() <= MAX_SOURCE_REPORT_BYTES || r.hold.failures_per_second.is_empty() {
+            return line;
+        }
+        let excess = line.len() - MAX_SOURCE_REPORT_BYTES;
+        // Each entry costs ≥ 2 bytes ("0,"); drop at least enough, at least one.
+        let drop = (excess / 2).max(1).min(r.hold.failures_per_second.len());
+        let keep = r.hold.failures_per_second.len() - drop;
+        r.hold.failures_per_second.truncate(keep);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctx(ready_at: Option<f64>, dial_end: f64) -> ReportContext {
+        ReportContext {
+            pod: "src".into(),
+            target: "10.0.0.2:8080".into(),
+            expect_pod: "tgt".into(),
+            interval_seconds: 0.1,
+            attempt_timeout_seconds: 0.9,
+            give_up_seconds: 60.0,
+            hold_seconds: 5.0,
+            process_start_unix: 1_700_000_000.5,
+            ready_at,
+            dial_end,
+            terminated: false,
+        }
+    }
+
+    fn ok(sent: f64, received: f64) -> AttemptOutcome {
+        AttemptOutcome {
+            sent,
+            received,
+            result: AttemptResult::Success,
+        }
+    }
+
+    fn fail(sent: f64, received: f64, kind: ErrorKind) -> AttemptOutcome {
+        AttemptOutcome {
+            sent,
+            received,
+            result: AttemptResult::Failure { kind, peer: None },
+        }
+    }
+
+    /// Feed attempts in completion order; `seq` is the spawn order.
+    fn tally(done: Vec<(usize, AttemptOutcome)>) -> Tally {
+        let n = done.iter().map(|(s, _)| s + 1).max().unwrap_or(0);
+        let mut t = Tally::new();
+        for i in 0..n {
+            t.start(i as f64 * 0.1);
+        }
+        for (seq, o) in done {
+            t.finish(seq, o);
+        }
+        t
+    }
+
+    #[test]
+    fn earliest_sent_success_wins_even_if_it_completes_later() {
+        // #0 refused, #1 (sent 0.1) succeeds slowly at 0.8, #2 (sent 0.2) fast at 0.25.
+        let t = tally(vec![
+            (0, fail(0.0, 0.001, ErrorKind::Refused)),
+            (2, ok(0.2, 0.25)),
+            (1, ok(0.1, 0.8)),
+        ]);
+        let r = t.report(&ctx(Some(0.05), 5.0));
+        assert_eq!(r.first_success_sent, Some(0.1));
+        assert_eq!(r.first_success_received, Some(0.8));
+        assert_eq!(r.attempts_before_success, 1);
+        assert_eq!(r.failures_before_success, 1);
+        assert_eq!(r.last_error, Some(ErrorKind::Refused));
+        assert_eq!(r.first_attempt, Some(0.0));
+    }
+
+    #[test]
+    fn finish_reports_the_first_observed_success_once() {
+        let mut t = Tally::new();
+        let a = t.start(0.0);
+        let b = t.start(0.1);
+        assert!(t.finish(b, ok(0.1, 0.2)));
+        assert!(!t.finish(a, ok(0.0, 0.3)));
+        assert!(t.has_success());
+    }
+
+    #[test]
+    fn success_before_ready_gives_zero_ttfp_and_keeps_the_negative_raw_value() {
+        let t = tally(vec![(0, ok(0.0, 0.01))]);
+        let r = t.report(&ctx(Some(0.7), 5.0));
+        assert_eq!(r.raw_ttfp_seconds, Some(-0.7));
+        assert_eq!(r.ttfp_seconds, Some(0.0));
+        assert_eq!(r.outcome, SourceOutcome::Success);
+    }
+
+    #[test]
+    fn ttfp_is_success_send_minus_ready() {
+        let t = tally(vec![
+            (0, fail(0.0, 0.9, ErrorKind::Timeout)),
+            (1, fail(0.1, 1.0, ErrorKind::Timeout)),
+            (2, ok(0.2, 0.21)),
+        ]);
+        let r = t.report(&ctx(Some(0.05), 5.0));
+        assert_eq!(r.raw_ttfp_seconds, Some(0.15));
+        assert_eq!(r.ttfp_seconds, Some(0.15));
+        assert_eq!(r.errors[&ErrorKind::Timeout], 2);
+        assert_eq!(r.errors[&ErrorKind::Refused], 0);
+    }
+
+    #[test]
+    fn no_ready_at_means_null_ttfp() {
+        let t = tally(vec![(0, ok(0.0, 0.01))]);
+        let r = t.report(&ctx(None, 5.0));
+        assert_eq!(r.ttfp_seconds, None);
+        assert_eq!(r.raw_ttfp_seconds, None);
+        assert_eq!(r.first_success_sent, Some(0.0));
+    }
+
+    #[test]
+    fn failures_after_the_first_success_are_hold_failures_per_second() {
+        let t = tally(vec![
+            (0, ok(0.0, 0.01)),
+            (1, fail(0.5, 0.51, ErrorKind::Reset)),
+            (2, ok(1.2, 1.21)),
+            (3, fail(2.5, 2.51, ErrorKind::Refused)),
+            (4, fail(2.7, 2.71, ErrorKind::Refused)),
+        ]);
+        let r = t.report(&ctx(Some(0.1), 3.0));
+        assert_eq!(r.outcome, SourceOutcome::LostAfterSuccess);
+        assert_eq!(r.hold.attempts, 4);
+        assert_eq!(r.hold.failures, 3);
+        assert_eq!(r.hold.failures_per_second, vec![1, 0, 2]);
+        assert_eq!(r.hold.seconds, 3.0);
+        assert_eq!(r.attempts_before_success, 0);
+        assert_eq!(r.last_error, None);
+    }
+
+    #[test]
+    fn only_wrong_peers_answering_is_outcome_wrong_peer() {
+        let mut t = Tally::new();
+        for i in 0..3 {
+            let seq = t.start(i as f64);
+            t.finish(
+                seq,
+                AttemptOutcome {
+                    sent: i as f64,
+                    received: i as f64 + 0.01,
+                    result: AttemptResult::Failure {
+                        kind: ErrorKind::WrongPeer,
+                        peer: Some(format!("other-{i}")),
+                    },
+                },
+            );
+        }
+        let r = t.report(&ctx(Some(0.1), 60.0));
+        assert_eq!(r.outcome, SourceOutcome::WrongPeer);
+        assert_eq!(r.wrong_peer.as_deref(), Some("other-0"));
+        assert_eq!(r.attempts_before_success, 3);
+        assert_eq!(r.failures_before_success, 3);
+        assert_eq!(r.first_success_sent, None);
+        assert_eq!(r.ttfp_seconds, None);
+        assert_eq!(r.hold, SourceHold::default());
+    }
+
+    #[test]
+    fn no_success_without_wrong_peer_is_no_success() {
+        let t = tally(vec![(0, fail(0.0, 0.9, ErrorKind::Timeout))]);
+        let r = t.report(&ctx(Some(0.1), 60.0));
+        assert_eq!(r.outcome, SourceOutcome::NoSuccess);
+        assert_eq!(r.last_error, Some(ErrorKind::Timeout));
+    }
+
+    #[test]
+    fn last_error_is_the_latest_sent_failure_not_the_latest_completed() {
+        // #0 times out (completes last), #1 refused quickly, then #2 succeeds.
+        let t = tally(vec![
+            (1, fail(0.1, 0.101, ErrorKind::Refused)),
+            (2, ok(0.2, 0.21)),
+            (0, fail(0.0, 0.9, ErrorKind::Timeout)),
+        ]);
+        assert_eq!(
+            t.report(&ctx(None, 5.0)).last_error,
+            Some(ErrorKind::Refused)
+        );
+    }
+
+    #[test]
+    fn in_flight_attempts_at_sigterm_count_as_sent_not_failed() {
+        let mut t = Tally::new();
+        let a = t.start(0.0);
+        t.finish(a, fail(0.0, 0.001, ErrorKind::Refused));
+        t.start(0.1);
+        let mut c = ctx(None, 0.15);
+        c.terminated = true;
+        let r = t.report(&c);
+        assert_eq!(r.outcome, SourceOutcome::Terminated);
+        assert_eq!(r.attempts_before_success, 2);
+        assert_eq!(r.failures_before_success, 1);
+    }
+
+    #[test]
+    fn hold_series_is_bounded() {
+        let mut t = Tally::new();
+        let s = t.start(0.0);
+        t.finish(s, ok(0.0, 0.01));
+        for i in 1..400 {
+            let seq = t.start(i as f64);
+            t.finish(seq, fail(i as f64, i as f64 + 0.5, ErrorKind::Timeout));
+        }
+        let r = t.report(&ctx(None, 400.0));
+        assert_eq!(r.hold.failures_per_second.len(), MAX_HOLD_SERIES);
+        assert_eq!(r.hold.failures, 399);
+        // One failure per second from second 1 on; the tail beyond the series
+        // (seconds 119..399) lands in the last bucket.
+        assert_eq!(r.hold.failures_per_second[0], 0);
+        assert_eq!(r.hold.failures_per_second[1], 1);
+        assert_eq!(
+            r.hold.failures_per_second[MAX_HOLD_SERIES - 1] as usize,
+            399 - (MAX_HOLD_SERIES - 2)
+        );
+    }
+
+    fn worst_case_report() -> SourceReport {
+        let name = "n".repeat(400);
+        let mut errors = BTreeMap::new();
+        for k in ErrorKind::ALL {
+            errors.insert(k, u64::MAX);
+        }
+        SourceReport {
+            schema: SCHEMA_VERSION,
+            pod: name.clone(),
+            target: "[ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff]:65535".into(),
+            expect_pod: name.clone(),
+            interval_seconds: 123456.123457,
+            attempt_timeout_seconds: 123456.123457,
+            give_up_seconds: 123456.123457,
+            hold_seconds: 123456.123457,
+            process_start_unix: 1_999_999_999.123457,
+            process_start: 0.0,
+            first_attempt: Some(123456.123457),
+            ready_at: Some(123456.123457),
+            first_success_sent: Some(123456.123457),
+            first_success_received: Some(123456.123457),
+            ttfp_seconds: Some(123456.123457),
+            raw_ttfp_seconds: Some(-123456.123457),
+            attempts_before_success: u64::MAX,
+            failures_before_success: u64::MAX,
+            errors,
+            last_error: Some(ErrorKind::HttpStatus),
+            wrong_peer: Some(name),
+            hold: SourceHold {
+                seconds: 123456.123457,
+                attempts: u64::MAX,
+                failures: u64::MAX,
+                failures_per_second: vec![u32::MAX; MAX_HOLD_SERIES],
+            },
+            outcome: SourceOutcome::LostAfterSuccess,
+        }
+    }
+
+    #[test]
+    fn worst_case_report_fits_the_termination_message_budget_and_parses() {
+        let line = encode_bounded(&worst_case_report());
+        assert!(
+            line.len() <= MAX_SOURCE_REPORT_BYTES,
+            "{} bytes",
+            line.len()
+        );
+        assert!(!line.contains('\n'));
+        let back: SourceReport = serde_json::from_str(&line).expect("parses");
+        assert_eq!(back.outcome, SourceOutcome::LostAfterSuccess);
+        assert_eq!(back.pod.chars().count(), MAX_REPORT_STRING);
+        assert_eq!(back.hold.failures, u64::MAX);
+    }
+
+    #[test]
+    fn realistic_report_is_not_trimmed() {
+        let mut t = Tally::new();
+        let s = t.start(0.0);
+        t.finish(s, ok(0.0, 0.01));
+        for i in 1..300 {
+            let sent = i as f64 * 0.1;
+            let seq = t.start(sent);
+            t.finish(seq, fail(sent, sent + 0.9, ErrorKind::Timeout));
+        }
+        let mut c = ctx(Some(0.5), 30.0);
+        c.pod = "firstpacket-src-0123456789abcdef-xyz12".into();
+        c.expect_pod = "firstpacket-tgt-0123456789abcdef-xyz12".into();
+        let r = t.report(&c);
+        let line = encode_bounded(&r);
+        let back: SourceReport = serde_json::from_str(&line).expect("parses");
+        assert_eq!(back.hold.failures_per_second, r.hold.failures_per_second);
+        assert_eq!(back.hold.failures_per_second.len(), 30);
+        assert_eq!(back.pod, r.pod);
+        assert_eq!(back.expect_pod, r.expect_pod);
+    }
+}
