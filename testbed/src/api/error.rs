@@ -123,7 +123,12 @@ impl ApiError {
         let message = if name.is_empty() {
             format!("{} is forbidden: {}", kind.qualified_resource(), why)
         } else {
-            format!("{} \"{}\" is forbidden: {}", kind.qualified_resource(), name, why)
+            format!(
+                "{} \"{}\" is forbidden: {}",
+                kind.qualified_resource(),
+                name,
+                why
+            )
         };
         ApiError {
             code: 403,

@@ -20,11 +20,14 @@ pub enum Kind {
     EndpointSlice,
     /// coordination.k8s.io/v1 Lease (stored only).
     Lease,
+    /// events.k8s.io/v1 Event (what kube-rs' `Recorder` writes). Stored apart from
+    /// core/v1 Events (kube-apiserver converts between the two; not done here).
+    EventsV1,
 }
 
 impl Kind {
     /// Every kind, in discovery order.
-    pub const ALL: [Kind; 7] = [
+    pub const ALL: [Kind; 8] = [
         Kind::Namespace,
         Kind::Node,
         Kind::Pod,
@@ -32,6 +35,7 @@ impl Kind {
         Kind::Service,
         Kind::EndpointSlice,
         Kind::Lease,
+        Kind::EventsV1,
     ];
 
     /// The `kind` field, e.g. `Pod`.
@@ -44,6 +48,7 @@ impl Kind {
             Kind::Service => "Service",
             Kind::EndpointSlice => "EndpointSlice",
             Kind::Lease => "Lease",
+            Kind::EventsV1 => "Event",
         }
     }
 
@@ -57,6 +62,7 @@ impl Kind {
             Kind::Service => "services",
             Kind::EndpointSlice => "endpointslices",
             Kind::Lease => "leases",
+            Kind::EventsV1 => "events",
         }
     }
 
@@ -70,6 +76,7 @@ impl Kind {
             Kind::Service => "service",
             Kind::EndpointSlice => "endpointslice",
             Kind::Lease => "lease",
+            Kind::EventsV1 => "event",
         }
     }
 
@@ -78,6 +85,7 @@ impl Kind {
         match self {
             Kind::EndpointSlice => "discovery.k8s.io",
             Kind::Lease => "coordination.k8s.io",
+            Kind::EventsV1 => "events.k8s.io",
             _ => "",
         }
     }
@@ -92,6 +100,7 @@ impl Kind {
         match self {
             Kind::EndpointSlice => "discovery.k8s.io/v1",
             Kind::Lease => "coordination.k8s.io/v1",
+            Kind::EventsV1 => "events.k8s.io/v1",
             _ => "v1",
         }
     }
@@ -109,7 +118,7 @@ impl Kind {
             Kind::Pod => &["po"],
             Kind::Event => &["ev"],
             Kind::Service => &["svc"],
-            Kind::EndpointSlice | Kind::Lease => &[],
+            Kind::EndpointSlice | Kind::Lease | Kind::EventsV1 => &[],
         }
     }
 

@@ -27,7 +27,7 @@ pub use http::{router, serve};
 pub use kind::Kind;
 pub use patch::{apply_json_patch, merge_patch, strategic_merge_patch};
 pub use store::{
-    rfc3339_now, LogQuery, LogSource, ProxyFuture, ProxyRequest, ProxyResponse, ProxySource,
+    now, rfc3339_now, LogQuery, LogSource, ProxyFuture, ProxyRequest, ProxyResponse, ProxySource,
     Store, StoreEvent, StoreSnapshot, WatchEventType, WatchStart, DEFAULT_HISTORY,
 };
 

@@ -1,0 +1,1383 @@
+//! The object store: etcd plus the registry logic of kube-apiserver that the testbed
+//! needs (metadata defaulting, Pod defaults and validation, graceful deletion,
+//! namespace termination, ownerReference GC, watch history).
+
+use super::{ApiError, Kind};
+use futures::future::BoxFuture;
+use k8s_openapi::jiff::Timestamp;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use tokio::sync::broadcast;
+
+/// Default length of the watch history ring (events kept for `resourceVersion=N`
+/// resumption). kube-apiserver's watch cache keeps a comparable window per resource
+/// (`--default-watch-cache-size`, 100 objects, growing with load); older resumes get 410.
+pub const DEFAULT_HISTORY: usize = 10_000;
+
+/// Capacity of the live fan-out channel; a watcher that falls further behind is ended
+/// (the client resumes from its last resourceVersion, as after a server-side timeout).
+const FANOUT_CAPACITY: usize = 16_384;
+
+/// Namespaces every cluster has from the start (kube-apiserver's
+/// `SystemNamespaces` plus `default`).
+const SYSTEM_NAMESPACES: [&str; 4] = ["default", "kube-system", "kube-public", "kube-node-lease"];
+
+/// Type of a watch event (`ADDED`, `MODIFIED`, `DELETED` on the wire).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum WatchEventType {
+    /// Object created (or, for a selector-filtered watch, started matching).
+    Added,
+    /// Object changed.
+    Modified,
+    /// Object removed (or stopped matching).
+    Deleted,
+}
+
+impl WatchEventType {
+    /// Wire name: `ADDED`, `MODIFIED`, `DELETED`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WatchEventType::Added => "ADDED",
+            WatchEventType::Modified => "MODIFIED",
+            WatchEventType::Deleted => "DELETED",
+        }
+    }
+}
+
+/// One change in the store. `object` is the object after the change (for `Deleted`:
+/// its last state, with the deletion's resourceVersion); `old` the object before it
+/// (for `Modified`/`Deleted`), used to turn selector transitions into ADDED/DELETED.
+#[derive(Clone, Debug)]
+pub struct StoreEvent {
+    /// Kind of the object.
+    pub kind: Kind,
+    /// What happened.
+    pub ty: WatchEventType,
+    /// The object after the change (full wire JSON with kind/apiVersion).
+    pub object: Arc<Value>,
+    /// The object before the change, if there was one.
+    pub old: Option<Arc<Value>>,
+    /// resourceVersion of this change (global counter).
+    pub rv: u64,
+}
+
+impl StoreEvent {
+    /// Namespace of the object (`""` for cluster-scoped ones).
+    pub fn namespace(&self) -> &str {
+        self.object["metadata"]["namespace"].as_str().unwrap_or("")
+    }
+}
+
+/// What a watch starts with: `initial` events (synthetic ADDED for the current objects,
+/// or the replay from the history ring) and a live receiver that continues exactly after
+/// `rv` (no gap, no duplicate).
+#[derive(Debug)]
+pub struct WatchStart {
+    /// Events to send first.
+    pub initial: Vec<StoreEvent>,
+    /// The store's resourceVersion at the moment the receiver was created.
+    pub rv: u64,
+    /// Live events with resourceVersion > `rv` (all kinds; filter by kind).
+    pub rx: broadcast::Receiver<StoreEvent>,
+}
+
+/// Serialisable state of a store (seam for persisting across `testbed api restart`,
+/// DESIGN §5: "State and resourceVersions survive an API server restart").
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StoreSnapshot {
+    /// Last resourceVersion issued.
+    pub rv: u64,
+    /// Every object with its kind.
+    pub objects: Vec<(Kind, Value)>,
+}
+
+/// Query of `GET pods/NAME/log` (query parameters of the same names).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LogQuery {
+    /// `tailLines`: only the last N lines.
+    pub tail_lines: Option<i64>,
+    /// `sinceSeconds`.
+    pub since_seconds: Option<i64>,
+    /// `limitBytes`.
+    pub limit_bytes: Option<i64>,
+    /// `timestamps=true`.
+    pub timestamps: bool,
+    /// `previous=true`: the previous container instance.
+    pub previous: bool,
+    /// `follow=true` (answered with the current contents; the body then ends).
+    pub follow: bool,
+}
+
+/// Source of container logs for `pods/NAME/log`, registered by the daemon (kubelet).
+pub trait LogSource: Send + Sync {
+    /// The log text of `container` in Pod `namespace/pod`, or `None` if the container has
+    /// not started (the API then answers 400 `container "c" in pod "p" is waiting to
+    /// start: ContainerCreating`, as kube-apiserver does).
+    fn read(&self, namespace: &str, pod: &str, container: &str, query: &LogQuery)
+        -> Option<String>;
+}
+
+/// A `pods/NAME[:PORT]/proxy/PATH` request handed to the [`ProxySource`].
+#[derive(Clone, Debug)]
+pub struct ProxyRequest {
+    /// Pod namespace.
+    pub namespace: String,
+    /// Pod name (without `:port`).
+    pub pod: String,
+    /// Port from `NAME:PORT` (a number or a port name), if given.
+    pub port: Option<String>,
+    /// The path after `/proxy`, starting with `/`.
+    pub path: String,
+    /// Raw query string, if any.
+    pub query: Option<String>,
+    /// HTTP method.
+    pub method: String,
+    /// Request body.
+    pub body: Vec<u8>,
+}
+
+/// The answer of the proxied pod.
+#[derive(Clone, Debug)]
+pub struct ProxyResponse {
+    /// HTTP status.
+    pub status: u16,
+    /// `Content-Type` to pass on.
+    pub content_type: Option<String>,
+    /// Body.
+    pub body: Vec<u8>,
+}
+
+/// Future returned by [`ProxySource::proxy`].
+pub type ProxyFuture = BoxFuture<'static, Result<ProxyResponse, ApiError>>;
+
+/// Forwards `pods/NAME:PORT/proxy/PATH` into the pod network; registered by the daemon.
+pub trait ProxySource: Send + Sync {
+    /// Forward `req` to the Pod (whose current object is `pod`).
+    fn proxy(&self, pod: &Value, req: ProxyRequest) -> ProxyFuture;
+}
+
+type Key = (String, String);
+
+struct Inner {
+    rv: u64,
+    objects: HashMap<Kind, BTreeMap<Key, Arc<Value>>>,
+    history: VecDeque<StoreEvent>,
+    /// Highest resourceVersion no longer in `history` (watch resumes from below → 410).
+    compacted: u64,
+}
+
+/// The in-process object store. Thread-safe; share as `Arc<Store>` across threads and
+/// tokio runtimes. All writes go through one mutex; events are fanned out under it, so
+/// every subscriber sees changes in resourceVersion order.
+pub struct Store {
+    inner: Mutex<Inner>,
+    tx: broadcast::Sender<StoreEvent>,
+    history_cap: usize,
+    expire: tokio::sync::watch::Sender<u64>,
+    denied: Mutex<HashSet<(String, String)>>,
+    log_source: RwLock<Option<Arc<dyn LogSource>>>,
+    proxy_source: RwLock<Option<Arc<dyn ProxySource>>>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("rv", &self.current_rv())
+            .finish()
+    }
+}
+
+/// Now as RFC 3339 with whole seconds (`2026-06-15T04:14:53Z`), the format of
+/// `metav1.Time` on the wire.
+pub fn rfc3339_now() -> String {
+    ts_seconds(now())
+}
+
+/// The current wall-clock time as a jiff `Timestamp` (k8s-openapi 0.29's time type;
+/// its `jiff` is built without `std`, so there is no `Timestamp::now`).
+pub fn now() -> Timestamp {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    Timestamp::from_microsecond(d.as_micros() as i64).unwrap_or(Timestamp::UNIX_EPOCH)
+}
+
+fn ts_seconds(t: Timestamp) -> String {
+    match Timestamp::from_second(t.as_second()) {
+        Ok(t) => t.to_string(),
+        Err(_) => t.to_string(),
+    }
+}
+
+/// A random UUID v4 in its text form.
+fn uuid_v4() -> String {
+    let mut b: [u8; 16] = rand::random();
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+/// 5 random characters from kube-apiserver's `utilrand.String` alphabet
+/// (`bcdfghjklmnpqrstvwxz2456789`, k8s.io/apimachinery/pkg/util/rand).
+fn name_suffix() -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    (0..5)
+        .map(|_| ALPHABET[rand::random_range(0..ALPHABET.len())] as char)
+        .collect()
+}
+
+/// Removes `null` members recursively (the real server decodes into typed structs, so
+/// `"creationTimestamp": null` from `kubectl run` simply disappears).
+pub(crate) fn strip_nulls(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            m.retain(|_, x| !x.is_null());
+            for x in m.values_mut() {
+                strip_nulls(x);
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(strip_nulls),
+        _ => {}
+    }
+}
+
+fn meta_str<'a>(obj: &'a Value, field: &str) -> &'a str {
+    obj["metadata"][field].as_str().unwrap_or("")
+}
+
+/// RFC 1123 subdomain (names of most objects), ≤ 253 characters.
+fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|l| {
+            !l.is_empty()
+                && l.bytes()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        })
+}
+
+/// RFC 1123 label (namespace names), ≤ 63 characters.
+fn is_dns_label(s: &str) -> bool {
+    s.len() <= 63 && !s.contains('.') && is_dns_subdomain(s)
+}
+
+fn required(field: &str) -> (String, String, String) {
+    (
+        "FieldValueRequired".into(),
+        field.into(),
+        "Required value".into(),
+    )
+}
+
+/// Pod validation subset: containers present, each with a name and an image
+/// (k8s.io/kubernetes pkg/apis/core/validation `validateContainers`).
+fn validate_pod(pod: &Value) -> Vec<(String, String, String)> {
+    let mut causes = Vec::new();
+    match pod["spec"]["containers"].as_array() {
+        Some(cs) if !cs.is_empty() => {
+            for (i, c) in cs.iter().enumerate() {
+                if c["name"].as_str().unwrap_or("").is_empty() {
+                    causes.push(required(&format!("spec.containers[{i}].name")));
+                }
+                if c["image"].as_str().unwrap_or("").is_empty() {
+                    causes.push(required(&format!("spec.containers[{i}].image")));
+                }
+            }
+        }
+        _ => causes.push(required("spec.containers")),
+    }
+    causes
+}
+
+fn set_default(m: &mut Value, key: &str, v: Value) {
+    if let Some(o) = m.as_object_mut() {
+        o.entry(key.to_string()).or_insert(v);
+    }
+}
+
+/// Pod defaults from k8s.io/kubernetes pkg/apis/core/v1/defaults.go plus the
+/// DefaultTolerationSeconds admission plugin, and the create-time status
+/// (`phase: Pending`, `qosClass`).
+fn default_pod(pod: &mut Value) {
+    let spec = &mut pod["spec"];
+    set_default(spec, "restartPolicy", json!("Always"));
+    set_default(spec, "terminationGracePeriodSeconds", json!(30));
+    set_default(spec, "dnsPolicy", json!("ClusterFirst"));
+    set_default(spec, "schedulerName", json!("default-scheduler"));
+    set_default(spec, "securityContext", json!({}));
+    set_default(spec, "enableServiceLinks", json!(true));
+    set_default(spec, "priority", json!(0));
+    set_default(spec, "preemptionPolicy", json!("PreemptLowerPriority"));
+    set_default(spec, "serviceAccountName", json!("default"));
+    set_default(spec, "serviceAccount", json!("default"));
+    let mut qos_has_resources = false;
+    if let Some(cs) = spec["containers"].as_array_mut() {
+        for c in cs {
+            let image = c["image"].as_str().unwrap_or("").to_string();
+            let last = image.rsplit('/').next().unwrap_or("");
+            let pull = if image.contains('@') || (last.contains(':') && !last.ends_with(":latest"))
+            {
+                "IfNotPresent"
+            } else {
+                "Always"
+            };
+            set_default(c, "imagePullPolicy", json!(pull));
+            set_default(c, "terminationMessagePath", json!("/dev/termination-log"));
+            set_default(c, "terminationMessagePolicy", json!("File"));
+            set_default(c, "resources", json!({}));
+            if c["resources"].as_object().is_some_and(|r| {
+                r.values()
+                    .any(|v| v.as_object().is_some_and(|m| !m.is_empty()))
+            }) {
+                qos_has_resources = true;
+            }
+            if let Some(ports) = c["ports"].as_array_mut() {
+                for p in ports {
+                    set_default(p, "protocol", json!("TCP"));
+                }
+            }
+            for probe in ["readinessProbe", "livenessProbe", "startupProbe"] {
+                if c[probe].is_object() {
+                    let p = &mut c[probe];
+                    set_default(p, "timeoutSeconds", json!(1));
+                    set_default(p, "periodSeconds", json!(10));
+                    set_default(p, "successThreshold", json!(1));
+                    set_default(p, "failureThreshold", json!(3));
+                    if p["httpGet"].is_object() {
+                        set_default(&mut p["httpGet"], "path", json!("/"));
+                        set_default(&mut p["httpGet"], "scheme", json!("HTTP"));
+                    }
+                }
+            }
+        }
+    }
+    let tolerations = spec["tolerations"].as_array().cloned().unwrap_or_default();
+    let mut tolerations = tolerations;
+    for key in [
+        "node.kubernetes.io/not-ready",
+        "node.kubernetes.io/unreachable",
+    ] {
+        let has = tolerations.iter().any(|t| {
+            t["key"].as_str() == Some(key) && t["effect"].as_str().is_none_or(|e| e == "NoExecute")
+        });
+        if !has {
+            tolerations.push(json!({"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}));
+        }
+    }
+    spec["tolerations"] = Value::Array(tolerations);
+    let qos = if qos_has_resources {
+        "Burstable"
+    } else {
+        "BestEffort"
+    };
+    pod["status"] = json!({"phase": "Pending", "qosClass": qos});
+}
+
+impl Store {
+    /// An empty store holding the system namespaces (`default`, `kube-system`,
+    /// `kube-public`, `kube-node-lease`), with a [`DEFAULT_HISTORY`] event ring.
+    pub fn new() -> Arc<Store> {
+        Store::with_history(DEFAULT_HISTORY)
+    }
+
+    /// Like [`Store::new`] with a watch history ring of `history` events (tests use a
+    /// small one to force 410 Expired).
+    pub fn with_history(history: usize) -> Arc<Store> {
+        let store = Store::empty(history);
+        for ns in SYSTEM_NAMESPACES {
+            // Cannot fail on an empty store.
+            let _ = store.create(Kind::Namespace, json!({"metadata": {"name": ns}}));
+        }
+        store
+    }
+
+    fn empty(history: usize) -> Arc<Store> {
+        let (tx, _) = broadcast::channel(FANOUT_CAPACITY);
+        let (expire, _) = tokio::sync::watch::channel(0);
+        Arc::new(Store {
+            inner: Mutex::new(Inner {
+                rv: 0,
+                objects: HashMap::new(),
+                history: VecDeque::new(),
+                compacted: 0,
+            }),
+            tx,
+            history_cap: history.max(1),
+            expire,
+            denied: Mutex::new(HashSet::new()),
+            log_source: RwLock::new(None),
+            proxy_source: RwLock::new(None),
+        })
+    }
+
+    /// A store restored from a [`StoreSnapshot`]; resourceVersions continue after
+    /// `snapshot.rv`, and watches resuming from an older resourceVersion get 410.
+    pub fn restore(snapshot: StoreSnapshot) -> Arc<Store> {
+        let store = Store::empty(DEFAULT_HISTORY);
+        {
+            let mut g = store.lock();
+            g.rv = snapshot.rv;
+            g.compacted = snapshot.rv;
+            for (kind, obj) in snapshot.objects {
+                let key = (
+                    meta_str(&obj, "namespace").to_string(),
+                    meta_str(&obj, "name").to_string(),
+                );
+                g.objects
+                    .entry(kind)
+                    .or_default()
+                    .insert(key, Arc::new(obj));
+            }
+        }
+        store
+    }
+
+    /// Every object and the current resourceVersion (for persisting).
+    pub fn snapshot(&self) -> StoreSnapshot {
+        let g = self.lock();
+        let mut objects = Vec::new();
+        for kind in Kind::ALL {
+            if let Some(m) = g.objects.get(&kind) {
+                objects.extend(m.values().map(|o| (kind, (**o).clone())));
+            }
+        }
+        StoreSnapshot { rv: g.rv, objects }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves consistent data (every write is a
+        // single insert/remove), so a poisoned lock is still usable.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The last resourceVersion issued.
+    pub fn current_rv(&self) -> u64 {
+        self.lock().rv
+    }
+
+    fn emit(&self, g: &mut Inner, ev: StoreEvent) {
+        if g.history.len() >= self.history_cap {
+            if let Some(old) = g.history.pop_front() {
+                g.compacted = old.rv;
+            }
+        }
+        g.history.push_back(ev.clone());
+        // No receivers is fine.
+        let _ = self.tx.send(ev);
+    }
+
+    fn ns_check(&self, g: &Inner, kind: Kind, ns: &str, name: &str) -> Result<(), ApiError> {
+        let Some(nsobj) = g
+            .objects
+            .get(&Kind::Namespace)
+            .and_then(|m| m.get(&(String::new(), ns.to_string())))
+        else {
+            return Err(ApiError::not_found(Kind::Namespace, ns));
+        };
+        if nsobj["status"]["phase"] == "Terminating" {
+            return Err(ApiError::forbidden(
+                kind,
+                name,
+                &format!(
+                    "unable to create new content in namespace {ns} because it is being terminated"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Creates an object (the registry's create path).
+    ///
+    /// Fills `metadata`: `uid` (UUID v4), `resourceVersion` (the global counter as a
+    /// decimal string), `creationTimestamp` (RFC 3339, seconds), `name` from
+    /// `generateName` + 5 random characters; sets `kind`/`apiVersion`; drops `null`
+    /// members. Namespaced kinds need `metadata.namespace` (missing → `default`) naming
+    /// an existing, non-terminating namespace. Pods get the API defaults and status
+    /// `{phase: Pending, qosClass}` (any given status is replaced, as the real server
+    /// does). Emits ADDED.
+    ///
+    /// Errors: 404 NotFound (namespace missing), 403 Forbidden (namespace terminating),
+    /// 409 AlreadyExists, 422 Invalid (missing name, bad name, Pod without containers
+    /// or with a container lacking name/image), 400 BadRequest (not a JSON object).
+    pub fn create(&self, kind: Kind, mut obj: Value) -> Result<Value, ApiError> {
+        if !obj.is_object() {
+            return Err(ApiError::bad_request(
+                "the body of the request was not a JSON object",
+            ));
+        }
+        strip_nulls(&mut obj);
+        if !obj["metadata"].is_object() {
+            obj["metadata"] = json!({});
+        }
+        obj["kind"] = json!(kind.kind_name());
+        obj["apiVersion"] = json!(kind.api_version());
+        let meta = &mut obj["metadata"];
+        if let Some(m) = meta.as_object_mut() {
+            for k in [
+                "uid",
+                "resourceVersion",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "selfLink",
+            ] {
+                m.remove(k);
+            }
+        }
+        let ns = if kind.namespaced() {
+            let ns = meta["namespace"].as_str().unwrap_or("").to_string();
+            let ns = if ns.is_empty() {
+                "default".to_string()
+            } else {
+                ns
+            };
+            meta["namespace"] = json!(ns);
+            ns
+        } else {
+            if let Some(m) = meta.as_object_mut() {
+                m.remove("namespace");
+            }
+            String::new()
+        };
+        let generate = meta["generateName"].as_str().unwrap_or("").to_string();
+        let given = meta["name"].as_str().unwrap_or("").to_string();
+        if given.is_empty() && generate.is_empty() {
+            return Err(ApiError::invalid(
+                kind,
+                "",
+                &[(
+                    "FieldValueRequired".into(),
+                    "metadata.name".into(),
+                    "Required value: name or generateName is required".into(),
+                )],
+            ));
+        }
+        if kind == Kind::Pod {
+            let causes = validate_pod(&obj);
+            if !causes.is_empty() {
+                let shown = if given.is_empty() {
+                    generate.clone()
+                } else {
+                    given.clone()
+                };
+                return Err(ApiError::invalid(kind, &shown, &causes));
+            }
+            default_pod(&mut obj);
+        }
+        if kind == Kind::Namespace {
+            let name = given.clone();
+            obj["spec"] = json!({"finalizers": ["kubernetes"]});
+            obj["status"] = json!({"phase": "Active"});
+            if !obj["metadata"]["labels"].is_object() {
+                obj["metadata"]["labels"] = json!({});
+            }
+            obj["metadata"]["labels"]["kubernetes.io/metadata.name"] = json!(name);
+        }
+        let mut g = self.lock();
+        if kind.namespaced() {
+            self.ns_check(&g, kind, &ns, &given)?;
+        }
+        let table = g.objects.entry(kind).or_default();
+        let name = if given.is_empty() {
+            let mut tries = 0;
+            loop {
+                let candidate = format!("{generate}{}", name_suffix());
+                if !table.contains_key(&(ns.clone(), candidate.clone())) {
+                    break candidate;
+                }
+                tries += 1;
+                if tries > 8 {
+                    return Err(ApiError::already_exists(kind, &candidate));
+                }
+            }
+        } else {
+            given
+        };
+        let valid = if kind == Kind::Namespace {
+            is_dns_label(&name)
+        } else {
+            is_dns_subdomain(&name)
+        };
+        if !valid {
+            return Err(ApiError::invalid(
+                kind,
+                &name,
+                &[(
+                    "FieldValueInvalid".into(),
+                    "metadata.name".into(),
+                    format!("Invalid value: \"{name}\": a lowercase RFC 1123 {} must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character", if kind == Kind::Namespace { "label" } else { "subdomain" }),
+                )],
+            ));
+        }
+        let key = (ns, name.clone());
+        if table.contains_key(&key) {
+            return Err(ApiError::already_exists(kind, &name));
+        }
+        g.rv += 1;
+        let rv = g.rv;
+        let meta = &mut obj["metadata"];
+        meta["name"] = json!(name);
+        meta["uid"] = json!(uuid_v4());
+        meta["resourceVersion"] = json!(rv.to_string());
+        meta["creationTimestamp"] = json!(rfc3339_now());
+        if kind == Kind::Pod {
+            meta["generation"] = json!(1);
+        }
+        // `IndexMut` on a missing key inserts `null`; drop those again.
+        strip_nulls(&mut obj);
+        let obj = Arc::new(obj);
+        g.objects.entry(kind).or_default().insert(key, obj.clone());
+        self.emit(
+            &mut g,
+            StoreEvent {
+                kind,
+                ty: WatchEventType::Added,
+                object: obj.clone(),
+                old: None,
+                rv,
+            },
+        );
+        Ok((*obj).clone())
+    }
+
+    fn key(kind: Kind, ns: Option<&str>, name: &str) -> Key {
+        let ns = if kind.namespaced() {
+            ns.unwrap_or("default").to_string()
+        } else {
+            String::new()
+        };
+        (ns, name.to_string())
+    }
+
+    /// The object `name` (in namespace `ns` for namespaced kinds; `None` → `default`).
+    /// Errors: 404 NotFound.
+    pub fn get(&self, kind: Kind, ns: Option<&str>, name: &str) -> Result<Value, ApiError> {
+        self.get_arc(kind, ns, name).map(|o| (*o).clone())
+    }
+
+    fn get_arc(&self, kind: Kind, ns: Option<&str>, name: &str) -> Result<Arc<Value>, ApiError> {
+        let g = self.lock();
+        g.objects
+            .get(&kind)
+            .and_then(|m| m.get(&Store::key(kind, ns, name)))
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(kind, name))
+    }
+
+    /// [`Store::get`] deserialised into a k8s-openapi type (e.g. `Pod`). Errors: 404, or
+    /// 500 if the stored JSON does not fit `T`.
+    pub fn get_typed<T: DeserializeOwned>(
+        &self,
+        kind: Kind,
+        ns: Option<&str>,
+        name: &str,
+    ) -> Result<T, ApiError> {
+        let v = self.get(kind, ns, name)?;
+        serde_json::from_value(v).map_err(|e| ApiError::internal(format!("decoding {name}: {e}")))
+    }
+
+    /// All objects of `kind` (in `ns`, or in every namespace when `None`), ordered by
+    /// namespace then name, and the list resourceVersion (the store's current one).
+    pub fn list(&self, kind: Kind, ns: Option<&str>) -> (Vec<Value>, u64) {
+        let (items, rv) = self.list_arc(kind, ns);
+        (items.into_iter().map(|o| (*o).clone()).collect(), rv)
+    }
+
+    /// [`Store::list`] deserialised into a k8s-openapi type; objects that do not fit are
+    /// skipped.
+    pub fn list_typed<T: DeserializeOwned>(&self, kind: Kind, ns: Option<&str>) -> Vec<T> {
+        self.list(kind, ns)
+            .0
+            .into_iter()
+            .filter_map(|v| serde_json::from_value(v).ok())
+            .collect()
+    }
+
+    pub(crate) fn list_arc(&self, kind: Kind, ns: Option<&str>) -> (Vec<Arc<Value>>, u64) {
+        let g = self.lock();
+        let items = list_locked(&g, kind, ns);
+        (items, g.rv)
+    }
+
+    /// Read-modify-write under the store lock: `f` edits a copy of the object; the
+    /// result keeps name, namespace, uid and creationTimestamp, gets a new
+    /// resourceVersion and is announced as MODIFIED. If `f` leaves the object unchanged,
+    /// nothing is written and no event is sent (like kube-apiserver's no-op updates).
+    /// Errors: 404 NotFound, or whatever `f` returns.
+    pub fn modify(
+        &self,
+        kind: Kind,
+        ns: Option<&str>,
+        name: &str,
+        f: impl FnOnce(&mut Value) -> Result<(), ApiError>,
+    ) -> Result<Value, ApiError> {
+        let key = Store::key(kind, ns, name);
+        let mut g = self.lock();
+        let old = g
+            .objects
+            .get(&kind)
+            .and_then(|m| m.get(&key))
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(kind, name))?;
+        let mut new = (*old).clone();
+        f(&mut new)?;
+        strip_nulls(&mut new);
+        if !new["metadata"].is_object() {
+            new["metadata"] = json!({});
+        }
+        for field in [
+            "name",
+            "namespace",
+            "uid",
+            "creationTimestamp",
+            "resourceVersion",
+        ] {
+            match old["metadata"].get(field) {
+                Some(v) => new["metadata"][field] = v.clone(),
+                None => {
+                    if let Some(m) = new["metadata"].as_object_mut() {
+                        m.remove(field);
+                    }
+                }
+            }
+        }
+        new["kind"] = json!(kind.kind_name());
+        new["apiVersion"] = json!(kind.api_version());
+        if new == *old {
+            return Ok(new);
+        }
+
+        g.rv += 1;
+        let rv = g.rv;
+        new["metadata"]["resourceVersion"] = json!(rv.to_string());
+        let new = Arc::new(new);
+        g.objects.entry(kind).or_default().insert(key, new.clone());
+        self.emit(
+            &mut g,
+            StoreEvent {
+                kind,
+                ty: WatchEventType::Modified,
+                object: new.clone(),
+                old: Some(old),
+                rv,
+            },
+        );
+        Ok((*new).clone())
+    }
+
+    /// API delete semantics (k8s.io/kubernetes `pkg/registry/core/pod/strategy.go`
+    /// `CheckGracefulDelete`): a Pod bound to a node (`spec.nodeName` set), not in a
+    /// terminal phase, with an effective grace period > 0 (`grace_seconds`, else
+    /// `spec.terminationGracePeriodSeconds`, default 30) gets
+    /// `metadata.deletionTimestamp` = now + grace and `deletionGracePeriodSeconds`
+    /// (MODIFIED event); the kubelet finishes with [`Store::remove`]. A second delete may
+    /// only shorten the grace period. A Namespace turns `Terminating`, its contents are
+    /// deleted the same way, and it goes away with its last object. Everything else
+    /// (unbound or finished Pods, grace 0) is removed at once (DELETED event), and
+    /// objects listing it in `ownerReferences` are deleted in turn (background GC).
+    /// Returns the object as it stands after the call.
+    ///
+    /// Errors: 404 NotFound; 409 Conflict when `uid_precondition` does not match.
+    pub fn delete(
+        &self,
+        kind: Kind,
+        ns: Option<&str>,
+        name: &str,
+        grace_seconds: Option<i64>,
+        uid_precondition: Option<&str>,
+    ) -> Result<Value, ApiError> {
+        let key = Store::key(kind, ns, name);
+        let mut g = self.lock();
+        let old = g
+            .objects
+            .get(&kind)
+            .and_then(|m| m.get(&key))
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(kind, name))?;
+        let uid = meta_str(&old, "uid").to_string();
+        if let Some(want) = uid_precondition {
+            if !want.is_empty() && want != uid {
+                return Err(ApiError::conflict(
+                    kind,
+                    name,
+                    &format!("Precondition failed: UID in precondition: {want}, UID in object meta: {uid}"),
+                ));
+            }
+        }
+        match kind {
+            Kind::Pod => {
+                let bound = !old["spec"]["nodeName"].as_str().unwrap_or("").is_empty();
+                let phase = old["status"]["phase"].as_str().unwrap_or("");
+                let terminal = phase == "Succeeded" || phase == "Failed";
+                let grace = grace_seconds
+                    .or_else(|| old["spec"]["terminationGracePeriodSeconds"].as_i64())
+                    .unwrap_or(30)
+                    .max(0);
+                if bound && !terminal && grace > 0 {
+                    let current = old["metadata"]["deletionGracePeriodSeconds"].as_i64();
+                    if current.is_some_and(|c| c <= grace) {
+                        return Ok((*old).clone());
+                    }
+                    let at = now()
+                        .checked_add(jiff_seconds(grace))
+                        .unwrap_or_else(|_| now());
+                    let mut new = (*old).clone();
+                    new["metadata"]["deletionTimestamp"] = json!(ts_seconds(at));
+                    new["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
+                    drop(g);
+                    return self.replace_locked_free(kind, &key, old, new);
+                }
+            }
+            Kind::Namespace => {
+                let mut new = (*old).clone();
+                if new["status"]["phase"] != "Terminating" {
+                    new["metadata"]["deletionTimestamp"] = json!(rfc3339_now());
+                    new["metadata"]["deletionGracePeriodSeconds"] = json!(0);
+                    new["status"]["phase"] = json!("Terminating");
+                    drop(g);
+                    let out = self.replace_locked_free(kind, &key, old, new)?;
+                    self.drain_namespace(name);
+                    return Ok(self.get(kind, None, name).unwrap_or(out));
+                }
+                drop(g);
+                self.drain_namespace(name);
+                return Ok(self.get(kind, None, name).unwrap_or((*old).clone()));
+            }
+            _ => {}
+        }
+        let removed = self.remove_locked(&mut g, kind, &key);
+        drop(g);
+        if let Some(obj) = &removed {
+            self.after_remove(kind, obj);
+        }
+        Ok(removed.map(|o| (*o).clone()).unwrap_or_default())
+    }
+
+    /// Replaces `old` by `new` if it is still the stored version (MODIFIED event).
+    fn replace_locked_free(
+        &self,
+        kind: Kind,
+        key: &Key,
+        old: Arc<Value>,
+        mut new: Value,
+    ) -> Result<Value, ApiError> {
+        let mut g = self.lock();
+        let cur = g
+            .objects
+            .get(&kind)
+            .and_then(|m| m.get(key))
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(kind, &key.1))?;
+        if !Arc::ptr_eq(&cur, &old) {
+            return Err(ApiError::conflict(
+                kind,
+                &key.1,
+                "the object has been modified; please apply your changes to the latest version and try again",
+            ));
+        }
+        g.rv += 1;
+        let rv = g.rv;
+        new["metadata"]["resourceVersion"] = json!(rv.to_string());
+        let new = Arc::new(new);
+        g.objects
+            .entry(kind)
+            .or_default()
+            .insert(key.clone(), new.clone());
+        self.emit(
+            &mut g,
+            StoreEvent {
+                kind,
+                ty: WatchEventType::Modified,
+                object: new.clone(),
+                old: Some(old),
+                rv,
+            },
+        );
+        Ok((*new).clone())
+    }
+
+    fn remove_locked(&self, g: &mut Inner, kind: Kind, key: &Key) -> Option<Arc<Value>> {
+        let old = g.objects.get_mut(&kind)?.remove(key)?;
+        g.rv += 1;
+        let rv = g.rv;
+        let mut last = (*old).clone();
+        last["metadata"]["resourceVersion"] = json!(rv.to_string());
+        let last = Arc::new(last);
+        self.emit(
+            g,
+            StoreEvent {
+                kind,
+                ty: WatchEventType::Deleted,
+                object: last.clone(),
+                old: Some(old),
+                rv,
+            },
+        );
+        Some(last)
+    }
+
+    /// Deletes every object in namespace `ns` (API semantics) and removes the
+    /// namespace once it is empty.
+    fn drain_namespace(&self, ns: &str) {
+        for kind in Kind::ALL.into_iter().filter(|k| k.namespaced()) {
+            let (items, _) = self.list_arc(kind, Some(ns));
+            for o in items {
+                if o["metadata"]["deletionTimestamp"].is_null() {
+                    let _ = self.delete(kind, Some(ns), meta_str(&o, "name"), None, None);
+                }
+            }
+        }
+        self.finish_namespace_if_empty(ns);
+    }
+
+    fn finish_namespace_if_empty(&self, ns: &str) {
+        let mut g = self.lock();
+        let key = (String::new(), ns.to_string());
+        let terminating = g
+            .objects
+            .get(&Kind::Namespace)
+            .and_then(|m| m.get(&key))
+            .is_some_and(|o| o["status"]["phase"] == "Terminating");
+        if !terminating {
+            return;
+        }
+        let empty = Kind::ALL
+            .into_iter()
+            .filter(|k| k.namespaced())
+            .all(|k| list_locked(&g, k, Some(ns)).is_empty());
+        if empty {
+            self.remove_locked(&mut g, Kind::Namespace, &key);
+        }
+    }
+
+    /// Garbage collection after `obj` is gone: delete dependants (ownerReferences
+    /// naming its uid; k8s.io/kubernetes pkg/controller/garbagecollector, background
+    /// propagation) and finish a terminating namespace.
+    fn after_remove(&self, kind: Kind, obj: &Value) {
+        let uid = meta_str(obj, "uid");
+        if !uid.is_empty() {
+            let mut dependants = Vec::new();
+            {
+                let g = self.lock();
+                for (k, m) in g.objects.iter() {
+                    for o in m.values() {
+                        let owned =
+                            o["metadata"]["ownerReferences"]
+                                .as_array()
+                                .is_some_and(|refs| {
+                                    refs.iter().any(|r| r["uid"].as_str() == Some(uid))
+                                });
+                        if owned && o["metadata"]["deletionTimestamp"].is_null() {
+                            dependants.push((
+                                *k,
+                                meta_str(o, "namespace").to_string(),
+                                meta_str(o, "name").to_string(),
+                            ));
+                        }
+                    }
+                }
+            }
+            for (k, ns, name) in dependants {
+                let _ = self.delete(k, Some(&ns), &name, None, None);
+            }
+        }
+        if kind.namespaced() {
+            self.finish_namespace_if_empty(meta_str(obj, "namespace"));
+        }
+    }
+
+    /// Final removal (the kubelet, once the Pod's containers have stopped): removes the
+    /// object if its uid is `uid` and sends DELETED. Errors: 404 NotFound, 409 Conflict
+    /// when the uid differs (a new object of the same name exists).
+    pub fn remove(
+        &self,
+        kind: Kind,
+        ns: Option<&str>,
+        name: &str,
+        uid: &str,
+    ) -> Result<(), ApiError> {
+        let key = Store::key(kind, ns, name);
+        let mut g = self.lock();
+        let cur = g
+            .objects
+            .get(&kind)
+            .and_then(|m| m.get(&key))
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(kind, name))?;
+        let have = meta_str(&cur, "uid");
+        if have != uid {
+            return Err(ApiError::conflict(
+                kind,
+                name,
+                &format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {have}"
+                ),
+            ));
+        }
+        let removed = self.remove_locked(&mut g, kind, &key);
+        drop(g);
+        if let Some(obj) = removed {
+            self.after_remove(kind, &obj);
+        }
+        Ok(())
+    }
+
+    /// A live receiver of every change after this call (all kinds).
+    pub fn subscribe(&self) -> broadcast::Receiver<StoreEvent> {
+        let _g = self.lock();
+        self.tx.subscribe()
+    }
+
+    /// The current objects of `kind` (in `ns`, or all namespaces), the list
+    /// resourceVersion, and a receiver of every change after exactly that version.
+    pub fn list_and_subscribe(
+        &self,
+        kind: Kind,
+        ns: Option<&str>,
+    ) -> (Vec<Value>, u64, broadcast::Receiver<StoreEvent>) {
+        let g = self.lock();
+        let rx = self.tx.subscribe();
+        let items = list_locked(&g, kind, ns)
+            .into_iter()
+            .map(|o| (*o).clone())
+            .collect();
+        (items, g.rv, rx)
+    }
+
+    /// Events with resourceVersion > `since` from the history ring (all kinds).
+    /// Errors: 410 Expired (`too old resource version: since (oldest)`) when events
+    /// after `since` have already left the ring.
+    pub fn events_since(&self, since: u64) -> Result<Vec<StoreEvent>, ApiError> {
+        let g = self.lock();
+        events_since_locked(&g, since)
+    }
+
+    /// Start a watch of `kind` in `ns` (all namespaces when `None`): with
+    /// `resource_version` `None` or 0, synthetic ADDED events for the current objects;
+    /// with `Some(n)`, the replay of events after `n`; then live. Errors: 410 Expired.
+    pub fn watch(
+        &self,
+        kind: Kind,
+        ns: Option<&str>,
+        resource_version: Option<u64>,
+    ) -> Result<WatchStart, ApiError> {
+        let g = self.lock();
+        let rx = self.tx.subscribe();
+        let in_scope = |e: &StoreEvent| e.kind == kind && ns.is_none_or(|n| e.namespace() == n);
+        let initial = match resource_version {
+            None | Some(0) => list_locked(&g, kind, ns)
+                .into_iter()
+                .map(|o| StoreEvent {
+                    kind,
+                    ty: WatchEventType::Added,
+                    rv: o["metadata"]["resourceVersion"]
+                        .as_str()
+                        .and_then(|s| s.parse().ok())
+                        .unwrap_or(0),
+                    object: o,
+                    old: None,
+                })
+                .collect(),
+            Some(n) => events_since_locked(&g, n)?
+                .into_iter()
+                .filter(in_scope)
+                .collect(),
+        };
+        Ok(WatchStart {
+            initial,
+            rv: g.rv,
+            rx,
+        })
+    }
+
+    /// Drops the whole watch history and ends every open watch, so the next resume
+    /// from an old resourceVersion gets 410 Expired (`testbed api expire-watches`).
+    pub fn expire_watches(&self) {
+        {
+            let mut g = self.lock();
+            g.history.clear();
+            g.compacted = g.rv;
+        }
+        self.expire.send_modify(|n| *n += 1);
+    }
+
+    /// Receiver that changes whenever [`Store::expire_watches`] is called.
+    pub fn expire_signal(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.expire.subscribe()
+    }
+
+    /// Makes the HTTP front end answer `verb` (`get`, `list`, `watch`, `create`,
+    /// `update`, `patch`, `delete`) on `resource` (plural, e.g. `pods`; `*` for all)
+    /// with 403 Forbidden, like missing RBAC (`testbed api deny VERB RESOURCE`).
+    pub fn deny(&self, verb: &str, resource: &str) {
+        self.denied
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((verb.to_string(), resource.to_string()));
+    }
+
+    /// Lifts every [`Store::deny`].
+    pub fn allow_all(&self) {
+        self.denied
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+
+    /// Whether `verb` on `resource` is denied.
+    pub fn is_denied(&self, verb: &str, resource: &str) -> bool {
+        let d = self.denied.lock().unwrap_or_else(|e| e.into_inner());
+        d.contains(&(verb.to_string(), resource.to_string()))
+            || d.contains(&(verb.to_string(), "*".to_string()))
+            || d.contains(&("*".to_string(), resource.to_string()))
+    }
+
+    /// Registers the source of `pods/NAME/log`.
+    pub fn set_log_source(&self, source: Arc<dyn LogSource>) {
+        *self.log_source.write().unwrap_or_else(|e| e.into_inner()) = Some(source);
+    }
+
+    /// The registered log source.
+    pub fn log_source(&self) -> Option<Arc<dyn LogSource>> {
+        self.log_source
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Registers the handler of `pods/NAME:PORT/proxy/PATH`.
+    pub fn set_proxy_source(&self, source: Arc<dyn ProxySource>) {
+        *self.proxy_source.write().unwrap_or_else(|e| e.into_inner()) = Some(source);
+    }
+
+    /// The registered proxy handler.
+    pub fn proxy_source(&self) -> Option<Arc<dyn ProxySource>> {
+        self.proxy_source
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+fn jiff_seconds(s: i64) -> k8s_openapi::jiff::SignedDuration {
+    k8s_openapi::jiff::SignedDuration::from_secs(s)
+}
+
+fn list_locked(g: &Inner, kind: Kind, ns: Option<&str>) -> Vec<Arc<Value>> {
+    let Some(m) = g.objects.get(&kind) else {
+        return Vec::new();
+    };
+    match ns {
+        Some(ns) if kind.namespaced() => m
+            .range((ns.to_string(), String::new())..)
+            .take_while(|((n, _), _)| n == ns)
+            .map(|(_, o)| o.clone())
+            .collect(),
+        _ => m.values().cloned().collect(),
+    }
+}
+
+fn events_since_locked(g: &Inner, since: u64) -> Result<Vec<StoreEvent>, ApiError> {
+    if since < g.compacted {
+        let oldest = g.history.front().map(|e| e.rv).unwrap_or(g.rv + 1);
+        return Err(ApiError::expired(
+            since,
+            oldest.saturating_sub(1).max(g.compacted),
+        ));
+    }
+    Ok(g.history.iter().filter(|e| e.rv > since).cloned().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(ns: &str, name: &str, node: Option<&str>) -> Value {
+        let mut p = json!({"metadata": {"name": name, "namespace": ns},
+            "spec": {"containers": [{"name": "c", "image": "target-server"}]}});
+        if let Some(n) = node {
+            p["spec"]["nodeName"] = json!(n);
+        }
+        p
+    }
+
+    #[test]
+    fn create_fills_metadata_and_pod_defaults() {
+        let s = Store::new();
+        let mut p = pod("default", "", None);
+        p["metadata"]["generateName"] = json!("probe-");
+        p["metadata"]["creationTimestamp"] = Value::Null;
+        p["status"] = json!({"phase": "Running"});
+        let c = s.create(Kind::Pod, p).unwrap();
+        let name = c["metadata"]["name"].as_str().unwrap();
+        assert_eq!(name.len(), "probe-".len() + 5);
+        assert_eq!(c["metadata"]["uid"].as_str().unwrap().len(), 36);
+        assert_eq!(c["metadata"]["resourceVersion"], s.current_rv().to_string());
+        assert!(c["metadata"]["creationTimestamp"]
+            .as_str()
+            .unwrap()
+            .ends_with('Z'));
+        assert_eq!(c["status"]["phase"], "Pending");
+        assert_eq!(c["spec"]["terminationGracePeriodSeconds"], 30);
+        assert_eq!(
+            c["spec"]["containers"][0]["terminationMessagePath"],
+            "/dev/termination-log"
+        );
+        assert_eq!(c["kind"], "Pod");
+    }
+
+    #[test]
+    fn delete_is_graceful_only_for_bound_running_pods() {
+        let s = Store::new();
+        s.create(Kind::Pod, pod("default", "bound", Some("node-1")))
+            .unwrap();
+        s.create(Kind::Pod, pod("default", "loose", None)).unwrap();
+        let d = s
+            .delete(Kind::Pod, Some("default"), "bound", Some(5), None)
+            .unwrap();
+        assert!(d["metadata"]["deletionTimestamp"].is_string());
+        assert_eq!(d["metadata"]["deletionGracePeriodSeconds"], 5);
+        assert!(s.get(Kind::Pod, Some("default"), "bound").is_ok());
+        // A second delete may shorten, never lengthen the grace period.
+        let again = s
+            .delete(Kind::Pod, Some("default"), "bound", Some(30), None)
+            .unwrap();
+        assert_eq!(again["metadata"]["deletionGracePeriodSeconds"], 5);
+        assert_eq!(
+            s.remove(Kind::Pod, Some("default"), "bound", "wrong-uid")
+                .unwrap_err()
+                .code,
+            409
+        );
+        let uid = d["metadata"]["uid"].as_str().unwrap();
+        s.remove(Kind::Pod, Some("default"), "bound", uid).unwrap();
+        assert_eq!(
+            s.get(Kind::Pod, Some("default"), "bound").unwrap_err().code,
+            404
+        );
+        s.delete(Kind::Pod, Some("default"), "loose", None, None)
+            .unwrap();
+        assert_eq!(
+            s.get(Kind::Pod, Some("default"), "loose").unwrap_err().code,
+            404
+        );
+        let e = s
+            .delete(Kind::Pod, Some("default"), "loose", None, None)
+            .unwrap_err();
+        assert_eq!(e.message, "pods \"loose\" not found");
+    }
+
+    #[test]
+    fn history_ring_overflow_gives_410_and_watch_has_no_gap() {
+        let s = Store::with_history(3);
+        let start = s.current_rv();
+        for i in 0..5 {
+            s.create(Kind::Pod, pod("default", &format!("p{i}"), None))
+                .unwrap();
+        }
+        let e = s.events_since(start).unwrap_err();
+        assert_eq!((e.code, e.reason.as_str()), (410, "Expired"));
+        let recent = s.events_since(s.current_rv() - 2).unwrap();
+        assert_eq!(recent.len(), 2);
+        let mut w = s.watch(Kind::Pod, Some("default"), None).unwrap();
+        assert_eq!(w.initial.len(), 5);
+        s.create(Kind::Pod, pod("default", "later", None)).unwrap();
+        let ev = w.rx.try_recv().unwrap();
+        assert_eq!(ev.rv, w.rv + 1);
+        assert_eq!(ev.object["metadata"]["name"], "later");
+    }
+
+    #[test]
+    fn modify_without_change_writes_nothing() {
+        let s = Store::new();
+        s.create(Kind::Pod, pod("default", "p", None)).unwrap();
+        let rv = s.current_rv();
+        s.modify(Kind::Pod, Some("default"), "p", |_| Ok(()))
+            .unwrap();
+        assert_eq!(s.current_rv(), rv);
+        let out = s
+            .modify(Kind::Pod, Some("default"), "p", |p| {
+                p["metadata"]["uid"] = json!("forged");
+                p["status"]["phase"] = json!("Running");
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(s.current_rv(), rv + 1);
+        assert_ne!(out["metadata"]["uid"], "forged");
+    }
+
+    #[test]
+    fn namespace_deletion_waits_for_bound_pods_and_blocks_new_content() {
+        let s = Store::new();
+        s.create(Kind::Namespace, json!({"metadata": {"name": "probe"}}))
+            .unwrap();
+        let p = s
+            .create(Kind::Pod, pod("probe", "t", Some("node-1")))
+            .unwrap();
+        s.create(Kind::Pod, pod("probe", "u", None)).unwrap();
+        let ns = s
+            .delete(Kind::Namespace, None, "probe", None, None)
+            .unwrap();
+        assert_eq!(ns["status"]["phase"], "Terminating");
+        assert!(s.get(Kind::Pod, Some("probe"), "u").is_err());
+        let t = s.get(Kind::Pod, Some("probe"), "t").unwrap();
+        assert!(t["metadata"]["deletionTimestamp"].is_string());
+        let e = s.create(Kind::Pod, pod("probe", "v", None)).unwrap_err();
+        assert_eq!(e.code, 403);
+        s.remove(
+            Kind::Pod,
+            Some("probe"),
+            "t",
+            p["metadata"]["uid"].as_str().unwrap(),
+        )
+        .unwrap();
+        assert_eq!(s.get(Kind::Namespace, None, "probe").unwrap_err().code, 404);
+    }
+
+    #[test]
+    fn owner_removal_garbage_collects_dependants() {
+        let s = Store::new();
+        let owner = s.create(Kind::Pod, pod("default", "prober", None)).unwrap();
+        let mut dep = pod("default", "target", None);
+        dep["metadata"]["ownerReferences"] = json!([{"apiVersion": "v1", "kind": "Pod",
+            "name": "prober", "uid": owner["metadata"]["uid"]}]);
+        s.create(Kind::Pod, dep).unwrap();
+        s.delete(Kind::Pod, Some("default"), "prober", None, None)
+            .unwrap();
+        assert_eq!(
+            s.get(Kind::Pod, Some("default"), "target")
+                .unwrap_err()
+                .code,
+            404
+        );
+    }
+
+    #[test]
+    fn snapshot_restore_keeps_objects_and_resource_versions() {
+        let s = Store::new();
+        s.create(Kind::Pod, pod("default", "p", None)).unwrap();
+        let snap: StoreSnapshot =
+            serde_json::from_str(&serde_json::to_string(&s.snapshot()).unwrap()).unwrap();
+        let r = Store::restore(snap);
+        assert_eq!(r.current_rv(), s.current_rv());
+        assert!(r.get(Kind::Pod, Some("default"), "p").is_ok());
+        let c = r.create(Kind::Pod, pod("default", "q", None)).unwrap();
+        assert_eq!(
+            c["metadata"]["resourceVersion"],
+            (s.current_rv() + 1).to_string()
+        );
+    }
+}

@@ -1,0 +1,754 @@
+//! Loopback tests of the testbed API server with real clients: kube-rs (client and
+//! runtime watcher) and the installed `kubectl` (v1.32 dispatcher).
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::runtime::watcher;
+use kube::{Api, Client, Config};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use testbed::api::{self, Kind, Store};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// Starts the HTTP front end on 127.0.0.1:0; returns its base URL.
+async fn start(store: Arc<Store>) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback");
+    let addr = listener.local_addr().expect("local addr");
+    tokio::spawn(api::serve(store, listener));
+    format!("http://{addr}")
+}
+
+fn client(url: &str) -> Client {
+    let uri = url.parse().expect("url");
+    Client::try_from(Config::new(uri)).expect("kube client")
+}
+
+fn node_json(name: &str, ip: &str) -> Value {
+    json!({
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}},
+        "spec": {"podCIDR": "10.244.1.0/24"},
+        "status": {
+            "addresses": [{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": name}],
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status",
+                            "lastHeartbeatTime": api::rfc3339_now(), "lastTransitionTime": api::rfc3339_now()}],
+            "nodeInfo": {"kubeletVersion": "v1.32.4", "osImage": "Debian GNU/Linux 12 (bookworm)", "kernelVersion": "6.1.0",
+                         "containerRuntimeVersion": "testbed://0.1.0", "architecture": "amd64", "operatingSystem": "linux",
+                         "bootID": "", "machineID": "", "systemUUID": "", "kubeProxyVersion": ""}
+        }
+    })
+}
+
+fn pod_json(ns: &str, name: &str, app: &str, node: Option<&str>) -> Value {
+    let mut p = json!({
+        "metadata": {"name": name, "namespace": ns, "labels": {"app": app}},
+        "spec": {"containers": [{"name": "main", "image": "target-server:latest", "args": ["serve"]}]}
+    });
+    if let Some(n) = node {
+        p["spec"]["nodeName"] = json!(n);
+    }
+    p
+}
+
+/// Marks a pod Running and Ready with an IP, as the kubelet would.
+fn run_pod(store: &Store, ns: &str, name: &str, ip: &str) {
+    store
+        .modify(Kind::Pod, Some(ns), name, |p| {
+            let now = api::rfc3339_now();
+            p["status"]["phase"] = json!("Running");
+            p["status"]["podIP"] = json!(ip);
+            p["status"]["podIPs"] = json!([{"ip": ip}]);
+            p["status"]["conditions"] = json!([{"type": "Ready", "status": "True", "lastTransitionTime": now}]);
+            p["status"]["containerStatuses"] = json!([{"name": "main", "ready": true, "restartCount": 0,
+                "image": "target-server:latest", "imageID": "", "started": true, "state": {"running": {"startedAt": now}}}]);
+            Ok(())
+        })
+        .expect("run pod");
+}
+
+#[tokio::test]
+async fn kube_client_creates_gets_lists_with_selectors_and_deletes() {
+    let store = Store::new();
+    store
+        .create(Kind::Node, node_json("node-1", "10.0.0.1"))
+        .unwrap();
+    let url = start(store.clone()).await;
+    let c = client(&url);
+
+    let nss: Api<Namespace> = Api::all(c.clone());
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "probe"}})).unwrap();
+    nss.create(&PostParams::default(), &ns)
+        .await
+        .expect("create namespace");
+
+    let pods: Api<Pod> = Api::namespaced(c.clone(), "probe");
+    let mut p: Pod = serde_json::from_value(pod_json("probe", "", "x", None)).unwrap();
+    p.metadata.name = None;
+    p.metadata.generate_name = Some("probe-t-".into());
+    let created = pods
+        .create(&PostParams::default(), &p)
+        .await
+        .expect("create pod");
+    let name = created.metadata.name.clone().expect("generated name");
+    assert!(
+        name.starts_with("probe-t-") && name.len() == "probe-t-".len() + 5,
+        "{name}"
+    );
+    assert!(created.metadata.uid.is_some());
+    assert_eq!(
+        created.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Pending")
+    );
+
+    let got = pods.get(&name).await.expect("get pod");
+    assert_eq!(got.metadata.uid, created.metadata.uid);
+
+    let other: Pod =
+        serde_json::from_value(pod_json("probe", "other", "y", Some("node-1"))).unwrap();
+    pods.create(&PostParams::default(), &other)
+        .await
+        .expect("create other");
+
+    let by_label = pods
+        .list(&ListParams::default().labels("app=x"))
+        .await
+        .unwrap();
+    assert_eq!(by_label.items.len(), 1);
+    assert_eq!(
+        by_label.items[0].metadata.name.as_deref(),
+        Some(name.as_str())
+    );
+    let by_set = pods
+        .list(&ListParams::default().labels("app in (x,y),app!=y"))
+        .await
+        .unwrap();
+    assert_eq!(by_set.items.len(), 1);
+    let by_field = pods
+        .list(&ListParams::default().fields("spec.nodeName=node-1"))
+        .await
+        .unwrap();
+    assert_eq!(by_field.items.len(), 1);
+    assert_eq!(by_field.items[0].metadata.name.as_deref(), Some("other"));
+    let all: Api<Pod> = Api::all(c.clone());
+    let unbound = all
+        .list(&ListParams::default().fields("spec.nodeName="))
+        .await
+        .unwrap();
+    assert_eq!(unbound.items.len(), 1);
+
+    // Unbound pod: deleted at once.
+    pods.delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete");
+    match pods.get(&name).await {
+        Err(kube::Error::Api(s)) => {
+            assert_eq!(s.code, 404);
+            assert_eq!(s.message, format!("pods \"{name}\" not found"));
+        }
+        other => panic!("expected 404, got {other:?}"),
+    }
+
+    // Bound pod: graceful, the kubelet finishes.
+    let out = pods
+        .delete("other", &DeleteParams::default())
+        .await
+        .expect("delete bound");
+    let left = out.left().expect("object returned");
+    assert!(left.metadata.deletion_timestamp.is_some());
+    assert_eq!(left.metadata.deletion_grace_period_seconds, Some(30));
+    let uid = left.metadata.uid.clone().unwrap();
+    store
+        .remove(Kind::Pod, Some("probe"), "other", &uid)
+        .unwrap();
+    assert!(pods.get_opt("other").await.unwrap().is_none());
+
+    // Duplicate create → 409 AlreadyExists.
+    let dup: Pod = serde_json::from_value(pod_json("probe", "dup", "x", None)).unwrap();
+    pods.create(&PostParams::default(), &dup).await.unwrap();
+    match pods.create(&PostParams::default(), &dup).await {
+        Err(kube::Error::Api(s)) => {
+            assert_eq!((s.code, s.reason.as_str()), (409, "AlreadyExists"))
+        }
+        other => panic!("expected 409, got {other:?}"),
+    }
+    // Missing namespace → 404; invalid pod → 422 with causes.
+    let ghost: Api<Pod> = Api::namespaced(c.clone(), "ghost");
+    let mut homeless = dup.clone();
+    homeless.metadata.namespace = None;
+    match ghost.create(&PostParams::default(), &homeless).await {
+        Err(kube::Error::Api(s)) => assert_eq!(s.message, "namespaces \"ghost\" not found"),
+        other => panic!("expected 404, got {other:?}"),
+    }
+    let mut bad = dup.clone();
+    bad.metadata.name = Some("bad".into());
+    if let Some(spec) = bad.spec.as_mut() {
+        spec.containers[0].image = None;
+    }
+    match pods.create(&PostParams::default(), &bad).await {
+        Err(kube::Error::Api(s)) => {
+            assert_eq!(s.code, 422);
+            assert_eq!(
+                s.message,
+                "Pod \"bad\" is invalid: spec.containers[0].image: Required value"
+            );
+        }
+        other => panic!("expected 422, got {other:?}"),
+    }
+    // `testbed api deny VERB RESOURCE` → 403 like missing RBAC.
+    store.deny("list", "pods");
+    match pods.list(&ListParams::default()).await {
+        Err(kube::Error::Api(s)) => {
+            assert_eq!(s.code, 403);
+            assert_eq!(s.message, "pods is forbidden: User \"system:anonymous\" cannot list resource \"pods\" in API group \"\" in the namespace \"probe\"");
+        }
+        other => panic!("expected 403, got {other:?}"),
+    }
+    assert!(pods.get("dup").await.is_ok());
+}
+
+async fn next_ok(
+    stream: &mut (impl futures::Stream<Item = Result<watcher::Event<Pod>, watcher::Error>> + Unpin),
+) -> watcher::Event<Pod> {
+    loop {
+        match tokio::time::timeout(WAIT, stream.next()).await {
+            Ok(Some(Ok(ev))) => return ev,
+            Ok(Some(Err(_))) => continue,
+            Ok(None) => panic!("watcher ended"),
+            Err(_) => panic!("no watcher event within {WAIT:?}"),
+        }
+    }
+}
+
+fn ev_name(ev: &watcher::Event<Pod>) -> (String, String) {
+    match ev {
+        watcher::Event::Apply(p) => ("apply".into(), p.metadata.name.clone().unwrap_or_default()),
+        watcher::Event::Delete(p) => ("delete".into(), p.metadata.name.clone().unwrap_or_default()),
+        watcher::Event::InitApply(p) => (
+            "init_apply".into(),
+            p.metadata.name.clone().unwrap_or_default(),
+        ),
+        watcher::Event::Init => ("init".into(), String::new()),
+        watcher::Event::InitDone => ("init_done".into(), String::new()),
+    }
+}
+
+#[tokio::test]
+async fn watcher_sees_added_modified_deleted_filtered_by_label() {
+    let store = Store::new();
+    store
+        .create(Kind::Node, node_json("node-1", "10.0.0.1"))
+        .unwrap();
+    store
+        .create(Kind::Pod, pod_json("default", "before", "w", None))
+        .unwrap();
+    let url = start(store.clone()).await;
+    let pods: Api<Pod> = Api::all(client(&url));
+    let mut s = watcher(pods, watcher::Config::default().labels("app=w")).boxed();
+    assert_eq!(ev_name(&next_ok(&mut s).await).0, "init");
+    assert_eq!(
+        ev_name(&next_ok(&mut s).await),
+        ("init_apply".into(), "before".into())
+    );
+    assert_eq!(ev_name(&next_ok(&mut s).await).0, "init_done");
+
+    store
+        .create(Kind::Pod, pod_json("default", "other-app", "z", None))
+        .unwrap();
+    store
+        .create(Kind::Pod, pod_json("default", "fresh", "w", Some("node-1")))
+        .unwrap();
+    assert_eq!(
+        ev_name(&next_ok(&mut s).await),
+        ("apply".into(), "fresh".into())
+    );
+    run_pod(&store, "default", "fresh", "10.244.1.5");
+    match next_ok(&mut s).await {
+        watcher::Event::Apply(p) => {
+            assert_eq!(p.status.and_then(|s| s.pod_ip), Some("10.244.1.5".into()))
+        }
+        other => panic!("expected modified, got {:?}", ev_name(&other)),
+    }
+    store
+        .delete(Kind::Pod, Some("default"), "before", None, None)
+        .unwrap();
+    assert_eq!(
+        ev_name(&next_ok(&mut s).await),
+        ("delete".into(), "before".into())
+    );
+    // A label change that leaves the selector looks like a deletion to the watcher.
+    store
+        .modify(Kind::Pod, Some("default"), "fresh", |p| {
+            p["metadata"]["labels"]["app"] = json!("gone");
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(
+        ev_name(&next_ok(&mut s).await),
+        ("delete".into(), "fresh".into())
+    );
+}
+
+#[tokio::test]
+async fn watcher_recovers_from_410_by_relisting() {
+    let store = Store::with_history(4);
+    let url = start(store.clone()).await;
+    let c = client(&url);
+
+    // An old resourceVersion answers 200 with one ERROR 410 event.
+    for i in 0..10 {
+        store
+            .create(Kind::Pod, pod_json("default", &format!("p{i}"), "r", None))
+            .unwrap();
+    }
+    let req =
+        axum::http::Request::get("/api/v1/namespaces/default/pods?watch=true&resourceVersion=2")
+            .body(Vec::new())
+            .unwrap();
+    let text = c.request_text(req).await.expect("watch answered 200");
+    let first: Value = serde_json::from_str(text.lines().next().unwrap_or("")).unwrap();
+    assert_eq!(first["type"], "ERROR");
+    assert_eq!(first["object"]["code"], 410);
+    assert_eq!(first["object"]["reason"], "Expired");
+
+    let pods: Api<Pod> = Api::namespaced(c.clone(), "default");
+    let mut s = watcher(pods, watcher::Config::default().labels("app=r")).boxed();
+    let mut seen_init_done = 0;
+    while seen_init_done == 0 {
+        if ev_name(&next_ok(&mut s).await).0 == "init_done" {
+            seen_init_done += 1;
+        }
+    }
+    // Drop the history and end open watches: the resume gets 410 and kube-rs re-lists.
+    for i in 10..20 {
+        store
+            .create(
+                Kind::Pod,
+                pod_json("default", &format!("p{i}"), "other", None),
+            )
+            .unwrap();
+    }
+    store.expire_watches();
+    let mut relisted = false;
+    loop {
+        let (ty, _) = ev_name(&next_ok(&mut s).await);
+        if ty == "init" {
+            relisted = true;
+        }
+        if ty == "init_done" {
+            break;
+        }
+    }
+    assert!(relisted, "watcher did not re-list after 410");
+    store
+        .create(Kind::Pod, pod_json("default", "after", "r", None))
+        .unwrap();
+    loop {
+        if ev_name(&next_ok(&mut s).await) == ("apply".into(), "after".into()) {
+            break;
+        }
+    }
+}
+
+#[tokio::test]
+async fn watch_stream_sends_initial_added_and_bookmark_end_and_times_out() {
+    let store = Store::new();
+    store
+        .create(Kind::Pod, pod_json("default", "a", "b", None))
+        .unwrap();
+    let url = start(store.clone()).await;
+    let c = client(&url);
+    let req = axum::http::Request::get(
+        "/api/v1/namespaces/default/pods?watch=1&resourceVersion=0&timeoutSeconds=1&fieldSelector=metadata.name%3Da",
+    )
+    .body(Vec::new())
+    .unwrap();
+    let text = c.request_text(req).await.unwrap();
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 1, "{text}");
+    assert_eq!(lines[0]["type"], "ADDED");
+    assert_eq!(lines[0]["object"]["kind"], "Pod");
+
+    let req = axum::http::Request::get(
+        "/api/v1/namespaces/default/pods?watch=true&sendInitialEvents=true&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan&timeoutSeconds=1",
+    )
+    .body(Vec::new())
+    .unwrap();
+    let text = c.request_text(req).await.unwrap();
+    let last: Value = serde_json::from_str(text.lines().last().unwrap_or("")).unwrap();
+    assert_eq!(last["type"], "BOOKMARK");
+    assert_eq!(
+        last["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
+        "true"
+    );
+}
+
+#[tokio::test]
+async fn scheduler_binds_pods_and_retries_when_a_node_is_uncordoned() {
+    let store = Store::new();
+    let mut n = node_json("node-1", "10.0.0.1");
+    n["spec"]["unschedulable"] = json!(true);
+    store.create(Kind::Node, n).unwrap();
+    tokio::spawn(testbed::scheduler::run(store.clone()));
+    store
+        .create(Kind::Pod, pod_json("default", "waiting", "s", None))
+        .unwrap();
+    let cond = |store: &Store| {
+        store.get(Kind::Pod, Some("default"), "waiting").unwrap()["status"]["conditions"][0].clone()
+    };
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while cond(&store)["reason"] != "Unschedulable" {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no Unschedulable condition"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        cond(&store)["message"],
+        "0/1 nodes are available: 1 node(s) were unschedulable. preemption: 0/1 nodes are available: 1 Preemption is not helpful for scheduling."
+    );
+    store
+        .modify(Kind::Node, None, "node-1", |n| {
+            n["spec"]["unschedulable"] = Value::Null;
+            Ok(())
+        })
+        .unwrap();
+    while store.get(Kind::Pod, Some("default"), "waiting").unwrap()["spec"]["nodeName"] != "node-1"
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "pod not bound after uncordon"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(cond(&store)["status"], "True");
+    let (events, _) = store.list(Kind::Event, Some("default"));
+    assert!(events.iter().any(|e| e["reason"] == "Scheduled"));
+    assert!(events.iter().any(|e| e["reason"] == "FailedScheduling"));
+}
+
+// ---------------------------------------------------------------- kubectl
+
+static DIRS: AtomicUsize = AtomicUsize::new(0);
+
+struct Kubectl {
+    home: PathBuf,
+}
+
+impl Kubectl {
+    fn new(url: &str) -> Kubectl {
+        let home = std::env::temp_dir().join(format!(
+            "testbed-api-kubectl-{}-{}",
+            std::process::id(),
+            DIRS.fetch_add(1, Ordering::SeqCst)
+        ));
+        std::fs::create_dir_all(&home).unwrap();
+        let cfg = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster:\n    server: {url}\nusers:\n- name: u\n  user: {{}}\ncontexts:\n- name: c\n  context:\n    cluster: t\n    user: u\n    namespace: default\ncurrent-context: c\n"
+        );
+        std::fs::write(home.join("kubeconfig"), cfg).unwrap();
+        Kubectl { home }
+    }
+
+    /// Runs kubectl; returns (exit code, stdout, stderr).
+    async fn run(&self, args: &[&str]) -> (i32, String, String) {
+        let home = self.home.clone();
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        tokio::task::spawn_blocking(move || {
+            let out = Command::new("/usr/bin/kubectl")
+                .args(&args)
+                .env("HOME", &home)
+                .env("KUBECONFIG", home.join("kubeconfig"))
+                .current_dir(&home)
+                .output()
+                .expect("run kubectl");
+            (
+                out.status.code().unwrap_or(-1),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
+        })
+        .await
+        .unwrap()
+    }
+
+    fn path(&self) -> &Path {
+        &self.home
+    }
+}
+
+impl Drop for Kubectl {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.home);
+    }
+}
+
+/// The header line and the row starting with `name` (columns split on whitespace).
+fn row<'a>(out: &'a str, first: &str) -> Vec<&'a str> {
+    out.lines()
+        .find(|l| l.split_whitespace().next() == Some(first))
+        .map(|l| l.split_whitespace().collect())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_get_cordon_delete_and_errors_work() {
+    let store = Store::new();
+    store
+        .create(Kind::Node, node_json("node-1", "10.0.0.1"))
+        .unwrap();
+    store
+        .create(Kind::Node, node_json("node-2", "10.0.0.2"))
+        .unwrap();
+    store
+        .create(Kind::Pod, pod_json("default", "web-1", "x", Some("node-1")))
+        .unwrap();
+    store
+        .create(Kind::Pod, pod_json("default", "web-2", "x", Some("node-2")))
+        .unwrap();
+    store
+        .create(
+            Kind::Pod,
+            pod_json("kube-system", "agent-1", "calico", Some("node-1")),
+        )
+        .unwrap();
+    store
+        .create(Kind::Pod, pod_json("default", "loose", "y", None))
+        .unwrap();
+    run_pod(&store, "default", "web-1", "10.244.1.7");
+    run_pod(&store, "default", "web-2", "10.244.2.9");
+    let url = start(store.clone()).await;
+    let k = Kubectl::new(&url);
+
+    let (rc, out, err) = k.run(&["get", "nodes", "-o", "wide"]).await;
+    assert_eq!(rc, 0, "{err}");
+    assert_eq!(
+        row(&out, "NAME")[..7],
+        [
+            "NAME",
+            "STATUS",
+            "ROLES",
+            "AGE",
+            "VERSION",
+            "INTERNAL-IP",
+            "EXTERNAL-IP"
+        ]
+    );
+    let n1 = row(&out, "node-1");
+    assert_eq!((n1[1], n1[5]), ("Ready", "10.0.0.1"), "{out}");
+
+    let (rc, out, err) = k.run(&["get", "pods", "-A", "-o", "wide"]).await;
+    assert_eq!(rc, 0, "{err}");
+    let header = row(&out, "NAMESPACE");
+    assert!(header.contains(&"IP") && header.contains(&"NODE"), "{out}");
+    let w = row(&out, "default");
+    assert!(!w.is_empty(), "{out}");
+    let web1: Vec<&str> = out
+        .lines()
+        .find(|l| l.contains("web-1"))
+        .map(|l| l.split_whitespace().collect())
+        .unwrap_or_default();
+    assert_eq!(web1[..4], ["default", "web-1", "1/1", "Running"], "{out}");
+    assert!(
+        web1.contains(&"10.244.1.7") && web1.contains(&"node-1"),
+        "{out}"
+    );
+    assert!(out.contains("kube-system"), "{out}");
+    let loose: Vec<&str> = out
+        .lines()
+        .find(|l| l.contains("loose"))
+        .map(|l| l.split_whitespace().collect())
+        .unwrap_or_default();
+    assert_eq!(loose[2..4], ["0/1", "Pending"], "{out}");
+
+    let (rc, out, err) = k
+        .run(&[
+            "get",
+            "pods",
+            "-l",
+            "app=x",
+            "--field-selector",
+            "spec.nodeName=node-2",
+        ])
+        .await;
+    assert_eq!(rc, 0, "{err}");
+    assert!(
+        out.contains("web-2") && !out.contains("web-1") && !out.contains("loose"),
+        "{out}"
+    );
+
+    let (rc, out, err) = k.run(&["cordon", "node-1"]).await;
+    assert_eq!(rc, 0, "{err}");
+    assert!(out.contains("node/node-1 cordoned"), "{out}");
+    assert_eq!(
+        store.get(Kind::Node, None, "node-1").unwrap()["spec"]["unschedulable"],
+        true
+    );
+    let (_, out, _) = k.run(&["get", "no"]).await;
+    assert_eq!(row(&out, "node-1")[1], "Ready,SchedulingDisabled", "{out}");
+    let (rc, out, err) = k.run(&["uncordon", "node-1"]).await;
+    assert_eq!(rc, 0, "{err}");
+    assert!(out.contains("node/node-1 uncordoned"), "{out}");
+    let n1 = store.get(Kind::Node, None, "node-1").unwrap();
+    assert!(n1["spec"].get("unschedulable").is_none(), "{n1}");
+    assert_eq!(n1["spec"]["podCIDR"], "10.244.1.0/24");
+
+    // Unbound pod: gone at once.
+    let (rc, out, err) = k.run(&["delete", "pod", "loose"]).await;
+    assert_eq!(rc, 0, "{err}");
+    assert!(out.contains("pod \"loose\" deleted"), "{out}");
+    // Bound pod: graceful; a stand-in kubelet finishes it, kubectl waits for DELETED.
+    let kubelet_store = store.clone();
+    let kubelet = tokio::spawn(async move {
+        loop {
+            if let Ok(p) = kubelet_store.get(Kind::Pod, Some("default"), "web-1") {
+                if !p["metadata"]["deletionTimestamp"].is_null() {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    let uid = p["metadata"]["uid"].as_str().unwrap_or("").to_string();
+                    kubelet_store
+                        .remove(Kind::Pod, Some("default"), "web-1", &uid)
+                        .unwrap();
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    let (rc, out, err) = k.run(&["delete", "pod", "web-1"]).await;
+    assert_eq!(rc, 0, "{err}");
+    assert!(out.contains("pod \"web-1\" deleted"), "{out}");
+    tokio::time::timeout(WAIT, kubelet).await.unwrap().unwrap();
+
+    let (rc, _, err) = k.run(&["get", "pod", "nope"]).await;
+    assert_eq!(rc, 1);
+    assert!(
+        err.contains("Error from server (NotFound): pods \"nope\" not found"),
+        "{err}"
+    );
+    let (rc, _, err) = k.run(&["delete", "pod", "nope"]).await;
+    assert_eq!(rc, 1);
+    assert!(
+        err.contains("Error from server (NotFound): pods \"nope\" not found"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_apply_run_describe_and_wait_work() {
+    let store = Store::new();
+    store
+        .create(Kind::Node, node_json("node-1", "10.0.0.1"))
+        .unwrap();
+    let url = start(store.clone()).await;
+    let k = Kubectl::new(&url);
+    let manifest = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\n  labels:\n    role: target\nspec:\n  nodeName: node-1\n  containers:\n  - name: main\n    image: target-server:v1\n";
+    std::fs::write(k.path().join("pod.yaml"), manifest).unwrap();
+    // Default --validate=strict needs the minimal OpenAPI.
+    let (rc, out, err) = k.run(&["apply", "-f", "pod.yaml"]).await;
+    assert_eq!(rc, 0, "{err}");
+    assert!(out.contains("pod/web created"), "{out}");
+    let (rc, out, err) = k.run(&["apply", "-f", "pod.yaml"]).await;
+    assert_eq!(rc, 0, "{err}");
+    assert!(out.contains("pod/web unchanged"), "{out}");
+    let changed = manifest.replace("target-server:v1", "target-server:v2");
+    std::fs::write(k.path().join("pod.yaml"), changed).unwrap();
+    let (rc, out, err) = k.run(&["apply", "-f", "pod.yaml"]).await;
+    assert_eq!(rc, 0, "{err}");
+    assert!(out.contains("pod/web configured"), "{out}");
+    let web = store.get(Kind::Pod, Some("default"), "web").unwrap();
+    assert_eq!(web["spec"]["containers"][0]["image"], "target-server:v2");
+    assert_eq!(web["spec"]["containers"].as_array().unwrap().len(), 1);
+    let (rc, _, err) = k.run(&["create", "-f", "pod.yaml"]).await;
+    assert_eq!(rc, 1);
+    assert!(err.contains("Error from server (AlreadyExists): error when creating \"pod.yaml\": pods \"web\" already exists"), "{err}");
+
+    let (rc, out, err) = k.run(&["run", "x", "--image=target-server"]).await;
+    assert_eq!(rc, 0, "{err}");
+    assert!(out.contains("pod/x created"), "{out}");
+    assert_eq!(
+        store.get(Kind::Pod, Some("default"), "x").unwrap()["metadata"]["labels"]["run"],
+        "x"
+    );
+
+    run_pod(&store, "default", "web", "10.244.1.3");
+    let (rc, out, err) = k
+        .run(&["wait", "--for=condition=Ready", "pod/web", "--timeout=10s"])
+        .await;
+    assert_eq!(rc, 0, "{err}");
+    assert!(out.contains("pod/web condition met"), "{out}");
+    let (rc, _, _) = k
+        .run(&["wait", "--for=condition=Ready", "pod/x", "--timeout=2s"])
+        .await;
+    assert_eq!(rc, 1, "pod x is not Ready and must not be reported as such");
+
+    let (rc, out, err) = k.run(&["describe", "pod", "web"]).await;
+    assert_eq!(rc, 0, "{err}");
+    assert!(
+        out.contains("10.244.1.3") && out.contains("node-1"),
+        "{out}"
+    );
+    let (rc, out, err) = k.run(&["describe", "node", "node-1"]).await;
+    assert_eq!(rc, 0, "{err}");
+    assert!(out.contains("default") && out.contains("web"), "{out}");
+
+    let (rc, out, err) = k.run(&["get", "events"]).await;
+    assert_eq!(rc, 0, "{err}");
+    assert!(out.is_empty() || out.contains("LAST SEEN"), "{out}");
+    store
+        .create(
+            Kind::Event,
+            json!({"metadata": {"name": "web.1", "namespace": "default"},
+                   "involvedObject": {"kind": "Pod", "name": "web", "namespace": "default"},
+                   "reason": "Started", "message": "Started container main", "type": "Normal",
+                   "firstTimestamp": api::rfc3339_now(), "lastTimestamp": api::rfc3339_now(), "count": 1}),
+        )
+        .unwrap();
+    let (rc, out, err) = k.run(&["get", "ev"]).await;
+    assert_eq!(rc, 0, "{err}");
+    assert!(
+        out.contains("pod/web") && out.contains("Started container main"),
+        "{out}"
+    );
+
+    // `get pods -w`: one header, then one Table row per event.
+    let mut watch = Command::new("/usr/bin/kubectl")
+        .args(["get", "pods", "-w"])
+        .env("HOME", k.path())
+        .env("KUBECONFIG", k.path().join("kubeconfig"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    store
+        .delete(Kind::Pod, Some("default"), "x", None, None)
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let _ = watch.kill();
+    let out = tokio::task::spawn_blocking(move || watch.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.matches("NAME").count(), 1, "{stdout}");
+    assert_eq!(
+        stdout.lines().filter(|l| l.starts_with("x ")).count(),
+        2,
+        "{stdout}"
+    );
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("web ") && l.contains("Running")),
+        "{stdout}"
+    );
+}
