@@ -1,1 +1,736 @@
-//! (being written)
+//! The testbed's CNI dataplane: real network namespaces, veths, routes and an nftables
+//! allow set (DESIGN §5 "Topology" and "Programmed").
+//!
+//! Topology for a [`Plan`]:
+//! - host netns `<prefix>-host`: `lo` up, bridge `br0` at `bridge_ip/24`, one veth
+//!   `vn<i>` per node enslaved to it, and a route to every node's pod block via that
+//!   node (so a client in the host netns reaches pods like an in-cluster client does:
+//!   through the node's forward path);
+//! - node netns `<prefix>-node-<i>`: `eth0` (peer of `vn<i>`) at the node IP/24,
+//!   `ip_forward=1`, `rp_filter=0`, `lo` up, `blackhole <own block>`, `<peer block> via
+//!   <peer node IP>` for every peer, and table `inet firstpacket` with set `allowed` and
+//!   a forward chain that drops packets from/to `cali*` interfaces whose pod IP is not
+//!   in the set (Felix's "Unknown interface" drop: the `cali-from-wl-dispatch` /
+//!   `cali-to-wl-dispatch` chains of felix/rules/dispatch.go end in a drop for any
+//!   `cali*` interface whose endpoint is not programmed yet);
+//! - pod netns `<prefix>-p<n>`: `eth0` with `<ip>/32`, `169.254.1.1 dev eth0 scope link`,
+//!   default via 169.254.1.1, static neighbour 169.254.1.1 → `ee:ee:ee:ee:ee:ee` (the
+//!   Calico CNI plugin's pod-side setup, cni-plugin/internal/pkg/utils/network_linux.go);
+//!   the node side is `cali<11 hex>` with MAC `ee:ee:ee:ee:ee:ee` and a `<ip>/32 dev
+//!   cali…` route installed at once, so the node (and kubelet probes) reach the pod
+//!   immediately, while forwarded traffic waits for [`Dataplane::allow`].
+//!
+//! All work is done with the `ip` (iproute2) and `nft` (nftables) commands and runs
+//! only inside the namespaces named by the plan. Every method blocks (a few ms per
+//! command); call them from `spawn_blocking` or a plain thread when latency of the
+//! calling runtime matters.
+
+use crate::netns::{netns_path, run_in_netns};
+use crate::plan::{owned_by_prefix, NodePlan, Plan};
+use serde::{Deserialize, Serialize};
+use sha1::{Digest, Sha1};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::io::Write;
+use std::net::Ipv4Addr;
+use std::os::unix::fs::MetadataExt;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// MAC address of every node-side workload veth (Calico sets `ee:ee:ee:ee:ee:ee` so pods
+/// can use a static neighbour entry for their gateway; cni-plugin network_linux.go).
+pub const WORKLOAD_MAC: &str = "ee:ee:ee:ee:ee:ee";
+
+/// The pods' link-local gateway (Calico's fixed next hop, never assigned anywhere).
+pub const POD_GATEWAY: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
+
+/// nftables table (family `inet`) holding the allow set in each node netns.
+pub const NFT_TABLE: &str = "firstpacket";
+
+/// Name of the allow set (type `ipv4_addr`) in [`NFT_TABLE`].
+pub const NFT_SET: &str = "allowed";
+
+/// Host-order offsets in a node's /24 block handed to pods: `.2`–`.254` (`.0`/`.255`
+/// are network/broadcast to most tools, `.1` is kept free by convention).
+const FIRST_HOST: u32 = 2;
+const LAST_HOST: u32 = 254;
+
+/// Errors of dataplane operations. Each names what it was doing.
+#[derive(Debug, thiserror::Error)]
+pub enum DataplaneError {
+    /// A command exited non-zero.
+    #[error("`{cmd}` failed (exit {code:?}): {stderr}")]
+    Command {
+        cmd: String,
+        code: Option<i32>,
+        stderr: String,
+    },
+    /// A command could not be started, a netns could not be entered, a sysctl or
+    /// `/run/netns` entry could not be written.
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The node is not in the plan.
+    #[error("unknown node {0:?}")]
+    UnknownNode(String),
+    /// Every address of the node's pod block is in use.
+    #[error("node {node}: pod block {cidr} has no free address")]
+    BlockExhausted { node: String, cidr: String },
+    /// The node-side interface name is taken: a pod with the same namespace/name still
+    /// has its sandbox on that node (Calico names veths by namespace.pod).
+    #[error("node {node}: interface {iface} for {namespace}/{pod} already exists")]
+    IfaceInUse {
+        node: String,
+        namespace: String,
+        pod: String,
+        iface: String,
+    },
+}
+
+type Result<T, E = DataplaneError> = std::result::Result<T, E>;
+
+/// A pod's network sandbox as [`Dataplane::add_pod`] made it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodNet {
+    /// Node name (`node-<i>`).
+    pub node: String,
+    pub namespace: String,
+    pub pod: String,
+    /// Pod `metadata.uid`.
+    pub uid: String,
+    /// Pod IP (from the node's block).
+    pub ip: Ipv4Addr,
+    /// Node-side veth, `cali` + 11 hex chars ([`calico_iface_name`]).
+    pub iface: String,
+    /// Pod netns name, `<prefix>-p<n>`.
+    pub netns: String,
+}
+
+/// Calico's host-side veth name for a workload: `cali` + the first 11 hex chars of
+/// SHA-1 of `"<namespace>.<pod>"` (libcalico-go lib/backend/k8s/conversion
+/// `VethNameForWorkload`), 15 chars = IFNAMSIZ−1. A recreated pod with the same
+/// namespace and name gets the same name (calico#11016).
+pub fn calico_iface_name(namespace: &str, pod: &str) -> String {
+    let digest = Sha1::digest(format!("{namespace}.{pod}").as_bytes());
+    let hex = crate::plan::hex(&digest);
+    format!("cali{}", &hex[..11])
+}
+
+/// Runs a command, optionally inside netns `netns` (via a thread that `setns`es first,
+/// so the child inherits the namespace), feeding `stdin`. Returns stdout.
+fn run(netns: Option<&str>, argv: &[&str], stdin: Option<&str>) -> Result<String> {
+    let cmdline = match netns {
+        Some(ns) => format!("[{ns}] {}", argv.join(" ")),
+        None => argv.join(" "),
+    };
+    let exec = || -> Result<std::process::Output> {
+        let (prog, args) = argv.split_first().ok_or_else(|| DataplaneError::Io {
+            what: "empty command".into(),
+            source: std::io::Error::other("empty argv"),
+        })?;
+        let mut cmd = Command::new(prog);
+        cmd.args(args)
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let io_err = |source| DataplaneError::Io {
+            what: format!("run `{cmdline}`"),
+            source,
+        };
+        let mut child = cmd.spawn().map_err(io_err)?;
+        if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
+            pipe.write_all(input.as_bytes()).map_err(io_err)?;
+        }
+        child.wait_with_output().map_err(io_err)
+    };
+    let started = Instant::now();
+    let out = match netns {
+        Some(ns) => run_in_netns(ns, exec).map_err(|source| DataplaneError::Io {
+            what: format!("enter netns {ns}"),
+            source,
+        })??,
+        None => exec()?,
+    };
+    tracing::debug!(cmd = %cmdline, ms = started.elapsed().as_secs_f64() * 1e3, ok = out.status.success(), "dataplane command");
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(DataplaneError::Command {
+            cmd: cmdline,
+            code: out.status.code(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        })
+    }
+}
+
+/// `ip [-n NETNS] -batch -` with the given lines (stops at the first failing line).
+fn ip_batch(netns: Option<&str>, lines: &[String]) -> Result<()> {
+    let mut script = lines.join("\n");
+    script.push('\n');
+    match netns {
+        Some(ns) => run(None, &["ip", "-n", ns, "-batch", "-"], Some(&script)),
+        None => run(None, &["ip", "-batch", "-"], Some(&script)),
+    }
+    .map(drop)
+}
+
+/// Whether an error only says "that is already gone" (for idempotent teardown).
+fn is_gone(e: &DataplaneError) -> bool {
+    match e {
+        DataplaneError::Command { stderr, .. } => {
+            stderr.contains("Cannot find device")
+                || stderr.contains("No such process")
+                || stderr.contains("No such file or directory")
+        }
+        DataplaneError::Io { source, .. } => source.kind() == std::io::ErrorKind::NotFound,
+        _ => false,
+    }
+}
+
+/// Writes `value` to `/proc/sys/<key>` inside netns `netns` (`/proc/sys/net` shows the
+/// namespace of the thread that opens it).
+fn sysctls(netns: &str, kv: &[(&str, &str)]) -> Result<()> {
+    run_in_netns(netns, || -> Result<()> {
+        for (k, v) in kv {
+            let path = format!("/proc/sys/{}", k.replace('.', "/"));
+            std::fs::write(&path, v).map_err(|source| DataplaneError::Io {
+                what: format!("[{netns}] sysctl {k}={v}"),
+                source,
+            })?;
+        }
+        Ok(())
+    })
+    .map_err(|source| DataplaneError::Io {
+        what: format!("enter netns {netns}"),
+        source,
+    })?
+}
+
+/// nftables ruleset for one node (Felix-like default drop for unknown workloads).
+fn node_ruleset() -> String {
+    format!(
+        "table inet {NFT_TABLE} {{\n\
+         \tset {NFT_SET} {{ type ipv4_addr; }}\n\
+         \tchain forward {{\n\
+         \t\ttype filter hook forward priority 0; policy accept;\n\
+         \t\tiifname \"cali*\" ip saddr != @{NFT_SET} drop\n\
+         \t\toifname \"cali*\" ip daddr != @{NFT_SET} drop\n\
+         \t}}\n\
+         }}\n"
+    )
+}
+
+/// A node's pod block allocator: FIFO over free host offsets, like Calico IPAM, which
+/// appends released ordinals to the end of a block's `unallocated` list
+/// (libcalico-go lib/ipam/ipam_block.go), so a just-freed IP is not reused at once.
+struct Block {
+    free: VecDeque<u32>,
+    /// offset → uid of the pod holding it.
+    used: HashMap<u32, String>,
+}
+
+struct NodeState {
+    plan: NodePlan,
+    block: Mutex<Block>,
+}
+
+/// A created dataplane (see the module docs). Shareable (`Arc<Dataplane>`); every
+/// method takes `&self` and is safe to call concurrently.
+pub struct Dataplane {
+    plan: Plan,
+    nodes: BTreeMap<String, NodeState>,
+    pod_counter: AtomicU64,
+}
+
+impl std::fmt::Debug for Dataplane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dataplane")
+            .field("prefix", &self.plan.prefix)
+            .field("nodes", &self.plan.nodes.len())
+            .finish()
+    }
+}
+
+impl Dataplane {
+    /// Builds the whole topology for `plan`. Leftovers of an earlier run with the same
+    /// prefix are swept first; on any failure part-way everything made is swept again
+    /// before the error is returned. About `3·N + 3` commands.
+    pub fn create(plan: &Plan) -> Result<Dataplane> {
+        sweep(&plan.prefix)?;
+        let started = Instant::now();
+        if let Err(e) = build(plan) {
+            let _ = sweep(&plan.prefix);
+            return Err(e);
+        }
+        tracing::info!(prefix = %plan.prefix, nodes = plan.nodes.len(), ms = started.elapsed().as_millis() as u64, "dataplane created");
+        Ok(Dataplane::attach(plan))
+    }
+
+    /// A handle on an already-built topology (no commands run). Pod netns numbering
+    /// continues after the highest `<prefix>-p<n>` present; address allocation starts
+    /// empty (addresses of pods that survived are not known). For the daemon that made
+    /// the topology; use [`Dataplane::create`] otherwise.
+    pub fn attach(plan: &Plan) -> Dataplane {
+        let pod_prefix = format!("{}-p", plan.prefix);
+        let last_pod = list_netns(&plan.prefix)
+            .iter()
+            .filter_map(|n| n.strip_prefix(&pod_prefix)?.parse::<u64>().ok())
+            .max()
+            .unwrap_or(0);
+        let nodes = plan
+            .nodes
+            .iter()
+            .map(|n| {
+                (
+                    n.name.clone(),
+                    NodeState {
+                        plan: n.clone(),
+                        block: Mutex::new(Block {
+                            free: (FIRST_HOST..=LAST_HOST).collect(),
+                            used: HashMap::new(),
+                        }),
+                    },
+                )
+            })
+            .collect();
+        Dataplane {
+            plan: plan.clone(),
+            nodes,
+            pod_counter: AtomicU64::new(last_pod),
+        }
+    }
+
+    /// The plan this dataplane was built from.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// Tears everything down ([`sweep`] of the plan's prefix). Idempotent.
+    pub fn destroy(plan: &Plan) -> Result<()> {
+        sweep(&plan.prefix)
+    }
+
+    fn node(&self, node: &str) -> Result<&NodeState> {
+        self.nodes
+            .get(node)
+            .ok_or_else(|| DataplaneError::UnknownNode(node.to_owned()))
+    }
+
+    /// CNI ADD: allocates the next free IP of `node`'s block, creates the pod netns and
+    /// the Calico-style veth pair, pod-side address/routes/neighbour and the node-side
+    /// `/32` route (node → pod works at once; forwarded traffic waits for
+    /// [`Dataplane::allow`]). Three commands. Errors: [`DataplaneError::UnknownNode`],
+    /// [`DataplaneError::BlockExhausted`], [`DataplaneError::IfaceInUse`] when a
+    /// same-named pod's sandbox is still on the node, command failures (everything made
+    /// is removed again).
+    pub fn add_pod(&self, node: &str, namespace: &str, pod: &str, uid: &str) -> Result<PodNet> {
+        let st = self.node(node)?;
+        let offset = {
+            let mut b = st.block.lock().unwrap_or_else(|p| p.into_inner());
+            let off = b
+                .free
+                .pop_front()
+                .ok_or_else(|| DataplaneError::BlockExhausted {
+                    node: node.to_owned(),
+                    cidr: st.plan.pod_cidr.to_string(),
+                })?;
+            b.used.insert(off, uid.to_owned());
+            off
+        };
+        let n = self.pod_counter.fetch_add(1, Ordering::Relaxed) + 1;
+        let net = PodNet {
+            node: node.to_owned(),
+            namespace: namespace.to_owned(),
+            pod: pod.to_owned(),
+            uid: uid.to_owned(),
+            ip: st.plan.pod_cidr.nth(offset),
+            iface: calico_iface_name(namespace, pod),
+            netns: self.plan.pod_netns(n),
+        };
+        let started = Instant::now();
+        match self.build_pod(st, &net) {
+            Ok(()) => {
+                tracing::debug!(pod = %format!("{namespace}/{pod}"), ip = %net.ip, iface = %net.iface, ms = started.elapsed().as_secs_f64() * 1e3, "pod network added");
+                Ok(net)
+            }
+            Err(e) => {
+                let e = match e {
+                    DataplaneError::Command { ref stderr, .. }
+                        if stderr.contains("File exists") =>
+                    {
+                        DataplaneError::IfaceInUse {
+                            node: node.to_owned(),
+                            namespace: namespace.to_owned(),
+                            pod: pod.to_owned(),
+                            iface: net.iface.clone(),
+                        }
+                    }
+                    e => e,
+                };
+                // Undo: the netns (pod end of the veth) and our address; the node-side
+                // link only if we made it (IfaceInUse means it belongs to another pod).
+                let _ = delete_netns(&net.netns);
+                if !matches!(e, DataplaneError::IfaceInUse { .. }) {
+                    let _ = run(
+                        None,
+                        &["ip", "-n", &st.plan.netns, "link", "del", &net.iface],
+                        None,
+                    );
+                }
+                self.free_ip(st, &net);
+                Err(e)
+            }
+        }
+    }
+
+    fn build_pod(&self, st: &NodeState, net: &PodNet) -> Result<()> {
+        run(None, &["ip", "netns", "add", &net.netns], None)?;
+        ip_batch(
+            Some(&st.plan.netns),
+            &[
+                format!(
+                    "link add {} address {WORKLOAD_MAC} type veth peer name eth0 netns {}",
+                    net.iface, net.netns
+                ),
+                format!("link set {} up", net.iface),
+                format!("route add {}/32 dev {} scope link", net.ip, net.iface),
+            ],
+        )?;
+        ip_batch(
+            Some(&net.netns),
+            &[
+                "link set lo up".to_owned(),
+                format!("addr add {}/32 dev eth0", net.ip),
+                "link set eth0 up".to_owned(),
+                format!("route add {POD_GATEWAY} dev eth0 scope link"),
+                format!("route add default via {POD_GATEWAY} dev eth0"),
+                format!("neigh add {POD_GATEWAY} lladdr {WORKLOAD_MAC} dev eth0 nud permanent"),
+            ],
+        )
+    }
+
+    fn free_ip(&self, st: &NodeState, net: &PodNet) {
+        let off = u32::from(net.ip).wrapping_sub(u32::from(st.plan.pod_cidr.addr));
+        let mut b = st.block.lock().unwrap_or_else(|p| p.into_inner());
+        if b.used.get(&off).is_some_and(|u| *u == net.uid) {
+            b.used.remove(&off);
+            b.free.push_back(off);
+        }
+    }
+
+    /// CNI DEL: removes the IP from the allow set, deletes the node-side veth (the pod
+    /// end goes with it), kills any process still in the pod netns, deletes the netns,
+    /// removes a leftover `/32` route and frees the IP (only if this pod still holds it).
+    /// Idempotent: parts already gone are skipped. Errors: the first real failure.
+    pub fn remove_pod(&self, pod: &PodNet) -> Result<()> {
+        let st = self.node(&pod.node)?;
+        let mut first_err = None;
+        let mut note = |r: Result<()>| {
+            if let Err(e) = r {
+                if !is_gone(&e) && first_err.is_none() {
+                    first_err = Some(e);
+                }
+            }
+        };
+        note(self.disallow(&pod.node, pod.ip));
+        // Only our own veth: a recreated same-name pod on this node may own the name now.
+        let ours = iface_peer_in(&st.plan.netns, &pod.iface, &pod.netns);
+        if ours {
+            note(
+                run(
+                    None,
+                    &["ip", "-n", &st.plan.netns, "link", "del", &pod.iface],
+                    None,
+                )
+                .map(drop),
+            );
+        }
+        kill_netns_pids(std::slice::from_ref(&pod.netns));
+        note(delete_netns(&pod.netns));
+        // Our IP is still allocated to us, so an `<ip>/32` route can only be ours.
+        note(self.remove_pod_route(&pod.node, pod.ip));
+        self.free_ip(st, pod);
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Programs an endpoint: adds `ip` to `node`'s allow set (forwarded traffic from/to
+    /// its `cali*` interface flows). Idempotent. Errors: unknown node, `nft` failure.
+    pub fn allow(&self, node: &str, ip: Ipv4Addr) -> Result<()> {
+        let st = self.node(node)?;
+        run(
+            Some(&st.plan.netns),
+            &[
+                "nft",
+                "add",
+                "element",
+                "inet",
+                NFT_TABLE,
+                NFT_SET,
+                &format!("{{ {ip} }}"),
+            ],
+            None,
+        )
+        .map(drop)
+    }
+
+    /// Removes `ip` from `node`'s allow set (add-then-delete in one nft transaction, so
+    /// it succeeds whether or not the IP was there). Errors: unknown node, `nft` failure.
+    pub fn disallow(&self, node: &str, ip: Ipv4Addr) -> Result<()> {
+        let st = self.node(node)?;
+        let script = format!(
+            "add element inet {NFT_TABLE} {NFT_SET} {{ {ip} }}\n\
+             delete element inet {NFT_TABLE} {NFT_SET} {{ {ip} }}\n"
+        );
+        run(Some(&st.plan.netns), &["nft", "-f", "-"], Some(&script)).map(drop)
+    }
+
+    /// The IPs currently in `node`'s allow set.
+    pub fn allowed(&self, node: &str) -> Result<Vec<Ipv4Addr>> {
+        let st = self.node(node)?;
+        let out = run(
+            Some(&st.plan.netns),
+            &["nft", "-j", "list", "set", "inet", NFT_TABLE, NFT_SET],
+            None,
+        )?;
+        let v: serde_json::Value = serde_json::from_str(&out).map_err(|e| DataplaneError::Io {
+            what: "parse `nft -j list set`".into(),
+            source: std::io::Error::other(e),
+        })?;
+        let mut ips = Vec::new();
+        for item in v["nftables"].as_array().into_iter().flatten() {
+            for el in item["set"]["elem"].as_array().into_iter().flatten() {
+                if let Some(ip) = el.as_str().and_then(|s| s.parse().ok()) {
+                    ips.push(ip);
+                }
+            }
+        }
+        Ok(ips)
+    }
+
+    /// Removes the node-side `<ip>/32` route on `node` (fault `name_reuse_race`).
+    /// Idempotent (a missing route is fine). Errors: unknown node, `ip` failure.
+    pub fn remove_pod_route(&self, node: &str, ip: Ipv4Addr) -> Result<()> {
+        let st = self.node(node)?;
+        match run(
+            None,
+            &[
+                "ip",
+                "-n",
+                &st.plan.netns,
+                "route",
+                "del",
+                &format!("{ip}/32"),
+            ],
+            None,
+        ) {
+            Err(e) if is_gone(&e) => Ok(()),
+            r => r.map(drop),
+        }
+    }
+}
+
+/// Builds the topology; on error the caller sweeps.
+fn build(plan: &Plan) -> Result<()> {
+    // 1. Namespaces.
+    let mut lines = vec![format!("netns add {}", plan.host_netns)];
+    lines.extend(plan.nodes.iter().map(|n| format!("netns add {}", n.netns)));
+    ip_batch(None, &lines)?;
+    // 2. Node sysctls before any interface exists there, so `default` covers them all.
+    for n in &plan.nodes {
+        sysctls(
+            &n.netns,
+            &[
+                ("net.ipv4.ip_forward", "1"),
+                ("net.ipv4.conf.all.rp_filter", "0"),
+                ("net.ipv4.conf.default.rp_filter", "0"),
+            ],
+        )?;
+    }
+    // 3. Host side: bridge and one veth per node.
+    let mut host = vec![
+        "link set lo up".to_owned(),
+        "link add br0 type bridge forward_delay 0 stp_state 0".to_owned(),
+        format!("addr add {}/24 dev br0", plan.bridge_ip),
+        "link set br0 up".to_owned(),
+    ];
+    for (i, n) in plan.nodes.iter().enumerate() {
+        let vn = format!("vn{}", i + 1);
+        host.push(format!(
+            "link add {vn} type veth peer name eth0 netns {}",
+            n.netns
+        ));
+        host.push(format!("link set {vn} master br0"));
+        host.push(format!("link set {vn} up"));
+    }
+    ip_batch(Some(&plan.host_netns), &host)?;
+    // 4. Nodes: address, blackhole for the own block, peers' blocks via their node IPs.
+    for n in &plan.nodes {
+        let mut l = vec![
+            "link set lo up".to_owned(),
+            format!("addr add {}/24 dev eth0", n.ip),
+            "link set eth0 up".to_owned(),
+            format!("route add blackhole {}", n.pod_cidr),
+        ];
+        for p in plan.nodes.iter().filter(|p| p.name != n.name) {
+            l.push(format!("route add {} via {}", p.pod_cidr, p.ip));
+        }
+        ip_batch(Some(&n.netns), &l)?;
+        run(Some(&n.netns), &["nft", "-f", "-"], Some(&node_ruleset()))?;
+    }
+    // 5. Host routes to every block via its node.
+    let routes: Vec<String> = plan
+        .nodes
+        .iter()
+        .map(|n| format!("route add {} via {}", n.pod_cidr, n.ip))
+        .collect();
+    ip_batch(Some(&plan.host_netns), &routes)
+}
+
+/// Whether `iface` exists in `node_netns` and is the veth whose peer lives in
+/// `pod_netns` (so it belongs to that pod). Missing pod netns → true if the iface exists
+/// (cannot tell; the old sandbox owns it).
+fn iface_peer_in(node_netns: &str, iface: &str, pod_netns: &str) -> bool {
+    let Ok(out) = run(
+        None,
+        &["ip", "-n", node_netns, "-o", "link", "show", "dev", iface],
+        None,
+    ) else {
+        return false;
+    };
+    // `link-netns <name>` is printed when the peer is in a named netns.
+    match out
+        .split_whitespace()
+        .skip_while(|w| *w != "link-netns")
+        .nth(1)
+    {
+        Some(ns) => ns == pod_netns,
+        None => true,
+    }
+}
+
+/// Netns names under `/run/netns` owned by `prefix`.
+pub fn list_netns(prefix: &str) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir("/run/netns")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| owned_by_prefix(prefix, n))
+        .collect();
+    v.sort();
+    v
+}
+
+/// `(dev, ino)` of a netns file (what `/proc/<pid>/ns/net` also stats to).
+fn ns_id(path: &std::path::Path) -> Option<(u64, u64)> {
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// PIDs (thread-group leaders, like `ip netns pids`) whose netns is one of `names`,
+/// never our own.
+pub fn netns_pids(names: &[String]) -> Vec<i32> {
+    let ids: Vec<(u64, u64)> = names.iter().filter_map(|n| ns_id(&netns_path(n))).collect();
+    if ids.is_empty() {
+        return Vec::new();
+    }
+    let me = std::process::id() as i32;
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()))
+        .filter(|&pid| pid != me)
+        .filter(|pid| {
+            ns_id(std::path::Path::new(&format!("/proc/{pid}/ns/net")))
+                .is_some_and(|id| ids.contains(&id))
+        })
+        .collect()
+}
+
+/// SIGKILLs every process in the named netns and waits (≤ 3 s) until none is left.
+fn kill_netns_pids(names: &[String]) {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let pids = netns_pids(names);
+        if pids.is_empty() {
+            return;
+        }
+        for pid in &pids {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        if Instant::now() > deadline {
+            tracing::warn!(?pids, "processes still in netns after SIGKILL");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Deletes a named netns like `ip netns del` (lazy unmount, then unlink). Missing is
+/// fine. The namespace itself dies with its last user.
+fn delete_netns(name: &str) -> Result<()> {
+    let path = netns_path(name);
+    let _ = nix::mount::umount2(&path, nix::mount::MntFlags::MNT_DETACH);
+    match std::fs::remove_file(&path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(DataplaneError::Io {
+            what: format!("delete netns {name}"),
+            source,
+        }),
+    }
+}
+
+/// Removes every trace of the testbed with netns prefix `prefix`: kills every process
+/// in any `<prefix>-*` netns (SIGKILL, waiting until they are gone), then deletes those
+/// netns (their veths, routes and nftables tables go with them). Idempotent; needs only
+/// the prefix, so it works after a crash. Errors: a netns file that cannot be removed.
+pub fn sweep(prefix: &str) -> Result<()> {
+    let names = list_netns(prefix);
+    if names.is_empty() {
+        return Ok(());
+    }
+    kill_netns_pids(&names);
+    let mut first_err = None;
+    for n in &names {
+        if let Err(e) = delete_netns(n) {
+            first_err.get_or_insert(e);
+        }
+    }
+    tracing::info!(prefix, netns = names.len(), "swept testbed namespaces");
+    first_err.map_or(Ok(()), Err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn iface_name_matches_calico() {
+        // `echo -n default.nginx | sha1sum` = c440f455693b69cd…
+        let name = calico_iface_name("default", "nginx");
+        assert_eq!(name, "calic440f455693");
+        assert_eq!(name.len(), 15);
+        assert_eq!(calico_iface_name("default", "nginx"), name);
+        assert_ne!(calico_iface_name("default", "nginx2"), name);
+    }
+
+    #[test]
+    fn ruleset_drops_unknown_workloads_both_ways() {
+        let r = node_ruleset();
+        assert!(r.contains("iifname \"cali*\" ip saddr != @allowed drop"));
+        assert!(r.contains("oifname \"cali*\" ip daddr != @allowed drop"));
+        assert!(r.contains("hook forward"));
+    }
+}

@@ -230,7 +230,11 @@ pub fn read_truth(path: &Path) -> Result<Vec<TruthEvent>, TruthError> {
 ///
 /// Returns `None` when the source never passed readiness, either pod's node is unknown,
 /// or the path never came up in the log.
-pub fn truth_ttfp(events: &[TruthEvent], source_pod_uid: &str, target_pod_uid: &str) -> Option<f64> {
+pub fn truth_ttfp(
+    events: &[TruthEvent],
+    source_pod_uid: &str,
+    target_pod_uid: &str,
+) -> Option<f64> {
     let uid_is = |e: &TruthEvent, u: &str| e.uid.as_deref() == Some(u);
     let node_of = |u: &str| {
         events
@@ -345,7 +349,9 @@ mod tests {
     #[test]
     fn ttfp_is_none_when_an_endpoint_is_never_programmed() {
         let mut evs = pair(2.0, 1.5, 3.0);
-        evs.retain(|e| !(e.event == TruthKind::EndpointProgrammed && e.uid.as_deref() == Some("t")));
+        evs.retain(|e| {
+            !(e.event == TruthKind::EndpointProgrammed && e.uid.as_deref() == Some("t"))
+        });
         assert_eq!(truth_ttfp(&evs, "s", "t"), None);
     }
 
@@ -394,8 +400,23 @@ mod tests {
         truth.emit(TruthEvent::new(TruthKind::FaultChanged));
         let body = std::fs::read_to_string(&d).unwrap();
         let first: serde_json::Value = serde_json::from_str(body.lines().next().unwrap()).unwrap();
-        let keys: Vec<&str> = first.as_object().unwrap().keys().map(String::as_str).collect();
-        let mut want = vec!["t", "event", "node", "namespace", "pod", "uid", "ip", "iface", "detail"];
+        let keys: Vec<&str> = first
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        let mut want = vec![
+            "t",
+            "event",
+            "node",
+            "namespace",
+            "pod",
+            "uid",
+            "ip",
+            "iface",
+            "detail",
+        ];
         want.sort();
         let mut got = keys.clone();
         got.sort();

@@ -1,0 +1,504 @@
+//! Dataplane, agent, faults and truth with real namespaces and real packets (DESIGN §5
+//! "Topology" and "Programmed"). Needs root, `ip` and `nft`. Scenarios run one at a
+//! time (a static lock) in their own state dir and always tear down (drop guard).
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use testbed::agent::Agent;
+use testbed::dataplane::{
+    calico_iface_name, list_netns, netns_pids, Dataplane, DataplaneError, PodNet,
+};
+use testbed::fault::{FaultFile, Faults};
+use testbed::netns::{run_in_netns, NetnsThread};
+use testbed::plan::Plan;
+use testbed::truth::{read_truth, truth_ttfp, unix_now, Truth, TruthEvent, TruthKind};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+const PORT: u16 = 8080;
+
+/// One scenario's testbed: state dir, plan, dataplane; destroyed on drop (even when the
+/// test panics).
+struct Bed {
+    plan: Plan,
+    dp: Arc<Dataplane>,
+    dir: PathBuf,
+    _serial: MutexGuard<'static, ()>,
+}
+
+impl Bed {
+    fn new(name: &str, nodes: usize) -> Bed {
+        let serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        let dir = std::env::temp_dir().join(format!("fp-dp-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let plan = Plan::new(&dir, nodes).expect("plan");
+        let dp = Arc::new(Dataplane::create(&plan).expect("create dataplane"));
+        Bed {
+            plan,
+            dp,
+            dir,
+            _serial: serial,
+        }
+    }
+
+    fn truth(&self) -> (Truth, PathBuf) {
+        let p = self.dir.join("truth.jsonl");
+        (Truth::open(&p).expect("truth"), p)
+    }
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        if let Err(e) = Dataplane::destroy(&self.plan) {
+            eprintln!("destroy failed: {e}");
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A tiny TCP server inside a pod netns: answers every connection with `<name>\n`.
+/// Runs on a [`NetnsThread`]; stops when dropped.
+struct Server {
+    _thread: NetnsThread,
+}
+
+fn serve(netns: &str, name: &str) -> Server {
+    let thread = NetnsThread::spawn(netns).expect("netns thread");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reply = format!("{name}\n");
+    thread.handle().spawn(async move {
+        // Bound inside the runtime's thread, hence inside the pod netns.
+        let l = match tokio::net::TcpListener::bind(("0.0.0.0", PORT)).await {
+            Ok(l) => {
+                let _ = tx.send(Ok(()));
+                l
+            }
+            Err(e) => {
+                let _ = tx.send(Err(e));
+                return;
+            }
+        };
+        loop {
+            if let Ok((mut s, _)) = l.accept().await {
+                let reply = reply.clone();
+                tokio::spawn(async move {
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    // Read the request first: closing with unread data would send RST.
+                    let mut req = [0u8; 64];
+                    let _ = tokio::time::timeout(Duration::from_secs(1), s.read(&mut req)).await;
+                    let _ = s.write_all(reply.as_bytes()).await;
+                });
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(5))
+        .expect("server start")
+        .expect("bind");
+    Server { _thread: thread }
+}
+
+/// One TCP exchange (request line, answer) from inside netns `from` to `ip:8080` with a
+/// 300 ms connect budget. Returns the peer's answer.
+fn dial(from: &str, ip: Ipv4Addr) -> Result<String, String> {
+    dial_within(from, ip, Duration::from_millis(300))
+}
+
+fn dial_within(from: &str, ip: Ipv4Addr, connect: Duration) -> Result<String, String> {
+    run_in_netns(from, || {
+        let addr = SocketAddr::from((ip, PORT));
+        let mut s = TcpStream::connect_timeout(&addr, connect).map_err(|e| e.to_string())?;
+        s.set_read_timeout(Some(Duration::from_millis(300)))
+            .map_err(|e| e.to_string())?;
+        let _ = s.write_all(b"hi\n");
+        let mut buf = String::new();
+        s.read_to_string(&mut buf).map_err(|e| e.to_string())?;
+        Ok(buf)
+    })
+    .map_err(|e| e.to_string())?
+}
+
+fn node_ns(bed: &Bed, i: usize) -> String {
+    bed.plan.nodes[i].netns.clone()
+}
+
+/// Dials (100 ms connect budget: a dropped SYN is not retransmitted within it) every
+/// `every` until success or `limit`; returns the wall time (Unix s) at which the
+/// successful attempt was sent.
+fn first_success(from: &str, ip: Ipv4Addr, every: Duration, limit: Duration) -> Option<f64> {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        let sent = unix_now();
+        if dial_within(from, ip, Duration::from_millis(100)).is_ok() {
+            return Some(sent);
+        }
+        std::thread::sleep(every);
+    }
+    None
+}
+
+fn events(path: &std::path::Path, kind: TruthKind, uid: &str) -> Vec<TruthEvent> {
+    read_truth(path)
+        .expect("read truth")
+        .into_iter()
+        .filter(|e| e.event == kind && e.uid.as_deref() == Some(uid))
+        .collect()
+}
+
+fn agents(bed: &Bed, truth: &Truth, faults: &Faults) -> Vec<Agent> {
+    bed.plan
+        .nodes
+        .iter()
+        .map(|n| {
+            Agent::new(
+                n.clone(),
+                BTreeMap::new(),
+                bed.dp.clone(),
+                truth.clone(),
+                faults.clone(),
+            )
+        })
+        .collect()
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+#[test]
+fn cross_node_pod_traffic_needs_both_endpoints_programmed() {
+    let bed = Bed::new("allow", 2);
+    let started = Instant::now();
+    let a = bed
+        .dp
+        .add_pod("node-1", "default", "a", "uid-a")
+        .expect("add a");
+    let add_ms = started.elapsed().as_secs_f64() * 1e3;
+    let b = bed
+        .dp
+        .add_pod("node-2", "default", "b", "uid-b")
+        .expect("add b");
+    eprintln!("add_pod took {add_ms:.1} ms");
+    assert!(bed.plan.nodes[0].pod_cidr.contains(a.ip));
+    assert!(bed.plan.nodes[1].pod_cidr.contains(b.ip));
+    assert_eq!(b.iface, calico_iface_name("default", "b"));
+    let _sb = serve(&b.netns, "b");
+    let _sa = serve(&a.netns, "a");
+
+    // The node reaches its own pods before any programming (kubelet probes pass).
+    assert_eq!(dial(&node_ns(&bed, 1), b.ip).as_deref(), Ok("b\n"));
+    assert_eq!(dial(&node_ns(&bed, 0), a.ip).as_deref(), Ok("a\n"));
+    // Forwarded traffic does not flow yet: pod→pod, node→remote pod, host→pod.
+    assert!(dial(&a.netns, b.ip).is_err());
+    assert!(dial(&node_ns(&bed, 0), b.ip).is_err());
+    assert!(dial(&bed.plan.host_netns, b.ip).is_err());
+
+    bed.dp.allow("node-2", b.ip).expect("allow b");
+    assert!(dial(&a.netns, b.ip).is_err(), "source not programmed yet");
+    // An in-cluster-like client in the host netns needs only the target programmed.
+    assert_eq!(dial(&bed.plan.host_netns, b.ip).as_deref(), Ok("b\n"));
+    bed.dp.allow("node-1", a.ip).expect("allow a");
+    assert_eq!(dial(&a.netns, b.ip).as_deref(), Ok("b\n"));
+    assert_eq!(dial(&b.netns, a.ip).as_deref(), Ok("a\n"));
+    assert_eq!(bed.dp.allowed("node-1").expect("list"), vec![a.ip]);
+
+    bed.dp.disallow("node-1", a.ip).expect("disallow a");
+    bed.dp
+        .disallow("node-1", a.ip)
+        .expect("disallow is idempotent");
+    assert!(
+        dial(&a.netns, b.ip).is_err(),
+        "revoked source must break the path"
+    );
+    assert!(bed.dp.allowed("node-1").expect("list").is_empty());
+}
+
+#[test]
+fn same_name_pod_gets_same_iface_and_removal_is_idempotent() {
+    let bed = Bed::new("reuse", 2);
+    let first = bed
+        .dp
+        .add_pod("node-1", "ns1", "web-0", "uid-1")
+        .expect("add");
+    bed.dp.allow("node-1", first.ip).expect("allow");
+    // A second sandbox with the same name on the same node is refused.
+    assert!(matches!(
+        bed.dp.add_pod("node-1", "ns1", "web-0", "uid-x"),
+        Err(DataplaneError::IfaceInUse { .. })
+    ));
+    // … and that failed attempt left the first pod's sandbox intact.
+    let _s1 = serve(&first.netns, "web-0");
+    assert_eq!(dial(&node_ns(&bed, 0), first.ip).as_deref(), Ok("web-0\n"));
+    drop(_s1);
+    bed.dp.remove_pod(&first).expect("remove");
+    bed.dp.remove_pod(&first).expect("remove again");
+    assert!(!list_netns(&bed.plan.prefix).contains(&first.netns));
+    assert!(
+        bed.dp.allowed("node-1").expect("list").is_empty(),
+        "removal clears the allow set"
+    );
+
+    let second = bed
+        .dp
+        .add_pod("node-1", "ns1", "web-0", "uid-2")
+        .expect("re-add");
+    assert_eq!(second.iface, first.iface);
+    assert_ne!(second.netns, first.netns);
+    assert_ne!(
+        second.ip, first.ip,
+        "Calico-like FIFO IPAM does not hand the freed IP out at once"
+    );
+    let _s = serve(&second.netns, "web-0");
+    assert_eq!(dial(&node_ns(&bed, 0), second.ip).as_deref(), Ok("web-0\n"));
+
+    // Concurrent CNI ADDs get distinct addresses and all work.
+    let pods: Vec<PodNet> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..6)
+            .map(|i| {
+                let dp = bed.dp.clone();
+                s.spawn(move || dp.add_pod("node-2", "burst", &format!("p{i}"), &format!("u{i}")))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("join").expect("add"))
+            .collect()
+    });
+    let mut ips: Vec<Ipv4Addr> = pods.iter().map(|p| p.ip).collect();
+    ips.sort();
+    ips.dedup();
+    assert_eq!(ips.len(), 6);
+    let _servers: Vec<Server> = pods.iter().map(|p| serve(&p.netns, &p.pod)).collect();
+    for p in &pods {
+        assert_eq!(dial(&node_ns(&bed, 1), p.ip), Ok(format!("{}\n", p.pod)));
+    }
+}
+
+#[test]
+fn program_delay_holds_first_packet_and_truth_agrees() {
+    let bed = Bed::new("delay", 2);
+    let (truth, path) = bed.truth();
+    let faults = Faults::new(
+        FaultFile::parse("rules:\n- nodes: {all: true}\n  program_delay: 1s\n").expect("faults"),
+    );
+    let rt = rt();
+    let _g = rt.enter();
+    let ag = agents(&bed, &truth, &faults);
+
+    let b = bed
+        .dp
+        .add_pod("node-2", "default", "b", "uid-b")
+        .expect("add b");
+    let _sb = serve(&b.netns, "b");
+    ag[1].endpoint_added(&b);
+    let a = bed
+        .dp
+        .add_pod("node-1", "default", "a", "uid-a")
+        .expect("add a");
+    ag[0].endpoint_added(&a);
+    // A third endpoint removed before its delay ran out is never programmed.
+    let c = bed
+        .dp
+        .add_pod("node-1", "default", "c", "uid-c")
+        .expect("add c");
+    ag[0].endpoint_added(&c);
+    ag[0].endpoint_removed(&c);
+    truth.emit(TruthEvent::pod(
+        TruthKind::ReadinessOk,
+        &a,
+        serde_json::json!({}),
+    ));
+
+    let success = first_success(
+        &a.netns,
+        b.ip,
+        Duration::from_millis(20),
+        Duration::from_secs(5),
+    )
+    .expect("path never came up");
+    let added_a = events(&path, TruthKind::EndpointAdded, "uid-a")[0].t;
+    let prog_a = events(&path, TruthKind::EndpointProgrammed, "uid-a");
+    let prog_b = events(&path, TruthKind::EndpointProgrammed, "uid-b");
+    assert_eq!((prog_a.len(), prog_b.len()), (1, 1));
+    let programmed = prog_a[0].t.max(prog_b[0].t);
+    assert!(
+        success >= added_a + 1.0 - 0.06,
+        "first success {:.3} s after endpoint_added",
+        success - added_a
+    );
+    assert!(
+        prog_a[0].t - added_a >= 1.0,
+        "programmed {:.3} s after added",
+        prog_a[0].t - added_a
+    );
+    assert!(
+        prog_a[0].t - added_a < 1.3,
+        "programmed {:.3} s after added",
+        prog_a[0].t - added_a
+    );
+    assert_eq!(prog_a[0].detail["delay_seconds"], 1.0);
+    // The first success lands within one dial period (+ slack) of the truth.
+    assert!(
+        (success - programmed).abs() < 0.25,
+        "first success {:.3} vs truth {:.3}",
+        success,
+        programmed
+    );
+    // truth_ttfp agrees with the log.
+    let ttfp = truth_ttfp(&read_truth(&path).expect("read"), "uid-a", "uid-b").expect("ttfp");
+    let ready = events(&path, TruthKind::ReadinessOk, "uid-a")[0].t;
+    assert!((ttfp - (programmed - ready)).abs() < 1e-6);
+
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(events(&path, TruthKind::EndpointProgrammed, "uid-c").is_empty());
+    let st = ag[0].stats();
+    assert_eq!((st.active_local_endpoints, st.pending_endpoints), (1, 0));
+}
+
+#[test]
+fn resync_loop_programs_only_inside_open_windows() {
+    let bed = Bed::new("resync", 2);
+    let (truth, path) = bed.truth();
+    let applied_wall = unix_now();
+    let faults = Faults::new(
+        FaultFile::parse("rules:\n- nodes: {all: true}\n  program_delay: 300ms\n  resync_loop: {period: 2s, open: 200ms}\n")
+            .expect("faults"),
+    );
+    let rt = rt();
+    let _g = rt.enter();
+    let ag = agents(&bed, &truth, &faults);
+    let a = bed
+        .dp
+        .add_pod("node-1", "default", "a", "uid-a")
+        .expect("add a");
+    let b = bed
+        .dp
+        .add_pod("node-2", "default", "b", "uid-b")
+        .expect("add b");
+    let _sb = serve(&b.netns, "b");
+    ag[0].endpoint_added(&a);
+    ag[1].endpoint_added(&b);
+    // Due at ~0.3 s, after the first window [0, 0.2) closed: next window opens at 2 s.
+    std::thread::sleep(Duration::from_millis(1200));
+    assert!(dial(&a.netns, b.ip).is_err(), "programmed outside a window");
+    let success = first_success(
+        &a.netns,
+        b.ip,
+        Duration::from_millis(20),
+        Duration::from_secs(4),
+    )
+    .expect("never programmed");
+    for uid in ["uid-a", "uid-b"] {
+        let p = events(&path, TruthKind::EndpointProgrammed, uid);
+        assert_eq!(p.len(), 1);
+        let since = p[0].t - applied_wall;
+        assert!(
+            (2.0..2.2).contains(&since),
+            "{uid} programmed {since:.3} s after the file was applied"
+        );
+    }
+    assert!(
+        success - applied_wall >= 1.95,
+        "first success {:.3} s after apply",
+        success - applied_wall
+    );
+}
+
+#[test]
+fn never_program_blocks_until_the_fault_is_cleared() {
+    let bed = Bed::new("never", 2);
+    let (truth, path) = bed.truth();
+    let faults = Faults::new(
+        FaultFile::parse("rules:\n- nodes: {names: [node-2]}\n  never_program: true\n")
+            .expect("faults"),
+    );
+    let rt = rt();
+    let _g = rt.enter();
+    let ag = agents(&bed, &truth, &faults);
+    let a = bed
+        .dp
+        .add_pod("node-1", "default", "a", "uid-a")
+        .expect("add a");
+    let b = bed
+        .dp
+        .add_pod("node-2", "default", "b", "uid-b")
+        .expect("add b");
+    let _sb = serve(&b.netns, "b");
+    ag[0].endpoint_added(&a);
+    ag[1].endpoint_added(&b);
+    std::thread::sleep(Duration::from_millis(800));
+    assert_eq!(
+        events(&path, TruthKind::EndpointProgrammed, "uid-a").len(),
+        1
+    );
+    assert!(events(&path, TruthKind::EndpointProgrammed, "uid-b").is_empty());
+    assert!(dial(&a.netns, b.ip).is_err());
+
+    ag[0].set_faults(FaultFile::default());
+    let success = first_success(
+        &a.netns,
+        b.ip,
+        Duration::from_millis(50),
+        Duration::from_secs(3),
+    );
+    assert!(
+        success.is_some(),
+        "clearing the fault must let the stuck endpoint through"
+    );
+    let changed: Vec<_> = read_truth(&path)
+        .expect("read")
+        .into_iter()
+        .filter(|e| e.event == TruthKind::FaultChanged)
+        .collect();
+    assert_eq!(changed.len(), 1);
+    assert_eq!(
+        events(&path, TruthKind::EndpointProgrammed, "uid-b").len(),
+        1
+    );
+}
+
+#[test]
+fn destroy_leaves_no_netns_and_no_processes() {
+    let bed = Bed::new("destroy", 3);
+    let p = bed
+        .dp
+        .add_pod("node-3", "default", "x", "uid-x")
+        .expect("add");
+    let mut child = std::process::Command::new("ip")
+        .args(["netns", "exec", &p.netns, "sleep", "1000"])
+        .spawn()
+        .expect("spawn sleep in pod netns");
+    // Wait until the child really is in the pod netns.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while !netns_pids(std::slice::from_ref(&p.netns)).contains(&(child.id() as i32)) {
+        assert!(
+            Instant::now() < deadline,
+            "sleep never showed up in the netns"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut names = list_netns(&bed.plan.prefix);
+    names.sort();
+    assert_eq!(names.len(), 1 + 3 + 1, "{names:?}");
+
+    Dataplane::destroy(&bed.plan).expect("destroy");
+    Dataplane::destroy(&bed.plan).expect("destroy is idempotent");
+    let status = child.wait().expect("wait");
+    assert!(!status.success(), "the process in the pod netns was killed");
+    let listed = String::from_utf8_lossy(
+        &std::process::Command::new("ip")
+            .args(["netns", "list"])
+            .output()
+            .expect("ip netns list")
+            .stdout,
+    )
+    .into_owned();
+    assert!(!listed.contains(&bed.plan.prefix), "left over: {listed}");
+}
