@@ -106,7 +106,12 @@ impl Error {
     ///
     /// `kube::Error::Api` (a `Status` body) becomes [`Error::Api`]; every other error
     /// (hyper/tower transport, TLS, decoding) becomes [`Error::Unreachable`].
-    pub fn from_kube(err: kube::Error, url: &str, verb: &'static str, resource: impl Into<String>) -> Self {
+    pub fn from_kube(
+        err: kube::Error,
+        url: &str,
+        verb: &'static str,
+        resource: impl Into<String>,
+    ) -> Self {
         match err {
             kube::Error::Api(status) => Error::Api {
                 url: url.to_string(),

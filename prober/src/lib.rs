@@ -1,1 +1,43 @@
-//! prober
+//! firstpacket prober: measures time to first packet (TTFP) between brand-new pods
+//! (DESIGN.md §2) and gates on it (§4).
+//!
+//! Pure modules (tested without I/O): [`config`], [`schedule`], [`podspec`],
+//! [`tracker`], [`record`], [`gate`], the decision half of [`sweep`] and [`probe`].
+//! I/O: [`podwatch`] (the shared pod watch), [`probe`] (one probe's lifecycle),
+//! [`gate_run`] (`prober gate`). [`agents`]: node-agent metrics (another helper).
+
+pub mod agents;
+pub mod config;
+pub mod error;
+pub mod gate;
+pub mod gate_run;
+pub mod podspec;
+pub mod podwatch;
+pub mod probe;
+pub mod record;
+pub mod schedule;
+pub mod sweep;
+pub mod tracker;
+
+pub use error::Error;
+
+use config::LogFormat;
+use tracing_subscriber::EnvFilter;
+
+/// Installs the tracing subscriber on stderr: `plain` or `json` lines, filter from
+/// `RUST_LOG` (default `warn,prober=info,kube_client=off`: API errors are reported by
+/// the prober itself, with their context). ANSI colours only on a terminal. A second
+/// call is a no-op.
+pub fn init_tracing(format: LogFormat) {
+    use std::io::IsTerminal;
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("warn,prober=info,kube_client=off"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Plain => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}

@@ -13,9 +13,9 @@
 
 use crate::schedule::TolerationSpec;
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
-    LocalObjectReference, NodeAffinity, NodeSelector, NodeSelectorRequirement,
-    NodeSelectorTerm, ObjectFieldSelector, Pod, PodSpec, Probe,
+    Affinity, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, LocalObjectReference,
+    NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector,
+    Pod, PodSpec, Probe,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -113,11 +113,10 @@ pub fn active_deadline_seconds(give_up: Duration, hold: Duration) -> i64 {
 /// A duration as a target-server flag value: whole seconds as `60s`, else milliseconds
 /// (`100ms`, `1500ms`); both are humantime syntax, which target-server parses.
 pub fn duration_arg(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms % 1000 == 0 {
-        format!("{}s", ms / 1000)
+    if d.subsec_nanos() == 0 {
+        format!("{}s", d.as_secs())
     } else {
-        format!("{ms}ms")
+        format!("{}ms", d.as_millis())
     }
 }
 
@@ -340,7 +339,10 @@ mod tests {
         let c = &spec.containers[0];
         assert!(c.command.is_none());
         assert_eq!(c.args.as_deref(), Some(&target_args()[..]));
-        assert_eq!(c.image.as_deref(), Some("ghcr.io/firstpacket/target-server:0.1.0"));
+        assert_eq!(
+            c.image.as_deref(),
+            Some("ghcr.io/firstpacket/target-server:0.1.0")
+        );
         let term = &spec
             .affinity
             .and_then(|a| a.node_affinity)

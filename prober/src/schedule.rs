@@ -218,7 +218,14 @@ impl TolerationSpec {
     pub fn to_k8s(&self) -> Toleration {
         Toleration {
             key: Some(self.key.clone()),
-            operator: Some(if self.value.is_some() { "Equal" } else { "Exists" }.to_string()),
+            operator: Some(
+                if self.value.is_some() {
+                    "Equal"
+                } else {
+                    "Exists"
+                }
+                .to_string(),
+            ),
             value: self.value.clone(),
             effect: self.effect.map(|e| e.as_str().to_string()),
             toleration_seconds: None,
@@ -331,7 +338,11 @@ pub fn check_node(
             continue;
         }
         if !tolerations.iter().any(|tol| tol.tolerates(t)) {
-            let v = t.value.as_deref().map(|v| format!("={v}")).unwrap_or_default();
+            let v = t
+                .value
+                .as_deref()
+                .map(|v| format!("={v}"))
+                .unwrap_or_default();
             return Err(SkipReason::UntoleratedTaint(format!(
                 "{}{}:{}",
                 t.key, v, t.effect
@@ -520,7 +531,10 @@ mod tests {
         assert!(!s.matches(&l));
         assert!("env in (a,b)".parse::<NodeSelector>().is_err());
         assert!("=x".parse::<NodeSelector>().is_err());
-        assert!("".parse::<NodeSelector>().expect("empty").matches(&BTreeMap::new()));
+        assert!(""
+            .parse::<NodeSelector>()
+            .expect("empty")
+            .matches(&BTreeMap::new()));
     }
 
     #[test]

@@ -314,8 +314,8 @@ impl Tracker {
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{
-        ContainerState, ContainerStateRunning, ContainerStateTerminated,
-        ContainerStateWaiting, PodCondition,
+        ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
+        PodCondition,
     };
     use std::time::Duration;
 
@@ -375,7 +375,10 @@ mod tests {
         }
         tr.apply(&bound, at(10));
         assert_eq!(tr.get(name).and_then(|s| s.scheduled), Some(at(10)));
-        assert_eq!(tr.get(name).and_then(|s| s.node.clone()).as_deref(), Some("node-2"));
+        assert_eq!(
+            tr.get(name).and_then(|s| s.node.clone()).as_deref(),
+            Some("node-2")
+        );
 
         tr.apply(&ready_fixture(), at(30));
         let s = tr.get(name).expect("tracked");
@@ -384,9 +387,15 @@ mod tests {
         assert_eq!(s.ip.as_deref(), Some("10.244.0.3"));
         assert_eq!(s.ready, Some(at(30)));
         assert_eq!(s.running, Some(at(30)));
-        assert_eq!(s.uid.as_deref(), Some("f78db027-d69e-485e-9a9e-a6dc7493b6d7"));
+        assert_eq!(
+            s.uid.as_deref(),
+            Some("f78db027-d69e-485e-9a9e-a6dc7493b6d7")
+        );
 
-        assert!(!tr.apply(&ready_fixture(), at(40)), "same object changes nothing");
+        assert!(
+            !tr.apply(&ready_fixture(), at(40)),
+            "same object changes nothing"
+        );
         assert_eq!(tr.get(name).and_then(|s| s.ready), Some(at(30)));
     }
 
@@ -435,7 +444,10 @@ mod tests {
             ("ImagePullBackOff", Some(ProblemKind::ImagePull)),
             ("InvalidImageName", Some(ProblemKind::ImagePull)),
             ("CreateContainerError", Some(ProblemKind::ContainerFailed)),
-            ("CreateContainerConfigError", Some(ProblemKind::ContainerFailed)),
+            (
+                "CreateContainerConfigError",
+                Some(ProblemKind::ContainerFailed),
+            ),
             ("ContainerCreating", None),
         ] {
             let mut p = ready_fixture();
@@ -479,7 +491,10 @@ mod tests {
         let t0 = Instant::now();
         tr.apply(&p, t0);
         let name = "coredns-589f44dc88-4fpns";
-        let t = tr.get(name).and_then(|s| s.terminated.clone()).expect("terminated");
+        let t = tr
+            .get(name)
+            .and_then(|s| s.terminated.clone())
+            .expect("terminated");
         assert_eq!(t.exit_code, 0);
         assert_eq!(t.message, None);
         set_container_state(
@@ -494,7 +509,10 @@ mod tests {
             },
         );
         tr.apply(&p, t0 + Duration::from_secs(1));
-        let t = tr.get(name).and_then(|s| s.terminated.clone()).expect("terminated");
+        let t = tr
+            .get(name)
+            .and_then(|s| s.terminated.clone())
+            .expect("terminated");
         assert_eq!(t.at, t0, "first observation time kept");
         assert_eq!(t.message.as_deref(), Some("{\"schema\":1}"));
     }
@@ -548,6 +566,9 @@ mod tests {
         let mut tr = Tracker::new();
         let t0 = Instant::now();
         tr.apply(&p, t0);
-        assert_eq!(tr.get("coredns-589f44dc88-4fpns").and_then(|s| s.running), Some(t0));
+        assert_eq!(
+            tr.get("coredns-589f44dc88-4fpns").and_then(|s| s.running),
+            Some(t0)
+        );
     }
 }

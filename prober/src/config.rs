@@ -1,0 +1,382 @@
+//! Command line (DESIGN §6 "prober flags", binding). Every flag has an environment
+//! fallback `FIRSTPACKET_<FLAG>` (upper case, `-` → `_`). Durations use humantime syntax
+//! (`100ms`, `1.5s`, `10m`).
+
+use crate::schedule::{NodeSelector, TolerationSpec};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Parses a humantime duration (`1.5s`, `100ms`, `10m`).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("'{s}': {e}"))
+}
+
+/// Probe kinds (DESIGN §2 "Kinds"). Only `cross_node` is implemented now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum ProbeKind {
+    /// Source and target on different nodes.
+    CrossNode,
+    /// Both on one node (control).
+    SameNode,
+    /// Stable-name target recreated on the same node (calico#11016).
+    Recreate,
+    /// Through a ClusterIP Service.
+    Service,
+    /// Target created among filler pods.
+    Burst,
+}
+
+impl ProbeKind {
+    /// The label / JSON string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProbeKind::CrossNode => "cross_node",
+            ProbeKind::SameNode => "same_node",
+            ProbeKind::Recreate => "recreate",
+            ProbeKind::Service => "service",
+            ProbeKind::Burst => "burst",
+        }
+    }
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Plain,
+    /// One JSON object per line.
+    Json,
+}
+
+/// How node-agent metrics are scraped (DESIGN §3). Accepted; not used yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AgentScrape {
+    /// `http://<hostIP>:<port>/metrics` (in-cluster).
+    Direct,
+    /// Through the API server's pod proxy.
+    Proxy,
+    /// Direct when in-cluster, else proxy.
+    Auto,
+}
+
+const ABOUT: &str = "firstpacket prober: time to first packet (TTFP) between brand-new pods";
+
+const LONG_ABOUT: &str = "\
+firstpacket measures endpoint-programming latency: how long after a brand-new pod is
+Ready it can really exchange packets with another brand-new pod on another node.
+
+TTFP (time to first packet) = first successful request sent by the source pod − the
+moment the source pod became Ready, both on the source node's monotonic clock.";
+
+/// Top-level command line.
+#[derive(Debug, Parser)]
+#[command(name = "prober", version, about = ABOUT, long_about = LONG_ABOUT)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// One-shot gate: probe every node as source and target, print a table, exit 0/1/2.
+    #[command(long_about = GATE_LONG_ABOUT, after_help = GATE_AFTER_HELP)]
+    Gate(GateArgs),
+    /// Continuous mode (not implemented yet).
+    Run(RunArgs),
+}
+
+const GATE_LONG_ABOUT: &str = "\
+One-shot gate (e.g. after a CNI upgrade, in CI/CD).
+
+For each planned pair (source node A → target node B, a shuffled ring so every node is
+a source once and a target once per lap) the gate creates a fresh target pod on B,
+waits until it is Ready, then creates a fresh source pod on A that dials the target
+every --dial-interval. The source measures TTFP on its own clock and reports it in its
+termination message; the gate records the result, deletes both pods (4 API writes per
+probe) and moves on, --concurrency pairs at a time.
+
+Results: success (TTFP <= --slow-threshold), slow, failed (network: no success, lost
+after success, never Ready, wrong peer) and inconclusive (not the network's fault:
+unschedulable, image pull, container failed, API error, interrupted).";
+
+const GATE_AFTER_HELP: &str = "\
+Exit codes:
+  0  pass: every threshold held
+  1  fail: conclusive probes breached a threshold (TTFP p95 > --max-ttfp, or more
+     failed probes than --max-failures)
+  2  inconclusive: too many inconclusive probes (> --max-inconclusive), the run was
+     interrupted or hit --timeout, or an error (API unreachable/forbidden, < 2 nodes)
+
+Examples:
+  prober gate                                   # one probe per node, defaults
+  prober gate --pairs 20 --concurrency 8 --report gate.json
+  prober gate --node-selector pool=web --toleration dedicated=web:NoSchedule
+  prober gate --seed 42 --dry-run               # print the plan and pod specs only
+  FIRSTPACKET_MAX_TTFP=2s prober gate           # every flag has an env fallback";
+
+/// Flags shared by `gate` and `run`.
+#[derive(Debug, Clone, Args)]
+pub struct ProbeArgs {
+    /// Namespace for probe pods (created if missing).
+    #[arg(long, env = "FIRSTPACKET_NAMESPACE", default_value = "firstpacket")]
+    pub namespace: String,
+
+    /// target-server image (args only are set; its entrypoint is the binary).
+    #[arg(
+        long,
+        env = "FIRSTPACKET_IMAGE",
+        default_value = "ghcr.io/firstpacket/target-server:0.1.0"
+    )]
+    pub image: String,
+
+    /// Nodes to probe: label selector k=v[,k!=v][,k][,!k].
+    #[arg(
+        long,
+        env = "FIRSTPACKET_NODE_SELECTOR",
+        default_value = "kubernetes.io/os=linux"
+    )]
+    pub node_selector: NodeSelector,
+
+    /// Toleration for probe pods, key[=value]:Effect (repeatable or comma-separated).
+    /// Nodes with untolerated NoSchedule/NoExecute taints are skipped.
+    #[arg(long, env = "FIRSTPACKET_TOLERATION", value_delimiter = ',')]
+    pub toleration: Vec<TolerationSpec>,
+
+    /// imagePullSecret for probe pods (repeatable).
+    #[arg(long, env = "FIRSTPACKET_IMAGE_PULL_SECRET", value_delimiter = ',')]
+    pub image_pull_secret: Vec<String>,
+
+    /// priorityClassName for probe pods.
+    #[arg(long, env = "FIRSTPACKET_PRIORITY_CLASS")]
+    pub priority_class: Option<String>,
+
+    /// Probes (pod pairs) in flight at once.
+    #[arg(long, env = "FIRSTPACKET_CONCURRENCY", default_value_t = 4,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub concurrency: u32,
+
+    /// Probe kinds, comma-separated (only cross_node is implemented).
+    #[arg(
+        long,
+        env = "FIRSTPACKET_KINDS",
+        value_delimiter = ',',
+        default_value = "cross_node"
+    )]
+    pub kinds: Vec<ProbeKind>,
+
+    /// Source attempt spacing (a new connection every interval; attempts overlap).
+    #[arg(long, env = "FIRSTPACKET_DIAL_INTERVAL", default_value = "100ms", value_parser = parse_duration)]
+    pub dial_interval: Duration,
+
+    /// Per-attempt timeout (below the first SYN retransmit, 1 s).
+    #[arg(long, env = "FIRSTPACKET_ATTEMPT_TIMEOUT", default_value = "900ms", value_parser = parse_duration)]
+    pub attempt_timeout: Duration,
+
+    /// Give up on a pod becoming Ready / on the first success after this long.
+    #[arg(long, env = "FIRSTPACKET_GIVE_UP", default_value = "60s", value_parser = parse_duration)]
+    pub give_up: Duration,
+
+    /// Keep dialing this long after the first success [default: 5s gate, 30s run].
+    #[arg(long, env = "FIRSTPACKET_HOLD", value_parser = parse_duration)]
+    pub hold: Option<Duration>,
+
+    /// TTFP above this is `slow`.
+    #[arg(long, env = "FIRSTPACKET_SLOW_THRESHOLD", default_value = "5s", value_parser = parse_duration)]
+    pub slow_threshold: Duration,
+
+    /// Node label(s) to group the per-node table by (repeatable or comma-separated).
+    #[arg(long, env = "FIRSTPACKET_GROUP_BY_LABEL", value_delimiter = ',')]
+    pub group_by_label: Vec<String>,
+
+    /// How to scrape node agents' metrics (accepted; not used yet).
+    #[arg(
+        long,
+        env = "FIRSTPACKET_AGENT_SCRAPE",
+        value_enum,
+        default_value = "auto"
+    )]
+    pub agent_scrape: AgentScrape,
+
+    /// Log format on stderr (filter with RUST_LOG, default info).
+    #[arg(
+        long,
+        env = "FIRSTPACKET_LOG_FORMAT",
+        value_enum,
+        default_value = "plain"
+    )]
+    pub log_format: LogFormat,
+}
+
+/// `prober gate` flags.
+#[derive(Debug, Clone, Args)]
+pub struct GateArgs {
+    /// Shared probe flags.
+    #[command(flatten)]
+    pub probe: ProbeArgs,
+
+    /// Number of probes [default: one per eligible node].
+    #[arg(long, env = "FIRSTPACKET_PAIRS", value_parser = clap::value_parser!(u32).range(1..))]
+    pub pairs: Option<u32>,
+
+    /// Seed of the node shuffle [default: random, printed so a run can be repeated].
+    #[arg(long, env = "FIRSTPACKET_SEED")]
+    pub seed: Option<u64>,
+
+    /// Fail when the TTFP p95 of conclusive probes exceeds this.
+    #[arg(long, env = "FIRSTPACKET_MAX_TTFP", default_value = "5s", value_parser = parse_duration)]
+    pub max_ttfp: Duration,
+
+    /// Fail when more probes than this are `failed`.
+    #[arg(long, env = "FIRSTPACKET_MAX_FAILURES", default_value_t = 0)]
+    pub max_failures: u64,
+
+    /// Inconclusive (exit 2) when more probes than this are `inconclusive`.
+    #[arg(long, env = "FIRSTPACKET_MAX_INCONCLUSIVE", default_value_t = 0)]
+    pub max_inconclusive: u64,
+
+    /// Stop the whole run after this long (running probes become `interrupted`).
+    #[arg(long, env = "FIRSTPACKET_TIMEOUT", default_value = "10m", value_parser = parse_duration)]
+    pub timeout: Duration,
+
+    /// Write the JSON report (schema 1) here.
+    #[arg(long, env = "FIRSTPACKET_REPORT")]
+    pub report: Option<PathBuf>,
+
+    /// Write a JUnit XML file (not implemented yet).
+    #[arg(long, env = "FIRSTPACKET_JUNIT")]
+    pub junit: Option<PathBuf>,
+
+    /// Store p50/p90/p95 and n per kind here (not implemented yet).
+    #[arg(long, env = "FIRSTPACKET_SAVE_BASELINE")]
+    pub save_baseline: Option<PathBuf>,
+
+    /// Compare against a saved baseline (not implemented yet).
+    #[arg(long, env = "FIRSTPACKET_BASELINE")]
+    pub baseline: Option<PathBuf>,
+
+    /// Print the planned pairs and pod specs, write nothing, exit 0.
+    #[arg(long, env = "FIRSTPACKET_DRY_RUN")]
+    pub dry_run: bool,
+}
+
+/// `prober run` flags (continuous mode; not implemented yet).
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// Shared probe flags.
+    #[command(flatten)]
+    pub probe: ProbeArgs,
+
+    /// Time between probes (jittered).
+    #[arg(long, env = "FIRSTPACKET_PROBE_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    pub probe_interval: Duration,
+
+    /// Take part in leader election.
+    #[arg(long, env = "FIRSTPACKET_LEADER_ELECT")]
+    pub leader_elect: bool,
+
+    /// Admin HTTP server address.
+    #[arg(long, env = "FIRSTPACKET_ADMIN_ADDR", default_value = "0.0.0.0:9090")]
+    pub admin_addr: String,
+}
+
+/// Default `--hold` for the gate (DESIGN §2 step 7).
+pub const GATE_DEFAULT_HOLD: Duration = Duration::from_secs(5);
+
+impl ProbeArgs {
+    /// `--hold`, or `default` when not given.
+    pub fn hold_or(&self, default: Duration) -> Duration {
+        self.hold.unwrap_or(default)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn gate(args: &[&str]) -> Result<GateArgs, clap::Error> {
+        let mut argv = vec!["prober", "gate"];
+        argv.extend_from_slice(args);
+        let cli = Cli::try_parse_from(argv)?;
+        match cli.command {
+            Command::Gate(g) => Ok(g),
+            Command::Run(_) => panic!("parsed as run"),
+        }
+    }
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn defaults_follow_design() {
+        let g = gate(&[]).expect("parse");
+        assert_eq!(g.probe.namespace, "firstpacket");
+        assert_eq!(g.probe.image, "ghcr.io/firstpacket/target-server:0.1.0");
+        assert_eq!(g.probe.node_selector.to_string(), "kubernetes.io/os=linux");
+        assert_eq!(g.probe.concurrency, 4);
+        assert_eq!(g.probe.kinds, vec![ProbeKind::CrossNode]);
+        assert_eq!(g.probe.dial_interval, Duration::from_millis(100));
+        assert_eq!(g.probe.attempt_timeout, Duration::from_millis(900));
+        assert_eq!(g.probe.give_up, Duration::from_secs(60));
+        assert_eq!(g.probe.hold_or(GATE_DEFAULT_HOLD), Duration::from_secs(5));
+        assert_eq!(g.probe.slow_threshold, Duration::from_secs(5));
+        assert_eq!(g.max_ttfp, Duration::from_secs(5));
+        assert_eq!((g.max_failures, g.max_inconclusive), (0, 0));
+        assert_eq!(g.timeout, Duration::from_secs(600));
+        assert!(g.pairs.is_none() && g.seed.is_none() && !g.dry_run);
+    }
+
+    #[test]
+    fn flags_parse_fractional_durations_repeatable_tolerations_and_kinds() {
+        let g = gate(&[
+            "--hold",
+            "1.5s",
+            "--toleration",
+            "a=b:NoSchedule",
+            "--toleration",
+            "c:NoExecute,d",
+            "--kinds",
+            "cross_node,same_node",
+            "--group-by-label",
+            "zone,rack",
+            "--pairs",
+            "7",
+            "--seed",
+            "99",
+        ])
+        .expect("parse");
+        assert_eq!(g.probe.hold, Some(Duration::from_millis(1500)));
+        assert_eq!(g.probe.toleration.len(), 3);
+        assert_eq!(
+            g.probe.kinds,
+            vec![ProbeKind::CrossNode, ProbeKind::SameNode]
+        );
+        assert_eq!(g.probe.group_by_label, vec!["zone", "rack"]);
+        assert_eq!((g.pairs, g.seed), (Some(7), Some(99)));
+    }
+
+    #[test]
+    fn bad_values_are_rejected() {
+        assert!(gate(&["--toleration", "k:Never"]).is_err());
+        assert!(gate(&["--give-up", "soon"]).is_err());
+        assert!(gate(&["--kinds", "mesh"]).is_err());
+        assert!(gate(&["--concurrency", "0"]).is_err());
+        assert!(gate(&["--node-selector", "env in (a)"]).is_err());
+    }
+
+    #[test]
+    fn help_explains_ttfp_and_exit_codes() {
+        let mut cmd = Cli::command();
+        let gate = cmd.find_subcommand_mut("gate").expect("gate");
+        let help = gate.render_long_help().to_string();
+        assert!(help.contains("TTFP"));
+        assert!(help.contains("Exit codes"));
+        assert!(help.contains("FIRSTPACKET_MAX_TTFP"));
+    }
+}

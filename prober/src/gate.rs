@@ -1,0 +1,707 @@
+//! Gate verdict, summary, per-node table and report (DESIGN §4 "Gate"). Pure: probe
+//! records in, report and text out.
+//!
+//! - Quantiles are **nearest-rank** (`rank = ⌈p·n⌉`, 1-based, over the sorted TTFPs of
+//!   conclusive probes that have a TTFP), so a reported p95 is always a value that was
+//!   actually measured.
+//! - Exit codes (DESIGN §4): **1** when conclusive probes breach a threshold (TTFP p95 >
+//!   `--max-ttfp`, or `failed` count > `--max-failures`); else **2** when inconclusive
+//!   probes exceed `--max-inconclusive`, the run errored/was interrupted/hit `--timeout`,
+//!   or no probe ran; else **0**.
+//! - Diagnosis (first rule that applies):
+//!   1. no conclusive probe → `inconclusive`;
+//!   2. no `slow`/`failed` probe → `healthy`;
+//!   3. any `target_never_ready`/`source_never_ready` → `node_local_broken` (target-server's
+//!      `/readyz` only fails when the kubelet cannot reach the pod: the node-local path);
+//!   4. `failed` ≥ half of the conclusive probes → `cross_node_broken`;
+//!   5. some nodes are *suspect* (every conclusive probe touching them, in either role,
+//!      was slow/failed) and every slow/failed probe touches a suspect node →
+//!      `slow_nodes` (the trouble follows particular nodes);
+//!   6. otherwise → `scattered_failures`.
+
+use crate::schedule::NodeInfo;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use target_server::report::{
+    Diagnosis, GateReport, NodeRoleStats, NodeSummary, ProbeRecord, ProbeResult, Reason, Summary,
+    Suspect, Thresholds, Verdict, SCHEMA_VERSION,
+};
+
+/// Nearest-rank quantile `q` in (0, 1] of `values` (any order). `None` when empty.
+pub fn nearest_rank(values: &[f64], q: f64) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| !x.is_nan()).collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    let rank = ((q * n as f64).ceil() as usize).clamp(1, n);
+    Some(v[rank - 1])
+}
+
+/// TTFPs (seconds) of conclusive probes that have one.
+pub fn conclusive_ttfps(probes: &[ProbeRecord]) -> Vec<f64> {
+    probes
+        .iter()
+        .filter(|p| p.result.is_conclusive())
+        .filter_map(|p| p.ttfp_seconds)
+        .collect()
+}
+
+fn count(probes: &[ProbeRecord], r: ProbeResult) -> u64 {
+    probes.iter().filter(|p| p.result == r).count() as u64
+}
+
+/// Nodes where every conclusive probe touching them (as source or target) was slow or
+/// failed. Sorted by name.
+pub fn suspect_nodes(probes: &[ProbeRecord]) -> Vec<String> {
+    let mut seen: BTreeMap<&str, (u64, u64)> = BTreeMap::new(); // (conclusive, bad)
+    for p in probes.iter().filter(|p| p.result.is_conclusive()) {
+        let bad = matches!(p.result, ProbeResult::Slow | ProbeResult::Failed);
+        let mut nodes = vec![p.source.node.as_str(), p.target.node.as_str()];
+        nodes.dedup();
+        for n in nodes {
+            let e = seen.entry(n).or_default();
+            e.0 += 1;
+            e.1 += u64::from(bad);
+        }
+    }
+    seen.into_iter()
+        .filter(|(_, (c, b))| *c > 0 && b == c)
+        .map(|(n, _)| n.to_string())
+        .collect()
+}
+
+/// The diagnosis (rules in the module docs).
+pub fn diagnose(probes: &[ProbeRecord]) -> Diagnosis {
+    let conclusive: Vec<&ProbeRecord> =
+        probes.iter().filter(|p| p.result.is_conclusive()).collect();
+    if conclusive.is_empty() {
+        return Diagnosis::Inconclusive;
+    }
+    let bad: Vec<&&ProbeRecord> = conclusive
+        .iter()
+        .filter(|p| matches!(p.result, ProbeResult::Slow | ProbeResult::Failed))
+        .collect();
+    if bad.is_empty() {
+        return Diagnosis::Healthy;
+    }
+    if bad.iter().any(|p| {
+        matches!(
+            p.reason,
+            Some(Reason::TargetNeverReady) | Some(Reason::SourceNeverReady)
+        )
+    }) {
+        return Diagnosis::NodeLocalBroken;
+    }
+    let failed = bad
+        .iter()
+        .filter(|p| p.result == ProbeResult::Failed)
+        .count();
+    if failed * 2 >= conclusive.len() {
+        return Diagnosis::CrossNodeBroken;
+    }
+    let suspects: BTreeSet<String> = suspect_nodes(probes).into_iter().collect();
+    if !suspects.is_empty()
+        && bad
+            .iter()
+            .all(|p| suspects.contains(&p.source.node) || suspects.contains(&p.target.node))
+    {
+        return Diagnosis::SlowNodes;
+    }
+    Diagnosis::ScatteredFailures
+}
+
+/// Counts, nearest-rank p50/p95/max TTFP and the diagnosis.
+pub fn summarize(probes: &[ProbeRecord]) -> Summary {
+    let ttfps = conclusive_ttfps(probes);
+    Summary {
+        total: probes.len() as u64,
+        by_result: ProbeResult::ALL
+            .iter()
+            .map(|r| (*r, count(probes, *r)))
+            .collect(),
+        ttfp_p50: nearest_rank(&ttfps, 0.50),
+        ttfp_p95: nearest_rank(&ttfps, 0.95),
+        ttfp_max: nearest_rank(&ttfps, 1.0),
+        diagnosis: diagnose(probes),
+    }
+}
+
+/// Verdict, exit code and one reason line per broken threshold / run problem.
+///
+/// `run_errors` are run-level problems (interrupted, `--timeout`, API errors); any of
+/// them makes a non-failing run inconclusive.
+pub fn verdict(
+    summary: &Summary,
+    thresholds: &Thresholds,
+    run_errors: &[String],
+) -> (Verdict, i32, Vec<String>) {
+    let get = |r| summary.by_result.get(&r).copied().unwrap_or(0);
+    let mut fail = Vec::new();
+    if let Some(p95) = summary.ttfp_p95 {
+        if p95 > thresholds.max_ttfp_seconds {
+            fail.push(format!(
+                "TTFP p95 {p95:.3}s > --max-ttfp {:.3}s",
+                thresholds.max_ttfp_seconds
+            ));
+        }
+    }
+    let failed = get(ProbeResult::Failed);
+    if failed > thresholds.max_failures {
+        fail.push(format!(
+            "{failed} failed probe(s) > --max-failures {}",
+            thresholds.max_failures
+        ));
+    }
+    if !fail.is_empty() {
+        return (Verdict::Fail, 1, fail);
+    }
+    let mut inc = Vec::new();
+    let inconclusive = get(ProbeResult::Inconclusive);
+    if inconclusive > thresholds.max_inconclusive {
+        inc.push(format!(
+            "{inconclusive} inconclusive probe(s) > --max-inconclusive {}",
+            thresholds.max_inconclusive
+        ));
+    }
+    inc.extend(run_errors.iter().map(|e| format!("run error: {e}")));
+    if summary.total == 0 && inc.is_empty() {
+        inc.push("no probe completed".into());
+    }
+    if !inc.is_empty() {
+        return (Verdict::Inconclusive, 2, inc);
+    }
+    (Verdict::Pass, 0, Vec::new())
+}
+
+fn add_stats(s: &mut NodeRoleStats, p: &ProbeRecord) {
+    s.probes += 1;
+    *s.by_result.entry(p.result).or_insert(0) += 1;
+    if p.result.is_conclusive() {
+        if let Some(t) = p.ttfp_seconds {
+            s.ttfp_max = Some(s.ttfp_max.map_or(t, |m: f64| m.max(t)));
+        }
+    }
+}
+
+/// Per-node stats as source and as target, with the `group_by` labels of each node
+/// (absent labels omitted). Every node in `nodes` appears, plus any node a probe names;
+/// order: by label values (in `group_by` order), then node name.
+pub fn node_summaries(
+    probes: &[ProbeRecord],
+    nodes: &[NodeInfo],
+    group_by: &[String],
+) -> Vec<NodeSummary> {
+    let mut map: BTreeMap<String, NodeSummary> = BTreeMap::new();
+    let labels_of = |name: &str| -> BTreeMap<String, String> {
+        nodes
+            .iter()
+            .find(|n| n.name == name)
+            .map(|n| {
+                group_by
+                    .iter()
+                    .filter_map(|k| n.labels.get(k).map(|v| (k.clone(), v.clone())))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let entry = |map: &mut BTreeMap<String, NodeSummary>, name: &str| {
+        if !map.contains_key(name) {
+            map.insert(
+                name.to_string(),
+                NodeSummary {
+                    node: name.to_string(),
+                    labels: labels_of(name),
+                    as_source: NodeRoleStats::default(),
+                    as_target: NodeRoleStats::default(),
+                },
+            );
+        }
+    };
+    for n in nodes {
+        entry(&mut map, &n.name);
+    }
+    for p in probes {
+        entry(&mut map, &p.source.node);
+        entry(&mut map, &p.target.node);
+        if let Some(s) = map.get_mut(&p.source.node) {
+            add_stats(&mut s.as_source, p);
+        }
+        if let Some(s) = map.get_mut(&p.target.node) {
+            add_stats(&mut s.as_target, p);
+        }
+    }
+    let mut out: Vec<NodeSummary> = map.into_values().collect();
+    out.sort_by(|a, b| {
+        let ka: Vec<Option<&String>> = group_by.iter().map(|k| a.labels.get(k)).collect();
+        let kb: Vec<Option<&String>> = group_by.iter().map(|k| b.labels.get(k)).collect();
+        ka.cmp(&kb).then_with(|| a.node.cmp(&b.node))
+    });
+    out
+}
+
+/// Everything [`build_report`] needs besides the probes.
+#[derive(Debug, Clone)]
+pub struct ReportInputs {
+    /// Thresholds in force.
+    pub thresholds: Thresholds,
+    /// Prober instance id.
+    pub instance: String,
+    /// RFC 3339 wall times (display only).
+    pub started_at: String,
+    /// RFC 3339 wall time of the end.
+    pub finished_at: String,
+    /// Run duration on the prober clock, seconds.
+    pub duration_seconds: f64,
+    /// Run-level errors.
+    pub errors: Vec<String>,
+    /// `--group-by-label` keys.
+    pub group_by: Vec<String>,
+}
+
+/// Assembles the gate report (schema 1), computing summary, verdict and nodes.
+pub fn build_report(
+    probes: Vec<ProbeRecord>,
+    nodes: &[NodeInfo],
+    warnings: Vec<Suspect>,
+    inputs: ReportInputs,
+) -> GateReport {
+    let summary = summarize(&probes);
+    let (verdict, exit_code, verdict_reasons) =
+        verdict(&summary, &inputs.thresholds, &inputs.errors);
+    GateReport {
+        schema: SCHEMA_VERSION,
+        verdict,
+        exit_code,
+        verdict_reasons,
+        thresholds: inputs.thresholds,
+        nodes: node_summaries(&probes, nodes, &inputs.group_by),
+        summary,
+        warnings,
+        probes,
+        instance: inputs.instance,
+        started_at: inputs.started_at,
+        finished_at: inputs.finished_at,
+        duration_seconds: inputs.duration_seconds,
+        errors: inputs.errors,
+    }
+}
+
+/// `0.31s`, or `-` when absent.
+pub fn fmt_secs(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_string(), |v| format!("{v:.2}s"))
+}
+
+/// The stderr progress line for a finished probe:
+/// `[3/12] node-1 → node-2 success 0.31s` (plus the reason when not a success).
+pub fn progress_line(done: usize, total: usize, p: &ProbeRecord) -> String {
+    let mut s = format!(
+        "[{done}/{total}] {} → {} {}",
+        p.source.node,
+        p.target.node,
+        p.result.as_str()
+    );
+    if let Some(t) = p.ttfp_seconds {
+        let _ = write!(s, " {t:.2}s");
+    }
+    if let Some(r) = p.reason {
+        let _ = write!(s, " ({})", r.as_str());
+    }
+    s
+}
+
+fn table(rows: &[Vec<String>]) -> String {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..cols)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for r in rows {
+        let line: Vec<String> = r
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let pad = widths[i].saturating_sub(c.chars().count());
+                format!("{c}{}", " ".repeat(pad))
+            })
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// The human-readable end-of-run text for stdout: probe table, summary, per-node table,
+/// verdict.
+pub fn render_text(report: &GateReport, group_by: &[String]) -> String {
+    let mut rows = vec![vec![
+        "SOURCE NODE".to_string(),
+        "→".into(),
+        "TARGET NODE".into(),
+        "TTFP".into(),
+        "RESULT".into(),
+        "REASON".into(),
+    ]];
+    let mut probes: Vec<&ProbeRecord> = report.probes.iter().collect();
+    probes.sort_by(|a, b| {
+        (a.source.node.as_str(), a.target.node.as_str())
+            .cmp(&(b.source.node.as_str(), b.target.node.as_str()))
+    });
+    for p in probes {
+        rows.push(vec![
+            p.source.node.clone(),
+            "→".into(),
+            p.target.node.clone(),
+            fmt_secs(p.ttfp_seconds),
+            p.result.as_str().into(),
+            p.reason.map_or("", |r| r.as_str()).into(),
+        ]);
+    }
+    let mut out = table(&rows);
+    let s = &report.summary;
+    let by = |r| s.by_result.get(&r).copied().unwrap_or(0);
+    let _ = writeln!(
+        out,
+        "\nprobes: {} (success {}, slow {}, failed {}, inconclusive {})",
+        s.total,
+        by(ProbeResult::Success),
+        by(ProbeResult::Slow),
+        by(ProbeResult::Failed),
+        by(ProbeResult::Inconclusive)
+    );
+    let _ = writeln!(
+        out,
+        "TTFP p50 {}  p95 {}  max {}",
+        fmt_secs(s.ttfp_p50),
+        fmt_secs(s.ttfp_p95),
+        fmt_secs(s.ttfp_max)
+    );
+    let diag = serde_json::to_value(s.diagnosis)
+        .ok()
+        .and_then(|v| v.as_str().map(String::from))
+        .unwrap_or_default();
+    let _ = writeln!(out, "diagnosis: {diag}");
+    let suspects = suspect_nodes(&report.probes);
+    if !suspects.is_empty() && s.diagnosis != target_server::report::Diagnosis::Healthy {
+        let _ = writeln!(
+            out,
+            "nodes with only slow/failed probes: {}",
+            suspects.join(", ")
+        );
+    }
+
+    let mut header = vec!["NODE".to_string()];
+    header.extend(group_by.iter().map(|k| k.to_uppercase()));
+    header.extend(
+        [
+            "AS SOURCE ok/bad/inc",
+            "MAX TTFP",
+            "AS TARGET ok/bad/inc",
+            "MAX TTFP",
+        ]
+        .map(String::from),
+    );
+    let mut nrows = vec![header];
+    let triple = |st: &NodeRoleStats| {
+        let g = |r| st.by_result.get(&r).copied().unwrap_or(0);
+        format!(
+            "{}/{}/{}",
+            g(ProbeResult::Success),
+            g(ProbeResult::Slow) + g(ProbeResult::Failed),
+            g(ProbeResult::Inconclusive)
+        )
+    };
+    for n in &report.nodes {
+        let mut r = vec![n.node.clone()];
+        r.extend(
+            group_by
+                .iter()
+                .map(|k| n.labels.get(k).cloned().unwrap_or_else(|| "-".into())),
+        );
+        r.push(triple(&n.as_source));
+        r.push(fmt_secs(n.as_source.ttfp_max));
+        r.push(triple(&n.as_target));
+        r.push(fmt_secs(n.as_target.ttfp_max));
+        nrows.push(r);
+    }
+    out.push('\n');
+    out.push_str(&table(&nrows));
+    let v = match report.verdict {
+        Verdict::Pass => "PASS",
+        Verdict::Fail => "FAIL",
+        Verdict::Inconclusive => "INCONCLUSIVE",
+    };
+    let _ = writeln!(out, "\nverdict: {v} (exit {})", report.exit_code);
+    for r in &report.verdict_reasons {
+        let _ = writeln!(out, "  - {r}");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use target_server::report::{Attempts, Hold, PodRef, Timeline};
+
+    fn rec(src: &str, dst: &str, result: ProbeResult, ttfp: Option<f64>) -> ProbeRecord {
+        let reason = match result {
+            ProbeResult::Success => None,
+            ProbeResult::Slow => Some(Reason::TtfpOverThreshold),
+            ProbeResult::Failed => Some(Reason::NoSuccessBeforeGiveUp),
+            ProbeResult::Inconclusive => Some(Reason::ImagePull),
+        };
+        ProbeRecord {
+            id: format!("{src}-{dst}"),
+            kind: "cross_node".into(),
+            source: PodRef {
+                node: src.into(),
+                pod: "s".into(),
+                ..Default::default()
+            },
+            target: PodRef {
+                node: dst.into(),
+                pod: "t".into(),
+                ..Default::default()
+            },
+            result,
+            reason,
+            detail: None,
+            ttfp_seconds: ttfp,
+            raw_ttfp_seconds: ttfp,
+            target_ready_to_source_ready_seconds: None,
+            attempts: Attempts::default(),
+            hold: Hold::default(),
+            timeline: Timeline::default(),
+            suspects: vec![],
+            source_report: None,
+        }
+    }
+
+    fn th() -> Thresholds {
+        Thresholds {
+            slow_threshold_seconds: 5.0,
+            max_ttfp_seconds: 5.0,
+            max_failures: 0,
+            max_inconclusive: 0,
+        }
+    }
+
+    #[test]
+    fn nearest_rank_picks_measured_values() {
+        let v: Vec<f64> = (1..=20).map(f64::from).collect();
+        assert_eq!(nearest_rank(&v, 0.5), Some(10.0));
+        assert_eq!(nearest_rank(&v, 0.95), Some(19.0));
+        assert_eq!(nearest_rank(&v, 1.0), Some(20.0));
+        assert_eq!(nearest_rank(&[3.0, 1.0, 2.0], 0.5), Some(2.0));
+        assert_eq!(nearest_rank(&[0.7], 0.95), Some(0.7));
+        assert_eq!(nearest_rank(&[], 0.5), None);
+        // n=10, p95 → rank 10 (ceil 9.5).
+        let v: Vec<f64> = (1..=10).map(f64::from).collect();
+        assert_eq!(nearest_rank(&v, 0.95), Some(10.0));
+    }
+
+    #[test]
+    fn verdict_and_exit_codes_table() {
+        use ProbeResult::*;
+        struct Case {
+            name: &'static str,
+            probes: Vec<ProbeRecord>,
+            errors: Vec<String>,
+            want: (Verdict, i32),
+        }
+        let ok = |a: &str, b: &str, t| rec(a, b, Success, Some(t));
+        let cases = vec![
+            Case {
+                name: "all fast",
+                probes: vec![ok("a", "b", 0.3), ok("b", "a", 0.4)],
+                errors: vec![],
+                want: (Verdict::Pass, 0),
+            },
+            Case {
+                name: "p95 over max-ttfp",
+                probes: vec![ok("a", "b", 0.3), rec("b", "a", Slow, Some(9.0))],
+                errors: vec![],
+                want: (Verdict::Fail, 1),
+            },
+            Case {
+                name: "one failure",
+                probes: vec![ok("a", "b", 0.3), rec("b", "a", Failed, None)],
+                errors: vec![],
+                want: (Verdict::Fail, 1),
+            },
+            Case {
+                name: "inconclusive only",
+                probes: vec![ok("a", "b", 0.3), rec("b", "a", Inconclusive, None)],
+                errors: vec![],
+                want: (Verdict::Inconclusive, 2),
+            },
+            Case {
+                name: "failure beats inconclusive and run error",
+                probes: vec![
+                    rec("a", "b", Failed, None),
+                    rec("b", "a", Inconclusive, None),
+                ],
+                errors: vec!["interrupted".into()],
+                want: (Verdict::Fail, 1),
+            },
+            Case {
+                name: "run error with good probes",
+                probes: vec![ok("a", "b", 0.3)],
+                errors: vec!["--timeout reached".into()],
+                want: (Verdict::Inconclusive, 2),
+            },
+            Case {
+                name: "no probes",
+                probes: vec![],
+                errors: vec![],
+                want: (Verdict::Inconclusive, 2),
+            },
+        ];
+        for c in cases {
+            let s = summarize(&c.probes);
+            let (v, code, reasons) = verdict(&s, &th(), &c.errors);
+            assert_eq!((v, code), c.want, "{}", c.name);
+            assert_eq!(reasons.is_empty(), v == Verdict::Pass, "{}", c.name);
+        }
+    }
+
+    #[test]
+    fn thresholds_are_respected() {
+        let probes = vec![
+            rec("a", "b", ProbeResult::Failed, None),
+            rec("b", "a", ProbeResult::Inconclusive, None),
+            rec("a", "c", ProbeResult::Slow, Some(6.0)),
+            rec("c", "a", ProbeResult::Success, Some(0.2)),
+        ];
+        let mut t = th();
+        t.max_failures = 1;
+        t.max_inconclusive = 1;
+        t.max_ttfp_seconds = 10.0;
+        let (v, code, _) = verdict(&summarize(&probes), &t, &[]);
+        assert_eq!((v, code), (Verdict::Pass, 0));
+    }
+
+    #[test]
+    fn diagnosis_rules() {
+        use ProbeResult::*;
+        let ok = |a: &str, b: &str| rec(a, b, Success, Some(0.2));
+        assert_eq!(diagnose(&[ok("a", "b"), ok("b", "a")]), Diagnosis::Healthy);
+        assert_eq!(
+            diagnose(&[rec("a", "b", Inconclusive, None)]),
+            Diagnosis::Inconclusive
+        );
+        // Node c is slow in both roles; all other pairs fine.
+        let ring = vec![
+            ok("a", "b"),
+            ok("b", "d"),
+            rec("d", "c", Slow, Some(9.0)),
+            rec("c", "a", Slow, Some(8.0)),
+        ];
+        assert_eq!(diagnose(&ring), Diagnosis::SlowNodes);
+        assert_eq!(suspect_nodes(&ring), vec!["c".to_string()]);
+        let broken = vec![
+            rec("a", "b", Failed, None),
+            rec("b", "c", Failed, None),
+            ok("c", "a"),
+        ];
+        assert_eq!(diagnose(&broken), Diagnosis::CrossNodeBroken);
+        let mut never = rec("a", "b", Failed, None);
+        never.reason = Some(Reason::TargetNeverReady);
+        assert_eq!(
+            diagnose(&[never, ok("b", "c"), ok("c", "a")]),
+            Diagnosis::NodeLocalBroken
+        );
+        let scattered = vec![
+            ok("a", "b"),
+            rec("b", "c", Slow, Some(7.0)),
+            ok("c", "d"),
+            ok("d", "a"),
+            ok("a", "c"),
+            ok("c", "b"),
+        ];
+        assert_eq!(diagnose(&scattered), Diagnosis::ScatteredFailures);
+    }
+
+    #[test]
+    fn node_summaries_count_roles_and_group_by_label() {
+        let mk = |name: &str, zone: &str| NodeInfo {
+            name: name.into(),
+            labels: [("zone".to_string(), zone.to_string())]
+                .into_iter()
+                .collect(),
+            ready: true,
+            unschedulable: false,
+            taints: vec![],
+        };
+        let nodes = vec![mk("n1", "z2"), mk("n2", "z1"), mk("n3", "z1")];
+        let probes = vec![
+            rec("n1", "n2", ProbeResult::Success, Some(0.5)),
+            rec("n2", "n3", ProbeResult::Slow, Some(6.0)),
+            rec("n3", "n1", ProbeResult::Inconclusive, None),
+        ];
+        let ns = node_summaries(&probes, &nodes, &["zone".to_string()]);
+        let order: Vec<_> = ns.iter().map(|n| n.node.as_str()).collect();
+        assert_eq!(order, ["n2", "n3", "n1"]);
+        let n2 = &ns[0];
+        assert_eq!(n2.labels["zone"], "z1");
+        assert_eq!(n2.as_source.probes, 1);
+        assert_eq!(n2.as_source.ttfp_max, Some(6.0));
+        assert_eq!(n2.as_target.by_result[&ProbeResult::Success], 1);
+        let n1 = &ns[2];
+        assert_eq!(n1.as_target.by_result[&ProbeResult::Inconclusive], 1);
+        assert_eq!(n1.as_target.ttfp_max, None);
+    }
+
+    #[test]
+    fn report_json_round_trips_and_text_names_verdict() {
+        let probes = vec![
+            rec("n1", "n2", ProbeResult::Success, Some(0.31)),
+            rec("n2", "n1", ProbeResult::Failed, None),
+        ];
+        let report = build_report(
+            probes,
+            &[],
+            vec![],
+            ReportInputs {
+                thresholds: th(),
+                instance: "gate-abcdefgh".into(),
+                started_at: "2026-01-01T00:00:00Z".into(),
+                finished_at: "2026-01-01T00:00:10Z".into(),
+                duration_seconds: 10.0,
+                errors: vec![],
+                group_by: vec![],
+            },
+        );
+        assert_eq!(report.exit_code, 1);
+        assert_eq!(report.summary.by_result[&ProbeResult::Inconclusive], 0);
+        let json = serde_json::to_string_pretty(&report).expect("json");
+        let back: GateReport = serde_json::from_str(&json).expect("parse");
+        assert_eq!(back, report);
+        let v: serde_json::Value = serde_json::from_str(&json).expect("value");
+        assert_eq!(v["verdict"], "fail");
+        assert_eq!(v["summary"]["diagnosis"], "cross_node_broken");
+        assert_eq!(v["probes"][1]["reason"], "no_success_before_give_up");
+        let text = render_text(&report, &[]);
+        assert!(text.contains("verdict: FAIL (exit 1)"));
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("n1 ") && l.contains("→"))
+            .expect("probe row");
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(cells, ["n1", "→", "n2", "0.31s", "success"]);
+        assert_eq!(
+            progress_line(1, 2, &report.probes[0]),
+            "[1/2] n1 → n2 success 0.31s"
+        );
+    }
+}

@@ -1,0 +1,555 @@
+//! Building a [`ProbeRecord`] from what a probe observed (DESIGN §2 step 8 and the
+//! "Results" table, §4 probe fields). Pure: takes tracker states and the source's
+//! termination message, returns the record.
+//!
+//! TTFP comes only from the source report (one clock, node A: `first_success_sent −
+//! ready_at`); the prober's own clock gives the API timeline and
+//! `target_ready_to_source_ready_seconds`. Never subtracted across machines.
+
+use crate::podspec::calico_iface_name;
+use crate::tracker::PodState;
+use std::time::{Duration, Instant};
+use target_server::report::{
+    Attempts, Hold, PodRef, PodTimeline, ProbeRecord, ProbeResult, Reason, SourceOutcome,
+    SourceReport, Timeline, SCHEMA_VERSION,
+};
+
+/// Identity and clock origin of one probe.
+#[derive(Debug, Clone)]
+pub struct ProbeMeta {
+    /// Probe id (`firstpacket.io/probe-id`).
+    pub id: String,
+    /// Probe kind (`cross_node`).
+    pub kind: String,
+    /// Namespace of the pods (for the Calico interface name).
+    pub namespace: String,
+    /// Planned source node A.
+    pub source_node: String,
+    /// Planned target node B.
+    pub target_node: String,
+    /// Source pod name.
+    pub source_pod: String,
+    /// Target pod name.
+    pub target_pod: String,
+    /// Prober-clock start of the probe (origin of the timeline).
+    pub started: Instant,
+    /// RFC 3339 wall time of the start (display only).
+    pub started_at: String,
+}
+
+/// How the probe ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Ending {
+    /// The source pod terminated: classify from its termination message.
+    SourceTerminated,
+    /// The probe stopped before the source reported, for `reason` (with a human detail).
+    Aborted {
+        /// Result reason (`unschedulable`, `target_never_ready`, `interrupted`, …).
+        reason: Reason,
+        /// What was seen, for the operator.
+        detail: String,
+    },
+}
+
+/// Parses a termination message into a [`SourceReport`].
+///
+/// The message is the JSON line the source wrote to `/dev/termination-log`; with
+/// `FallbackToLogsOnError` it can instead be the tail of the container log (the report is
+/// also printed on stdout), so if the whole text is not a report, the last line that
+/// parses as one is used. Errors describe what was found (truncated excerpt).
+pub fn parse_termination_message(msg: &str) -> Result<SourceReport, String> {
+    let trimmed = msg.trim();
+    if trimmed.is_empty() {
+        return Err("empty termination message".into());
+    }
+    let parsed = serde_json::from_str::<SourceReport>(trimmed).or_else(|first_err| {
+        trimmed
+            .lines()
+            .rev()
+            .map(str::trim)
+            .filter(|l| l.starts_with('{'))
+            .find_map(|l| serde_json::from_str::<SourceReport>(l).ok())
+            .ok_or(first_err)
+    });
+    match parsed {
+        Ok(r) if r.schema == SCHEMA_VERSION => Ok(r),
+        Ok(r) => Err(format!("unsupported source report schema {}", r.schema)),
+        Err(e) => Err(format!(
+            "termination message is not a source report ({e}): {:?}",
+            excerpt(trimmed, 160)
+        )),
+    }
+}
+
+fn excerpt(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        s.to_string()
+    } else {
+        let tail: String = s
+            .chars()
+            .rev()
+            .take(max)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        format!("…{tail}")
+    }
+}
+
+/// TTFP (floored at 0) and raw TTFP from a source report, seconds. Uses the report's own
+/// fields, or `first_success_sent − ready_at` when the source left them out.
+pub fn ttfp_from_report(r: &SourceReport) -> (Option<f64>, Option<f64>) {
+    let raw = r
+        .raw_ttfp_seconds
+        .or(match (r.first_success_sent, r.ready_at) {
+            (Some(s), Some(ready)) => Some(s - ready),
+            _ => None,
+        });
+    let ttfp = r.ttfp_seconds.or(raw.map(|v| v.max(0.0)));
+    (ttfp, raw)
+}
+
+/// Result, reason and detail for a parsed source report (DESIGN §2 "Results").
+///
+/// Order of rules: a SIGTERM'd source (`outcome: terminated`) → `inconclusive` /
+/// `interrupted`; `ready_at` null → `failed` / `source_never_ready` (the kubelet never
+/// reached S: node-local path broken); `no_success` → `no_success_before_give_up`;
+/// `wrong_peer` → `wrong_peer`; `lost_after_success` → `lost_after_success`;
+/// `success` → `slow` / `ttfp_over_threshold` if TTFP > `slow_threshold`, else
+/// `success`.
+pub fn classify_report(
+    r: &SourceReport,
+    slow_threshold: Duration,
+) -> (ProbeResult, Option<Reason>, Option<String>) {
+    let last = r
+        .last_error
+        .map(|e| format!(", last error {}", e.as_str()))
+        .unwrap_or_default();
+    let fail = |reason: Reason, detail: String| (reason.result(), Some(reason), Some(detail));
+    if r.outcome == SourceOutcome::Terminated {
+        return fail(
+            Reason::Interrupted,
+            "source pod was stopped (SIGTERM) before its measurement finished".into(),
+        );
+    }
+    if r.ready_at.is_none() {
+        return fail(
+            Reason::SourceNeverReady,
+            format!(
+                "source container ran but its readiness probe never passed ({} attempts{last})",
+                r.attempts_before_success
+            ),
+        );
+    }
+    match r.outcome {
+        SourceOutcome::NoSuccess => fail(
+            Reason::NoSuccessBeforeGiveUp,
+            format!(
+                "no success in {:.1}s: {} attempts, {} failed{last}",
+                r.give_up_seconds, r.attempts_before_success, r.failures_before_success
+            ),
+        ),
+        SourceOutcome::WrongPeer => fail(
+            Reason::WrongPeer,
+            format!(
+                "answered by {} instead of {}",
+                r.wrong_peer.as_deref().unwrap_or("another pod"),
+                r.expect_pod
+            ),
+        ),
+        SourceOutcome::LostAfterSuccess => fail(
+            Reason::LostAfterSuccess,
+            format!(
+                "{} of {} attempts failed during the {:.1}s hold after the first success",
+                r.hold.failures, r.hold.attempts, r.hold.seconds
+            ),
+        ),
+        SourceOutcome::Success => match ttfp_from_report(r).0 {
+            Some(t) if t > slow_threshold.as_secs_f64() => fail(
+                Reason::TtfpOverThreshold,
+                format!(
+                    "TTFP {t:.3}s > slow threshold {:.3}s",
+                    slow_threshold.as_secs_f64()
+                ),
+            ),
+            Some(_) => (ProbeResult::Success, None, None),
+            None => fail(
+                Reason::ContainerFailed,
+                "source reported success without a first_success_sent time".into(),
+            ),
+        },
+        SourceOutcome::Terminated => (ProbeResult::Inconclusive, Some(Reason::Interrupted), None),
+    }
+}
+
+fn secs_since(origin: Instant, t: Option<Instant>) -> Option<f64> {
+    t.map(|t| t.saturating_duration_since(origin).as_secs_f64())
+}
+
+/// API timeline of one pod relative to the probe start (seconds, prober clock).
+pub fn pod_timeline(origin: Instant, s: Option<&PodState>) -> PodTimeline {
+    let Some(s) = s else {
+        return PodTimeline::default();
+    };
+    PodTimeline {
+        created: secs_since(origin, s.created),
+        scheduled: secs_since(origin, s.scheduled),
+        ip_assigned: secs_since(origin, s.ip_assigned),
+        ready: secs_since(origin, s.ready),
+        finished: secs_since(origin, s.terminated.as_ref().map(|t| t.at)),
+        deleted: secs_since(origin, s.deleted),
+    }
+}
+
+fn pod_ref(namespace: &str, planned_node: &str, pod: &str, s: Option<&PodState>) -> PodRef {
+    PodRef {
+        node: s
+            .and_then(|s| s.node.clone())
+            .unwrap_or_else(|| planned_node.to_string()),
+        pod: pod.to_string(),
+        uid: s.and_then(|s| s.uid.clone()),
+        ip: s.and_then(|s| s.ip.clone()),
+        iface: Some(calico_iface_name(namespace, pod)),
+    }
+}
+
+/// Builds the probe record.
+///
+/// `target`/`source` are the tracker states (None if the pod was never created/seen);
+/// `deleted_at` overrides the `deleted` time with the moment our delete returned (the
+/// watch's `DELETED` may come later); `finished` is when the record was completed.
+pub fn build_record(
+    meta: &ProbeMeta,
+    target: Option<&PodState>,
+    source: Option<&PodState>,
+    ending: &Ending,
+    slow_threshold: Duration,
+    finished: Instant,
+) -> ProbeRecord {
+    let mut source_report = None;
+    let (result, reason, detail) = match ending {
+        Ending::Aborted { reason, detail } => {
+            (reason.result(), Some(*reason), Some(detail.clone()))
+        }
+        Ending::SourceTerminated => {
+            let term = source.and_then(|s| s.terminated.as_ref());
+            let exit = term.map(|t| t.exit_code);
+            match term.and_then(|t| t.message.as_deref()) {
+                None => (
+                    ProbeResult::Inconclusive,
+                    Some(Reason::ContainerFailed),
+                    Some(format!(
+                        "source exited (code {}) without a termination message",
+                        exit.map_or("?".into(), |c| c.to_string())
+                    )),
+                ),
+                Some(msg) => match parse_termination_message(msg) {
+                    Ok(r) => {
+                        let c = classify_report(&r, slow_threshold);
+                        source_report = Some(r);
+                        c
+                    }
+                    Err(e) => (
+                        ProbeResult::Inconclusive,
+                        Some(Reason::ContainerFailed),
+                        Some(format!(
+                            "source exit code {}: {e}",
+                            exit.map_or("?".into(), |c| c.to_string())
+                        )),
+                    ),
+                },
+            }
+        }
+    };
+    let (ttfp, raw) = source_report
+        .as_ref()
+        .map(ttfp_from_report)
+        .unwrap_or((None, None));
+    let attempts = source_report
+        .as_ref()
+        .map(|r| Attempts {
+            before_success: r.attempts_before_success,
+            failures_before_success: r.failures_before_success,
+            last_error: r.last_error,
+            errors: r.errors.clone(),
+        })
+        .unwrap_or_default();
+    let hold = source_report
+        .as_ref()
+        .map(|r| Hold {
+            seconds: r.hold.seconds,
+            failures: r.hold.failures,
+        })
+        .unwrap_or_default();
+    let gap = match (target.and_then(|t| t.ready), source.and_then(|s| s.ready)) {
+        (Some(t), Some(s)) => Some(s.saturating_duration_since(t).as_secs_f64()),
+        _ => None,
+    };
+    ProbeRecord {
+        id: meta.id.clone(),
+        kind: meta.kind.clone(),
+        source: pod_ref(&meta.namespace, &meta.source_node, &meta.source_pod, source),
+        target: pod_ref(&meta.namespace, &meta.target_node, &meta.target_pod, target),
+        result,
+        reason,
+        detail,
+        ttfp_seconds: ttfp,
+        raw_ttfp_seconds: raw,
+        target_ready_to_source_ready_seconds: gap,
+        attempts,
+        hold,
+        timeline: Timeline {
+            started_at: meta.started_at.clone(),
+            target: pod_timeline(meta.started, target),
+            source: pod_timeline(meta.started, source),
+            finished: secs_since(meta.started, Some(finished)),
+        },
+        suspects: Vec::new(),
+        source_report,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tracker::{Terminated, Tracker};
+    use k8s_openapi::api::core::v1::Pod;
+    use std::collections::BTreeMap;
+    use target_server::report::{ErrorKind, SourceHold};
+
+    fn report(outcome: SourceOutcome, ready: Option<f64>, success: Option<f64>) -> SourceReport {
+        let raw = match (success, ready) {
+            (Some(s), Some(r)) => Some(s - r),
+            _ => None,
+        };
+        let mut errors = BTreeMap::new();
+        errors.insert(ErrorKind::Timeout, 3);
+        SourceReport {
+            schema: 1,
+            pod: "fp-p-s".into(),
+            target: "10.0.2.5:8080".into(),
+            expect_pod: "fp-p-t".into(),
+            interval_seconds: 0.1,
+            attempt_timeout_seconds: 0.9,
+            give_up_seconds: 60.0,
+            hold_seconds: 5.0,
+            process_start_unix: 1.7e9,
+            process_start: 0.0,
+            first_attempt: Some(0.01),
+            ready_at: ready,
+            first_success_sent: success,
+            first_success_received: success.map(|s| s + 0.001),
+            ttfp_seconds: raw.map(|v| v.max(0.0)),
+            raw_ttfp_seconds: raw,
+            attempts_before_success: 12,
+            failures_before_success: 3,
+            errors,
+            last_error: Some(ErrorKind::Timeout),
+            wrong_peer: None,
+            hold: SourceHold {
+                seconds: 5.0,
+                attempts: 50,
+                failures: if outcome == SourceOutcome::LostAfterSuccess {
+                    7
+                } else {
+                    0
+                },
+                failures_per_second: vec![],
+            },
+            outcome,
+        }
+    }
+
+    fn meta(t0: Instant) -> ProbeMeta {
+        ProbeMeta {
+            id: "p".into(),
+            kind: "cross_node".into(),
+            namespace: "firstpacket".into(),
+            source_node: "node-1".into(),
+            target_node: "node-2".into(),
+            source_pod: "fp-p-s".into(),
+            target_pod: "fp-p-t".into(),
+            started: t0,
+            started_at: "2026-01-01T00:00:00Z".into(),
+        }
+    }
+
+    fn states(t0: Instant, msg: Option<String>) -> (PodState, PodState) {
+        let fixture: Pod =
+            serde_json::from_str(include_str!("../tests/fixtures/k8s-pod-running-ready.json"))
+                .expect("fixture");
+        let mut tr = Tracker::new();
+        let mut t = fixture.clone();
+        t.metadata.name = Some("fp-p-t".into());
+        t.metadata.uid = Some("uid-t".into());
+        let mut s = fixture;
+        s.metadata.name = Some("fp-p-s".into());
+        s.metadata.uid = Some("uid-s".into());
+        tr.note_created("fp-p-t", t0 + Duration::from_millis(10));
+        tr.apply(&t, t0 + Duration::from_millis(800));
+        tr.note_created("fp-p-s", t0 + Duration::from_millis(900));
+        tr.apply(&s, t0 + Duration::from_millis(1700));
+        let target = tr.get("fp-p-t").cloned().expect("t");
+        let mut source = tr.get("fp-p-s").cloned().expect("s");
+        source.terminated = Some(Terminated {
+            at: t0 + Duration::from_secs(8),
+            exit_code: 0,
+            reason: Some("Completed".into()),
+            message: msg,
+        });
+        (target, source)
+    }
+
+    fn record_for(r: Option<&SourceReport>, raw_msg: Option<&str>) -> ProbeRecord {
+        let t0 = Instant::now();
+        let msg = match (r, raw_msg) {
+            (_, Some(m)) => Some(m.to_string()),
+            (Some(r), None) => Some(serde_json::to_string(r).expect("json")),
+            (None, None) => None,
+        };
+        let (t, s) = states(t0, msg);
+        build_record(
+            &meta(t0),
+            Some(&t),
+            Some(&s),
+            &Ending::SourceTerminated,
+            Duration::from_secs(5),
+            t0 + Duration::from_secs(9),
+        )
+    }
+
+    #[test]
+    fn fast_success_is_success_with_ttfp_and_timeline() {
+        let r = report(SourceOutcome::Success, Some(0.5), Some(0.8));
+        let rec = record_for(Some(&r), None);
+        assert_eq!(rec.result, ProbeResult::Success);
+        assert_eq!(rec.reason, None);
+        let ttfp = rec.ttfp_seconds.expect("ttfp");
+        assert!((ttfp - 0.3).abs() < 1e-9);
+        assert_eq!(rec.attempts.before_success, 12);
+        assert_eq!(rec.attempts.last_error, Some(ErrorKind::Timeout));
+        let gap = rec.target_ready_to_source_ready_seconds.expect("gap");
+        assert!((gap - 0.9).abs() < 1e-6);
+        assert!((rec.timeline.target.ready.expect("ready") - 0.8).abs() < 1e-6);
+        assert!((rec.timeline.source.created.expect("created") - 0.9).abs() < 1e-6);
+        assert!((rec.timeline.source.finished.expect("finished") - 8.0).abs() < 1e-6);
+        assert_eq!(rec.source.uid.as_deref(), Some("uid-s"));
+        assert_eq!(rec.target.ip.as_deref(), Some("10.244.0.3"));
+        assert_eq!(
+            rec.source.iface.as_deref(),
+            Some(calico_iface_name("firstpacket", "fp-p-s").as_str())
+        );
+        assert!(rec.source_report.is_some());
+    }
+
+    #[test]
+    fn success_before_ready_has_zero_ttfp_and_negative_raw() {
+        let r = report(SourceOutcome::Success, Some(1.0), Some(0.6));
+        let rec = record_for(Some(&r), None);
+        assert_eq!(rec.result, ProbeResult::Success);
+        assert_eq!(rec.ttfp_seconds, Some(0.0));
+        assert!(rec.raw_ttfp_seconds.expect("raw") < 0.0);
+    }
+
+    #[test]
+    fn ttfp_over_threshold_is_slow() {
+        let r = report(SourceOutcome::Success, Some(0.5), Some(7.5));
+        let rec = record_for(Some(&r), None);
+        assert_eq!(rec.result, ProbeResult::Slow);
+        assert_eq!(rec.reason, Some(Reason::TtfpOverThreshold));
+        assert!((rec.ttfp_seconds.expect("ttfp") - 7.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn source_outcomes_map_to_failed_reasons() {
+        for (outcome, success, reason) in [
+            (
+                SourceOutcome::NoSuccess,
+                None,
+                Reason::NoSuccessBeforeGiveUp,
+            ),
+            (SourceOutcome::WrongPeer, None, Reason::WrongPeer),
+            (
+                SourceOutcome::LostAfterSuccess,
+                Some(0.7),
+                Reason::LostAfterSuccess,
+            ),
+        ] {
+            let r = report(outcome, Some(0.5), success);
+            let rec = record_for(Some(&r), None);
+            assert_eq!(rec.result, ProbeResult::Failed, "{outcome:?}");
+            assert_eq!(rec.reason, Some(reason), "{outcome:?}");
+            assert!(rec.detail.is_some());
+        }
+    }
+
+    #[test]
+    fn never_ready_source_is_failed_source_never_ready() {
+        let r = report(SourceOutcome::Success, None, Some(0.7));
+        let rec = record_for(Some(&r), None);
+        assert_eq!(rec.result, ProbeResult::Failed);
+        assert_eq!(rec.reason, Some(Reason::SourceNeverReady));
+        assert_eq!(rec.ttfp_seconds, None);
+    }
+
+    #[test]
+    fn garbage_or_missing_message_is_inconclusive_container_failed() {
+        let rec = record_for(None, Some("panic: something broke\nat line 3"));
+        assert_eq!(rec.result, ProbeResult::Inconclusive);
+        assert_eq!(rec.reason, Some(Reason::ContainerFailed));
+        assert!(rec
+            .detail
+            .as_deref()
+            .unwrap_or("")
+            .contains("something broke"));
+        let rec = record_for(None, None);
+        assert_eq!(rec.reason, Some(Reason::ContainerFailed));
+        assert!(rec
+            .detail
+            .as_deref()
+            .unwrap_or("")
+            .contains("without a termination message"));
+    }
+
+    #[test]
+    fn report_is_found_in_log_fallback_tail() {
+        let r = report(SourceOutcome::Success, Some(0.5), Some(0.6));
+        let log = format!(
+            "starting\nlistening on :8080\n{}\n",
+            serde_json::to_string(&r).expect("json")
+        );
+        let rec = record_for(None, Some(&log));
+        assert_eq!(rec.result, ProbeResult::Success);
+    }
+
+    #[test]
+    fn wrong_schema_is_rejected() {
+        let mut r = report(SourceOutcome::Success, Some(0.5), Some(0.6));
+        r.schema = 2;
+        let msg = serde_json::to_string(&r).expect("json");
+        assert!(parse_termination_message(&msg).is_err());
+    }
+
+    #[test]
+    fn aborted_probe_keeps_reason_and_planned_nodes() {
+        let t0 = Instant::now();
+        let rec = build_record(
+            &meta(t0),
+            None,
+            None,
+            &Ending::Aborted {
+                reason: Reason::Unschedulable,
+                detail: "0/3 nodes are available".into(),
+            },
+            Duration::from_secs(5),
+            t0 + Duration::from_secs(60),
+        );
+        assert_eq!(rec.result, ProbeResult::Inconclusive);
+        assert_eq!(rec.reason, Some(Reason::Unschedulable));
+        assert_eq!(rec.source.node, "node-1");
+        assert_eq!(rec.target.node, "node-2");
+        assert_eq!(rec.ttfp_seconds, None);
+        assert_eq!(rec.timeline.finished, Some(60.0));
+    }
+}

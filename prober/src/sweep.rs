@@ -1,0 +1,244 @@
+//! Start-up sweep of leftover probe pods (DESIGN §6, binding).
+//!
+//! Lists pods labelled `app.kubernetes.io/name=firstpacket` in the namespace and deletes
+//! those whose `firstpacket.io/instance` is **not ours** and whose instance is provably
+//! dead:
+//! - in-cluster instances (an ownerReference of kind `Pod`): the owner pod is gone (no
+//!   pod of that name, or one with another UID);
+//! - gate instances (`gate-…`, no owner): the pod is older than
+//!   2 × give-up + hold + grace — longer than any gate probe can take, and the same bound
+//!   as the pods' own `activeDeadlineSeconds`.
+//!
+//! Anything else is kept: never another live instance's pods.
+
+use crate::error::{kube_status_code, Error};
+use crate::podspec::{APP_NAME, LABEL_INSTANCE, LABEL_NAME};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, ListParams};
+use kube::Api;
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// Extra grace added to the gate age limit.
+pub const SWEEP_GRACE: Duration = Duration::from_secs(60);
+
+/// Why a pod is swept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SweepReason {
+    /// Its owner pod (prober replica) no longer exists.
+    OwnerGone(String),
+    /// A gate instance's pod older than the age limit.
+    Expired {
+        /// Pod age, seconds.
+        age_seconds: i64,
+    },
+}
+
+/// Facts about one candidate pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    /// Pod name.
+    pub name: String,
+    /// `firstpacket.io/instance` label, if any.
+    pub instance: Option<String>,
+    /// `(owner pod name, owner uid)` from an ownerReference of kind `Pod`.
+    pub owner_pod: Option<(String, String)>,
+    /// Age in seconds (API `creationTimestamp` vs. our wall clock), if known.
+    pub age_seconds: Option<i64>,
+}
+
+impl Candidate {
+    /// Extracts the facts from a pod, with `now` as the wall clock.
+    pub fn from_pod(pod: &Pod, now: Timestamp) -> Self {
+        let md = &pod.metadata;
+        Candidate {
+            name: md.name.clone().unwrap_or_default(),
+            instance: md
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(LABEL_INSTANCE).cloned()),
+            owner_pod: md.owner_references.as_ref().and_then(|refs| {
+                refs.iter()
+                    .find(|r| r.kind == "Pod")
+                    .map(|r| (r.name.clone(), r.uid.clone()))
+            }),
+            age_seconds: md
+                .creation_timestamp
+                .as_ref()
+                .map(|t| now.as_second() - t.0.as_second()),
+        }
+    }
+}
+
+/// Decides whether to sweep `c`.
+///
+/// `owner_alive(name, uid)` answers whether that owner pod still exists with that UID;
+/// `max_age` is the gate age limit.
+pub fn decide(
+    c: &Candidate,
+    our_instance: &str,
+    max_age: Duration,
+    owner_alive: impl Fn(&str, &str) -> bool,
+) -> Option<SweepReason> {
+    let instance = c.instance.as_deref()?;
+    if instance == our_instance {
+        return None;
+    }
+    if let Some((owner, uid)) = &c.owner_pod {
+        return (!owner_alive(owner, uid)).then(|| SweepReason::OwnerGone(owner.clone()));
+    }
+    if instance.starts_with("gate-") {
+        let age = c.age_seconds?;
+        let limit = i64::try_from(max_age.as_secs()).unwrap_or(i64::MAX);
+        return (age > limit).then_some(SweepReason::Expired { age_seconds: age });
+    }
+    None
+}
+
+/// Runs the sweep: list (by `app.kubernetes.io/name=firstpacket`), look up owner pods
+/// once each, delete what [`decide`] says. Returns the names deleted. A 404 on delete
+/// is fine; other API errors are returned.
+pub async fn sweep(
+    pods: &Api<Pod>,
+    url: &str,
+    namespace: &str,
+    our_instance: &str,
+    max_age: Duration,
+) -> Result<Vec<String>, Error> {
+    let resource = format!("pods in namespace {namespace}");
+    let list = pods
+        .list(&ListParams::default().labels(&format!("{LABEL_NAME}={APP_NAME}")))
+        .await
+        .map_err(|e| Error::from_kube(e, url, "list", resource.clone()))?;
+    let now = Timestamp::now();
+    let candidates: Vec<Candidate> = list
+        .items
+        .iter()
+        .map(|p| Candidate::from_pod(p, now))
+        .collect();
+    let mut owners: HashMap<String, Option<String>> = HashMap::new();
+    for c in &candidates {
+        if let Some((owner, _)) = &c.owner_pod {
+            if owners.contains_key(owner) {
+                continue;
+            }
+            let got = pods
+                .get_opt(owner)
+                .await
+                .map_err(|e| Error::from_kube(e, url, "get", format!("pod {namespace}/{owner}")))?;
+            owners.insert(owner.clone(), got.and_then(|p| p.metadata.uid));
+        }
+    }
+    let alive = |name: &str, uid: &str| owners.get(name).is_some_and(|u| u.as_deref() == Some(uid));
+    let mut deleted = Vec::new();
+    for c in &candidates {
+        let Some(reason) = decide(c, our_instance, max_age, alive) else {
+            continue;
+        };
+        tracing::info!(pod = %c.name, ?reason, "sweeping leftover probe pod");
+        match pods
+            .delete(&c.name, &DeleteParams::default().grace_period(0))
+            .await
+        {
+            Ok(_) => deleted.push(c.name.clone()),
+            Err(e) if kube_status_code(&e) == Some(404) => {}
+            Err(e) => {
+                return Err(Error::from_kube(
+                    e,
+                    url,
+                    "delete",
+                    format!("pod {namespace}/{}", c.name),
+                ))
+            }
+        }
+    }
+    Ok(deleted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cand(instance: Option<&str>, owner: Option<(&str, &str)>, age: Option<i64>) -> Candidate {
+        Candidate {
+            name: "fp-x-t".into(),
+            instance: instance.map(String::from),
+            owner_pod: owner.map(|(a, b)| (a.to_string(), b.to_string())),
+            age_seconds: age,
+        }
+    }
+
+    const MAX: Duration = Duration::from_secs(185);
+
+    #[test]
+    fn own_and_unlabelled_pods_are_never_swept() {
+        let never = |_: &str, _: &str| false;
+        assert_eq!(
+            decide(
+                &cand(Some("gate-me"), None, Some(9999)),
+                "gate-me",
+                MAX,
+                never
+            ),
+            None
+        );
+        assert_eq!(
+            decide(&cand(None, None, Some(9999)), "gate-me", MAX, never),
+            None
+        );
+    }
+
+    #[test]
+    fn old_gate_pods_are_swept_and_young_ones_kept() {
+        let never = |_: &str, _: &str| false;
+        assert_eq!(
+            decide(
+                &cand(Some("gate-old"), None, Some(186)),
+                "gate-me",
+                MAX,
+                never
+            ),
+            Some(SweepReason::Expired { age_seconds: 186 })
+        );
+        assert_eq!(
+            decide(
+                &cand(Some("gate-live"), None, Some(185)),
+                "gate-me",
+                MAX,
+                never
+            ),
+            None
+        );
+        assert_eq!(
+            decide(&cand(Some("gate-live"), None, None), "gate-me", MAX, never),
+            None
+        );
+    }
+
+    #[test]
+    fn owned_pods_are_swept_only_when_the_owner_is_gone() {
+        let alive = |n: &str, u: &str| n == "prober-0" && u == "uid-1";
+        let live = cand(Some("run-abc"), Some(("prober-0", "uid-1")), Some(99_999));
+        assert_eq!(decide(&live, "gate-me", MAX, alive), None);
+        let replaced = cand(Some("run-abc"), Some(("prober-0", "uid-0")), Some(1));
+        assert_eq!(
+            decide(&replaced, "gate-me", MAX, alive),
+            Some(SweepReason::OwnerGone("prober-0".into()))
+        );
+    }
+
+    #[test]
+    fn unowned_non_gate_instances_are_kept() {
+        let never = |_: &str, _: &str| false;
+        assert_eq!(
+            decide(
+                &cand(Some("run-x"), None, Some(99_999)),
+                "gate-me",
+                MAX,
+                never
+            ),
+            None
+        );
+    }
+}
