@@ -284,18 +284,32 @@ pub fn down(state: &Path) -> Result<()> {
     Ok(())
 }
 
-/// `testbed exec -- CMD…`: runs CMD in the host netns; returns its exit code.
-pub fn exec(state: &Path, cmd: &[String]) -> Result<i32> {
+/// The `ip netns exec <host netns> CMD…` command `testbed exec` runs, with `KUBECONFIG`
+/// (the cluster-side kubeconfig) and `PATH` (the bin dir first) set.
+fn exec_command(state: &Path, cmd: &[String]) -> Result<std::process::Command> {
     let info = ready_info(state)?;
     let plan = Plan::load(state)?;
-    let bin_dir = default_bin_dir()?;
-    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
-    let status = std::process::Command::new("ip")
-        .args(["netns", "exec", &plan.host_netns])
+    let path = format!("{}:{}", default_bin_dir()?.display(), std::env::var("PATH").unwrap_or_default());
+    let mut c = std::process::Command::new("ip");
+    c.args(["netns", "exec", &plan.host_netns])
         .args(cmd)
         .env("KUBECONFIG", &info.kubeconfig_cluster)
         .env("PATH", path)
-        .env("TESTBED_STATE_DIR", state)
+        .env("TESTBED_STATE_DIR", state);
+    Ok(c)
+}
+
+/// `testbed exec -- CMD…`: replaces this process with CMD running in the host netns
+/// (so signals sent to this pid reach CMD itself); returns only on error.
+pub fn exec(state: &Path, cmd: &[String]) -> Result<i32> {
+    use std::os::unix::process::CommandExt;
+    let err = exec_command(state, cmd)?.exec();
+    Err(anyhow!("run `ip netns exec` (is iproute2 installed?): {err}"))
+}
+
+/// Like [`exec`] but as a child process; returns its exit code (used by `demo`).
+pub fn exec_child(state: &Path, cmd: &[String]) -> Result<i32> {
+    let status = exec_command(state, cmd)?
         .status()
         .context("run `ip netns exec` (is iproute2 installed?)")?;
     Ok(status.code().unwrap_or(128 + 9))
@@ -367,7 +381,7 @@ pub fn demo(state: &Path, args: &DemoArgs) -> Result<i32> {
     let mut cmd: Vec<String> = vec!["prober".into(), "gate".into(), "--report".into(), report.display().to_string()];
     cmd.extend(args.gate_args.iter().cloned());
     eprintln!("testbed: running {}", cmd.join(" "));
-    let code = exec(state, &cmd);
+    let code = exec_child(state, &cmd);
     if report.is_file() {
         if let Err(e) = std::fs::copy(&report, &args.report) {
             eprintln!("testbed: could not copy the report to {}: {e}", args.report.display());

@@ -15,7 +15,7 @@
 use crate::agent::Agent;
 use crate::api::{self, Kind, Store};
 use crate::dataplane::Dataplane;
-use crate::fault::FaultFile;
+use crate::fault::{FaultFile, Faults};
 use crate::kubelet::{Kubelet, KubeletConfig};
 use crate::netns::{self, NetnsThread};
 use crate::plan::Plan;
@@ -24,8 +24,7 @@ use anyhow::{Context, Result};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
-use std::time::Instant;
+use std::sync::Arc;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
 /// What `testbed daemon` is started with.
@@ -70,7 +69,7 @@ pub fn node_object(plan: &Plan, idx: usize, labels: &BTreeMap<String, String>) -
     all.insert("kubernetes.io/arch".to_string(), std::env::consts::ARCH.replace("x86_64", "amd64").replace("aarch64", "arm64"));
     all.insert("beta.kubernetes.io/os".to_string(), "linux".to_string());
     all.extend(labels.clone());
-    let cidr = n.pod_cidr_string();
+    let cidr = n.pod_cidr.to_string();
     json!({
         "apiVersion": "v1", "kind": "Node",
         "metadata": { "name": n.name, "labels": all },
@@ -137,13 +136,11 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
         }
         None => FaultFile::default(),
     };
-    let faults = Arc::new(RwLock::new((faults, Instant::now())));
+    let faults = Faults::new(faults);
 
     let dataplane = Arc::new(Dataplane::create(plan).context("create the network (netns, bridge, veths, nftables)")?);
+    // Store::new() already holds default, kube-system, kube-public, kube-node-lease.
     let store = Store::new();
-    for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
-        let _ = store.create(Kind::Namespace, json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
-    }
 
     // API: one listener in the host netns (pods, `testbed exec`), one on loopback here.
     let api_cluster = format!("{}:{}", plan.bridge_ip, plan.api_port);
@@ -171,11 +168,10 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
     std::fs::create_dir_all(&pods_dir)?;
     let mut node_threads = Vec::new();
     let mut kubelets = Vec::new();
-    let mut agents = Vec::new();
     for (i, n) in plan.nodes.iter().enumerate() {
         let labels = args.node_labels.get(&n.name).cloned().unwrap_or_default();
         let thread = NetnsThread::spawn(&n.netns).with_context(|| format!("start {} runtime", n.name))?;
-        let agent = Agent::new(n.name.clone(), labels.clone(), dataplane.clone(), truth.clone(), faults.clone());
+        let agent = Arc::new(Agent::new(n.clone(), labels.clone(), dataplane.clone(), truth.clone(), faults.clone()));
         let kubelet = Kubelet::new(
             KubeletConfig {
                 node: n.name.clone(),
@@ -198,7 +194,6 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
         truth.emit(TruthEvent::node(TruthKind::NodeReady, &n.name, json!({"ip": n.ip.to_string()})));
         node_threads.push(thread);
         kubelets.push(kubelet);
-        agents.push(agent);
     }
 
     let info = ReadyInfo {
@@ -225,7 +220,7 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
             _ = sigint.recv() => break,
             conn = control.accept() => {
                 let Ok((stream, _)) = conn else { continue };
-                if handle_control(stream, &faults, &agents, &truth).await {
+                if handle_control(stream, &faults, &truth).await {
                     break;
                 }
             }
@@ -243,8 +238,7 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
 /// `error …`). Returns true on `shutdown`.
 async fn handle_control(
     stream: tokio::net::UnixStream,
-    faults: &Arc<RwLock<(FaultFile, Instant)>>,
-    agents: &[Arc<Agent>],
+    faults: &Faults,
     truth: &Truth,
 ) -> bool {
     let (r, mut w) = stream.into_split();
@@ -253,29 +247,21 @@ async fn handle_control(
     let (cmd, arg) = line.split_once(' ').unwrap_or((line.as_str(), ""));
     let (answer, stop) = match cmd {
         "shutdown" => ("ok".to_string(), true),
-        "fault-set" => (apply_fault(Path::new(arg.trim()), faults, agents, truth), false),
+        "fault-set" => (apply_fault(Path::new(arg.trim()), faults, truth), false),
         other => (format!("error unknown command {other:?}"), false),
     };
     let _ = w.write_all(format!("{answer}\n").as_bytes()).await;
     stop
 }
 
-fn apply_fault(
-    path: &Path,
-    faults: &Arc<RwLock<(FaultFile, Instant)>>,
-    _agents: &[Arc<Agent>],
-    truth: &Truth,
-) -> String {
+fn apply_fault(path: &Path, faults: &Faults, truth: &Truth) -> String {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) => return format!("error read {}: {e}", path.display()),
     };
     match FaultFile::parse(&text) {
         Ok(f) => {
-            if let Ok(mut g) = faults.write() {
-                *g = (f, Instant::now());
-            }
-            truth.emit(TruthEvent::global(TruthKind::FaultChanged, json!({"file": path.display().to_string()})));
+            faults.set_and_record(f, truth);
             "ok".to_string()
         }
         Err(e) => format!("error {}: {e}", path.display()),

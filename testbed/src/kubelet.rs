@@ -218,9 +218,10 @@ impl PodWorker {
     /// Applies `f` to the stored pod's status (ignoring a pod that is already gone).
     fn update(&self, f: impl FnOnce(&mut Value)) {
         let uid = self.uid.clone();
+        let name = self.name.clone();
         let r = self.k.store.modify(Kind::Pod, Some(&self.ns), &self.name, move |obj| {
             if obj["metadata"]["uid"].as_str() != Some(uid.as_str()) {
-                return Err(crate::api::ApiError::conflict("uid changed"));
+                return Err(crate::api::ApiError::conflict(Kind::Pod, &name, "uid changed"));
             }
             if !obj["status"].is_object() {
                 obj["status"] = json!({});
@@ -629,10 +630,10 @@ async fn readiness_loop(
         }
         if new_ready != ready {
             ready = new_ready;
-            let uid = uid.clone();
+            let (uid, pod_name) = (uid.clone(), name.clone());
             let _ = k.store.modify(Kind::Pod, Some(&ns), &name, move |obj| {
                 if obj["metadata"]["uid"].as_str() != Some(uid.as_str()) {
-                    return Err(crate::api::ApiError::conflict("uid changed"));
+                    return Err(crate::api::ApiError::conflict(Kind::Pod, &pod_name, "uid changed"));
                 }
                 let st = &mut obj["status"];
                 if let Some(cs) = st["containerStatuses"].get_mut(0) {

@@ -7,10 +7,17 @@
 
 pub mod agent;
 pub mod api;
+pub mod cli;
+pub mod controllers;
+pub mod daemon;
 pub mod dataplane;
 pub mod fault;
+pub mod felix;
+pub mod httpc;
+pub mod kubelet;
 pub mod netns;
 pub mod plan;
 pub mod scheduler;
 pub mod shim;
+pub mod tls;
 pub mod truth;

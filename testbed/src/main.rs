@@ -1,1 +1,23 @@
-fn main() { eprintln!("testbed: being integrated"); std::process::exit(2) }
+//! `testbed` binary: see `testbed --help` and `testbed::cli`.
+
+use clap::Parser;
+
+fn main() {
+    let cli = testbed::cli::Cli::parse();
+    if !matches!(cli.cmd, testbed::cli::Cmd::Shim { .. }) {
+        tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+            )
+            .with_writer(std::io::stderr)
+            .init();
+    }
+    match testbed::cli::main_with(cli) {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("testbed: error: {e:#}");
+            std::process::exit(2);
+        }
+    }
+}
