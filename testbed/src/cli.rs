@@ -151,8 +151,22 @@ pub fn default_bin_dir() -> Result<PathBuf> {
     Ok(exe.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from(".")))
 }
 
+/// True while `pid` exists and is not a zombie (a daemon started by this very process,
+/// as in `testbed demo`, stays a zombie until reaped, so it is reaped here).
 fn pid_alive(pid: i32) -> bool {
-    pid > 0 && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+    if pid <= 0 {
+        return false;
+    }
+    let p = nix::unistd::Pid::from_raw(pid);
+    let _ = nix::sys::wait::waitpid(p, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // Field 3, after the parenthesised command name, is the state.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
 }
 
 fn read_pid(state: &Path) -> Option<i32> {
