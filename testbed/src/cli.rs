@@ -57,7 +57,9 @@ pub enum Cmd {
     },
     /// Print the ground-truth log (JSON lines, DESIGN §6).
     Truth,
-    /// Node operations: cordon | uncordon | stop | start NODE.
+    /// Node operations: `cordon|uncordon NODE` (spec.unschedulable, as kubectl does),
+    /// `stop|start NODE` (kubelet stopped: node Ready=Unknown, unreachable taints, its
+    /// pods unready; start undoes it).
     Node {
         #[arg(value_parser = ["cordon", "uncordon", "stop", "start"])]
         action: String,
@@ -69,7 +71,8 @@ pub enum Cmd {
         action: String,
         file: PathBuf,
     },
-    /// API server operations: restart | deny VERB RESOURCE | expire-watches.
+    /// API server operations: `deny VERB RESOURCE` (answer 403 like missing RBAC),
+    /// `expire-watches` (the next watch resume gets 410 Gone), `restart`.
     Api {
         #[arg(value_parser = ["restart", "deny", "expire-watches"])]
         action: String,
@@ -446,12 +449,27 @@ pub fn main_with(cli: Cli) -> Result<i32> {
         Cmd::Node { action, node } => match action.as_str() {
             "cordon" => node_cordon(&state, &node, true).map(|_| 0),
             "uncordon" => node_cordon(&state, &node, false).map(|_| 0),
-            other => bail!("`testbed node {other}` is not implemented yet (testbed fidelity, issue 2 of 4)"),
+            stop_start => {
+                control(&state, &format!("node-{stop_start} {node}"))?;
+                eprintln!("node/{node} {}", if stop_start == "stop" { "stopped (NotReady)" } else { "started (Ready)" });
+                Ok(0)
+            }
         },
         Cmd::Fault { file, .. } => fault_set(&state, &file).map(|_| 0),
-        Cmd::Api { action, .. } => {
-            bail!("`testbed api {action}` is not implemented yet (testbed fidelity, issue 2 of 4)")
-        }
+        Cmd::Api { action, rest } => match (action.as_str(), rest.as_slice()) {
+            ("deny", [verb, resource]) => {
+                control(&state, &format!("api-deny {verb} {resource}"))?;
+                eprintln!("testbed: the API now answers {verb} {resource} with 403 Forbidden");
+                Ok(0)
+            }
+            ("deny", _) => bail!("usage: testbed api deny VERB RESOURCE (e.g. `testbed api deny create pods`)"),
+            ("expire-watches", []) => {
+                control(&state, "api-expire-watches")?;
+                eprintln!("testbed: watches expired; the next resume gets 410 Gone");
+                Ok(0)
+            }
+            (other, _) => bail!("`testbed api {other}` is not implemented yet (testbed fidelity, issue 2 of 4)"),
+        },
         Cmd::Demo(a) => demo(&state, &a),
     }
 }

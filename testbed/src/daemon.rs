@@ -220,7 +220,7 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
             _ = sigint.recv() => break,
             conn = control.accept() => {
                 let Ok((stream, _)) = conn else { continue };
-                if handle_control(stream, &faults, &truth).await {
+                if handle_control(stream, &Control { faults: &faults, truth: &truth, store: &store, kubelets: &kubelets }).await {
                     break;
                 }
             }
@@ -234,24 +234,120 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
     Ok(())
 }
 
+/// What control commands act on.
+struct Control<'a> {
+    faults: &'a Faults,
+    truth: &'a Truth,
+    store: &'a Arc<Store>,
+    kubelets: &'a [Arc<Kubelet>],
+}
+
 /// Serves one control connection: one command line, one answer line (`ok …` or
-/// `error …`). Returns true on `shutdown`.
-async fn handle_control(
-    stream: tokio::net::UnixStream,
-    faults: &Faults,
-    truth: &Truth,
-) -> bool {
+/// `error …`). Returns true on `shutdown`. Commands: `shutdown`, `fault-set PATH`,
+/// `node-stop NODE`, `node-start NODE`, `api-deny VERB RESOURCE`, `api-allow-all`,
+/// `api-expire-watches`.
+async fn handle_control(stream: tokio::net::UnixStream, c: &Control<'_>) -> bool {
     let (r, mut w) = stream.into_split();
     let mut lines = tokio::io::BufReader::new(r).lines();
     let Ok(Some(line)) = lines.next_line().await else { return false };
-    let (cmd, arg) = line.split_once(' ').unwrap_or((line.as_str(), ""));
-    let (answer, stop) = match cmd {
-        "shutdown" => ("ok".to_string(), true),
-        "fault-set" => (apply_fault(Path::new(arg.trim()), faults, truth), false),
-        other => (format!("error unknown command {other:?}"), false),
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let (answer, stop) = match words.as_slice() {
+        ["shutdown"] => ("ok".to_string(), true),
+        ["fault-set", path] => (apply_fault(Path::new(path), c.faults, c.truth), false),
+        ["node-stop", node] => (set_node_stopped(c, node, true), false),
+        ["node-start", node] => (set_node_stopped(c, node, false), false),
+        ["api-deny", verb, resource] => {
+            c.store.deny(verb, resource);
+            ("ok".to_string(), false)
+        }
+        ["api-allow-all"] => {
+            c.store.allow_all();
+            ("ok".to_string(), false)
+        }
+        ["api-expire-watches"] => {
+            c.store.expire_watches();
+            ("ok".to_string(), false)
+        }
+        _ => (format!("error unknown control command {line:?}"), false),
     };
     let _ = w.write_all(format!("{answer}\n").as_bytes()).await;
     stop
+}
+
+/// `testbed node stop|start NODE`: the kubelet stops (or resumes); the node controller's
+/// view follows at once (no 40 s grace): Ready `Unknown` with reason
+/// `NodeStatusUnknown` and the `node.kubernetes.io/unreachable` taints, and the node's
+/// pods turn unready (Kubernetes docs, "Node status" and "Taint based evictions").
+fn set_node_stopped(c: &Control<'_>, node: &str, stopped: bool) -> String {
+    let Some(k) = c.kubelets.iter().find(|k| k.node() == node) else {
+        return format!("error no node {node:?}");
+    };
+    k.set_paused(stopped);
+    let now = crate::kubelet::now_rfc3339();
+    let r = c.store.modify(Kind::Node, None, node, |n| {
+        if let Some(conds) = n["status"]["conditions"].as_array_mut() {
+            for cond in conds.iter_mut().filter(|c| c["type"] == "Ready") {
+                let (status, reason, message) = if stopped {
+                    ("Unknown", "NodeStatusUnknown", "Kubelet stopped posting node status.")
+                } else {
+                    ("True", "KubeletReady", "kubelet is posting ready status")
+                };
+                if cond["status"] != status {
+                    cond["lastTransitionTime"] = json!(now);
+                }
+                cond["status"] = json!(status);
+                cond["reason"] = json!(reason);
+                cond["message"] = json!(message);
+                cond["lastHeartbeatTime"] = json!(now);
+            }
+        }
+        let mut taints: Vec<serde_json::Value> = n["spec"]["taints"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|t| t["key"] != "node.kubernetes.io/unreachable")
+            .collect();
+        if stopped {
+            taints.push(json!({"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule", "timeAdded": now}));
+            taints.push(json!({"key": "node.kubernetes.io/unreachable", "effect": "NoExecute", "timeAdded": now}));
+        }
+        if taints.is_empty() {
+            if let Some(spec) = n["spec"].as_object_mut() {
+                spec.remove("taints");
+            }
+        } else {
+            n["spec"]["taints"] = json!(taints);
+        }
+        Ok(())
+    });
+    if let Err(e) = r {
+        return format!("error {}", e.message);
+    }
+    if stopped {
+        let (pods, _) = c.store.list(Kind::Pod, None);
+        for p in pods.iter().filter(|p| p["spec"]["nodeName"] == node) {
+            let (ns, name) = (p["metadata"]["namespace"].as_str().unwrap_or(""), p["metadata"]["name"].as_str().unwrap_or(""));
+            let _ = c.store.modify(Kind::Pod, Some(ns), name, |obj| {
+                if let Some(conds) = obj["status"]["conditions"].as_array_mut() {
+                    for cond in conds.iter_mut().filter(|c| c["type"] == "Ready" && c["status"] == "True") {
+                        cond["status"] = json!("False");
+                        cond["reason"] = json!("NodeNotReady");
+                        cond["lastTransitionTime"] = json!(now);
+                    }
+                }
+                if let Some(cs) = obj["status"]["containerStatuses"].get_mut(0) {
+                    if cs["ready"] == true {
+                        cs["ready"] = json!(false);
+                    }
+                }
+                Ok(())
+            });
+        }
+    }
+    let kind = if stopped { TruthKind::NodeNotReady } else { TruthKind::NodeReady };
+    c.truth.emit(TruthEvent::node(kind, node, json!({"cause": if stopped { "testbed node stop" } else { "testbed node start" }})));
+    "ok".to_string()
 }
 
 fn apply_fault(path: &Path, faults: &Faults, truth: &Truth) -> String {

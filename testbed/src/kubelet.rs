@@ -68,6 +68,8 @@ pub struct Kubelet {
     /// Running pod workers by pod uid: the sender tells the worker the pod's latest
     /// object (deletion requests arrive as `deletionTimestamp`).
     workers: Mutex<HashMap<String, watch::Sender<Arc<Value>>>>,
+    /// `testbed node stop`: the kubelet neither starts pods nor probes while set.
+    paused: watch::Sender<bool>,
 }
 
 impl Kubelet {
@@ -86,19 +88,55 @@ impl Kubelet {
             agent,
             truth,
             workers: Mutex::new(HashMap::new()),
+            paused: watch::channel(false).0,
         })
+    }
+
+    /// Stops (`true`) or restarts (`false`) this kubelet, as `testbed node stop|start`
+    /// does: a stopped kubelet starts no pod and runs no probe; containers keep running.
+    pub fn set_paused(&self, paused: bool) {
+        self.paused.send_replace(paused);
+    }
+
+    /// The node this kubelet runs.
+    pub fn node(&self) -> &str {
+        &self.cfg.node
+    }
+
+    /// Whether the kubelet is stopped.
+    pub fn is_paused(&self) -> bool {
+        *self.paused.borrow()
     }
 
     /// Watches the store for pods bound to this node and drives each through its life.
     /// Runs until the store's event stream closes.
     pub async fn run(self: Arc<Self>) {
         let mut rx = self.store.subscribe();
+        let mut paused = self.paused.subscribe();
         let (pods, _) = self.store.list(Kind::Pod, None);
         for p in pods {
             self.observe(Arc::new(p), false);
         }
         loop {
-            match rx.recv().await {
+            if *paused.borrow() {
+                // Stopped: events pile up in the channel (or lag); re-list on restart.
+                while *paused.borrow_and_update() {
+                    if paused.changed().await.is_err() {
+                        return;
+                    }
+                }
+                rx = self.store.subscribe();
+                let (pods, _) = self.store.list(Kind::Pod, None);
+                for p in pods {
+                    self.observe(Arc::new(p), false);
+                }
+                continue;
+            }
+            let ev = tokio::select! {
+                ev = rx.recv() => ev,
+                _ = paused.changed() => continue,
+            };
+            match ev {
                 Ok(StoreEvent {
                     kind: Kind::Pod,
                     ty,
@@ -604,6 +642,15 @@ async fn readiness_loop(
         }
         if *stop.borrow() {
             return;
+        }
+        if k.is_paused() {
+            continue;
+        }
+        // The node controller may have flipped Ready while the kubelet was stopped.
+        if let Ok(obj) = k.store.get(Kind::Pod, Some(&ns), &name) {
+            if obj["metadata"]["uid"].as_str() == Some(uid.as_str()) {
+                ready = obj["status"]["containerStatuses"][0]["ready"].as_bool().unwrap_or(ready);
+            }
         }
         let passed = http.is_object()
             && matches!(

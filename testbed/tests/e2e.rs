@@ -229,19 +229,23 @@ fn interrupted_gate_leaves_no_probe_pod_and_kubectl_shows_ip_and_node() {
 }
 
 #[test]
-fn cordoned_node_is_skipped_and_missing_image_is_inconclusive() {
+fn cordoned_and_not_ready_nodes_are_skipped_and_missing_image_is_inconclusive() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let fault = "rules:\n  - nodes: {all: true}\n    program_delay: 100ms\n";
     let tb = Testbed::up("cordon", 4, fault, &[]);
     let out = tb.cmd().args(["node", "cordon", "node-3"]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = tb.cmd().args(["node", "stop", "node-4"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let (code, report, out) = tb.gate(&["--hold", "1s"]);
     assert_eq!(code, 0, "{out}");
     let probes = report["probes"].as_array().unwrap();
-    assert_eq!(probes.len(), 3, "one pair per schedulable node: {out}");
+    assert_eq!(probes.len(), 2, "one pair per schedulable, Ready node: {out}");
     for p in probes {
-        assert_ne!(p["source"]["node"], "node-3");
-        assert_ne!(p["target"]["node"], "node-3");
+        for role in ["source", "target"] {
+            let node = p[role]["node"].as_str().unwrap();
+            assert!(node == "node-1" || node == "node-2", "probe used cordoned/NotReady {node}: {out}");
+        }
     }
 
     let (code, report, out) = tb.gate(&["--pairs", "1", "--image", "registry.example/none/no-such-image:1"]);
