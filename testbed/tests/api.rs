@@ -752,3 +752,347 @@ async fn kubectl_apply_run_describe_and_wait_work() {
         "{stdout}"
     );
 }
+
+// ---------------------------------------------------------------- TLS and restarts
+
+fn tmp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "testbed-api-{tag}-{}-{}",
+        std::process::id(),
+        DIRS.fetch_add(1, Ordering::SeqCst)
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+/// A kube-rs client for `https://addr` trusting only the testbed CA in `ca_pem`.
+fn tls_client(addr: std::net::SocketAddr, ca_pem: &str) -> Client {
+    let mut cfg = Config::new(format!("https://{addr}").parse().expect("url"));
+    cfg.root_cert = Some(testbed::tls::certs_der(ca_pem).expect("ca der"));
+    Client::try_from(cfg).expect("kube client")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_with_the_testbed_ca_serves_kube_rs_and_kubectl_and_rejects_other_cas() {
+    let dir = tmp_dir("tls");
+    let sans = testbed::tls::api_server_sans(&[], &[]);
+    let pki = testbed::tls::ensure_pki(&dir.join("pki"), &sans).expect("pki");
+    let store = Store::new();
+    store
+        .create(Kind::Pod, pod_json("default", "web", "x", None))
+        .unwrap();
+    let mut server = api::ApiServer::new(store.clone());
+    let addr = server
+        .listen(
+            "127.0.0.1:0".parse().unwrap(),
+            Some(pki.server_config().expect("server config")),
+            None,
+        )
+        .expect("listen");
+
+    let pods: Api<Pod> = Api::default_namespaced(tls_client(addr, &pki.ca_cert_pem));
+    let names: Vec<String> = pods
+        .list(&ListParams::default())
+        .await
+        .expect("list over https")
+        .items
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    assert_eq!(names, ["web"]);
+
+    // A client trusting another CA must fail the handshake.
+    let other = testbed::tls::generate(&sans).expect("other pki");
+    let stranger: Api<Pod> = Api::default_namespaced(tls_client(addr, &other.ca_cert_pem));
+    assert!(stranger.list(&ListParams::default()).await.is_err());
+
+    // kubectl with `certificate-authority` in its kubeconfig. Over https kubectl
+    // prompts for a username when the user has no credentials at all, so the user
+    // carries a token (the testbed API ignores it).
+    let k = Kubectl::new(&format!("https://{addr}"));
+    let ca = pki.ca_path().expect("ca path");
+    let cfg = std::fs::read_to_string(k.path().join("kubeconfig"))
+        .unwrap()
+        .replace(
+            &format!("server: https://{addr}"),
+            &format!(
+                "server: https://{addr}\n    certificate-authority: {}",
+                ca.display()
+            ),
+        )
+        .replace("user: {}", "user:\n    token: testbed");
+    std::fs::write(k.path().join("kubeconfig"), cfg).unwrap();
+    let (rc, out, err) = k.run(&["get", "pods"]).await;
+    assert_eq!(rc, 0, "{err}");
+    assert!(row(&out, "web").len() >= 3, "{out}");
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Collects watcher events (errors skipped) into a channel.
+fn spawn_watcher(client: Client) -> tokio::sync::mpsc::UnboundedReceiver<(String, String)> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let pods: Api<Pod> = Api::namespaced(client, "default");
+        let mut s = watcher(pods, watcher::Config::default()).boxed();
+        while let Some(ev) = s.next().await {
+            if let Ok(ev) = ev {
+                if tx.send(ev_name(&ev)).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    rx
+}
+
+/// Waits for the `apply` of `name`, returning everything seen up to and including it.
+async fn until_apply(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<(String, String)>,
+    name: &str,
+) -> Vec<(String, String)> {
+    let mut seen = Vec::new();
+    loop {
+        match tokio::time::timeout(WAIT, rx.recv()).await {
+            Ok(Some(ev)) => {
+                let done = ev.0 == "apply" && ev.1 == name;
+                seen.push(ev);
+                if done {
+                    return seen;
+                }
+            }
+            Ok(None) => panic!("watcher ended; seen {seen:?}"),
+            Err(_) => panic!("no apply of {name} within {WAIT:?}; seen {seen:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watcher_survives_restart_and_reload_from_disk_without_missing_or_duplicating() {
+    let dir = tmp_dir("restart");
+    let pki = testbed::tls::generate(&testbed::tls::api_server_sans(&[], &[])).expect("pki");
+    let store = Store::load_from(&dir.join("etcd")).expect("load fresh store");
+    let mut server = api::ApiServer::new(store.clone());
+    let addr = server
+        .listen(
+            "127.0.0.1:0".parse().unwrap(),
+            Some(pki.server_config().expect("config")),
+            None,
+        )
+        .expect("listen");
+    let mut rx = spawn_watcher(tls_client(addr, &pki.ca_cert_pem));
+    loop {
+        match tokio::time::timeout(WAIT, rx.recv()).await {
+            Ok(Some(ev)) if ev.0 == "init_done" => break,
+            Ok(Some(_)) => {}
+            other => panic!("no initial list: {other:?}"),
+        }
+    }
+    store
+        .create(Kind::Pod, pod_json("default", "a", "x", None))
+        .unwrap();
+    let first = until_apply(&mut rx, "a").await;
+    assert_eq!(first.len(), 1, "{first:?}");
+
+    // 1. Restart the HTTP front end with the store living on; a pod is created while
+    //    the port is closed.
+    server.stop().await;
+    assert!(!server.is_running());
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "port must be closed"
+    );
+    store
+        .create(Kind::Pod, pod_json("default", "b", "x", None))
+        .unwrap();
+    server.start().expect("start again on the same address");
+    let after_restart = until_apply(&mut rx, "b").await;
+
+    // 2. Reload the store from disk (as after a daemon restart) and serve that.
+    store
+        .create(Kind::Pod, pod_json("default", "c", "x", None))
+        .unwrap();
+    let after_c = until_apply(&mut rx, "c").await;
+    let rv_before = store.current_rv();
+    server.stop().await;
+    drop(store);
+    let reloaded = Store::load_from(&dir.join("etcd")).expect("reload");
+    assert_eq!(
+        reloaded.current_rv(),
+        rv_before,
+        "resourceVersion counter survives"
+    );
+    assert!(reloaded.get(Kind::Pod, Some("default"), "c").is_ok());
+    server
+        .restart_with(reloaded.clone())
+        .await
+        .expect("serve the reloaded store");
+    let d = reloaded
+        .create(Kind::Pod, pod_json("default", "d", "x", None))
+        .unwrap();
+    assert_eq!(
+        d["metadata"]["resourceVersion"],
+        (rv_before + 1).to_string()
+    );
+    let after_reload = until_apply(&mut rx, "d").await;
+
+    let later: Vec<&(String, String)> = after_restart
+        .iter()
+        .chain(&after_c)
+        .chain(&after_reload)
+        .collect();
+    // No relist (a relist starts with `init`), no duplicate, nothing missed.
+    assert!(later.iter().all(|e| e.0 == "apply"), "{later:?}");
+    let names: Vec<&str> = later.iter().map(|e| e.1.as_str()).collect();
+    assert_eq!(names, ["b", "c", "d"]);
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// ---------------------------------------------------------------- controllers
+
+/// A fake kubelet: every 100 ms marks Pending Pods Running and Ready, and Pods of
+/// `restartPolicy: Never` Succeeded.
+fn spawn_fake_kubelet(store: Arc<Store>) {
+    tokio::spawn(async move {
+        let mut ip = 10;
+        loop {
+            for p in store.list(Kind::Pod, None).0 {
+                if p["status"]["phase"] != "Pending" {
+                    continue;
+                }
+                let ns = p["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string();
+                let name = p["metadata"]["name"].as_str().unwrap_or("").to_string();
+                if p["spec"]["restartPolicy"] == "Never" {
+                    let _ = store.modify(Kind::Pod, Some(&ns), &name, |p| {
+                        p["status"]["phase"] = json!("Succeeded");
+                        Ok(())
+                    });
+                } else {
+                    ip += 1;
+                    run_pod(&store, &ns, &name, &format!("10.244.1.{ip}"));
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_apply_of_a_deployment_and_a_job_validates_and_they_reach_ready_and_complete() {
+    let store = Store::new();
+    tokio::spawn(testbed::controllers::run(store.clone()));
+    spawn_fake_kubelet(store.clone());
+    let url = start(store.clone()).await;
+    let k = Kubectl::new(&url);
+    let deploy = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\nspec:\n  replicas: 2\n  selector:\n    matchLabels:\n      app: web\n  template:\n    metadata:\n      labels:\n        app: web\n    spec:\n      containers:\n      - name: main\n        image: target-server:v1\n        args: [serve]\n";
+    std::fs::write(k.path().join("deploy.yaml"), deploy).unwrap();
+    let (rc, out, err) = k.run(&["apply", "-f", "deploy.yaml"]).await;
+    assert_eq!(rc, 0, "{err}");
+    assert!(out.contains("deployment.apps/web created"), "{out}");
+    let (rc, out, err) = k
+        .run(&["rollout", "status", "deployment/web", "--timeout=20s"])
+        .await;
+    assert_eq!(rc, 0, "{err}{out}");
+    assert!(out.contains("successfully rolled out"), "{out}");
+    let (rc, out, err) = k.run(&["get", "deploy"]).await;
+    assert_eq!(rc, 0, "{err}");
+    assert_eq!(
+        row(&out, "NAME")[..5],
+        ["NAME", "READY", "UP-TO-DATE", "AVAILABLE", "AGE"]
+    );
+    assert_eq!(row(&out, "web")[1..4], ["2/2", "2", "2"], "{out}");
+    let (rc, out, _) = k.run(&["get", "pods", "-l", "app=web"]).await;
+    assert_eq!(rc, 0);
+    assert_eq!(
+        out.lines().filter(|l| l.starts_with("web-")).count(),
+        2,
+        "{out}"
+    );
+
+    let job = "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: once\nspec:\n  template:\n    spec:\n      restartPolicy: Never\n      containers:\n      - name: main\n        image: target-server:v1\n";
+    std::fs::write(k.path().join("job.yaml"), job).unwrap();
+    let (rc, out, err) = k.run(&["create", "-f", "job.yaml"]).await;
+    assert_eq!(rc, 0, "{err}");
+    assert!(out.contains("job.batch/once created"), "{out}");
+    let (rc, out, err) = k
+        .run(&[
+            "wait",
+            "--for=condition=Complete",
+            "job/once",
+            "--timeout=20s",
+        ])
+        .await;
+    assert_eq!(rc, 0, "{err}");
+    assert!(out.contains("condition met"), "{out}");
+    let (rc, out, err) = k.run(&["get", "jobs"]).await;
+    assert_eq!(rc, 0, "{err}");
+    assert_eq!(
+        row(&out, "NAME")[..5],
+        ["NAME", "STATUS", "COMPLETIONS", "DURATION", "AGE"]
+    );
+    assert_eq!(row(&out, "once")[1..3], ["Complete", "1/1"], "{out}");
+
+    let bad = job
+        .replace("Never", "Always")
+        .replace("name: once", "name: bad");
+    std::fs::write(k.path().join("bad.yaml"), bad).unwrap();
+    let (rc, _, err) = k.run(&["apply", "-f", "bad.yaml"]).await;
+    assert_eq!(rc, 1);
+    assert!(err.contains("spec.template.spec.restartPolicy"), "{err}");
+
+    let (rc, _, err) = k.run(&["delete", "deployment", "web"]).await;
+    assert_eq!(rc, 0, "{err}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(store
+        .list(Kind::Pod, Some("default"))
+        .0
+        .iter()
+        .all(|p| !p["metadata"]["name"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("web-")));
+}
+
+// ---------------------------------------------------------------- logs
+
+/// A log source that follows: "one\n" at once, "two\n" after 600 ms, then the
+/// container ends.
+struct SlowLogs;
+
+impl api::LogSource for SlowLogs {
+    fn read(&self, _: &str, _: &str, _: &str, _: &api::LogQuery) -> Option<String> {
+        Some("one\n".into())
+    }
+
+    fn follow(&self, _: &str, _: &str, _: &str, _: &api::LogQuery) -> Option<api::LogStream> {
+        let s = futures::stream::once(async { b"one\n".to_vec() }).chain(futures::stream::once(
+            async {
+                tokio::time::sleep(Duration::from_millis(600)).await;
+                b"two\n".to_vec()
+            },
+        ));
+        Some(s.boxed())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_logs_follow_streams_until_the_container_ends() {
+    let store = Store::new();
+    store
+        .create(Kind::Pod, pod_json("default", "web", "x", None))
+        .unwrap();
+    store.set_log_source(Arc::new(SlowLogs));
+    let url = start(store.clone()).await;
+    let k = Kubectl::new(&url);
+    let (rc, out, err) = k.run(&["logs", "web"]).await;
+    assert_eq!((rc, out.as_str()), (0, "one\n"), "{err}");
+    let t0 = std::time::Instant::now();
+    let (rc, out, err) = k.run(&["logs", "-f", "web"]).await;
+    assert_eq!((rc, out.as_str()), (0, "one\ntwo\n"), "{err}");
+    assert!(t0.elapsed() >= Duration::from_millis(600));
+}

@@ -107,7 +107,7 @@ pub fn resource_list(group: &str, version: &str) -> Option<Value> {
                     &["create", "delete", "get", "patch", "update"],
                 ));
             }
-            Kind::Node | Kind::Namespace => {
+            Kind::Node | Kind::Namespace | Kind::Deployment | Kind::Job => {
                 resources.push(sub(k, "status", &["get", "patch", "update"]))
             }
             _ => {}
@@ -126,9 +126,55 @@ pub fn resource_list(group: &str, version: &str) -> Option<Value> {
 /// Hash used in the `/openapi/v3` root to name the GV document (any stable token).
 pub const OPENAPI_HASH: &str = "firstpacket0001";
 
-/// `/openapi/v3` root: one entry for `api/v1`.
+/// `/openapi/v3` root: one entry for `api/v1` and one per served group version
+/// (`apis/apps/v1`, `apis/batch/v1`, …).
 pub fn openapi_root() -> Value {
-    json!({"paths": {"api/v1": {"serverRelativeURL": format!("/openapi/v3/api/v1?hash={OPENAPI_HASH}")}}})
+    let mut paths = serde_json::Map::new();
+    paths.insert(
+        "api/v1".into(),
+        json!({"serverRelativeURL": format!("/openapi/v3/api/v1?hash={OPENAPI_HASH}")}),
+    );
+    for g in groups() {
+        paths.insert(
+            format!("apis/{g}/v1"),
+            json!({"serverRelativeURL": format!("/openapi/v3/apis/{g}/v1?hash={OPENAPI_HASH}")}),
+        );
+    }
+    json!({ "paths": paths })
+}
+
+/// `/openapi/v3/apis/GROUP/VERSION`: like [`openapi_v1`] for a named group, or `None`
+/// when nothing is served there.
+pub fn openapi_gv(group: &str, version: &str) -> Option<Value> {
+    let mut paths = serde_json::Map::new();
+    for k in Kind::ALL
+        .into_iter()
+        .filter(|k| !group.is_empty() && k.group() == group && k.version() == version)
+    {
+        let path = if k.namespaced() {
+            format!(
+                "/apis/{group}/{version}/namespaces/{{namespace}}/{}/{{name}}",
+                k.plural()
+            )
+        } else {
+            format!("/apis/{group}/{version}/{}/{{name}}", k.plural())
+        };
+        paths.insert(path, patch_op(group, version, k));
+    }
+    if paths.is_empty() {
+        return None;
+    }
+    Some(
+        json!({"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": GIT_VERSION}, "paths": paths}),
+    )
+}
+
+fn patch_op(group: &str, version: &str, k: Kind) -> Value {
+    json!({"patch": {
+        "x-kubernetes-group-version-kind": {"group": group, "version": version, "kind": k.kind_name()},
+        "parameters": [{"name": "fieldValidation", "in": "query", "schema": {"type": "string", "uniqueItems": true}}],
+        "responses": {"200": {"description": "OK"}},
+    }})
 }
 
 /// `/openapi/v3/api/v1`: the smallest document with which kubectl's default

@@ -45,6 +45,17 @@ pub fn router(store: Arc<Store>) -> Router {
             "/openapi/v3/api/v1",
             get(|| async { json_response(200, &discovery::openapi_v1()) }),
         )
+        .route(
+            "/openapi/v3/apis/{group}/{version}",
+            get(
+                |axum::extract::Path((group, version)): axum::extract::Path<(String, String)>| async move {
+                    match discovery::openapi_gv(&group, &version) {
+                        Some(doc) => json_response(200, &doc),
+                        None => error_response(&ApiError::no_route()),
+                    }
+                },
+            ),
+        )
         .fallback(dispatch)
         .with_state(store)
 }
@@ -417,6 +428,13 @@ impl WatchSpec {
         if initial_end {
             meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
         }
+        if self.as_table {
+            // kube-apiserver sends a bookmark to a Table watch as an empty Table that
+            // carries only the resourceVersion (endpoints/handlers `asTable`).
+            return line(&json!({"type": "BOOKMARK", "object": {
+                "kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": meta,
+                "columnDefinitions": [], "rows": []}}));
+        }
         line(&json!({"type": "BOOKMARK", "object": {
             "kind": self.kind.kind_name(), "apiVersion": self.kind.api_version(), "metadata": meta}}))
     }
@@ -519,7 +537,7 @@ fn watch(
                 },
                 _ = expire.changed() => return,
                 _ = async { match deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => return,
-                _ = tick.tick(), if bookmarks && !spec.as_table => spec.bookmark(last_rv, false),
+                _ = tick.tick(), if bookmarks => spec.bookmark(last_rv, false),
             };
             if let Some(l) = out {
                 if tx.send(Ok(Bytes::from(l))).await.is_err() {
@@ -566,7 +584,7 @@ fn create(
 fn has_status(kind: Kind) -> bool {
     matches!(
         kind,
-        Kind::Pod | Kind::Node | Kind::Namespace | Kind::Service
+        Kind::Pod | Kind::Node | Kind::Namespace | Kind::Service | Kind::Deployment | Kind::Job
     )
 }
 
@@ -772,6 +790,20 @@ fn pod_log(
         previous: flag("previous"),
         follow: flag("follow"),
     };
+    if q.follow {
+        if let Some(stream) = store
+            .log_source()
+            .and_then(|src| src.follow(ns, name, &container, &q))
+        {
+            use futures::StreamExt;
+            let body = Body::from_stream(stream.map(|b| Ok::<_, Infallible>(Bytes::from(b))));
+            return Ok(Response::builder()
+                .status(200)
+                .header(header::CONTENT_TYPE, "text/plain")
+                .body(body)
+                .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response()));
+        }
+    }
     let text = store
         .log_source()
         .and_then(|src| src.read(ns, name, &container, &q))
@@ -842,6 +874,23 @@ async fn pod_proxy(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bookmarks_in_table_mode_are_empty_tables_with_the_resource_version() {
+        let spec = |as_table| WatchSpec {
+            kind: Kind::Pod,
+            ns: None,
+            sel: Selector::default(),
+            as_table,
+        };
+        let t: Value = serde_json::from_slice(&spec(true).bookmark(42, false).unwrap()).unwrap();
+        assert_eq!(t["type"], "BOOKMARK");
+        assert_eq!(t["object"]["kind"], "Table");
+        assert_eq!(t["object"]["metadata"]["resourceVersion"], "42");
+        assert_eq!(t["object"]["rows"], json!([]));
+        let p: Value = serde_json::from_slice(&spec(false).bookmark(42, false).unwrap()).unwrap();
+        assert_eq!(p["object"]["kind"], "Pod");
+    }
 
     #[test]
     fn paths_resolve_to_namespaced_and_cluster_targets() {

@@ -23,11 +23,15 @@ pub enum Kind {
     /// events.k8s.io/v1 Event (what kube-rs' `Recorder` writes). Stored apart from
     /// core/v1 Events (kube-apiserver converts between the two; not done here).
     EventsV1,
+    /// apps/v1 Deployment (reconciled by [`crate::controllers`]).
+    Deployment,
+    /// batch/v1 Job (reconciled by [`crate::controllers`]).
+    Job,
 }
 
 impl Kind {
     /// Every kind, in discovery order.
-    pub const ALL: [Kind; 8] = [
+    pub const ALL: [Kind; 10] = [
         Kind::Namespace,
         Kind::Node,
         Kind::Pod,
@@ -36,6 +40,8 @@ impl Kind {
         Kind::EndpointSlice,
         Kind::Lease,
         Kind::EventsV1,
+        Kind::Deployment,
+        Kind::Job,
     ];
 
     /// The `kind` field, e.g. `Pod`.
@@ -49,6 +55,8 @@ impl Kind {
             Kind::EndpointSlice => "EndpointSlice",
             Kind::Lease => "Lease",
             Kind::EventsV1 => "Event",
+            Kind::Deployment => "Deployment",
+            Kind::Job => "Job",
         }
     }
 
@@ -63,6 +71,8 @@ impl Kind {
             Kind::EndpointSlice => "endpointslices",
             Kind::Lease => "leases",
             Kind::EventsV1 => "events",
+            Kind::Deployment => "deployments",
+            Kind::Job => "jobs",
         }
     }
 
@@ -77,6 +87,8 @@ impl Kind {
             Kind::EndpointSlice => "endpointslice",
             Kind::Lease => "lease",
             Kind::EventsV1 => "event",
+            Kind::Deployment => "deployment",
+            Kind::Job => "job",
         }
     }
 
@@ -86,6 +98,8 @@ impl Kind {
             Kind::EndpointSlice => "discovery.k8s.io",
             Kind::Lease => "coordination.k8s.io",
             Kind::EventsV1 => "events.k8s.io",
+            Kind::Deployment => "apps",
+            Kind::Job => "batch",
             _ => "",
         }
     }
@@ -101,6 +115,8 @@ impl Kind {
             Kind::EndpointSlice => "discovery.k8s.io/v1",
             Kind::Lease => "coordination.k8s.io/v1",
             Kind::EventsV1 => "events.k8s.io/v1",
+            Kind::Deployment => "apps/v1",
+            Kind::Job => "batch/v1",
             _ => "v1",
         }
     }
@@ -118,14 +134,15 @@ impl Kind {
             Kind::Pod => &["po"],
             Kind::Event => &["ev"],
             Kind::Service => &["svc"],
-            Kind::EndpointSlice | Kind::Lease | Kind::EventsV1 => &[],
+            Kind::Deployment => &["deploy"],
+            Kind::EndpointSlice | Kind::Lease | Kind::EventsV1 | Kind::Job => &[],
         }
     }
 
     /// Discovery `categories` (`all` makes `kubectl get all` include the kind).
     pub fn categories(self) -> &'static [&'static str] {
         match self {
-            Kind::Pod | Kind::Service => &["all"],
+            Kind::Pod | Kind::Service | Kind::Deployment | Kind::Job => &["all"],
             _ => &[],
         }
     }

@@ -19,6 +19,7 @@ mod http;
 mod kind;
 mod patch;
 pub mod selector;
+mod server;
 mod store;
 pub mod table;
 
@@ -26,9 +27,11 @@ pub use error::ApiError;
 pub use http::{router, serve};
 pub use kind::Kind;
 pub use patch::{apply_json_patch, merge_patch, strategic_merge_patch};
+pub use server::{serve_tls, ApiServer, Binder};
 pub use store::{
-    now, rfc3339_now, LogQuery, LogSource, ProxyFuture, ProxyRequest, ProxyResponse, ProxySource,
-    Store, StoreEvent, StoreSnapshot, WatchEventType, WatchStart, DEFAULT_HISTORY,
+    now, rfc3339_now, LogQuery, LogSource, LogStream, PersistError, ProxyFuture, ProxyRequest,
+    ProxyResponse, ProxySource, Store, StoreEvent, StoreSnapshot, WatchEventType, WatchStart,
+    DEFAULT_HISTORY, SNAPSHOT_FILE, WAL_FILE,
 };
 
 /// `gitVersion` the testbed API server reports on `/version`.

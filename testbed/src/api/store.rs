@@ -118,7 +118,26 @@ pub trait LogSource: Send + Sync {
     /// start: ContainerCreating`, as kube-apiserver does).
     fn read(&self, namespace: &str, pod: &str, container: &str, query: &LogQuery)
         -> Option<String>;
+
+    /// For `follow=true`: the current contents (after the query's tail/since/limit
+    /// rules) and then new output as it is written, as chunks of bytes; the stream ends
+    /// when the container ends (kubelet semantics of `kubectl logs -f`). `None` when the
+    /// container has not started, or when the source cannot follow: the API then answers
+    /// with [`LogSource::read`] and ends the body. The default never follows.
+    fn follow(
+        &self,
+        namespace: &str,
+        pod: &str,
+        container: &str,
+        query: &LogQuery,
+    ) -> Option<LogStream> {
+        let _ = (namespace, pod, container, query);
+        None
+    }
 }
+
+/// A followed container log: chunks of bytes, ending when the container ends.
+pub type LogStream = futures::stream::BoxStream<'static, Vec<u8>>;
 
 /// A `pods/NAME[:PORT]/proxy/PATH` request handed to the [`ProxySource`].
 #[derive(Clone, Debug)]
@@ -167,6 +186,107 @@ struct Inner {
     history: VecDeque<StoreEvent>,
     /// Highest resourceVersion no longer in `history` (watch resumes from below → 410).
     compacted: u64,
+    /// Write-ahead log when the store is persisted ([`Store::load_from`]).
+    wal: Option<Wal>,
+}
+
+/// File name of the full snapshot in a persistence directory.
+pub const SNAPSHOT_FILE: &str = "store.json";
+/// File name of the write-ahead log (JSON lines, one per change) in a persistence
+/// directory.
+pub const WAL_FILE: &str = "store.wal";
+/// The write-ahead log is folded into a new snapshot after this many entries.
+const WAL_COMPACT_EVERY: usize = 10_000;
+
+/// Errors of [`Store::save_to`] and [`Store::load_from`].
+#[derive(Debug, thiserror::Error)]
+pub enum PersistError {
+    /// A file could not be read, written or renamed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The snapshot did not decode.
+    #[error("{path}: {source}")]
+    Decode {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The JSON error.
+        source: serde_json::Error,
+    },
+}
+
+struct Wal {
+    dir: std::path::PathBuf,
+    file: std::io::BufWriter<std::fs::File>,
+    entries: usize,
+}
+
+#[derive(Serialize)]
+struct WalOut<'a> {
+    rv: u64,
+    kind: Kind,
+    ty: WatchEventType,
+    object: &'a Value,
+}
+
+#[derive(Deserialize)]
+struct WalIn {
+    rv: u64,
+    kind: Kind,
+    ty: WatchEventType,
+    object: Value,
+}
+
+fn io_err(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> PersistError + '_ {
+    move |source| PersistError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Writes `snap` to `dir/store.json` atomically (temp file + rename).
+fn write_snapshot(dir: &std::path::Path, snap: &StoreSnapshot) -> Result<(), PersistError> {
+    use std::io::Write;
+    let path = dir.join(SNAPSHOT_FILE);
+    let tmp = dir.join(format!("{SNAPSHOT_FILE}.tmp"));
+    let text = serde_json::to_vec(snap).map_err(|source| PersistError::Decode {
+        path: path.clone(),
+        source,
+    })?;
+    let mut f = std::fs::File::create(&tmp).map_err(io_err(&tmp))?;
+    f.write_all(&text).map_err(io_err(&tmp))?;
+    drop(f);
+    std::fs::rename(&tmp, &path).map_err(io_err(&path))
+}
+
+fn open_wal(dir: &std::path::Path, truncate: bool) -> Result<Wal, PersistError> {
+    let path = dir.join(WAL_FILE);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(!truncate)
+        .write(true)
+        .truncate(truncate)
+        .open(&path)
+        .map_err(io_err(&path))?;
+    Ok(Wal {
+        dir: dir.to_path_buf(),
+        file: std::io::BufWriter::new(file),
+        entries: 0,
+    })
+}
+
+fn snapshot_locked(g: &Inner) -> StoreSnapshot {
+    let mut objects = Vec::new();
+    for kind in Kind::ALL {
+        if let Some(m) = g.objects.get(&kind) {
+            objects.extend(m.values().map(|o| (kind, (**o).clone())));
+        }
+    }
+    StoreSnapshot { rv: g.rv, objects }
 }
 
 /// The in-process object store. Thread-safe; share as `Arc<Store>` across threads and
@@ -386,6 +506,129 @@ fn default_pod(pod: &mut Value) {
     pod["status"] = json!({"phase": "Pending", "qosClass": qos});
 }
 
+/// Validation of a Deployment or Job (k8s.io/kubernetes `pkg/apis/apps/validation`
+/// `ValidateDeploymentSpec`, `pkg/apis/batch/validation` `validateJobSpec`): the pod
+/// template's containers, a selector (Deployment) that matches the template labels, and
+/// the template's `restartPolicy` (`Always` for Deployments, `OnFailure`/`Never` for
+/// Jobs).
+fn validate_workload(kind: Kind, obj: &Value) -> Vec<(String, String, String)> {
+    let mut causes: Vec<(String, String, String)> =
+        validate_pod(&json!({"spec": obj["spec"]["template"]["spec"]}))
+            .into_iter()
+            .map(|(r, f, m)| (r, format!("spec.template.{f}"), m))
+            .collect();
+    let labels = &obj["spec"]["template"]["metadata"]["labels"];
+    let policy = obj["spec"]["template"]["spec"]["restartPolicy"]
+        .as_str()
+        .unwrap_or(if kind == Kind::Job { "" } else { "Always" });
+    match kind {
+        Kind::Deployment => {
+            let sel = &obj["spec"]["selector"];
+            let ml = sel["matchLabels"].as_object();
+            let has_exprs = sel["matchExpressions"]
+                .as_array()
+                .is_some_and(|a| !a.is_empty());
+            if ml.is_none_or(|m| m.is_empty()) && !has_exprs {
+                causes.push(required("spec.selector"));
+            } else if let Some(ml) = ml {
+                if ml.iter().any(|(k, v)| labels[k] != *v) {
+                    causes.push((
+                        "FieldValueInvalid".into(),
+                        "spec.template.metadata.labels".into(),
+                        format!(
+                            "Invalid value: {labels}: `selector` does not match template `labels`"
+                        ),
+                    ));
+                }
+            }
+            if policy != "Always" {
+                causes.push((
+                    "FieldValueNotSupported".into(),
+                    "spec.template.spec.restartPolicy".into(),
+                    format!("Unsupported value: \"{policy}\": supported values: \"Always\""),
+                ));
+            }
+        }
+        Kind::Job if policy != "OnFailure" && policy != "Never" => {
+            causes.push((
+                "FieldValueNotSupported".into(),
+                "spec.template.spec.restartPolicy".into(),
+                format!(
+                    "Unsupported value: \"{policy}\": supported values: \"OnFailure\", \"Never\""
+                ),
+            ));
+        }
+        _ => {}
+    }
+    causes
+}
+
+/// The API defaults of a pod template (`spec.template`): the Pod defaults of
+/// [`default_pod`] on its spec, without a status.
+fn default_template(obj: &mut Value) {
+    let mut pod = json!({"spec": obj["spec"]["template"]["spec"].take()});
+    default_pod(&mut pod);
+    obj["spec"]["template"]["spec"] = pod["spec"].take();
+    if !obj["spec"]["template"]["metadata"].is_object() {
+        obj["spec"]["template"]["metadata"] = json!({});
+    }
+}
+
+/// Deployment defaults (k8s.io/kubernetes `pkg/apis/apps/v1/defaults.go`).
+fn default_deployment(obj: &mut Value) {
+    let spec = &mut obj["spec"];
+    set_default(spec, "replicas", json!(1));
+    set_default(spec, "revisionHistoryLimit", json!(10));
+    set_default(spec, "progressDeadlineSeconds", json!(600));
+    set_default(
+        spec,
+        "strategy",
+        json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": "25%"}}),
+    );
+    default_template(obj);
+    obj["status"] = json!({});
+}
+
+/// Job defaults (k8s.io/kubernetes `pkg/apis/batch/v1/defaults.go`): completions and
+/// parallelism 1 when both are unset, backoffLimit 6, NonIndexed, not suspended.
+fn default_job(obj: &mut Value) {
+    let spec = &mut obj["spec"];
+    if spec["completions"].is_null() && spec["parallelism"].is_null() {
+        spec["completions"] = json!(1);
+    }
+    set_default(spec, "parallelism", json!(1));
+    set_default(spec, "backoffLimit", json!(6));
+    set_default(spec, "completionMode", json!("NonIndexed"));
+    set_default(spec, "suspend", json!(false));
+    set_default(spec, "podReplacementPolicy", json!("TerminatingOrFailed"));
+    default_template(obj);
+    obj["status"] = json!({});
+}
+
+/// Job selector and template labels from its uid (the Job registry's
+/// `generateSelector`: `batch.kubernetes.io/controller-uid` and `job-name` labels,
+/// plus their legacy unprefixed forms) unless `spec.manualSelector` is true.
+fn job_selector(obj: &mut Value) {
+    if obj["spec"]["manualSelector"] == json!(true) {
+        return;
+    }
+    let uid = meta_str(obj, "uid").to_string();
+    let name = meta_str(obj, "name").to_string();
+    obj["spec"]["selector"] = json!({"matchLabels": {"batch.kubernetes.io/controller-uid": uid}});
+    let labels = &mut obj["spec"]["template"]["metadata"]["labels"];
+    if !labels.is_object() {
+        *labels = json!({});
+    }
+    for (k, v) in [
+        ("batch.kubernetes.io/controller-uid", &uid),
+        ("batch.kubernetes.io/job-name", &name),
+        ("controller-uid", &uid),
+        ("job-name", &name),
+    ] {
+        labels[k] = json!(v);
+    }
+}
+
 impl Store {
     /// An empty store holding the system namespaces (`default`, `kube-system`,
     /// `kube-public`, `kube-node-lease`), with a [`DEFAULT_HISTORY`] event ring.
@@ -413,6 +656,7 @@ impl Store {
                 objects: HashMap::new(),
                 history: VecDeque::new(),
                 compacted: 0,
+                wal: None,
             }),
             tx,
             history_cap: history.max(1),
@@ -447,14 +691,158 @@ impl Store {
 
     /// Every object and the current resourceVersion (for persisting).
     pub fn snapshot(&self) -> StoreSnapshot {
-        let g = self.lock();
-        let mut objects = Vec::new();
-        for kind in Kind::ALL {
-            if let Some(m) = g.objects.get(&kind) {
-                objects.extend(m.values().map(|o| (kind, (**o).clone())));
+        snapshot_locked(&self.lock())
+    }
+
+    /// Writes a full snapshot of the store (objects and the resourceVersion counter) to
+    /// `dir/store.json` atomically (temp file + rename). When the store is persisted
+    /// into `dir` ([`Store::load_from`]), its write-ahead log is folded in and emptied
+    /// (compaction). Errors: [`PersistError::Io`].
+    pub fn save_to(&self, dir: &std::path::Path) -> Result<(), PersistError> {
+        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+        let mut g = self.lock();
+        let snap = snapshot_locked(&g);
+        write_snapshot(dir, &snap)?;
+        if let Some(w) = g.wal.as_mut() {
+            if w.dir == dir {
+                *w = open_wal(dir, true)?;
             }
         }
-        StoreSnapshot { rv: g.rv, objects }
+        Ok(())
+    }
+
+    /// The store persisted in `dir` (etcd's role in DESIGN §5: "State and
+    /// resourceVersions survive an API server restart"), creating `dir` and a fresh
+    /// store (system namespaces) when it holds none.
+    ///
+    /// Layout: `store.json` (a [`StoreSnapshot`]) plus `store.wal`, JSON lines
+    /// `{rv, kind, ty, object}`, one per change. Loading replays the log after the
+    /// snapshot, so objects, the resourceVersion counter and the watch history since the
+    /// last compaction come back: a watch resuming from a resourceVersion at or after
+    /// the last snapshot continues without gap or duplicate; an older one gets 410
+    /// Expired (as from kube-apiserver, whose watch cache restarts at the current etcd
+    /// revision). A torn last line (crash mid-write) is ignored.
+    ///
+    /// Every later change is appended to the log under the store lock, before the
+    /// writer gets its answer (written to the kernel, no fsync: it survives a process
+    /// restart, not a power loss). Every 10 000 entries the log is folded into a new
+    /// snapshot. Errors: [`PersistError`] for unreadable or undecodable files.
+    pub fn load_from(dir: &std::path::Path) -> Result<Arc<Store>, PersistError> {
+        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+        let snap_path = dir.join(SNAPSHOT_FILE);
+        let wal_path = dir.join(WAL_FILE);
+        let snap = match std::fs::read(&snap_path) {
+            Ok(b) => Some(
+                serde_json::from_slice::<StoreSnapshot>(&b).map_err(|source| {
+                    PersistError::Decode {
+                        path: snap_path.clone(),
+                        source,
+                    }
+                })?,
+            ),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(io_err(&snap_path)(e)),
+        };
+        let wal_text = match std::fs::read_to_string(&wal_path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(io_err(&wal_path)(e)),
+        };
+        let store = match snap {
+            Some(s) => Store::restore(s),
+            None if wal_text.trim().is_empty() => {
+                let s = Store::new();
+                write_snapshot(dir, &s.snapshot())?;
+                s
+            }
+            None => Store::empty(DEFAULT_HISTORY),
+        };
+        {
+            let mut g = store.lock();
+            let mut replayed = 0;
+            let mut good_len = 0;
+            for line in wal_text.split_inclusive('\n') {
+                let rec = match serde_json::from_str::<WalIn>(line) {
+                    Ok(rec) if line.ends_with('\n') => rec,
+                    _ => break,
+                };
+                good_len += line.len();
+                if rec.rv <= g.rv {
+                    continue;
+                }
+                let key = (
+                    meta_str(&rec.object, "namespace").to_string(),
+                    meta_str(&rec.object, "name").to_string(),
+                );
+                let object = Arc::new(rec.object);
+                let table = g.objects.entry(rec.kind).or_default();
+                let old = match rec.ty {
+                    WatchEventType::Deleted => table.remove(&key),
+                    _ => table.insert(key, object.clone()),
+                };
+                g.rv = rec.rv;
+                let ev = StoreEvent {
+                    kind: rec.kind,
+                    ty: rec.ty,
+                    object,
+                    old,
+                    rv: rec.rv,
+                };
+                if g.history.len() >= store.history_cap {
+                    if let Some(o) = g.history.pop_front() {
+                        g.compacted = o.rv;
+                    }
+                }
+                g.history.push_back(ev);
+                replayed += 1;
+            }
+            if good_len < wal_text.len() {
+                // Cut a torn tail so that later appends start on a fresh line.
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&wal_path)
+                    .map_err(io_err(&wal_path))?;
+                f.set_len(good_len as u64).map_err(io_err(&wal_path))?;
+            }
+            let mut wal = open_wal(dir, false)?;
+            wal.entries = replayed;
+            g.wal = Some(wal);
+        }
+        Ok(store)
+    }
+
+    /// Appends `ev` to the write-ahead log, compacting when it is long. A failing disk
+    /// is logged, not fatal: the in-memory store stays authoritative.
+    fn log_write(&self, g: &mut Inner, ev: &StoreEvent) {
+        use std::io::Write;
+        let Some(w) = g.wal.as_mut() else { return };
+        let rec = WalOut {
+            rv: ev.rv,
+            kind: ev.kind,
+            ty: ev.ty,
+            object: &ev.object,
+        };
+        let res = serde_json::to_writer(&mut w.file, &rec)
+            .map_err(std::io::Error::from)
+            .and_then(|_| w.file.write_all(b"\n"))
+            .and_then(|_| w.file.flush());
+        if let Err(e) = res {
+            tracing::warn!(error = %e, dir = %w.dir.display(), "store: write-ahead log append failed");
+        }
+        w.entries += 1;
+        if w.entries >= WAL_COMPACT_EVERY {
+            let dir = w.dir.clone();
+            let snap = snapshot_locked(g);
+            match write_snapshot(&dir, &snap).and_then(|_| open_wal(&dir, true)) {
+                Ok(new) => g.wal = Some(new),
+                Err(e) => {
+                    tracing::warn!(error = %e, "store: compaction failed");
+                    if let Some(w) = g.wal.as_mut() {
+                        w.entries = 0;
+                    }
+                }
+            }
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -474,6 +862,7 @@ impl Store {
                 g.compacted = old.rv;
             }
         }
+        self.log_write(g, &ev);
         g.history.push_back(ev.clone());
         // No receivers is fine.
         let _ = self.tx.send(ev);
@@ -577,6 +966,17 @@ impl Store {
             }
             default_pod(&mut obj);
         }
+        if kind == Kind::Deployment || kind == Kind::Job {
+            let causes = validate_workload(kind, &obj);
+            if !causes.is_empty() {
+                return Err(ApiError::invalid(kind, &given, &causes));
+            }
+            if kind == Kind::Job {
+                default_job(&mut obj);
+            } else {
+                default_deployment(&mut obj);
+            }
+        }
         if kind == Kind::Namespace {
             let name = given.clone();
             obj["spec"] = json!({"finalizers": ["kubernetes"]});
@@ -633,8 +1033,11 @@ impl Store {
         meta["uid"] = json!(uuid_v4());
         meta["resourceVersion"] = json!(rv.to_string());
         meta["creationTimestamp"] = json!(rfc3339_now());
-        if kind == Kind::Pod {
+        if matches!(kind, Kind::Pod | Kind::Deployment | Kind::Job) {
             meta["generation"] = json!(1);
+        }
+        if kind == Kind::Job {
+            job_selector(&mut obj);
         }
         // `IndexMut` on a missing key inserts `null`; drop those again.
         strip_nulls(&mut obj);
@@ -758,6 +1161,11 @@ impl Store {
         new["apiVersion"] = json!(kind.api_version());
         if new == *old {
             return Ok(new);
+        }
+        if matches!(kind, Kind::Deployment | Kind::Job) && new["spec"] != old["spec"] {
+            // metadata.generation counts spec changes (registry `PrepareForUpdate`).
+            let g = old["metadata"]["generation"].as_i64().unwrap_or(1);
+            new["metadata"]["generation"] = json!(g + 1);
         }
 
         g.rv += 1;
@@ -1379,5 +1787,112 @@ mod tests {
             c["metadata"]["resourceVersion"],
             (s.current_rv() + 1).to_string()
         );
+    }
+}
+
+#[cfg(test)]
+mod persist_tests {
+    use super::*;
+
+    fn tmp(tag: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("testbed-store-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    fn pod(name: &str) -> Value {
+        json!({"metadata": {"name": name, "namespace": "default"},
+            "spec": {"containers": [{"name": "c", "image": "target-server"}]}})
+    }
+
+    #[test]
+    fn load_from_replays_the_log_so_objects_rv_and_watch_history_survive() {
+        let dir = tmp("replay");
+        let s = Store::load_from(&dir).unwrap();
+        s.create(Kind::Pod, pod("a")).unwrap();
+        let rv_a = s.current_rv();
+        s.create(Kind::Pod, pod("b")).unwrap();
+        s.modify(Kind::Pod, Some("default"), "b", |p| {
+            p["metadata"]["labels"] = json!({"x": "y"});
+            Ok(())
+        })
+        .unwrap();
+        s.delete(Kind::Pod, Some("default"), "a", None, None)
+            .unwrap();
+        let rv = s.current_rv();
+        drop(s);
+        let r = Store::load_from(&dir).unwrap();
+        assert_eq!(r.current_rv(), rv);
+        assert!(r.get(Kind::Pod, Some("default"), "a").is_err());
+        assert_eq!(
+            r.get(Kind::Pod, Some("default"), "b").unwrap()["metadata"]["labels"]["x"],
+            "y"
+        );
+        // A watch resuming after `a` was created sees exactly the later changes.
+        let w = r.watch(Kind::Pod, Some("default"), Some(rv_a)).unwrap();
+        let got: Vec<(&str, u64)> = w.initial.iter().map(|e| (e.ty.as_str(), e.rv)).collect();
+        assert_eq!(
+            got,
+            [
+                ("ADDED", rv_a + 1),
+                ("MODIFIED", rv_a + 2),
+                ("DELETED", rv_a + 3)
+            ]
+        );
+        assert!(
+            w.initial[2].old.is_some(),
+            "DELETED carries the previous object"
+        );
+        let c = r.create(Kind::Pod, pod("c")).unwrap();
+        assert_eq!(c["metadata"]["resourceVersion"], (rv + 1).to_string());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn save_to_compacts_the_log_and_older_resumes_get_410() {
+        let dir = tmp("compact");
+        let s = Store::load_from(&dir).unwrap();
+        s.create(Kind::Pod, pod("a")).unwrap();
+        let rv_a = s.current_rv();
+        s.save_to(&dir).unwrap();
+        assert_eq!(std::fs::metadata(dir.join(WAL_FILE)).unwrap().len(), 0);
+        s.create(Kind::Pod, pod("b")).unwrap();
+        drop(s);
+        let r = Store::load_from(&dir).unwrap();
+        assert!(r.get(Kind::Pod, Some("default"), "a").is_ok());
+        assert!(r.get(Kind::Pod, Some("default"), "b").is_ok());
+        assert_eq!(
+            r.watch(Kind::Pod, None, Some(rv_a)).unwrap().initial.len(),
+            1
+        );
+        assert_eq!(
+            r.watch(Kind::Pod, None, Some(rv_a - 1)).unwrap_err().code,
+            410
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_torn_last_log_line_is_ignored() {
+        let dir = tmp("torn");
+        let s = Store::load_from(&dir).unwrap();
+        s.create(Kind::Pod, pod("a")).unwrap();
+        let rv = s.current_rv();
+        drop(s);
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.join(WAL_FILE))
+            .unwrap();
+        f.write_all(br#"{"rv":99,"kind":"Pod","ty":"Add"#).unwrap();
+        drop(f);
+        let r = Store::load_from(&dir).unwrap();
+        assert_eq!(r.current_rv(), rv);
+        assert!(r.get(Kind::Pod, Some("default"), "a").is_ok());
+        r.create(Kind::Pod, pod("b")).unwrap();
+        drop(r);
+        let again = Store::load_from(&dir).unwrap();
+        assert!(again.get(Kind::Pod, Some("default"), "b").is_ok());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

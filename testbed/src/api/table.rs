@@ -59,8 +59,150 @@ pub fn columns(kind: Kind) -> Vec<Value> {
             col("Count", "string", "", "The number of times this event has occurred.", 1),
             col("Name", "string", "", "Name of the event.", 1),
         ],
+        Kind::Deployment => vec![
+            name,
+            col("Ready", "string", "", "Number of the pod with ready state", 0),
+            col("Up-to-date", "string", "", "Total number of non-terminated pods targeted by this deployment that have the desired template spec.", 0),
+            col("Available", "string", "", "Total number of available pods (ready for at least minReadySeconds) targeted by this deployment.", 0),
+            age,
+            col("Containers", "string", "", "Names of each container in the template.", 1),
+            col("Images", "string", "", "Images referenced by each container in the template.", 1),
+            col("Selector", "string", "", "Label selector for pods. Existing ReplicaSets whose pods are selected by this will be the ones affected by this deployment.", 1),
+        ],
+        Kind::Job => vec![
+            name,
+            col("Status", "string", "", "Status of the job.", 0),
+            col("Completions", "string", "", "The desired number of successfully finished pods the job should be run with.", 0),
+            col("Duration", "string", "", "Time required to complete the job.", 0),
+            age,
+            col("Containers", "string", "", "Names of each container in the template.", 1),
+            col("Images", "string", "", "Images referenced by each container in the template.", 1),
+            col("Selector", "string", "", "A label query over pods that should match the pod count.", 1),
+        ],
         _ => vec![name, age],
     }
+}
+
+fn template_containers(obj: &Value) -> (String, String) {
+    let cs = obj["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let names: Vec<&str> = cs.iter().map(|c| s(&c["name"])).collect();
+    let images: Vec<&str> = cs.iter().map(|c| s(&c["image"])).collect();
+    (names.join(","), images.join(","))
+}
+
+/// `metav1.FormatLabelSelector`: `k=v` terms and expressions joined by commas,
+/// `<none>` when empty.
+fn selector_text(sel: &Value) -> String {
+    let mut terms: Vec<String> = sel["matchLabels"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
+                .collect()
+        })
+        .unwrap_or_default();
+    for e in sel["matchExpressions"].as_array().into_iter().flatten() {
+        let vals: Vec<&str> = e["values"]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let key = s(&e["key"]);
+        terms.push(match s(&e["operator"]) {
+            "In" => format!("{key} in ({})", vals.join(",")),
+            "NotIn" => format!("{key} notin ({})", vals.join(",")),
+            "Exists" => key.to_string(),
+            "DoesNotExist" => format!("!{key}"),
+            op => format!("{key} {op} ({})", vals.join(",")),
+        });
+    }
+    if terms.is_empty() {
+        "<none>".into()
+    } else {
+        terms.join(",")
+    }
+}
+
+/// Cells of a Deployment row (printDeployment): Name, Ready (`ready/desired`),
+/// Up-to-date, Available, Age, Containers, Images, Selector.
+pub fn deployment_cells(d: &Value, now: Timestamp) -> Vec<Value> {
+    let st = &d["status"];
+    let n = |v: &Value| v.as_i64().unwrap_or(0);
+    let (containers, images) = template_containers(d);
+    vec![
+        json!(s(&d["metadata"]["name"])),
+        json!(format!(
+            "{}/{}",
+            n(&st["readyReplicas"]),
+            n(&d["spec"]["replicas"])
+        )),
+        json!(n(&st["updatedReplicas"])),
+        json!(n(&st["availableReplicas"])),
+        json!(age(&d["metadata"]["creationTimestamp"], now)),
+        json!(containers),
+        json!(images),
+        json!(selector_text(&d["spec"]["selector"])),
+    ]
+}
+
+fn has_condition(obj: &Value, ty: &str) -> bool {
+    obj["status"]["conditions"]
+        .as_array()
+        .is_some_and(|cs| cs.iter().any(|c| c["type"] == ty && c["status"] == "True"))
+}
+
+/// Cells of a Job row (printJob, v1.32): Name, Status (Complete, Failed, Terminating,
+/// Suspended, FailureTarget, SuccessCriteriaMet, else Running), Completions
+/// (`succeeded/completions`), Duration (start to completion, or to now), Age,
+/// Containers, Images, Selector.
+pub fn job_cells(j: &Value, now: Timestamp) -> Vec<Value> {
+    let st = &j["status"];
+    let status = if has_condition(j, "Complete") {
+        "Complete"
+    } else if has_condition(j, "Failed") {
+        "Failed"
+    } else if j["metadata"]["deletionTimestamp"].is_string() {
+        "Terminating"
+    } else if has_condition(j, "Suspended") {
+        "Suspended"
+    } else if has_condition(j, "FailureTarget") {
+        "FailureTarget"
+    } else if has_condition(j, "SuccessCriteriaMet") {
+        "SuccessCriteriaMet"
+    } else {
+        "Running"
+    };
+    let succeeded = st["succeeded"].as_i64().unwrap_or(0);
+    let completions = match j["spec"]["completions"].as_i64() {
+        Some(c) => format!("{succeeded}/{c}"),
+        None => {
+            let p = j["spec"]["parallelism"].as_i64().unwrap_or(1);
+            if p > 1 {
+                format!("{succeeded}/1 of {p}")
+            } else {
+                format!("{succeeded}/1")
+            }
+        }
+    };
+    let parse = |v: &Value| v.as_str().and_then(|t| t.parse::<Timestamp>().ok());
+    let duration = match (parse(&st["startTime"]), parse(&st["completionTime"])) {
+        (None, _) => String::new(),
+        (Some(a), None) => human_duration(now.as_second() - a.as_second()),
+        (Some(a), Some(b)) => human_duration(b.as_second() - a.as_second()),
+    };
+    let (containers, images) = template_containers(j);
+    vec![
+        json!(s(&j["metadata"]["name"])),
+        json!(status),
+        json!(completions),
+        json!(duration),
+        json!(age(&j["metadata"]["creationTimestamp"], now)),
+        json!(containers),
+        json!(images),
+        json!(selector_text(&j["spec"]["selector"])),
+    ]
 }
 
 /// kubectl's `duration.HumanDuration` (k8s.io/apimachinery `pkg/util/duration`):
@@ -406,6 +548,8 @@ pub fn cells(kind: Kind, obj: &Value, now: Timestamp) -> Vec<Value> {
             json!(age(&obj["metadata"]["creationTimestamp"], now)),
         ],
         Kind::Event => event_cells(obj, now),
+        Kind::Deployment => deployment_cells(obj, now),
+        Kind::Job => job_cells(obj, now),
         _ => vec![
             json!(s(&obj["metadata"]["name"])),
             json!(age(&obj["metadata"]["creationTimestamp"], now)),
