@@ -1,62 +1,89 @@
 //! The simulated CNI agent, one per node (the testbed's Felix): it decides **when** a new
 //! endpoint is programmed, i.e. when its IP enters the node's nftables allow set so
-//! forwarded traffic to/from the pod flows (DESIGN §5 "Programmed").
+//! forwarded traffic to/from the pod flows (DESIGN §5 "Programmed"), carries out every
+//! fault primitive of DESIGN §5 ([`crate::fault`]) and keeps Felix-compatible metrics
+//! ([`crate::felix`]).
 //!
 //! Life of an endpoint:
 //! 1. the kubelet calls [`Agent::endpoint_added`] right after
 //!    [`Dataplane::add_pod`](crate::dataplane::Dataplane::add_pod) (the node-side /32
-//!    route is already in): truth `endpoint_added`;
-//! 2. the agent resolves the node's faults for that moment ([`FaultFile::for_node`]),
-//!    draws `never_program` and samples `program_delay`, waits until `endpoint_added +
-//!    delay`, then until the next open `resync_loop` window if one is set;
-//! 3. it calls [`Dataplane::allow`] and, once that returned, emits
-//!    `endpoint_programmed` (detail: `delay_seconds` sampled, `apply_seconds` the nft
-//!    call, `waited_seconds` since endpoint_added).
+//!    route is already in): truth `endpoint_added`; the node's faults for that moment
+//!    are resolved ([`FaultFile::for_node`]); `name_reuse_race` (the interface name was
+//!    used on this node before) removes the /32 route for good (truth `route_removed`);
+//!    `stale_routes` blackholes the IP on k other nodes (truth `peer_route_removed`);
+//! 2. the agent draws `never_program`, samples `program_delay`, waits until
+//!    `endpoint_added + delay`, then until the next open `resync_loop` window if set;
+//! 3. it takes the node's apply loop (one apply at a time, as Felix's single dataplane
+//!    goroutine), spends `queue.per_endpoint` and pads to `agent.apply_time_floor`,
+//!    adds the IP to the allow set (with the `first_connections_dropped` budget) and
+//!    emits `endpoint_programmed` (detail: `delay_seconds` sampled, `apply_seconds` the
+//!    whole apply, `waited_seconds` since endpoint_added, `first_connections_dropped`);
+//! 4. with `revoke`, a sample of `after` later the IP leaves the allow set again
+//!    (truth `endpoint_revoked`) for good.
 //!
 //! A new fault file ([`Faults::set`]) re-plans every pending endpoint under the new file
 //! (delay re-sampled, still counted from `endpoint_added`), so clearing a
 //! `never_program` fault lets stuck endpoints through, like a recovering agent.
-//! Programming is serialised per node (one apply loop, as in Felix).
+//!
+//! Node-wide faults are kept by a per-agent task started by [`Agent::new`] (when called
+//! inside a tokio runtime) that re-evaluates the fault file on every change, at every
+//! `from`/`until` boundary and every second: `cross_node` (peer block routes removed /
+//! restored, truth `peer_route_removed` / `peer_route_restored` with `detail.peer`),
+//! `agent.not_ready` ([`Agent::is_ready`]), `agent.restarts` ([`Agent::restart_count`],
+//! metrics reset), `agent.extra_failures_per_second` / `extra_resyncs_per_second`, the
+//! apply loop under `resync_loop` (one apply per period, padded to the floor), and the
+//! route-table resync every 90 s ([`crate::felix::ROUTE_REFRESH_INTERVAL`]).
 //!
 //! [`FaultFile::for_node`]: crate::fault::FaultFile::for_node
 
 use crate::dataplane::{Dataplane, PodNet};
-use crate::fault::{FaultFile, Faults};
+use crate::fault::{FaultFile, Faults, NodeFaults};
+use crate::felix::{FelixMetrics, ROUTE_REFRESH_INTERVAL};
 use crate::plan::NodePlan;
-use crate::truth::{Truth, TruthEvent, TruthKind};
+use crate::truth::{unix_now, Truth, TruthEvent, TruthKind};
+use rand::seq::SliceRandom;
+use rand::RngExt;
 use serde::Serialize;
 use serde_json::json;
-use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 use tokio::task::AbortHandle;
 
-/// Counters of what the agent really did, for the Felix-compatible `/metrics`
-/// (DESIGN §5 "Agents"). Snapshot from [`Agent::stats`].
+/// Counters of what the agent did since it was built (not reset by simulated
+/// restarts; the Felix page has its own, see [`crate::felix`]). Snapshot from
+/// [`Agent::stats`].
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct AgentStats {
-    /// Endpoints whose IP is in the allow set now (`felix_active_local_endpoints`).
+    /// Endpoints whose IP is in the allow set now.
     pub active_local_endpoints: u64,
-    /// Endpoints added but not yet programmed.
+    /// Endpoints added but not (or no longer: revoked) programmed.
     pub pending_endpoints: u64,
-    /// Dataplane applies done (each one allow/disallow batch of size 1;
-    /// `felix_int_dataplane_apply_time_seconds_count`).
+    /// Dataplane applies done.
     pub applies_total: u64,
-    /// Sum of apply durations, seconds (`…_apply_time_seconds_sum`).
+    /// Sum of apply durations, seconds.
     pub apply_seconds_sum: f64,
-    /// Applies that failed (`felix_int_dataplane_failures`).
+    /// Applies that failed.
     pub apply_failures_total: u64,
     /// Endpoints programmed since start.
     pub programmed_total: u64,
+    /// Endpoints revoked since start (fault `revoke`).
+    pub revoked_total: u64,
+    /// Simulated restarts since start (fault `agent.restarts`).
+    pub restarts: u64,
 }
 
 struct Endpoint {
     token: u64,
     programmed: bool,
     abort: Option<AbortHandle>,
+    revoke_abort: Option<AbortHandle>,
     net: PodNet,
+    /// Nodes holding a stale blackhole route for this IP (fault `stale_routes`).
+    stale_on: Vec<String>,
+    stale_abort: Option<AbortHandle>,
 }
 
 #[derive(Default)]
@@ -65,6 +92,8 @@ struct Counters {
     apply_nanos: AtomicU64,
     failures: AtomicU64,
     programmed: AtomicU64,
+    revoked: AtomicU64,
+    restarts: AtomicU64,
 }
 
 struct Inner {
@@ -74,15 +103,27 @@ struct Inner {
     truth: Truth,
     faults: Faults,
     runtime: Option<Handle>,
-    /// By pod uid. Also the per-node "apply loop" lock: allow/disallow happen under it.
+    /// By pod uid. Allow/disallow happen under it.
     endpoints: Mutex<HashMap<String, Endpoint>>,
+    /// Node-side interface names ever used on this node (fault `name_reuse_race`).
+    used_ifaces: Mutex<HashSet<String>>,
+    /// The node's apply loop: one dataplane apply at a time (Felix's
+    /// `InternalDataplane` applies from one goroutine, felix/dataplane/linux/int_dataplane.go).
+    apply_loop: tokio::sync::Mutex<()>,
+    /// Peers whose block route this node has removed now (fault `cross_node`).
+    broken_peers: Mutex<BTreeSet<String>>,
+    ready: AtomicBool,
     next_token: AtomicU64,
     counters: Counters,
+    felix: Mutex<FelixMetrics>,
 }
 
-/// One node's simulated CNI agent. Share it as `Arc<Agent>`.
+/// One node's simulated CNI agent. Share it as `Arc<Agent>`. Dropping the last handle
+/// stops its node task (pending endpoint tasks end when their runtime does or when the
+/// endpoint is removed).
 pub struct Agent {
     inner: Arc<Inner>,
+    node_task: Option<AbortHandle>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -93,11 +134,21 @@ impl std::fmt::Debug for Agent {
     }
 }
 
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(t) = self.node_task.take() {
+            t.abort();
+        }
+    }
+}
+
 impl Agent {
     /// An agent for `node` (with Kubernetes node `labels`, used by `{labels: …}` fault
     /// selectors) programming `dataplane`, writing `truth`, obeying the shared `faults`.
-    /// If called inside a tokio runtime, that runtime is the fallback for endpoint tasks
-    /// when [`Agent::endpoint_added`] is called outside one.
+    /// If called inside a tokio runtime, that runtime runs the node task (node-wide
+    /// faults, metrics upkeep) and is the fallback for endpoint tasks when
+    /// [`Agent::endpoint_added`] is called outside one; without a runtime node-wide
+    /// faults are not applied.
     pub fn new(
         node: NodePlan,
         labels: BTreeMap<String, String>,
@@ -105,19 +156,26 @@ impl Agent {
         truth: Truth,
         faults: Faults,
     ) -> Agent {
-        Agent {
-            inner: Arc::new(Inner {
-                node,
-                labels,
-                dataplane,
-                truth,
-                faults,
-                runtime: Handle::try_current().ok(),
-                endpoints: Mutex::new(HashMap::new()),
-                next_token: AtomicU64::new(1),
-                counters: Counters::default(),
-            }),
-        }
+        let runtime = Handle::try_current().ok();
+        let inner = Arc::new(Inner {
+            node,
+            labels,
+            dataplane,
+            truth,
+            faults,
+            runtime: runtime.clone(),
+            endpoints: Mutex::new(HashMap::new()),
+            used_ifaces: Mutex::new(HashSet::new()),
+            apply_loop: tokio::sync::Mutex::new(()),
+            broken_peers: Mutex::new(BTreeSet::new()),
+            ready: AtomicBool::new(true),
+            next_token: AtomicU64::new(1),
+            counters: Counters::default(),
+            felix: Mutex::new(FelixMetrics::new(Instant::now(), unix_now())),
+        });
+        let node_task =
+            runtime.map(|rt| rt.spawn(node_loop(Arc::downgrade(&inner))).abort_handle());
+        Agent { inner, node_task }
     }
 
     /// The node this agent serves.
@@ -125,59 +183,94 @@ impl Agent {
         &self.inner.node
     }
 
-    /// A new endpoint (call right after `Dataplane::add_pod`): emits `endpoint_added`
-    /// now and schedules its programming on the current tokio runtime (or the one
-    /// [`Agent::new`] ran in). Calling it again for the same uid replaces the earlier
-    /// schedule. Never blocks.
+    /// A new endpoint (call right after `Dataplane::add_pod`): emits `endpoint_added`,
+    /// applies `name_reuse_race` and `stale_routes` at once (blocking for one `ip`
+    /// command per route touched, a few ms) and schedules programming on the current
+    /// tokio runtime (or the one [`Agent::new`] ran in). Calling it again for the same
+    /// uid replaces the earlier schedule.
     pub fn endpoint_added(&self, pod: &PodNet) {
         let added_at = Instant::now();
-        self.inner
+        let inner = &self.inner;
+        inner
             .truth
             .emit(TruthEvent::pod(TruthKind::EndpointAdded, pod, json!({})));
-        let token = self.inner.next_token.fetch_add(1, Ordering::Relaxed);
-        let Some(rt) = Handle::try_current()
-            .ok()
-            .or_else(|| self.inner.runtime.clone())
-        else {
+        let nf = inner.faults_at(added_at);
+        let reused = !inner
+            .used_ifaces
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(pod.iface.clone());
+        if reused {
+            if let Some(p) = nf.name_reuse_race {
+                if rand::rng().random_bool(p.0.clamp(0.0, 1.0)) {
+                    inner.name_reuse_race(pod);
+                }
+            }
+        }
+        let stale_on = match nf.stale_routes {
+            Some(s) if s.k > 0 => inner.add_stale_routes(pod, s.k as usize),
+            _ => Vec::new(),
+        };
+        let token = inner.next_token.fetch_add(1, Ordering::Relaxed);
+        let Some(rt) = Handle::try_current().ok().or_else(|| inner.runtime.clone()) else {
             tracing::error!(pod = %pod.pod, "agent: no tokio runtime; endpoint will not be programmed");
             return;
         };
-        let mut eps = self.inner.lock();
-        if let Some(old) = eps.remove(&pod.uid) {
-            if let Some(a) = old.abort {
-                a.abort();
+        let stale_abort = match (nf.stale_routes.and_then(|s| s.hold), stale_on.is_empty()) {
+            (Some(hold), false) => {
+                let d = hold.sample(&mut rand::rng());
+                let weak = Arc::downgrade(inner);
+                let (uid, token2) = (pod.uid.clone(), token);
+                Some(
+                    rt.spawn(async move {
+                        tokio::time::sleep(d).await;
+                        if let Some(inner) = weak.upgrade() {
+                            let _ = tokio::task::spawn_blocking(move || {
+                                inner.clear_stale_routes(&uid, Some(token2))
+                            })
+                            .await;
+                        }
+                    })
+                    .abort_handle(),
+                )
             }
+            _ => None,
+        };
+        let mut eps = inner.lock();
+        if let Some(old) = eps.remove(&pod.uid) {
+            old.abort_tasks();
         }
-        let task = rt.spawn(program(self.inner.clone(), pod.clone(), token, added_at));
+        let task = rt.spawn(program(inner.clone(), pod.clone(), token, added_at));
         eps.insert(
             pod.uid.clone(),
             Endpoint {
                 token,
                 programmed: false,
                 abort: Some(task.abort_handle()),
+                revoke_abort: None,
                 net: pod.clone(),
+                stale_on,
+                stale_abort,
             },
         );
     }
 
-    /// The endpoint is going away: cancels pending programming and, if it was
-    /// programmed, removes its IP from the allow set (blocks for that one `nft` call;
-    /// waits for an apply in progress). Unknown endpoints are ignored.
+    /// The endpoint is going away: cancels pending programming, revoke and stale-route
+    /// timers, removes stale routes it caused on other nodes and, if it was
+    /// programmed, removes its IP from the allow set (blocks for those `ip`/`nft`
+    /// calls; waits for an allow in progress). Unknown endpoints are ignored.
     pub fn endpoint_removed(&self, pod: &PodNet) {
-        let mut eps = self.inner.lock();
+        let inner = &self.inner;
+        inner.clear_stale_routes(&pod.uid, None);
+        let mut eps = inner.lock();
         let Some(ep) = eps.remove(&pod.uid) else {
             return;
         };
-        if let Some(a) = ep.abort {
-            a.abort();
-        }
+        ep.abort_tasks();
         if ep.programmed {
             let started = Instant::now();
-            let r = self
-                .inner
-                .dataplane
-                .disallow(&self.inner.node.name, ep.net.ip);
-            self.inner.count_apply(started.elapsed(), r.is_ok());
+            let r = inner.dataplane.disallow(&inner.node.name, ep.net.ip);
+            inner.count_apply(started.elapsed(), Some(1), r.is_ok());
             if let Err(e) = r {
                 tracing::warn!(pod = %pod.pod, error = %e, "agent: disallow failed");
             }
@@ -188,6 +281,40 @@ impl Agent {
     /// [`Faults`]), emits `fault_changed` and re-plans every pending endpoint.
     pub fn set_faults(&self, file: FaultFile) {
         self.inner.faults.set_and_record(file, &self.inner.truth);
+    }
+
+    /// Whether the agent reports Ready (the calico-node pod's readiness): false while
+    /// fault `agent.not_ready: true` is in force for this node. Updated by the node
+    /// task within a second of a change.
+    pub fn is_ready(&self) -> bool {
+        self.inner.ready.load(Ordering::Relaxed)
+    }
+
+    /// How many times the simulated agent restarted (fault `agent.restarts`): the
+    /// calico-node pod's `restartCount` should follow it.
+    pub fn restart_count(&self) -> u64 {
+        self.inner.counters.restarts.load(Ordering::Relaxed)
+    }
+
+    /// Extra environment for a container started now on this node: libfaketime's
+    /// variables when fault `clock_skew` is in force for the node
+    /// ([`ClockSkew::faketime_env`](crate::fault::ClockSkew::faketime_env)), else none.
+    /// If the library is missing (Debian package `libfaketime`), logs an error and
+    /// returns none.
+    pub fn container_env(&self) -> Vec<(String, String)> {
+        let nf = self.inner.faults_at(Instant::now());
+        let Some(skew) = nf.clock_skew else {
+            return Vec::new();
+        };
+        if !std::path::Path::new(crate::fault::LIBFAKETIME_PATH).exists() {
+            tracing::error!(
+                node = %self.inner.node.name,
+                path = crate::fault::LIBFAKETIME_PATH,
+                "clock_skew: libfaketime is not installed (apt-get install libfaketime); pod clocks are not shifted"
+            );
+            return Vec::new();
+        }
+        skew.faketime_env()
     }
 
     /// What the agent did so far.
@@ -202,6 +329,27 @@ impl Agent {
             apply_seconds_sum: c.apply_nanos.load(Ordering::Relaxed) as f64 / 1e9,
             apply_failures_total: c.failures.load(Ordering::Relaxed),
             programmed_total: c.programmed.load(Ordering::Relaxed),
+            revoked_total: c.revoked.load(Ordering::Relaxed),
+            restarts: c.restarts.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The Felix-compatible metrics page now ([`crate::felix::render`]);
+    /// `felix_active_local_endpoints` = endpoints known (added, not removed).
+    pub fn felix_page(&self) -> String {
+        let known = self.inner.lock().len() as u64;
+        let mut m = self.inner.felix();
+        crate::felix::render(&mut m, known, Instant::now())
+    }
+}
+
+impl Endpoint {
+    fn abort_tasks(&self) {
+        for a in [&self.abort, &self.revoke_abort, &self.stale_abort]
+            .into_iter()
+            .flatten()
+        {
+            a.abort();
         }
     }
 }
@@ -211,7 +359,21 @@ impl Inner {
         self.endpoints.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn count_apply(&self, took: Duration, ok: bool) {
+    fn felix(&self) -> std::sync::MutexGuard<'_, FelixMetrics> {
+        self.felix.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Faults for this node at `at` (time since the file's application).
+    fn faults_at(&self, at: Instant) -> NodeFaults {
+        let applied = self.faults.current();
+        applied.file.for_node(
+            &self.node.name,
+            &self.labels,
+            at.saturating_duration_since(applied.applied_at),
+        )
+    }
+
+    fn count_apply(&self, took: Duration, batch: Option<usize>, ok: bool) {
         let c = &self.counters;
         c.applies.fetch_add(1, Ordering::Relaxed);
         c.apply_nanos
@@ -219,14 +381,306 @@ impl Inner {
         if !ok {
             c.failures.fetch_add(1, Ordering::Relaxed);
         }
+        self.felix().record_apply(took, batch, ok, Instant::now());
+    }
+
+    /// calico#11016: the agent saw the old interface go "down" after the new one came
+    /// up and deleted the route, which nothing re-adds.
+    fn name_reuse_race(&self, pod: &PodNet) {
+        match self.dataplane.remove_pod_route(&self.node.name, pod.ip) {
+            Ok(()) => {
+                self.truth.emit(TruthEvent::pod(
+                    TruthKind::RouteRemoved,
+                    pod,
+                    json!({"reason": "name_reuse_race", "iface_reused": true}),
+                ));
+            }
+            Err(e) => {
+                tracing::error!(pod = %pod.pod, error = %e, "agent: name_reuse_race route removal failed")
+            }
+        }
+    }
+
+    /// Blackholes `pod.ip` on up to `k` other nodes chosen at random; returns them.
+    fn add_stale_routes(&self, pod: &PodNet, k: usize) -> Vec<String> {
+        let mut others: Vec<String> = self
+            .dataplane
+            .plan()
+            .nodes
+            .iter()
+            .filter(|n| n.name != self.node.name)
+            .map(|n| n.name.clone())
+            .collect();
+        others.shuffle(&mut rand::rng());
+        others.truncate(k);
+        others.sort();
+        let mut done = Vec::new();
+        for other in others {
+            match self.dataplane.add_blackhole(&other, pod.ip) {
+                Ok(()) => {
+                    self.truth.emit(TruthEvent {
+                        node: Some(other.clone()),
+                        ..TruthEvent::pod(
+                            TruthKind::PeerRouteRemoved,
+                            pod,
+                            json!({"peer": self.node.name, "reason": "stale_routes"}),
+                        )
+                    });
+                    done.push(other);
+                }
+                Err(e) => {
+                    tracing::error!(node = %other, error = %e, "agent: stale route not added")
+                }
+            }
+        }
+        done
+    }
+
+    /// Removes the stale routes of endpoint `uid` (only if its token still matches,
+    /// when given), emitting `peer_route_restored` for each.
+    fn clear_stale_routes(&self, uid: &str, token: Option<u64>) {
+        let (net, nodes) = {
+            let mut eps = self.lock();
+            let Some(ep) = eps.get_mut(uid) else { return };
+            if token.is_some_and(|t| t != ep.token) {
+                return;
+            }
+            (ep.net.clone(), std::mem::take(&mut ep.stale_on))
+        };
+        for other in nodes {
+            match self.dataplane.remove_blackhole(&other, net.ip) {
+                Ok(()) => {
+                    self.truth.emit(TruthEvent {
+                        node: Some(other.clone()),
+                        ..TruthEvent::pod(
+                            TruthKind::PeerRouteRestored,
+                            &net,
+                            json!({"peer": self.node.name, "reason": "stale_routes"}),
+                        )
+                    });
+                }
+                Err(e) => {
+                    tracing::error!(node = %other, error = %e, "agent: stale route not removed")
+                }
+            }
+        }
+    }
+
+    /// Brings the node's peer routes in line with `cross_node` (blocking `ip` calls).
+    fn reconcile_peers(&self, nf: &NodeFaults) {
+        let want: BTreeSet<String> = match &nf.cross_node {
+            None => BTreeSet::new(),
+            Some(c) => self
+                .dataplane
+                .plan()
+                .nodes
+                .iter()
+                .filter(|n| n.name != self.node.name && c.broken_peers.includes(&n.name))
+                .map(|n| n.name.clone())
+                .collect(),
+        };
+        let mut have = self.broken_peers.lock().unwrap_or_else(|p| p.into_inner());
+        for peer in want.difference(&have.clone()) {
+            match self.dataplane.remove_peer_route(&self.node.name, peer) {
+                Ok(()) => {
+                    have.insert(peer.clone());
+                    self.truth.emit(TruthEvent::node(
+                        TruthKind::PeerRouteRemoved,
+                        &self.node.name,
+                        json!({"peer": peer, "reason": "cross_node"}),
+                    ));
+                }
+                Err(e) => {
+                    tracing::error!(peer = %peer, error = %e, "agent: peer route not removed")
+                }
+            }
+        }
+        for peer in have.clone().difference(&want) {
+            match self.dataplane.restore_peer_route(&self.node.name, peer) {
+                Ok(()) => {
+                    have.remove(peer);
+                    self.truth.emit(TruthEvent::node(
+                        TruthKind::PeerRouteRestored,
+                        &self.node.name,
+                        json!({"peer": peer, "reason": "cross_node"}),
+                    ));
+                }
+                Err(e) => {
+                    tracing::error!(peer = %peer, error = %e, "agent: peer route not restored")
+                }
+            }
+        }
+    }
+
+    /// Route-table resync: times the interface listing and one route read per
+    /// workload interface (blocking `ip` calls).
+    fn route_resync(&self) {
+        let started = Instant::now();
+        let listed = self.dataplane.list_workload_ifaces(&self.node.name);
+        let list_took = started.elapsed();
+        let ifaces: Vec<String> = self.lock().values().map(|e| e.net.iface.clone()).collect();
+        let mut per_iface = Vec::new();
+        for iface in ifaces {
+            let t = Instant::now();
+            if self.dataplane.iface_routes(&self.node.name, &iface).is_ok() {
+                per_iface.push(t.elapsed());
+            }
+        }
+        let now = Instant::now();
+        let mut m = self.felix();
+        if listed.is_ok() {
+            m.route_table_list.observe(list_took.as_secs_f64(), now);
+        }
+        for d in per_iface {
+            m.route_table_per_iface_sync.observe(d.as_secs_f64(), now);
+        }
+    }
+
+    /// One apply-loop iteration without endpoint updates (fault `resync_loop`): a real
+    /// read of the allow set, padded to `floor`.
+    async fn loop_apply(self: &Arc<Self>, floor: Option<Duration>) {
+        let _apply = self.apply_loop.lock().await;
+        let started = Instant::now();
+        let me = self.clone();
+        let ok = tokio::task::spawn_blocking(move || me.dataplane.allowed(&me.node.name).is_ok())
+            .await
+            .unwrap_or(false);
+        if let Some(f) = floor {
+            tokio::time::sleep_until((started + f).into()).await;
+        }
+        self.count_apply(started.elapsed(), None, ok);
+    }
+
+    /// A simulated process restart: metrics start again from zero.
+    fn restart(&self) {
+        self.counters.restarts.fetch_add(1, Ordering::Relaxed);
+        *self.felix() = FelixMetrics::new(Instant::now(), unix_now());
+        tracing::info!(node = %self.node.name, "agent: simulated restart");
+    }
+}
+
+/// The node task: node-wide faults and metrics upkeep (see the module docs). Ends when
+/// the agent is dropped.
+async fn node_loop(weak: Weak<Inner>) {
+    let Some(mut rx) = weak.upgrade().map(|i| i.faults.subscribe()) else {
+        return;
+    };
+    let mut last_tick = Instant::now();
+    let mut next_route_resync = Instant::now();
+    let mut next_restart: Option<(u64, Instant)> = None;
+    let mut next_loop_apply: Option<(u64, Instant)> = None;
+    let (mut carry_failures, mut carry_resyncs) = (0.0f64, 0.0f64);
+    loop {
+        let Some(inner) = weak.upgrade() else { return };
+        let now = Instant::now();
+        let applied = inner.faults.current();
+        let since = now.saturating_duration_since(applied.applied_at);
+        let nf = applied
+            .file
+            .for_node(&inner.node.name, &inner.labels, since);
+
+        {
+            let i2 = inner.clone();
+            let nf2 = nf.clone();
+            let _ = tokio::task::spawn_blocking(move || i2.reconcile_peers(&nf2)).await;
+        }
+        inner
+            .ready
+            .store(nf.agent.not_ready != Some(true), Ordering::Relaxed);
+
+        // Extra failures / resyncs, accumulated over real elapsed time.
+        let dt = now.saturating_duration_since(last_tick).as_secs_f64();
+        last_tick = now;
+        carry_failures += dt * nf.agent.extra_failures_per_second.unwrap_or(0.0);
+        carry_resyncs += dt * nf.agent.extra_resyncs_per_second.unwrap_or(0.0);
+        let (add_f, add_r) = (carry_failures.floor(), carry_resyncs.floor());
+        carry_failures -= add_f;
+        carry_resyncs -= add_r;
+        if add_f > 0.0 || add_r > 0.0 {
+            let mut m = inner.felix();
+            m.failures += add_f as u64;
+            m.resyncs_started += add_r as u64;
+        }
+
+        // Restarts, re-planned when the file changes.
+        match (nf.agent.restarts, next_restart) {
+            (None, _) => next_restart = None,
+            (Some(r), plan) => {
+                let due = match plan {
+                    Some((g, at)) if g == applied.generation => at,
+                    _ => now + r.every.sample(&mut rand::rng()),
+                };
+                if now >= due {
+                    inner.restart();
+                    next_restart =
+                        Some((applied.generation, now + r.every.sample(&mut rand::rng())));
+                } else {
+                    next_restart = Some((applied.generation, due));
+                }
+            }
+        }
+
+        // Route-table resync at start and every ROUTE_REFRESH_INTERVAL.
+        if now >= next_route_resync {
+            let i2 = inner.clone();
+            let _ = tokio::task::spawn_blocking(move || i2.route_resync()).await;
+            next_route_resync = now + ROUTE_REFRESH_INTERVAL;
+        }
+
+        // Apply loop under resync_loop: one apply per period, at the window starts.
+        match nf.resync_loop {
+            None => next_loop_apply = None,
+            Some(r) => {
+                let at = match next_loop_apply {
+                    Some((g, at)) if g == applied.generation => at,
+                    _ => applied.applied_at + r.next_open(since),
+                };
+                if now >= at {
+                    inner.loop_apply(nf.agent.apply_time_floor).await;
+                    // Next iteration: the first open instant at least one period
+                    // after this one started and not before now, so an apply that
+                    // takes the whole period (apply_time_floor ≥ period) is retried
+                    // back to back, as a stuck apply loop is.
+                    let this_start = at.saturating_duration_since(applied.applied_at);
+                    let after = Instant::now().saturating_duration_since(applied.applied_at);
+                    let next_start = r.next_open((this_start + r.period).max(after));
+                    next_loop_apply = Some((applied.generation, applied.applied_at + next_start));
+                } else {
+                    next_loop_apply = Some((applied.generation, at));
+                }
+            }
+        }
+
+        // Sleep until the next second, boundary, restart or loop apply.
+        let mut wake = Instant::now() + Duration::from_secs(1);
+        for b in applied.file.boundaries(&inner.node.name, &inner.labels) {
+            let at = applied.applied_at + b;
+            if at > now && at < wake {
+                wake = at;
+            }
+        }
+        for at in [next_restart.map(|x| x.1), next_loop_apply.map(|x| x.1)]
+            .into_iter()
+            .flatten()
+        {
+            if at < wake {
+                wake = at;
+            }
+        }
+        wake = wake.min(next_route_resync);
+        drop(inner);
+        tokio::select! {
+            _ = tokio::time::sleep_until(wake.into()) => {}
+            r = rx.changed() => if r.is_err() { return },
+        }
     }
 }
 
 /// Waits until the endpoint is due under the faults in force (re-planning on every
-/// fault change), then programs it.
+/// fault change), then programs it through the node's apply loop.
 async fn program(inner: Arc<Inner>, net: PodNet, token: u64, added_at: Instant) {
     let mut rx = inner.faults.subscribe();
-    let delay = loop {
+    let (delay, nf) = loop {
         rx.borrow_and_update();
         let applied = inner.faults.current();
         let since_applied = added_at.saturating_duration_since(applied.applied_at);
@@ -256,32 +710,76 @@ async fn program(inner: Arc<Inner>, net: PodNet, token: u64, added_at: Instant) 
             continue;
         };
         tokio::select! {
-            _ = tokio::time::sleep_until(at.into()) => break delay,
+            _ = tokio::time::sleep_until(at.into()) => break (delay, nf),
             r = rx.changed() => if r.is_err() { return },
         }
     };
+    let apply_guard = inner.apply_loop.lock().await;
+    let started = Instant::now();
+    if let Some(q) = nf.queue {
+        let d = q.per_endpoint.sample(&mut rand::rng());
+        tokio::time::sleep(d).await;
+    }
+    if let Some(floor) = nf.agent.apply_time_floor {
+        tokio::time::sleep_until((started + floor).into()).await;
+    }
     let inner2 = inner.clone();
     let net2 = net.clone();
-    let res =
-        tokio::task::spawn_blocking(move || apply(&inner2, &net2, token, delay, added_at)).await;
-    if let Err(e) = res {
-        if !e.is_cancelled() {
-            tracing::error!(pod = %net.pod, error = %e, "agent: programming task failed");
+    let fcd = nf.first_connections_dropped.unwrap_or(0);
+    let res = tokio::task::spawn_blocking(move || {
+        apply(&inner2, &net2, token, delay, added_at, started, fcd)
+    })
+    .await;
+    drop(apply_guard);
+    match res {
+        Ok(true) => {
+            if let Some(r) = nf.revoke {
+                let after = r.after.sample(&mut rand::rng());
+                let weak = Arc::downgrade(&inner);
+                let uid = net.uid.clone();
+                let task = tokio::spawn(async move {
+                    tokio::time::sleep(after).await;
+                    let Some(inner) = weak.upgrade() else { return };
+                    let _ = tokio::task::spawn_blocking(move || revoke(&inner, &uid, token, after))
+                        .await;
+                });
+                if let Some(ep) = inner.lock().get_mut(&net.uid) {
+                    if ep.token == token {
+                        ep.revoke_abort = Some(task.abort_handle());
+                    }
+                }
+            }
+        }
+        Ok(false) => {}
+        Err(e) => {
+            if !e.is_cancelled() {
+                tracing::error!(pod = %net.pod, error = %e, "agent: programming task failed");
+            }
         }
     }
 }
 
-/// The apply step, under the endpoints lock: allow, mark, record truth.
-fn apply(inner: &Inner, net: &PodNet, token: u64, delay: Duration, added_at: Instant) {
+/// The allow step, under the endpoints lock: allow, mark, record truth and the apply
+/// (timed from `started`, the start of the apply). Returns whether it programmed.
+fn apply(
+    inner: &Inner,
+    net: &PodNet,
+    token: u64,
+    delay: Duration,
+    added_at: Instant,
+    started: Instant,
+    first_syns_dropped: u32,
+) -> bool {
     let mut eps = inner.lock();
     match eps.get(&net.uid) {
         Some(ep) if ep.token == token && !ep.programmed => {}
-        _ => return, // removed or replaced meanwhile
+        _ => return false, // removed or replaced meanwhile
     }
-    let started = Instant::now();
-    let r = inner.dataplane.allow(&inner.node.name, net.ip);
+    let r = inner
+        .dataplane
+        .allow_dropping_first_syns(&inner.node.name, net.ip, first_syns_dropped);
     let apply_time = started.elapsed();
-    inner.count_apply(apply_time, r.is_ok());
+    inner.count_apply(apply_time, Some(1), r.is_ok());
     match r {
         Ok(()) => {
             if let Some(ep) = eps.get_mut(&net.uid) {
@@ -296,13 +794,41 @@ fn apply(inner: &Inner, net: &PodNet, token: u64, delay: Duration, added_at: Ins
                     "delay_seconds": delay.as_secs_f64(),
                     "apply_seconds": apply_time.as_secs_f64(),
                     "waited_seconds": added_at.elapsed().as_secs_f64(),
+                    "first_connections_dropped": first_syns_dropped,
                 }),
             ));
+            true
         }
         Err(e) => {
             // Felix would retry on its next apply; one retry loop here is enough to stay
             // faithful without hiding a broken dataplane: log and leave it pending.
             tracing::error!(pod = %net.pod, error = %e, "agent: allow failed; endpoint stays unprogrammed");
+            false
         }
+    }
+}
+
+/// Fault `revoke`: removes the endpoint's IP from the allow set for good.
+fn revoke(inner: &Inner, uid: &str, token: u64, after: Duration) {
+    let mut eps = inner.lock();
+    let Some(ep) = eps.get_mut(uid) else { return };
+    if ep.token != token || !ep.programmed {
+        return;
+    }
+    let started = Instant::now();
+    let r = inner.dataplane.disallow(&inner.node.name, ep.net.ip);
+    inner.count_apply(started.elapsed(), Some(1), r.is_ok());
+    match r {
+        Ok(()) => {
+            ep.programmed = false;
+            ep.revoke_abort = None;
+            inner.counters.revoked.fetch_add(1, Ordering::Relaxed);
+            inner.truth.emit(TruthEvent::pod(
+                TruthKind::EndpointRevoked,
+                &ep.net,
+                json!({"reason": "revoke", "after_seconds": after.as_secs_f64()}),
+            ));
+        }
+        Err(e) => tracing::error!(pod = %ep.net.pod, error = %e, "agent: revoke failed"),
     }
 }

@@ -51,6 +51,14 @@ pub const NFT_TABLE: &str = "firstpacket";
 /// Name of the allow set (type `ipv4_addr`) in [`NFT_TABLE`].
 pub const NFT_SET: &str = "allowed";
 
+/// Name of the verdict map (pod IP → `jump fcd_<ip>`) behind the
+/// `first_connections_dropped` fault in [`NFT_TABLE`]: a new TCP connection (SYN
+/// without ACK) from or to a mapped IP jumps to that endpoint's chain, whose single
+/// rule `limit rate 1/week burst N packets drop` drops exactly the first N such SYNs
+/// (the token bucket starts full with N packets; checked with nftables 1.0.6) and lets
+/// every later one through.
+pub const NFT_FCD_MAP: &str = "fcd";
+
 /// Host-order offsets in a node's /24 block handed to pods: `.2`–`.254` (`.0`/`.255`
 /// are network/broadcast to most tools, `.1` is kept free by convention).
 const FIRST_HOST: u32 = 2;
@@ -219,10 +227,13 @@ fn node_ruleset() -> String {
     format!(
         "table inet {NFT_TABLE} {{\n\
          \tset {NFT_SET} {{ type ipv4_addr; }}\n\
+         \tmap {NFT_FCD_MAP} {{ type ipv4_addr : verdict; }}\n\
          \tchain forward {{\n\
          \t\ttype filter hook forward priority 0; policy accept;\n\
          \t\tiifname \"cali*\" ip saddr != @{NFT_SET} drop\n\
          \t\toifname \"cali*\" ip daddr != @{NFT_SET} drop\n\
+         \t\ttcp flags & (syn | ack) == syn ip saddr vmap @{NFT_FCD_MAP}\n\
+         \t\ttcp flags & (syn | ack) == syn ip daddr vmap @{NFT_FCD_MAP}\n\
          \t}}\n\
          }}\n"
     )
@@ -481,15 +492,168 @@ impl Dataplane {
         .map(drop)
     }
 
-    /// Removes `ip` from `node`'s allow set (add-then-delete in one nft transaction, so
-    /// it succeeds whether or not the IP was there). Errors: unknown node, `nft` failure.
-    pub fn disallow(&self, node: &str, ip: Ipv4Addr) -> Result<()> {
+    /// Programs an endpoint like [`Dataplane::allow`] and, when `drop_first_syns > 0`,
+    /// in the same nft transaction makes its node drop the first `drop_first_syns` new
+    /// TCP connections (SYNs without ACK) forwarded from or to `ip` (fault
+    /// `first_connections_dropped`; see [`NFT_FCD_MAP`]). Re-programming resets the
+    /// budget. Errors: unknown node, `nft` failure.
+    pub fn allow_dropping_first_syns(
+        &self,
+        node: &str,
+        ip: Ipv4Addr,
+        drop_first_syns: u32,
+    ) -> Result<()> {
+        if drop_first_syns == 0 {
+            return self.allow(node, ip);
+        }
         let st = self.node(node)?;
+        let chain = fcd_chain(ip);
         let script = format!(
-            "add element inet {NFT_TABLE} {NFT_SET} {{ {ip} }}\n\
-             delete element inet {NFT_TABLE} {NFT_SET} {{ {ip} }}\n"
+            "add chain inet {NFT_TABLE} {chain}\n\
+             flush chain inet {NFT_TABLE} {chain}\n\
+             add rule inet {NFT_TABLE} {chain} limit rate 1/week burst {drop_first_syns} packets counter drop\n\
+             add element inet {NFT_TABLE} {NFT_FCD_MAP} {{ {ip} : jump {chain} }}\n\
+             add element inet {NFT_TABLE} {NFT_SET} {{ {ip} }}\n"
         );
         run(Some(&st.plan.netns), &["nft", "-f", "-"], Some(&script)).map(drop)
+    }
+
+    /// Removes `ip` from `node`'s allow set and any `first_connections_dropped` state of
+    /// it (add-then-delete in one nft transaction, so it succeeds whether or not the IP
+    /// was there). Errors: unknown node, `nft` failure.
+    pub fn disallow(&self, node: &str, ip: Ipv4Addr) -> Result<()> {
+        let st = self.node(node)?;
+        let chain = fcd_chain(ip);
+        let script = format!(
+            "add element inet {NFT_TABLE} {NFT_SET} {{ {ip} }}\n\
+             delete element inet {NFT_TABLE} {NFT_SET} {{ {ip} }}\n\
+             add chain inet {NFT_TABLE} {chain}\n\
+             flush chain inet {NFT_TABLE} {chain}\n\
+             add element inet {NFT_TABLE} {NFT_FCD_MAP} {{ {ip} : jump {chain} }}\n\
+             delete element inet {NFT_TABLE} {NFT_FCD_MAP} {{ {ip} }}\n\
+             delete chain inet {NFT_TABLE} {chain}\n"
+        );
+        run(Some(&st.plan.netns), &["nft", "-f", "-"], Some(&script)).map(drop)
+    }
+
+    /// Removes `node`'s route to `peer`'s pod block (fault `cross_node`). Idempotent.
+    /// Errors: unknown node or peer, `ip` failure.
+    pub fn remove_peer_route(&self, node: &str, peer: &str) -> Result<()> {
+        let st = self.node(node)?;
+        let p = self.node(peer)?;
+        match run(
+            None,
+            &[
+                "ip",
+                "-n",
+                &st.plan.netns,
+                "route",
+                "del",
+                &p.plan.pod_cidr.to_string(),
+            ],
+            None,
+        ) {
+            Err(e) if is_gone(&e) => Ok(()),
+            r => r.map(drop),
+        }
+    }
+
+    /// Puts `node`'s route to `peer`'s pod block back (`<block> via <peer node IP>`, as
+    /// built). Idempotent. Errors: unknown node or peer, `ip` failure.
+    pub fn restore_peer_route(&self, node: &str, peer: &str) -> Result<()> {
+        let st = self.node(node)?;
+        let p = self.node(peer)?;
+        run(
+            None,
+            &[
+                "ip",
+                "-n",
+                &st.plan.netns,
+                "route",
+                "replace",
+                &p.plan.pod_cidr.to_string(),
+                "via",
+                &p.plan.ip.to_string(),
+            ],
+            None,
+        )
+        .map(drop)
+    }
+
+    /// Adds `blackhole <ip>/32` on `node` (fault `stale_routes`: a stale route for a
+    /// pod IP that now lives elsewhere). Idempotent. Errors: unknown node, `ip` failure.
+    pub fn add_blackhole(&self, node: &str, ip: Ipv4Addr) -> Result<()> {
+        let st = self.node(node)?;
+        run(
+            None,
+            &[
+                "ip",
+                "-n",
+                &st.plan.netns,
+                "route",
+                "replace",
+                "blackhole",
+                &format!("{ip}/32"),
+            ],
+            None,
+        )
+        .map(drop)
+    }
+
+    /// Removes the `blackhole <ip>/32` route from `node` again. Idempotent. Errors:
+    /// unknown node, `ip` failure.
+    pub fn remove_blackhole(&self, node: &str, ip: Ipv4Addr) -> Result<()> {
+        let st = self.node(node)?;
+        match run(
+            None,
+            &[
+                "ip",
+                "-n",
+                &st.plan.netns,
+                "route",
+                "del",
+                "blackhole",
+                &format!("{ip}/32"),
+            ],
+            None,
+        ) {
+            Err(e) if is_gone(&e) => Ok(()),
+            r => r.map(drop),
+        }
+    }
+
+    /// The routes via workload interface `iface` on `node` (`ip route show dev IFACE`),
+    /// one per line: the agent's per-interface route sync read, timed for
+    /// `felix_route_table_per_iface_sync_seconds`. Errors: unknown node, `ip` failure
+    /// (e.g. the interface is gone).
+    pub fn iface_routes(&self, node: &str, iface: &str) -> Result<Vec<String>> {
+        let st = self.node(node)?;
+        let out = run(
+            None,
+            &["ip", "-n", &st.plan.netns, "route", "show", "dev", iface],
+            None,
+        )?;
+        Ok(out.lines().map(str::to_owned).collect())
+    }
+
+    /// Lists `node`'s interfaces (`ip -o link show`) and returns how many are workload
+    /// interfaces (`cali*`): the agent's route-table resync list step, timed for
+    /// `felix_route_table_list_seconds`. Errors: unknown node, `ip` failure.
+    pub fn list_workload_ifaces(&self, node: &str) -> Result<usize> {
+        let st = self.node(node)?;
+        let out = run(
+            None,
+            &["ip", "-n", &st.plan.netns, "-o", "link", "show"],
+            None,
+        )?;
+        Ok(out
+            .lines()
+            .filter(|l| {
+                l.split(": ")
+                    .nth(1)
+                    .is_some_and(|name| name.starts_with("cali"))
+            })
+            .count())
     }
 
     /// The IPs currently in `node`'s allow set.
@@ -535,6 +699,12 @@ impl Dataplane {
             r => r.map(drop),
         }
     }
+}
+
+/// Name of the per-endpoint `first_connections_dropped` chain: `fcd_<a>_<b>_<c>_<d>`.
+fn fcd_chain(ip: Ipv4Addr) -> String {
+    let o = ip.octets();
+    format!("fcd_{}_{}_{}_{}", o[0], o[1], o[2], o[3])
 }
 
 /// Builds the topology; on error the caller sweeps.
@@ -732,5 +902,12 @@ mod tests {
         assert!(r.contains("iifname \"cali*\" ip saddr != @allowed drop"));
         assert!(r.contains("oifname \"cali*\" ip daddr != @allowed drop"));
         assert!(r.contains("hook forward"));
+        // SYN-only matches come after the allow-set drops, so only SYNs the node would
+        // forward count towards `first_connections_dropped`.
+        let allow = r.find("@allowed drop").unwrap();
+        let fcd = r.find("ip saddr vmap @fcd").unwrap();
+        assert!(allow < fcd);
+        assert!(r.contains("tcp flags & (syn | ack) == syn ip daddr vmap @fcd"));
+        assert_eq!(fcd_chain(Ipv4Addr::new(10, 7, 1, 2)), "fcd_10_7_1_2");
     }
 }

@@ -19,13 +19,22 @@
 //!   both select. A rule with `from`/`until` applies to endpoints added in
 //!   `[from, until)` after the file was applied.
 //! - Unknown keys are an error naming the line and the key.
-//! - Implemented primitives: `program_delay` (time from `endpoint_added` to
+//! - Primitives (DESIGN §5): `program_delay` (time from `endpoint_added` to
 //!   `endpoint_programmed`), `resync_loop: {period, open}` (an endpoint whose delay has
 //!   elapsed is programmed only inside the next open window; windows start every `period`
-//!   from the file's application) and `never_program`. The other §5 primitives (`queue`,
-//!   `revoke`, `name_reuse_race`, `first_connections_dropped`, `cross_node`,
-//!   `stale_routes`, `service_delay`, `clock_skew`, `agent`) are recognised and rejected
-//!   with "primitive X is not implemented yet (testbed issue 2 of 4)" and the line.
+//!   from the file's application), `never_program: p`, `queue: {per_endpoint: D}`,
+//!   `revoke: {after: D}`, `name_reuse_race: p`, `first_connections_dropped: N`,
+//!   `cross_node: {broken_peers: all | [names]}`, `stale_routes: {k: N, for: D}`,
+//!   `clock_skew: ±D`, `agent: {not_ready, restarts: {every: D},
+//!   extra_failures_per_second, extra_resyncs_per_second, apply_time_floor}`. Each type
+//!   below says what it does; [`crate::agent`] carries them out.
+//! - `service_delay` is recognised and rejected with "primitive `service_delay` is not
+//!   implemented yet (Services are not in the testbed dataplane)" and its line.
+//! - `from`/`until`: per-endpoint primitives (decided when an endpoint is added:
+//!   `program_delay`, `resync_loop`, `never_program`, `queue`, `revoke`,
+//!   `name_reuse_race`, `first_connections_dropped`, `stale_routes`, `clock_skew` at
+//!   container start) select endpoints added in the window; node-wide ones (`cross_node`,
+//!   `agent`) are in force during the window.
 
 use crate::truth::{Truth, TruthEvent, TruthKind};
 use rand::{Rng, RngExt};
@@ -401,7 +410,7 @@ struct Reject(&'static str);
 impl Reject {
     fn err<E: de::Error>(&self) -> E {
         E::custom(format!(
-            "primitive `{}` is not implemented yet (testbed issue 2 of 4)",
+            "primitive `{}` is not implemented yet (Services are not in the testbed dataplane)",
             self.0
         ))
     }
@@ -441,26 +450,329 @@ impl<'de> Visitor<'de> for Reject {
     }
 }
 
-macro_rules! rejecters {
-    ($($f:ident => $name:literal),* $(,)?) => {
-        $(
-            fn $f<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Unimplemented>, D::Error> {
-                d.deserialize_any(Reject($name))
-            }
-        )*
-    };
+fn reject_service_delay<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Unimplemented>, D::Error> {
+    d.deserialize_any(Reject("service_delay"))
 }
 
-rejecters! {
-    reject_queue => "queue",
-    reject_revoke => "revoke",
-    reject_name_reuse_race => "name_reuse_race",
-    reject_first_connections_dropped => "first_connections_dropped",
-    reject_cross_node => "cross_node",
-    reject_stale_routes => "stale_routes",
-    reject_service_delay => "service_delay",
-    reject_clock_skew => "clock_skew",
-    reject_agent => "agent",
+/// `queue: {per_endpoint: D}`: the node's agent programs endpoints one after another
+/// and each apply takes a sample of `D` (under the node's single apply loop), so the
+/// K-th endpoint of a burst is programmed about K·D after the burst.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Queue {
+    /// Time each endpoint's apply takes.
+    pub per_endpoint: DurationDist,
+}
+
+impl<'de> Deserialize<'de> for Queue {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Raw {
+            per_endpoint: DurationDist,
+        }
+        let r = Raw::deserialize(d)?;
+        Ok(Queue {
+            per_endpoint: r.per_endpoint,
+        })
+    }
+}
+
+/// `revoke: {after: D}`: a sample of `D` after an endpoint was programmed its allow-set
+/// entry is removed again (truth `endpoint_revoked`) and stays removed: the pod works,
+/// then stops working.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Revoke {
+    /// Time from `endpoint_programmed` to `endpoint_revoked`.
+    pub after: DurationDist,
+}
+
+impl<'de> Deserialize<'de> for Revoke {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Raw {
+            after: DurationDist,
+        }
+        let r = Raw::deserialize(d)?;
+        Ok(Revoke { after: r.after })
+    }
+}
+
+/// Which peers' pod-block routes a `cross_node` fault removes on a selected node.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum BrokenPeers {
+    /// `broken_peers: all`: every other node.
+    #[serde(serialize_with = "ser_all")]
+    All,
+    /// `broken_peers: [node-1, …]`: only these nodes (the node itself and unknown names
+    /// are ignored).
+    Names(Vec<String>),
+}
+
+fn ser_all<S: Serializer>(s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str("all")
+}
+
+impl BrokenPeers {
+    /// Whether the route to `peer`'s block is to be removed.
+    pub fn includes(&self, peer: &str) -> bool {
+        match self {
+            BrokenPeers::All => true,
+            BrokenPeers::Names(n) => n.iter().any(|n| n == peer),
+        }
+    }
+}
+
+/// `cross_node: {broken_peers: all | [names]}`: while the rule is in force (its
+/// `from`/`until` read as wall-time windows since the file was applied), the selected
+/// nodes have no route to the chosen peers' pod blocks (truth `peer_route_removed` /
+/// `peer_route_restored`, `detail.peer`). Same-node traffic is unaffected
+/// (SCENARIOS.md S4).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CrossNode {
+    pub broken_peers: BrokenPeers,
+}
+
+impl<'de> Deserialize<'de> for CrossNode {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Peers {
+            Word(String),
+            Names(Vec<String>),
+        }
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Raw {
+            broken_peers: Peers,
+        }
+        let r = Raw::deserialize(d)?;
+        let broken_peers = match r.broken_peers {
+            Peers::Word(w) if w == "all" => BrokenPeers::All,
+            Peers::Word(w) => {
+                return Err(de::Error::custom(format!(
+                    "cross_node.broken_peers: expected `all` or a list of node names, got {w:?}"
+                )))
+            }
+            Peers::Names(n) => BrokenPeers::Names(n),
+        };
+        Ok(CrossNode { broken_peers })
+    }
+}
+
+/// `stale_routes: {k: N, for: D}` (our definition; DESIGN §5 names the primitive
+/// only): when an endpoint is added on a selected node, `k` other nodes chosen at
+/// random (all of them if fewer) get a `blackhole <pod IP>/32` route, as if they still
+/// held a stale route for an IP that used to live elsewhere. Traffic from those nodes
+/// (and their pods) to the new pod is dropped until the route goes: after a sample of
+/// `for`, or, without `for`, when the endpoint is removed. Truth: `peer_route_removed`
+/// / `peer_route_restored` with `node` = the node holding the stale route, the pod
+/// fields of the new pod and `detail: {peer: <pod's node>, reason: "stale_routes"}`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct StaleRoutes {
+    /// How many other nodes get the stale route.
+    pub k: u32,
+    /// How long the stale route stays; `None` = until the endpoint is removed.
+    #[serde(rename = "for")]
+    pub hold: Option<DurationDist>,
+}
+
+impl<'de> Deserialize<'de> for StaleRoutes {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Raw {
+            k: u32,
+            #[serde(default, rename = "for")]
+            hold: Option<DurationDist>,
+        }
+        let r = Raw::deserialize(d)?;
+        Ok(StaleRoutes {
+            k: r.k,
+            hold: r.hold,
+        })
+    }
+}
+
+/// `clock_skew: D` with an optional sign (`30s`, `+30s`, `-1m`): the wall clock of pod
+/// processes started on the node is shifted by `D` (libfaketime, see
+/// [`ClockSkew::faketime_env`]); monotonic clocks and the daemon's clock are not.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ClockSkew {
+    /// Signed shift in seconds.
+    pub seconds: f64,
+}
+
+/// Where Debian's `libfaketime` package (0.9.10 in bookworm) installs the preload
+/// library (`dpkg -L libfaketime`).
+pub const LIBFAKETIME_PATH: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+impl ClockSkew {
+    /// Environment for a process whose wall clock is to be shifted: `LD_PRELOAD` of
+    /// [`LIBFAKETIME_PATH`], `FAKETIME="+S"`/`"-S"` (libfaketime's relative offset in
+    /// seconds, fractions allowed), and `FAKETIME_DONT_FAKE_MONOTONIC=1` so that
+    /// `CLOCK_MONOTONIC` (what TTFP is measured with) stays true. Works for dynamically
+    /// linked binaries only (LD_PRELOAD).
+    pub fn faketime_env(&self) -> Vec<(String, String)> {
+        let sign = if self.seconds < 0.0 { '-' } else { '+' };
+        vec![
+            ("LD_PRELOAD".to_owned(), LIBFAKETIME_PATH.to_owned()),
+            (
+                "FAKETIME".to_owned(),
+                format!("{sign}{}", self.seconds.abs()),
+            ),
+            ("FAKETIME_DONT_FAKE_MONOTONIC".to_owned(), "1".to_owned()),
+        ]
+    }
+}
+
+impl Serialize for ClockSkew {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let sign = if self.seconds < 0.0 { "-" } else { "+" };
+        let d = Duration::from_secs_f64(self.seconds.abs());
+        s.serialize_str(&format!("{sign}{}", humantime::format_duration(d)))
+    }
+}
+
+impl<'de> Deserialize<'de> for ClockSkew {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = ClockSkew;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a signed duration such as 30s, +30s or -1m")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<ClockSkew, E> {
+                let s = s.trim();
+                let (neg, rest) = match s.as_bytes().first() {
+                    Some(b'-') => (true, &s[1..]),
+                    Some(b'+') => (false, &s[1..]),
+                    _ => (false, s),
+                };
+                let d = parse_duration_str::<E>(rest)?.as_secs_f64();
+                Ok(ClockSkew {
+                    seconds: if neg { -d } else { d },
+                })
+            }
+            fn visit_u64<E: de::Error>(self, n: u64) -> Result<ClockSkew, E> {
+                HumanDuration::deserialize(de::value::U64Deserializer::<E>::new(n)).map(|h| {
+                    ClockSkew {
+                        seconds: h.0.as_secs_f64(),
+                    }
+                })
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `restarts: {every: D}` inside `agent`: the simulated agent restarts every sample of
+/// `D` (process start time moves, every Felix counter and summary starts from zero, the
+/// restart count goes up); the dataplane it programmed stays as it is.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Restarts {
+    pub every: DurationDist,
+}
+
+impl<'de> Deserialize<'de> for Restarts {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Raw {
+            every: DurationDist,
+        }
+        let r = Raw::deserialize(d)?;
+        if let DurationDist::Fixed(d) = r.every {
+            if d.is_zero() {
+                return Err(de::Error::custom("agent.restarts.every must be above 0"));
+            }
+        }
+        Ok(Restarts { every: r.every })
+    }
+}
+
+/// `agent: {…}`: how the node's simulated agent looks from outside (its Ready state and
+/// its Felix metrics). Keys merge key by key across rules like the rule keys do.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
+pub struct AgentFaults {
+    /// The calico-node pod is not Ready ([`crate::agent::Agent::is_ready`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_ready: Option<bool>,
+    /// Periodic restarts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restarts: Option<Restarts>,
+    /// Extra `felix_int_dataplane_failures` per second (≥ 0, fractions accumulate).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub extra_failures_per_second: Option<f64>,
+    /// Extra `felix_resyncs_started` per second (≥ 0, fractions accumulate).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub extra_resyncs_per_second: Option<f64>,
+    /// Every dataplane apply takes at least this long (SCENARIOS.md S2: an apply loop
+    /// stuck retrying shows only as apply-time inflation).
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "ser_opt_duration"
+    )]
+    pub apply_time_floor: Option<Duration>,
+}
+
+impl AgentFaults {
+    /// `self` with every key `later` sets replaced by `later`'s value.
+    fn merge(&mut self, later: &AgentFaults) {
+        if later.not_ready.is_some() {
+            self.not_ready = later.not_ready;
+        }
+        if later.restarts.is_some() {
+            self.restarts = later.restarts;
+        }
+        if later.extra_failures_per_second.is_some() {
+            self.extra_failures_per_second = later.extra_failures_per_second;
+        }
+        if later.extra_resyncs_per_second.is_some() {
+            self.extra_resyncs_per_second = later.extra_resyncs_per_second;
+        }
+        if later.apply_time_floor.is_some() {
+            self.apply_time_floor = later.apply_time_floor;
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for AgentFaults {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Raw {
+            #[serde(default)]
+            not_ready: Option<bool>,
+            #[serde(default)]
+            restarts: Option<Restarts>,
+            #[serde(default)]
+            extra_failures_per_second: Option<f64>,
+            #[serde(default)]
+            extra_resyncs_per_second: Option<f64>,
+            #[serde(default)]
+            apply_time_floor: Option<HumanDuration>,
+        }
+        let r = Raw::deserialize(d)?;
+        for (k, v) in [
+            ("extra_failures_per_second", r.extra_failures_per_second),
+            ("extra_resyncs_per_second", r.extra_resyncs_per_second),
+        ] {
+            if v.is_some_and(|v| !v.is_finite() || v < 0.0) {
+                return Err(de::Error::custom(format!("agent.{k} must be a number ≥ 0")));
+            }
+        }
+        Ok(AgentFaults {
+            not_ready: r.not_ready,
+            restarts: r.restarts,
+            extra_failures_per_second: r.extra_failures_per_second,
+            extra_resyncs_per_second: r.extra_resyncs_per_second,
+            apply_time_floor: r.apply_time_floor.map(|h| h.0),
+        })
+    }
 }
 
 /// One rule as written.
@@ -468,18 +780,49 @@ rejecters! {
 pub struct Rule {
     /// Which nodes it applies to.
     pub nodes: NodeSelector,
-    /// Applies to endpoints added at or after this long since the file was applied.
+    /// In force from this long since the file was applied: for per-endpoint primitives
+    /// (everything decided when an endpoint is added) it selects endpoints added at or
+    /// after it; node-wide primitives (`cross_node`, `agent`) are in force from then.
     #[serde(serialize_with = "ser_opt_duration")]
     pub from: Option<Duration>,
     /// … and before this long since the file was applied.
     #[serde(serialize_with = "ser_opt_duration")]
     pub until: Option<Duration>,
     /// Time from `endpoint_added` to `endpoint_programmed`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub program_delay: Option<DurationDist>,
     /// Programming only inside periodic open windows.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub resync_loop: Option<ResyncLoop>,
     /// Probability that a new endpoint is never programmed.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub never_program: Option<Probability>,
+    /// Endpoints programmed one after another, each apply taking a sample.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue: Option<Queue>,
+    /// Allow-set entry removed again some time after programming.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revoke: Option<Revoke>,
+    /// Probability that an endpoint reusing an interface name already used on this node
+    /// loses its node-side /32 route for good right after CNI ADD (calico#11016).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name_reuse_race: Option<Probability>,
+    /// The first N new TCP connections (SYNs without ACK) to or from a new endpoint
+    /// that its node would forward are dropped, then all pass.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_connections_dropped: Option<u32>,
+    /// Peer pod-block routes missing on the selected nodes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cross_node: Option<CrossNode>,
+    /// New pod IPs blackholed on k other nodes for a while.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stale_routes: Option<StaleRoutes>,
+    /// Wall-clock shift for pod processes started on the node.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clock_skew: Option<ClockSkew>,
+    /// The simulated agent's own state and metrics.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent: Option<AgentFaults>,
 }
 
 impl<'de> Deserialize<'de> for Rule {
@@ -499,24 +842,24 @@ impl<'de> Deserialize<'de> for Rule {
             resync_loop: Option<ResyncLoop>,
             #[serde(default)]
             never_program: Option<Probability>,
-            #[serde(default, deserialize_with = "reject_queue")]
-            queue: Option<Unimplemented>,
-            #[serde(default, deserialize_with = "reject_revoke")]
-            revoke: Option<Unimplemented>,
-            #[serde(default, deserialize_with = "reject_name_reuse_race")]
-            name_reuse_race: Option<Unimplemented>,
-            #[serde(default, deserialize_with = "reject_first_connections_dropped")]
-            first_connections_dropped: Option<Unimplemented>,
-            #[serde(default, deserialize_with = "reject_cross_node")]
-            cross_node: Option<Unimplemented>,
-            #[serde(default, deserialize_with = "reject_stale_routes")]
-            stale_routes: Option<Unimplemented>,
+            #[serde(default)]
+            queue: Option<Queue>,
+            #[serde(default)]
+            revoke: Option<Revoke>,
+            #[serde(default)]
+            name_reuse_race: Option<Probability>,
+            #[serde(default)]
+            first_connections_dropped: Option<u32>,
+            #[serde(default)]
+            cross_node: Option<CrossNode>,
+            #[serde(default)]
+            stale_routes: Option<StaleRoutes>,
             #[serde(default, deserialize_with = "reject_service_delay")]
             service_delay: Option<Unimplemented>,
-            #[serde(default, deserialize_with = "reject_clock_skew")]
-            clock_skew: Option<Unimplemented>,
-            #[serde(default, deserialize_with = "reject_agent")]
-            agent: Option<Unimplemented>,
+            #[serde(default)]
+            clock_skew: Option<ClockSkew>,
+            #[serde(default)]
+            agent: Option<AgentFaults>,
         }
         let r = Raw::deserialize(d)?;
         let (from, until) = (r.from.map(|h| h.0), r.until.map(|h| h.0));
@@ -534,6 +877,14 @@ impl<'de> Deserialize<'de> for Rule {
             program_delay: r.program_delay,
             resync_loop: r.resync_loop,
             never_program: r.never_program,
+            queue: r.queue,
+            revoke: r.revoke,
+            name_reuse_race: r.name_reuse_race,
+            first_connections_dropped: r.first_connections_dropped,
+            cross_node: r.cross_node,
+            stale_routes: r.stale_routes,
+            clock_skew: r.clock_skew,
+            agent: r.agent,
         })
     }
 }
@@ -553,6 +904,15 @@ pub struct NodeFaults {
     pub program_delay: Option<DurationDist>,
     pub resync_loop: Option<ResyncLoop>,
     pub never_program: Option<Probability>,
+    pub queue: Option<Queue>,
+    pub revoke: Option<Revoke>,
+    pub name_reuse_race: Option<Probability>,
+    pub first_connections_dropped: Option<u32>,
+    pub cross_node: Option<CrossNode>,
+    pub stale_routes: Option<StaleRoutes>,
+    pub clock_skew: Option<ClockSkew>,
+    /// Merged key by key across rules; all `None` when no rule sets `agent`.
+    pub agent: AgentFaults,
 }
 
 impl NodeFaults {
@@ -588,8 +948,8 @@ impl NodeFaults {
 impl FaultFile {
     /// Parses a fault file. An empty document is an empty file (no rules). Errors:
     /// [`FaultError::Parse`] with serde_yaml_ng's message: syntax errors, unknown keys
-    /// ("unknown field `x`, expected one of …"), bad values and unimplemented primitives,
-    /// each followed by "at line L column C".
+    /// ("unknown field `x`, expected one of …"), bad values and unimplemented primitives
+    /// (`service_delay`), each followed by "at line L column C".
     pub fn parse(yaml: &str) -> Result<FaultFile, FaultError> {
         if yaml.lines().all(|l| {
             let l = l.trim();
@@ -600,10 +960,11 @@ impl FaultFile {
         serde_yaml_ng::from_str(yaml).map_err(|e| FaultError::from_yaml(e, yaml))
     }
 
-    /// Resolves the faults for node `node` with `labels`, for an endpoint added
-    /// `since_applied` after the file was applied: every rule that selects the node and
-    /// whose `[from, until)` contains `since_applied` is applied in order, each key it
-    /// sets overriding earlier rules.
+    /// Resolves the faults for node `node` with `labels` at `since_applied` after the
+    /// file was applied (for per-endpoint primitives: when the endpoint was added):
+    /// every rule that selects the node and whose `[from, until)` contains
+    /// `since_applied` is applied in order, each key it sets overriding earlier rules
+    /// (`agent`'s keys one by one).
     pub fn for_node(
         &self,
         node: &str,
@@ -620,17 +981,41 @@ impl FaultFile {
             {
                 continue;
             }
-            if r.program_delay.is_some() {
-                out.program_delay = r.program_delay;
+            macro_rules! take {
+                ($($k:ident),*) => { $( if r.$k.is_some() { out.$k = r.$k.clone(); } )* };
             }
-            if r.resync_loop.is_some() {
-                out.resync_loop = r.resync_loop;
-            }
-            if r.never_program.is_some() {
-                out.never_program = r.never_program;
+            take!(
+                program_delay,
+                resync_loop,
+                never_program,
+                queue,
+                revoke,
+                name_reuse_race,
+                first_connections_dropped,
+                cross_node,
+                stale_routes,
+                clock_skew
+            );
+            if let Some(a) = &r.agent {
+                out.agent.merge(a);
             }
         }
         out
+    }
+
+    /// The `from`/`until` offsets (since application) of every rule that selects the
+    /// node, sorted and deduplicated: the moments at which node-wide faults may change.
+    pub fn boundaries(&self, node: &str, labels: &BTreeMap<String, String>) -> Vec<Duration> {
+        let mut v: Vec<Duration> = self
+            .rules
+            .iter()
+            .filter(|r| r.nodes.matches(node, labels))
+            .flat_map(|r| [r.from, r.until])
+            .flatten()
+            .collect();
+        v.sort();
+        v.dedup();
+        v
     }
 }
 
@@ -801,14 +1186,118 @@ mod tests {
     }
 
     #[test]
-    fn unimplemented_primitive_is_rejected_with_its_name_and_line() {
+    fn service_delay_is_rejected_with_its_name_and_line() {
         let e =
-            err("rules:\n  - nodes: {all: true}\n    program_delay: 1s\n    revoke: {after: 2s}\n");
+            err("rules:\n  - nodes: {all: true}\n    program_delay: 1s\n    service_delay: 2s\n");
         assert!(
-            e.contains("primitive `revoke` is not implemented yet (testbed issue 2 of 4)"),
+            e.contains("primitive `service_delay` is not implemented yet"),
             "{e}"
         );
         assert!(e.contains("line 4"), "{e}");
+    }
+
+    #[test]
+    fn every_other_primitive_parses_with_its_values() {
+        let f = FaultFile::parse(
+            r#"rules:
+- nodes: {all: true}
+  queue: {per_endpoint: 300ms}
+  revoke: {after: {uniform: [1s, 2s]}}
+  name_reuse_race: 0.5
+  first_connections_dropped: 3
+  cross_node: {broken_peers: all}
+  stale_routes: {k: 2, for: 10s}
+  clock_skew: -1m
+  agent: {not_ready: true, restarts: {every: 30s}, extra_failures_per_second: 1, extra_resyncs_per_second: 0.5, apply_time_floor: 1s}
+- nodes: {names: [node-2]}
+  cross_node: {broken_peers: [node-1, node-3]}
+  clock_skew: 30s
+  agent: {not_ready: false}
+"#,
+        )
+        .unwrap();
+        let l = labels(&[]);
+        let n1 = f.for_node("node-1", &l, Duration::ZERO);
+        assert_eq!(
+            n1.queue.unwrap().per_endpoint,
+            DurationDist::Fixed(Duration::from_millis(300))
+        );
+        assert_eq!(
+            n1.revoke.unwrap().after,
+            DurationDist::Uniform(Duration::from_secs(1), Duration::from_secs(2))
+        );
+        assert_eq!(n1.name_reuse_race, Some(Probability(0.5)));
+        assert_eq!(n1.first_connections_dropped, Some(3));
+        assert_eq!(
+            n1.cross_node.as_ref().unwrap().broken_peers,
+            BrokenPeers::All
+        );
+        let s = n1.stale_routes.unwrap();
+        assert_eq!(s.k, 2);
+        assert_eq!(s.hold, Some(DurationDist::Fixed(Duration::from_secs(10))));
+        assert_eq!(n1.clock_skew.unwrap().seconds, -60.0);
+        assert_eq!(n1.agent.not_ready, Some(true));
+        assert_eq!(n1.agent.extra_failures_per_second, Some(1.0));
+        assert_eq!(n1.agent.extra_resyncs_per_second, Some(0.5));
+        assert_eq!(n1.agent.apply_time_floor, Some(Duration::from_secs(1)));
+        assert_eq!(
+            n1.agent.restarts.unwrap().every,
+            DurationDist::Fixed(Duration::from_secs(30))
+        );
+        // node-2: later rule overrides key by key, agent keys one by one.
+        let n2 = f.for_node("node-2", &l, Duration::ZERO);
+        let peers = n2.cross_node.unwrap().broken_peers;
+        assert!(peers.includes("node-3") && !peers.includes("node-4"));
+        assert_eq!(n2.clock_skew.unwrap().seconds, 30.0);
+        assert_eq!(n2.agent.not_ready, Some(false));
+        assert_eq!(n2.agent.extra_failures_per_second, Some(1.0));
+        assert_eq!(n2.first_connections_dropped, Some(3));
+        // Rules serialise (for the truth log) and the skew keeps its sign.
+        let v = serde_json::to_value(&f.rules).unwrap();
+        assert_eq!(v[0]["clock_skew"], "-1m");
+        assert_eq!(v[0]["cross_node"]["broken_peers"], "all");
+        assert_eq!(v[0]["stale_routes"]["for"], "10s");
+    }
+
+    #[test]
+    fn clock_skew_env_uses_libfaketime_relative_offsets() {
+        let env = ClockSkew { seconds: -2.5 }.faketime_env();
+        assert!(env.contains(&("FAKETIME".to_owned(), "-2.5".to_owned())));
+        assert!(env.contains(&("LD_PRELOAD".to_owned(), LIBFAKETIME_PATH.to_owned())));
+        let env = ClockSkew { seconds: 30.0 }.faketime_env();
+        assert!(env.contains(&("FAKETIME".to_owned(), "+30".to_owned())));
+    }
+
+    #[test]
+    fn bad_primitive_values_are_rejected() {
+        assert!(
+            err("rules:\n- nodes: {all: true}\n  cross_node: {broken_peers: some}\n")
+                .contains("expected `all`")
+        );
+        assert!(err("rules:\n- nodes: {all: true}\n  queue: {per: 1s}\n").contains("per"));
+        assert!(
+            err("rules:\n- nodes: {all: true}\n  agent: {extra_failures_per_second: -1}\n")
+                .contains("≥ 0")
+        );
+        assert!(
+            err("rules:\n- nodes: {all: true}\n  agent: {restart: true}\n").contains("restart")
+        );
+        assert!(
+            err("rules:\n- nodes: {all: true}\n  clock_skew: soon\n").contains("invalid duration")
+        );
+    }
+
+    #[test]
+    fn boundaries_list_the_from_until_of_selected_rules() {
+        let f = FaultFile::parse(
+            "rules:\n- nodes: {all: true}\n  from: 2s\n  until: 5s\n  agent: {not_ready: true}\n\
+             - nodes: {names: [node-9]}\n  from: 1s\n  agent: {not_ready: true}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            f.boundaries("node-1", &labels(&[])),
+            vec![Duration::from_secs(2), Duration::from_secs(5)]
+        );
     }
 
     #[test]
@@ -907,7 +1396,7 @@ mod tests {
         let nf = NodeFaults {
             program_delay: Some(DurationDist::Fixed(Duration::from_secs(2))),
             resync_loop: Some(r),
-            never_program: None,
+            ..NodeFaults::default()
         };
         let mut rng = rand::rngs::StdRng::seed_from_u64(1);
         let delay = nf.plan_programming(&mut rng).unwrap();

@@ -226,7 +226,9 @@ pub fn read_truth(path: &Path) -> Result<Vec<TruthEvent>, TruthError> {
 /// until `endpoint_revoked`; each direction between the two pods' nodes (from
 /// `endpoint_added`'s `node`) is up except between `peer_route_removed` and
 /// `peer_route_restored` (`node` = the node that lost the route, `detail.peer` = the
-/// peer whose block it lost). Same-node pairs have no peer routes.
+/// peer whose block it lost; when the event names a pod (`uid`, fault `stale_routes`:
+/// only that pod's IP is blackholed on `node`) it counts only for pairs with that pod).
+/// Same-node pairs have no peer routes.
 ///
 /// Returns `None` when the source never passed readiness, either pod's node is unknown,
 /// or the path never came up in the log.
@@ -258,7 +260,14 @@ pub fn truth_ttfp(
             TruthKind::PeerRouteRemoved | TruthKind::PeerRouteRestored => {
                 let node = e.node.as_deref();
                 let peer = e.detail.get("peer").and_then(|p| p.as_str());
+                // A pod-scoped event (fault `stale_routes`: `uid` = the pod whose IP
+                // is blackholed) concerns only pairs with that pod.
+                let pod_scoped_elsewhere = e
+                    .uid
+                    .as_deref()
+                    .is_some_and(|u| u != source_pod_uid && u != target_pod_uid);
                 src_node != dst_node
+                    && !pod_scoped_elsewhere
                     && ((node == Some(&src_node) && peer == Some(&dst_node))
                         || (node == Some(&dst_node) && peer == Some(&src_node)))
             }
@@ -369,6 +378,24 @@ mod tests {
         let mut evs = pair(4.0, 5.0, 3.0);
         rm.detail = json!({"peer": "node-3"});
         evs.push(rm);
+        assert_eq!(truth_ttfp(&evs, "s", "t"), Some(2.0));
+    }
+
+    #[test]
+    fn pod_scoped_stale_route_breaks_only_pairs_with_that_pod() {
+        let stale = |t, kind, uid: &str| {
+            let mut e = ev(t, kind, Some(uid), "node-1");
+            e.detail = json!({"peer": "node-2", "reason": "stale_routes"});
+            e
+        };
+        // node-1 (the source's node) blackholes the target's IP until t = 9.
+        let mut evs = pair(4.0, 5.0, 3.0);
+        evs.push(stale(0.5, TruthKind::PeerRouteRemoved, "t"));
+        evs.push(stale(9.0, TruthKind::PeerRouteRestored, "t"));
+        assert_eq!(truth_ttfp(&evs, "s", "t"), Some(6.0));
+        // The same stale route for another pod's IP does not matter to this pair.
+        let mut evs = pair(4.0, 5.0, 3.0);
+        evs.push(stale(0.5, TruthKind::PeerRouteRemoved, "other"));
         assert_eq!(truth_ttfp(&evs, "s", "t"), Some(2.0));
     }
 

@@ -1,0 +1,847 @@
+//! Every fault primitive of DESIGN §5 on real traffic between network namespaces, the
+//! Felix-compatible metrics page, and the SCENARIOS.md fault files. Needs root, `ip`,
+//! `nft` and (for `clock_skew`) Debian's `libfaketime`. Scenarios run one at a time (a
+//! static lock) in their own state dir and always tear down (drop guard).
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use testbed::agent::Agent;
+use testbed::dataplane::{list_netns, Dataplane, PodNet};
+use testbed::fault::{FaultFile, Faults};
+use testbed::felix::{bind_and_serve, FELIX_METRICS_PORT};
+use testbed::netns::{run_in_netns, NetnsThread};
+use testbed::plan::Plan;
+use testbed::truth::{read_truth, truth_ttfp, unix_now, Truth, TruthEvent, TruthKind};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+const PORT: u16 = 8080;
+
+/// One scenario's testbed: state dir, plan, dataplane; destroyed on drop (even when the
+/// test panics), and checked to leave no netns behind.
+struct Bed {
+    plan: Plan,
+    dp: Arc<Dataplane>,
+    dir: PathBuf,
+    truth: Truth,
+    truth_path: PathBuf,
+    _serial: MutexGuard<'static, ()>,
+}
+
+impl Bed {
+    fn new(name: &str, nodes: usize) -> Bed {
+        let serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        let dir = std::env::temp_dir().join(format!("fp-faults-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let plan = Plan::new(&dir, nodes).expect("plan");
+        let dp = Arc::new(Dataplane::create(&plan).expect("create dataplane"));
+        let truth_path = dir.join("truth.jsonl");
+        let truth = Truth::open(&truth_path).expect("truth");
+        Bed {
+            plan,
+            dp,
+            dir,
+            truth,
+            truth_path,
+            _serial: serial,
+        }
+    }
+
+    fn node_ns(&self, i: usize) -> String {
+        self.plan.nodes[i].netns.clone()
+    }
+
+    fn events(&self, kind: TruthKind) -> Vec<TruthEvent> {
+        read_truth(&self.truth_path)
+            .expect("read truth")
+            .into_iter()
+            .filter(|e| e.event == kind)
+            .collect()
+    }
+
+    fn pod_events(&self, kind: TruthKind, uid: &str) -> Vec<TruthEvent> {
+        self.events(kind)
+            .into_iter()
+            .filter(|e| e.uid.as_deref() == Some(uid))
+            .collect()
+    }
+
+    /// Agents for every node; `labels` by node name.
+    fn agents(&self, faults: &Faults, labels: &[(&str, &str, &str)]) -> Vec<Arc<Agent>> {
+        self.plan
+            .nodes
+            .iter()
+            .map(|n| {
+                let l: BTreeMap<String, String> = labels
+                    .iter()
+                    .filter(|(node, _, _)| *node == n.name)
+                    .map(|(_, k, v)| (k.to_string(), v.to_string()))
+                    .collect();
+                Arc::new(Agent::new(
+                    n.clone(),
+                    l,
+                    self.dp.clone(),
+                    self.truth.clone(),
+                    faults.clone(),
+                ))
+            })
+            .collect()
+    }
+
+    fn add(&self, agent: &Agent, node: usize, pod: &str) -> PodNet {
+        let net = self
+            .dp
+            .add_pod(
+                &self.plan.nodes[node].name,
+                "default",
+                pod,
+                &format!("uid-{pod}-{}", unix_now()),
+            )
+            .expect("add pod");
+        agent.endpoint_added(&net);
+        net
+    }
+
+    /// Waits (≤ `limit`) until `uid` has an `endpoint_programmed` event; returns its t.
+    fn wait_programmed(&self, uid: &str, limit: Duration) -> f64 {
+        let end = Instant::now() + limit;
+        loop {
+            if let Some(e) = self.pod_events(TruthKind::EndpointProgrammed, uid).first() {
+                return e.t;
+            }
+            assert!(Instant::now() < end, "{uid} never programmed");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        if let Err(e) = Dataplane::destroy(&self.plan) {
+            eprintln!("destroy failed: {e}");
+        }
+        let left = list_netns(&self.plan.prefix);
+        let _ = std::fs::remove_dir_all(&self.dir);
+        if !std::thread::panicking() {
+            assert!(left.is_empty(), "netns left behind: {left:?}");
+        }
+    }
+}
+
+/// A tiny TCP server inside a pod netns: answers every connection with `<name>\n`.
+struct Server {
+    _thread: NetnsThread,
+}
+
+fn serve(netns: &str, name: &str) -> Server {
+    let thread = NetnsThread::spawn(netns).expect("netns thread");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reply = format!("{name}\n");
+    thread.handle().spawn(async move {
+        let l = match tokio::net::TcpListener::bind(("0.0.0.0", PORT)).await {
+            Ok(l) => {
+                let _ = tx.send(Ok(()));
+                l
+            }
+            Err(e) => {
+                let _ = tx.send(Err(e));
+                return;
+            }
+        };
+        loop {
+            if let Ok((mut s, _)) = l.accept().await {
+                let reply = reply.clone();
+                tokio::spawn(async move {
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    let mut req = [0u8; 64];
+                    let _ = tokio::time::timeout(Duration::from_secs(1), s.read(&mut req)).await;
+                    let _ = s.write_all(reply.as_bytes()).await;
+                });
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(5))
+        .expect("server start")
+        .expect("bind");
+    Server { _thread: thread }
+}
+
+/// One TCP exchange from inside netns `from` to `ip:8080`, `connect` budget (below the
+/// first SYN retransmit, so a dropped SYN is one failed connection).
+fn dial_within(from: &str, ip: Ipv4Addr, connect: Duration) -> Result<String, String> {
+    run_in_netns(from, || {
+        let addr = SocketAddr::from((ip, PORT));
+        let mut s = TcpStream::connect_timeout(&addr, connect).map_err(|e| e.to_string())?;
+        s.set_read_timeout(Some(Duration::from_millis(300)))
+            .map_err(|e| e.to_string())?;
+        let _ = s.write_all(b"hi\n");
+        let mut buf = String::new();
+        s.read_to_string(&mut buf).map_err(|e| e.to_string())?;
+        Ok(buf)
+    })
+    .map_err(|e| e.to_string())?
+}
+
+fn dial(from: &str, ip: Ipv4Addr) -> Result<String, String> {
+    dial_within(from, ip, Duration::from_millis(300))
+}
+
+/// Dials every `every` until success or `limit`; returns the Unix time the successful
+/// attempt was sent.
+fn first_success(from: &str, ip: Ipv4Addr, every: Duration, limit: Duration) -> Option<f64> {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        let sent = unix_now();
+        if dial_within(from, ip, Duration::from_millis(100)).is_ok() {
+            return Some(sent);
+        }
+        std::thread::sleep(every);
+    }
+    None
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+fn faults(yaml: &str) -> Faults {
+    Faults::new(FaultFile::parse(yaml).expect("fault file"))
+}
+
+fn fault_file(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("faults")
+        .join(name)
+}
+
+fn scenario(name: &str) -> FaultFile {
+    let text = std::fs::read_to_string(fault_file(name)).expect("read fault file");
+    FaultFile::parse(&text).expect("parse scenario file")
+}
+
+#[test]
+fn queue_programs_a_burst_one_after_another() {
+    let bed = Bed::new("queue", 2);
+    let rt = rt();
+    let _g = rt.enter();
+    let f = faults("rules:\n- nodes: {names: [node-2]}\n  queue: {per_endpoint: 300ms}\n");
+    let ag = bed.agents(&f, &[]);
+    let added = unix_now();
+    let pods: Vec<PodNet> = (0..4)
+        .map(|i| bed.add(&ag[1], 1, &format!("q{i}")))
+        .collect();
+    let _servers: Vec<Server> = pods.iter().map(|p| serve(&p.netns, &p.pod)).collect();
+    let last = pods.last().expect("pods");
+    // Half-way through the burst the last endpoint is not programmed yet.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(dial(&bed.plan.host_netns, last.ip).is_err());
+    let success = first_success(
+        &bed.plan.host_netns,
+        last.ip,
+        Duration::from_millis(20),
+        Duration::from_secs(4),
+    )
+    .expect("last endpoint never reachable");
+    let mut prog: Vec<f64> = pods
+        .iter()
+        .map(|p| bed.wait_programmed(&p.uid, Duration::from_secs(1)))
+        .collect();
+    prog.sort_by(f64::total_cmp);
+    for (k, t) in prog.iter().enumerate() {
+        let since = t - added;
+        let want = 0.3 * (k + 1) as f64;
+        assert!(
+            since >= want - 0.02 && since < want + 0.25,
+            "endpoint {k} programmed {since:.3} s after the burst (want ≈ {want:.1})"
+        );
+    }
+    assert!(
+        (success - prog[3]).abs() < 0.2,
+        "first success {:.3} vs programmed {:.3}",
+        success - added,
+        prog[3] - added
+    );
+}
+
+#[test]
+fn revoke_works_then_fails_at_the_configured_time() {
+    let bed = Bed::new("revoke", 2);
+    let rt = rt();
+    let _g = rt.enter();
+    let f = faults("rules:\n- nodes: {names: [node-2]}\n  revoke: {after: 1s}\n");
+    let ag = bed.agents(&f, &[]);
+    let b = bed.add(&ag[1], 1, "b");
+    let _s = serve(&b.netns, "b");
+    let programmed = bed.wait_programmed(&b.uid, Duration::from_secs(2));
+    let (mut last_ok, mut first_fail) = (None, None);
+    let end = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < end && first_fail.is_none() {
+        let sent = unix_now();
+        match dial_within(&bed.plan.host_netns, b.ip, Duration::from_millis(100)) {
+            Ok(_) => last_ok = Some(sent),
+            Err(_) if last_ok.is_some() => first_fail = Some(sent),
+            Err(e) => panic!("failed before it ever worked: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let first_fail = first_fail.expect("never failed after revoke");
+    let want = programmed + 1.0;
+    assert!(
+        (first_fail - want).abs() <= 0.1,
+        "first failure {:.3} s after programming (want 1.0 ± 0.1)",
+        first_fail - programmed
+    );
+    assert!(last_ok.is_some_and(|t| t < want + 0.05));
+    let rev = bed.pod_events(TruthKind::EndpointRevoked, &b.uid);
+    assert_eq!(rev.len(), 1);
+    assert!(
+        (rev[0].t - want).abs() < 0.1,
+        "revoked at {:.3}",
+        rev[0].t - programmed
+    );
+    // It stays revoked.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(dial(&bed.plan.host_netns, b.ip).is_err());
+    assert_eq!(ag[1].stats().revoked_total, 1);
+}
+
+#[test]
+fn name_reuse_race_leaves_recreated_same_name_pod_unreachable_for_good() {
+    // SCENARIOS.md S3 with its own fault file.
+    let bed = Bed::new("reuse", 2);
+    let rt = rt();
+    let _g = rt.enter();
+    let f = Faults::new(scenario("s3-name-reuse.yaml"));
+    let ag = bed.agents(&f, &[]);
+    let node2 = bed.node_ns(1);
+    // First incarnation: reachable by its node and, once programmed, from outside.
+    let first = bed.add(&ag[1], 1, "web-0");
+    let s1 = serve(&first.netns, "web-0");
+    assert_eq!(dial(&node2, first.ip).as_deref(), Ok("web-0\n"));
+    bed.wait_programmed(&first.uid, Duration::from_secs(2));
+    assert_eq!(
+        dial(&bed.plan.host_netns, first.ip).as_deref(),
+        Ok("web-0\n")
+    );
+    assert!(bed.events(TruthKind::RouteRemoved).is_empty());
+    drop(s1);
+    ag[1].endpoint_removed(&first);
+    bed.dp.remove_pod(&first).expect("remove");
+
+    // Recreated with the same name: same iface, /32 route removed for good.
+    let second = bed.add(&ag[1], 1, "web-0");
+    assert_eq!(second.iface, first.iface);
+    let _s2 = serve(&second.netns, "web-0");
+    let removed = bed.pod_events(TruthKind::RouteRemoved, &second.uid);
+    assert_eq!(removed.len(), 1);
+    assert_eq!(removed[0].iface.as_deref(), Some(second.iface.as_str()));
+    // A differently named pod on the same node works.
+    let other = bed.add(&ag[1], 1, "other-0");
+    let _so = serve(&other.netns, "other-0");
+    assert_eq!(dial(&node2, other.ip).as_deref(), Ok("other-0\n"));
+    bed.wait_programmed(&second.uid, Duration::from_secs(2));
+    bed.wait_programmed(&other.uid, Duration::from_secs(2));
+    assert_eq!(
+        dial(&bed.plan.host_netns, other.ip).as_deref(),
+        Ok("other-0\n")
+    );
+    // Even the kubelet (the node itself) cannot reach the recreated pod, programmed or not.
+    assert!(dial(&node2, second.ip).is_err());
+    assert!(dial(&bed.plan.host_netns, second.ip).is_err());
+    // For good: clearing the fault does not bring the route back.
+    ag[0].set_faults(FaultFile::default());
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(dial(&node2, second.ip).is_err());
+    // Recreate on node-1 (not selected): works.
+    let n1a = bed.add(&ag[0], 0, "web-1");
+    ag[0].endpoint_removed(&n1a);
+    bed.dp.remove_pod(&n1a).expect("remove");
+    let n1b = bed.add(&ag[0], 0, "web-1");
+    let _s3 = serve(&n1b.netns, "web-1");
+    assert_eq!(dial(&bed.node_ns(0), n1b.ip).as_deref(), Ok("web-1\n"));
+}
+
+#[test]
+fn first_connections_dropped_fails_first_n_then_all_succeed() {
+    let bed = Bed::new("fcd", 2);
+    let rt = rt();
+    let _g = rt.enter();
+    let f = faults("rules:\n- nodes: {names: [node-2]}\n  first_connections_dropped: 3\n");
+    let ag = bed.agents(&f, &[]);
+    let b = bed.add(&ag[1], 1, "b");
+    let a = bed.add(&ag[0], 0, "a");
+    let _s = serve(&b.netns, "b");
+    bed.wait_programmed(&b.uid, Duration::from_secs(2));
+    bed.wait_programmed(&a.uid, Duration::from_secs(2));
+    let prog = bed.pod_events(TruthKind::EndpointProgrammed, &b.uid);
+    assert_eq!(prog[0].detail["first_connections_dropped"], 3);
+    // The node's own connections (kubelet probes) are not forwarded: never dropped.
+    assert!(dial(&bed.node_ns(1), b.ip).is_ok());
+    let results: Vec<bool> = (0..8)
+        .map(|_| dial_within(&a.netns, b.ip, Duration::from_millis(300)).is_ok())
+        .collect();
+    assert_eq!(
+        results,
+        vec![false, false, false, true, true, true, true, true],
+        "first 3 new connections dropped, then all pass"
+    );
+    // Node-1's endpoint has no budget: its connections to a fresh node-1 pod pass at once.
+    let c = bed.add(&ag[0], 0, "c");
+    let _sc = serve(&c.netns, "c");
+    bed.wait_programmed(&c.uid, Duration::from_secs(2));
+    assert!(dial(&bed.plan.host_netns, c.ip).is_ok());
+    // Removal clears the per-endpoint state.
+    ag[1].endpoint_removed(&b);
+    bed.dp.remove_pod(&b).expect("remove");
+}
+
+#[test]
+fn cross_node_breaks_cross_node_pairs_and_same_node_still_works() {
+    // SCENARIOS.md S4 with its own fault file.
+    let bed = Bed::new("xnode", 2);
+    let rt = rt();
+    let _g = rt.enter();
+    let f = Faults::new(scenario("s4-cross-node.yaml"));
+    let ag = bed.agents(&f, &[]);
+    let a1 = bed.add(&ag[0], 0, "a1");
+    let a2 = bed.add(&ag[0], 0, "a2");
+    let b = bed.add(&ag[1], 1, "b");
+    let _s = [
+        serve(&a2.netns, "a2"),
+        serve(&b.netns, "b"),
+        serve(&a1.netns, "a1"),
+    ];
+    for p in [&a1, &a2, &b] {
+        bed.wait_programmed(&p.uid, Duration::from_secs(2));
+    }
+    bed.truth.emit(TruthEvent::pod(
+        TruthKind::ReadinessOk,
+        &a1,
+        serde_json::json!({}),
+    ));
+    let removed = bed.events(TruthKind::PeerRouteRemoved);
+    assert_eq!(removed.len(), 2, "{removed:?}");
+    assert!(removed
+        .iter()
+        .any(|e| e.node.as_deref() == Some("node-1") && e.detail["peer"] == "node-2"));
+    assert_eq!(dial(&a1.netns, a2.ip).as_deref(), Ok("a2\n"), "same node");
+    assert!(dial(&a1.netns, b.ip).is_err(), "cross node");
+    assert!(dial(&b.netns, a1.ip).is_err(), "cross node, other way");
+    assert!(
+        truth_ttfp(&read_truth(&bed.truth_path).expect("read"), &a1.uid, &b.uid).is_none(),
+        "truth: the pair never had a path"
+    );
+
+    // Clearing the fault restores the routes within the node task's second.
+    let cleared = unix_now();
+    ag[0].set_faults(FaultFile::default());
+    let success = first_success(
+        &a1.netns,
+        b.ip,
+        Duration::from_millis(20),
+        Duration::from_secs(3),
+    )
+    .expect("cross node never came back");
+    let restored = bed.events(TruthKind::PeerRouteRestored);
+    assert_eq!(restored.len(), 2);
+    let last_restored = restored.iter().map(|e| e.t).fold(0.0, f64::max);
+    assert!(
+        last_restored - cleared < 0.5,
+        "restored {:.3} s after clearing",
+        last_restored - cleared
+    );
+    assert!((success - last_restored).abs() < 0.2);
+    let ttfp = truth_ttfp(&read_truth(&bed.truth_path).expect("read"), &a1.uid, &b.uid)
+        .expect("truth ttfp");
+    let ready = bed.pod_events(TruthKind::ReadinessOk, &a1.uid)[0].t;
+    assert!((ttfp - (last_restored - ready)).abs() < 1e-6);
+}
+
+#[test]
+fn cross_node_with_named_peers_breaks_only_those() {
+    let bed = Bed::new("xnames", 3);
+    let rt = rt();
+    let _g = rt.enter();
+    // In force only for the first 1.5 s after the file was applied.
+    let applied = unix_now();
+    let f = faults(
+        "rules:\n- nodes: {names: [node-1]}\n  until: 1500ms\n  cross_node: {broken_peers: [node-3]}\n",
+    );
+    let ag = bed.agents(&f, &[]);
+    let a = bed.add(&ag[0], 0, "a");
+    let b = bed.add(&ag[1], 1, "b");
+    let c = bed.add(&ag[2], 2, "c");
+    let _s = [serve(&b.netns, "b"), serve(&c.netns, "c")];
+    for p in [&a, &b, &c] {
+        bed.wait_programmed(&p.uid, Duration::from_secs(2));
+    }
+    assert_eq!(dial(&a.netns, b.ip).as_deref(), Ok("b\n"));
+    assert!(dial(&a.netns, c.ip).is_err());
+    let removed = bed.events(TruthKind::PeerRouteRemoved);
+    assert_eq!(removed.len(), 1);
+    assert_eq!(removed[0].detail["peer"], "node-3");
+    // `until` ends a node-wide fault on time.
+    let back = first_success(
+        &a.netns,
+        c.ip,
+        Duration::from_millis(20),
+        Duration::from_secs(3),
+    )
+    .expect("route never restored");
+    assert!(
+        (1.45..1.7).contains(&(back - applied)),
+        "restored {:.3} s after the file was applied",
+        back - applied
+    );
+    let restored = bed.events(TruthKind::PeerRouteRestored);
+    assert_eq!(restored.len(), 1);
+    assert_eq!(restored[0].node.as_deref(), Some("node-1"));
+}
+
+#[test]
+fn stale_routes_blackhole_a_new_pod_on_other_nodes_for_a_while() {
+    let bed = Bed::new("stale", 3);
+    let rt = rt();
+    let _g = rt.enter();
+    let f = faults("rules:\n- nodes: {names: [node-2]}\n  stale_routes: {k: 2, for: 1500ms}\n");
+    let ag = bed.agents(&f, &[]);
+    let a = bed.add(&ag[0], 0, "a");
+    let c = bed.add(&ag[2], 2, "c");
+    bed.wait_programmed(&a.uid, Duration::from_secs(2));
+    bed.wait_programmed(&c.uid, Duration::from_secs(2));
+    let added = unix_now();
+    let b = bed.add(&ag[1], 1, "b");
+    let _s = serve(&b.netns, "b");
+    bed.wait_programmed(&b.uid, Duration::from_secs(2));
+    bed.truth.emit(TruthEvent::pod(
+        TruthKind::ReadinessOk,
+        &a,
+        serde_json::json!({}),
+    ));
+    let removed = bed.pod_events(TruthKind::PeerRouteRemoved, &b.uid);
+    let mut on: Vec<&str> = removed.iter().filter_map(|e| e.node.as_deref()).collect();
+    on.sort();
+    assert_eq!(on, ["node-1", "node-3"]);
+    // b is programmed and reachable through its own node, not from the stale nodes.
+    assert_eq!(dial(&bed.plan.host_netns, b.ip).as_deref(), Ok("b\n"));
+    assert!(dial(&a.netns, b.ip).is_err());
+    assert!(dial(&c.netns, b.ip).is_err());
+    let success = first_success(
+        &a.netns,
+        b.ip,
+        Duration::from_millis(20),
+        Duration::from_secs(3),
+    )
+    .expect("stale route never went");
+    assert!(
+        (1.4..1.9).contains(&(success - added)),
+        "first success {:.3} s after add",
+        success - added
+    );
+    let restored = bed.pod_events(TruthKind::PeerRouteRestored, &b.uid);
+    assert_eq!(restored.len(), 2);
+    // Truth TTFP of (a → b) follows the stale route on a's node, not other pairs.
+    let evs = read_truth(&bed.truth_path).expect("read");
+    let ready = bed.pod_events(TruthKind::ReadinessOk, &a.uid)[0].t;
+    let back_on_1 = restored
+        .iter()
+        .find(|e| e.node.as_deref() == Some("node-1"))
+        .expect("node-1 restored")
+        .t;
+    let ttfp = truth_ttfp(&evs, &a.uid, &b.uid).expect("ttfp");
+    assert!((ttfp - (back_on_1 - ready)).abs() < 1e-6);
+    assert_eq!(truth_ttfp(&evs, &a.uid, &c.uid), Some(0.0));
+}
+
+#[test]
+fn clock_skew_shifts_the_wall_clock_of_pod_processes_on_that_node() {
+    assert!(
+        Path::new(testbed::fault::LIBFAKETIME_PATH).exists(),
+        "clock_skew needs Debian's libfaketime (apt-get install libfaketime)"
+    );
+    let bed = Bed::new("skew", 2);
+    let rt = rt();
+    let _g = rt.enter();
+    let f = faults("rules:\n- nodes: {names: [node-2]}\n  clock_skew: +30s\n");
+    let ag = bed.agents(&f, &[]);
+    let b = bed.add(&ag[1], 1, "b");
+    let a = bed.add(&ag[0], 0, "a");
+    let date_in = |pod: &PodNet, env: Vec<(String, String)>| -> f64 {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", &pod.netns, "date", "+%s.%N"])
+            .envs(env)
+            .output()
+            .expect("run date");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .expect("date output")
+    };
+    let env_b = ag[1].container_env();
+    assert!(!env_b.is_empty());
+    let skewed = date_in(&b, env_b) - unix_now();
+    assert!((skewed - 30.0).abs() < 1.0, "skew on node-2 {skewed:.3} s");
+    let env_a = ag[0].container_env();
+    assert!(env_a.is_empty(), "node-1 has no skew: {env_a:?}");
+    let plain = date_in(&a, env_a) - unix_now();
+    assert!(plain.abs() < 1.0, "node-1 clock off by {plain:.3} s");
+}
+
+/// `GET /metrics` from the host netns to `node IP:9091`; returns the body.
+fn scrape(bed: &Bed, node: usize) -> String {
+    let ip = bed.plan.nodes[node].ip;
+    run_in_netns(&bed.plan.host_netns, move || -> Result<String, String> {
+        let mut s = TcpStream::connect_timeout(
+            &SocketAddr::from((ip, FELIX_METRICS_PORT)),
+            Duration::from_secs(1),
+        )
+        .map_err(|e| e.to_string())?;
+        s.set_read_timeout(Some(Duration::from_secs(3)))
+            .map_err(|e| e.to_string())?;
+        s.write_all(
+            b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: text/plain;version=0.0.4\r\nConnection: close\r\n\r\n",
+        )
+        .map_err(|e| e.to_string())?;
+        let mut buf = String::new();
+        s.read_to_string(&mut buf).map_err(|e| e.to_string())?;
+        let (head, body) = buf.split_once("\r\n\r\n").ok_or("no body")?;
+        if !head.starts_with("HTTP/1.1 200") || !head.contains("version=0.0.4") {
+            return Err(format!("bad response head: {head}"));
+        }
+        Ok(body.to_owned())
+    })
+    .expect("host netns")
+    .expect("scrape")
+}
+
+struct Page {
+    scrape: prometheus_parse::Scrape,
+}
+
+impl Page {
+    fn parse(body: &str) -> Page {
+        // Every sample line must carry a value a Prometheus parser accepts (the crate
+        // below skips lines it cannot read, so check them first).
+        for l in body
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+        {
+            let v = l.rsplit(' ').next().unwrap_or("");
+            assert!(
+                v.parse::<f64>().is_ok() || v == "+Inf" || v == "-Inf",
+                "bad sample line {l:?}"
+            );
+        }
+        let scrape = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_owned())))
+            .expect("prometheus text parses");
+        Page { scrape }
+    }
+
+    fn value(&self, name: &str) -> f64 {
+        let s = self
+            .scrape
+            .samples
+            .iter()
+            .find(|s| s.metric == name)
+            .unwrap_or_else(|| panic!("no {name}"));
+        match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            _ => panic!("{name} is not a scalar"),
+        }
+    }
+
+    fn quantile(&self, name: &str, q: f64) -> f64 {
+        let s = self
+            .scrape
+            .samples
+            .iter()
+            .find(|s| s.metric == name)
+            .unwrap_or_else(|| panic!("no {name}"));
+        match &s.value {
+            prometheus_parse::Value::Summary(v) => v
+                .iter()
+                .find(|c| c.quantile == q)
+                .map(|c| c.count)
+                .unwrap_or_else(|| panic!("{name} has no {q} quantile")),
+            _ => panic!("{name} is not a summary"),
+        }
+    }
+}
+
+#[test]
+fn s2_felix_apply_time_p99_is_high_on_slow_nodes_while_failures_stay_flat() {
+    let bed = Bed::new("s2", 2);
+    let rt = rt();
+    let _g = rt.enter();
+    let f = Faults::new(scenario("s2-apply-loop.yaml"));
+    let ag = bed.agents(&f, &[("node-2", "os", "debian13")]);
+    let threads: Vec<NetnsThread> = (0..2)
+        .map(|i| {
+            let t = NetnsThread::spawn(&bed.node_ns(i)).expect("node thread");
+            t.handle().spawn(bind_and_serve(ag[i].clone()));
+            t
+        })
+        .collect();
+    let a = bed.add(&ag[0], 0, "a");
+    let b = bed.add(&ag[1], 1, "b");
+    bed.wait_programmed(&a.uid, Duration::from_secs(2));
+    std::thread::sleep(Duration::from_millis(3200));
+    let slow1 = Page::parse(&scrape(&bed, 1));
+    let fast = Page::parse(&scrape(&bed, 0));
+    // Names, HELP and TYPE as in felix-3.20-1.prom.
+    assert_eq!(
+        slow1
+            .scrape
+            .docs
+            .get("felix_int_dataplane_apply_time_seconds")
+            .map(String::as_str),
+        Some("Time in seconds that it took to apply a dataplane update.")
+    );
+    let p99 = slow1.quantile("felix_int_dataplane_apply_time_seconds", 0.99);
+    assert!(p99 >= 1.0, "slow node apply p99 {p99}");
+    let count1 = slow1.value("felix_int_dataplane_apply_time_seconds_count");
+    assert!(count1 >= 2.0, "apply loop iterations {count1}");
+    assert_eq!(slow1.value("felix_int_dataplane_failures"), 0.0);
+    assert_eq!(slow1.value("felix_resyncs_started"), 1.0);
+    assert_eq!(slow1.value("felix_active_local_endpoints"), 1.0);
+    let fast_p99 = fast.quantile("felix_int_dataplane_apply_time_seconds", 0.99);
+    assert!(fast_p99 < 0.5, "fast node apply p99 {fast_p99}");
+    assert_eq!(
+        fast.quantile("felix_int_dataplane_msg_batch_size", 0.5),
+        1.0
+    );
+    assert!(fast.value("process_start_time_seconds") > 1.6e9);
+    assert!(fast.value("felix_route_table_list_seconds_count") >= 1.0);
+    // b on the slow node is still waiting (15–42 s delay), a on the fast one is done.
+    assert!(bed
+        .pod_events(TruthKind::EndpointProgrammed, &b.uid)
+        .is_empty());
+
+    std::thread::sleep(Duration::from_millis(1500));
+    let slow2 = Page::parse(&scrape(&bed, 1));
+    assert!(slow2.value("felix_int_dataplane_apply_time_seconds_count") > count1);
+    assert_eq!(
+        slow2.value("felix_int_dataplane_failures"),
+        0.0,
+        "failures stay flat"
+    );
+    assert_eq!(
+        slow2.value("felix_resyncs_started"),
+        1.0,
+        "resyncs stay flat"
+    );
+    drop(threads);
+}
+
+#[test]
+fn agent_faults_show_in_readiness_restarts_and_felix_counters() {
+    let bed = Bed::new("agent", 2);
+    let rt = rt();
+    let _g = rt.enter();
+    // S5's own file: node-1 is on the slower OS, with failures counted every second.
+    let f = Faults::new(scenario("s5-slower-os.yaml"));
+    let ag = bed.agents(&f, &[("node-1", "os", "ubuntu2004")]);
+    let a = bed.add(&ag[0], 0, "a");
+    let b = bed.add(&ag[1], 1, "b");
+    let prog_a = bed.wait_programmed(&a.uid, Duration::from_secs(5));
+    let prog_b = bed.wait_programmed(&b.uid, Duration::from_secs(2));
+    let added_a = bed.pod_events(TruthKind::EndpointAdded, &a.uid)[0].t;
+    assert!(
+        (1.5..3.7).contains(&(prog_a - added_a)),
+        "slow OS delay {:.3}",
+        prog_a - added_a
+    );
+    let added_b = bed.pod_events(TruthKind::EndpointAdded, &b.uid)[0].t;
+    assert!(prog_b - added_b < 0.7);
+    let slow = Page::parse(&ag[0].felix_page());
+    let other = Page::parse(&ag[1].felix_page());
+    let failures = slow.value("felix_int_dataplane_failures");
+    assert!(failures >= 1.0, "S5 node failures {failures}");
+    assert_eq!(other.value("felix_int_dataplane_failures"), 0.0);
+    assert!(ag[0].is_ready() && ag[1].is_ready());
+
+    // Runtime change: not ready, extra resyncs, restarts every 800 ms on node-2.
+    let started_before = other.value("process_start_time_seconds");
+    ag[0].set_faults(
+        FaultFile::parse(
+            "rules:\n- nodes: {names: [node-2]}\n  agent: {not_ready: true, extra_resyncs_per_second: 3, restarts: {every: 800ms}}\n",
+        )
+        .expect("faults"),
+    );
+    std::thread::sleep(Duration::from_millis(1200));
+    assert!(!ag[1].is_ready());
+    assert!(ag[0].is_ready());
+    assert!(ag[1].restart_count() >= 1);
+    assert_eq!(ag[0].restart_count(), 0);
+    let after = Page::parse(&ag[1].felix_page());
+    assert!(after.value("process_start_time_seconds") > started_before);
+    // Counters restarted from zero at the restart (the programming apply is gone).
+    assert!(after.value("felix_int_dataplane_apply_time_seconds_count") < 1.0);
+    // node-1's failure counter stopped growing with the S5 rules gone.
+    let f1 = Page::parse(&ag[0].felix_page()).value("felix_int_dataplane_failures");
+    std::thread::sleep(Duration::from_millis(1100));
+    assert_eq!(
+        Page::parse(&ag[0].felix_page()).value("felix_int_dataplane_failures"),
+        f1
+    );
+    ag[0].set_faults(
+        FaultFile::parse(
+            "rules:\n- nodes: {names: [node-2]}\n  agent: {extra_resyncs_per_second: 3}\n",
+        )
+        .expect("faults"),
+    );
+    std::thread::sleep(Duration::from_millis(2200));
+    assert!(ag[1].is_ready());
+    let resyncs = Page::parse(&ag[1].felix_page()).value("felix_resyncs_started");
+    assert!(resyncs >= 1.0 + 5.0, "resyncs {resyncs}");
+    let changed = bed.events(TruthKind::FaultChanged);
+    assert_eq!(changed.len(), 2);
+}
+
+#[test]
+fn scenario_fault_files_parse_and_say_how_to_run_them() {
+    for (name, up) in [
+        ("s1-healthy.yaml", None),
+        (
+            "s2-apply-loop.yaml",
+            Some("node-2=os=debian13,node-3=os=debian13"),
+        ),
+        ("s3-name-reuse.yaml", Some("testbed up --nodes")),
+        ("s4-cross-node.yaml", Some("testbed up --nodes")),
+        (
+            "s5-slower-os.yaml",
+            Some("node-1=os=ubuntu2004,node-4=os=ubuntu2004"),
+        ),
+    ] {
+        let text = std::fs::read_to_string(fault_file(name)).expect("read");
+        let f = FaultFile::parse(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(!f.rules.is_empty(), "{name} has rules");
+        if let Some(up) = up {
+            assert!(text.contains(up), "{name} says how to bring the testbed up");
+        }
+    }
+    let s2 = scenario("s2-apply-loop.yaml");
+    let labels: BTreeMap<String, String> = [("os".to_owned(), "debian13".to_owned())].into();
+    let slow = s2.for_node("node-2", &labels, Duration::ZERO);
+    assert_eq!(slow.agent.apply_time_floor, Some(Duration::from_secs(1)));
+    assert!(s2
+        .for_node("node-1", &BTreeMap::new(), Duration::ZERO)
+        .resync_loop
+        .is_none());
+}
