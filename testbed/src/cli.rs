@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 pub const DEFAULT_STATE_DIR: &str = "/tmp/firstpacket-testbed";
 
 /// The healthy-cluster fault profile `testbed demo` applies (SCENARIOS.md S1).
-pub const DEMO_FAULT: &str = "rules:\n  - nodes: {all: true}\n    program_delay: {uniform: [200ms, 600ms]}\n";
+pub const DEMO_FAULT: &str =
+    "rules:\n  - nodes: {all: true}\n    program_delay: {uniform: [200ms, 600ms]}\n";
 
 #[derive(Parser, Debug)]
 #[command(
@@ -140,7 +141,9 @@ pub fn parse_node_labels(items: &[String]) -> Result<BTreeMap<String, BTreeMap<S
         let mut parts = item.trim().splitn(3, '=');
         match (parts.next(), parts.next(), parts.next()) {
             (Some(n), Some(k), Some(v)) if !n.is_empty() && !k.is_empty() => {
-                out.entry(n.to_owned()).or_default().insert(k.to_owned(), v.to_owned());
+                out.entry(n.to_owned())
+                    .or_default()
+                    .insert(k.to_owned(), v.to_owned());
             }
             _ => bail!("--node-labels: {item:?} is not NODE=KEY=VALUE (e.g. node-2=os=debian13)"),
         }
@@ -151,7 +154,10 @@ pub fn parse_node_labels(items: &[String]) -> Result<BTreeMap<String, BTreeMap<S
 /// Directory holding this executable (the default `--bin-dir`).
 pub fn default_bin_dir() -> Result<PathBuf> {
     let exe = std::env::current_exe().context("locate the testbed executable")?;
-    Ok(exe.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from(".")))
+    Ok(exe
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from(".")))
 }
 
 /// True while `pid` exists and is not a zombie (a daemon started by this very process,
@@ -173,7 +179,11 @@ fn pid_alive(pid: i32) -> bool {
 }
 
 fn read_pid(state: &Path) -> Option<i32> {
-    std::fs::read_to_string(state.join("daemon.pid")).ok()?.trim().parse().ok()
+    std::fs::read_to_string(state.join("daemon.pid"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// Reads `ready.json`, or explains that the testbed is not up.
@@ -196,10 +206,13 @@ pub fn up(state: &Path, args: &UpArgs) -> Result<()> {
     }
     parse_node_labels(&args.node_labels)?;
     if let Some(f) = &args.fault {
-        let text = std::fs::read_to_string(f).with_context(|| format!("read fault file {}", f.display()))?;
-        crate::fault::FaultFile::parse(&text).map_err(|e| anyhow!("fault file {}: {e}", f.display()))?;
+        let text = std::fs::read_to_string(f)
+            .with_context(|| format!("read fault file {}", f.display()))?;
+        crate::fault::FaultFile::parse(&text)
+            .map_err(|e| anyhow!("fault file {}: {e}", f.display()))?;
     }
-    std::fs::create_dir_all(state).with_context(|| format!("create state dir {}", state.display()))?;
+    std::fs::create_dir_all(state)
+        .with_context(|| format!("create state dir {}", state.display()))?;
     let state = state.canonicalize()?;
     if let Some(pid) = read_pid(&state) {
         if pid_alive(pid) {
@@ -221,20 +234,28 @@ pub fn up(state: &Path, args: &UpArgs) -> Result<()> {
     };
     for b in ["target-server", "prober"] {
         if !bin_dir.join(b).is_file() {
-            eprintln!("warning: {} has no `{b}` binary; pods with that image will fail with ErrImagePull", bin_dir.display());
+            eprintln!(
+                "warning: {} has no `{b}` binary; pods with that image will fail with ErrImagePull",
+                bin_dir.display()
+            );
         }
     }
     let log = std::fs::File::create(state.join("daemon.log"))?;
     let exe = std::env::current_exe()?;
     let mut cmd = std::process::Command::new(exe);
-    cmd.arg("--state-dir").arg(&state).arg("daemon").arg("--nodes").arg(args.nodes.to_string());
+    cmd.arg("--state-dir")
+        .arg(&state)
+        .arg("daemon")
+        .arg("--nodes")
+        .arg(args.nodes.to_string());
     if let Some(f) = &args.fault {
         cmd.arg("--fault").arg(f.canonicalize()?);
     }
     if !args.node_labels.is_empty() {
         cmd.arg("--node-labels").arg(args.node_labels.join(","));
     }
-    cmd.arg("--bin-dir").arg(bin_dir.canonicalize().unwrap_or(bin_dir));
+    cmd.arg("--bin-dir")
+        .arg(bin_dir.canonicalize().unwrap_or(bin_dir));
     use std::os::unix::process::CommandExt;
     cmd.stdin(std::process::Stdio::null())
         .stdout(log.try_clone()?)
@@ -242,12 +263,27 @@ pub fn up(state: &Path, args: &UpArgs) -> Result<()> {
         .process_group(0);
     let mut child = cmd.spawn().context("start the testbed daemon")?;
     let start = Instant::now();
-    eprint!("testbed: starting {} node(s) in {} ", args.nodes, state.display());
+    eprint!(
+        "testbed: starting {} node(s) in {} ",
+        args.nodes,
+        state.display()
+    );
     loop {
         if let Ok(info) = ready_info(&state) {
-            eprintln!("\ntestbed: up in {:.1}s — nodes {}", start.elapsed().as_secs_f64(), info.nodes.join(", "));
-            eprintln!("  API (this machine): {}   kubeconfig: {}", info.api_local, info.kubeconfig.display());
-            eprintln!("  try: testbed --state-dir {} exec -- kubectl get nodes -o wide", state.display());
+            eprintln!(
+                "\ntestbed: up in {:.1}s — nodes {}",
+                start.elapsed().as_secs_f64(),
+                info.nodes.join(", ")
+            );
+            eprintln!(
+                "  API (this machine): {}   kubeconfig: {}",
+                info.api_local,
+                info.kubeconfig.display()
+            );
+            eprintln!(
+                "  try: testbed --state-dir {} exec -- kubectl get nodes -o wide",
+                state.display()
+            );
             return Ok(());
         }
         if let Some(status) = child.try_wait()? {
@@ -255,11 +291,21 @@ pub fn up(state: &Path, args: &UpArgs) -> Result<()> {
             let log = std::fs::read_to_string(state.join("daemon.log")).unwrap_or_default();
             let tail: Vec<&str> = log.lines().rev().take(20).collect();
             let tail: Vec<&str> = tail.into_iter().rev().collect();
-            bail!("the testbed daemon exited ({status}) before the cluster was Ready:\n{}", tail.join("\n"));
+            bail!(
+                "the testbed daemon exited ({status}) before the cluster was Ready:\n{}",
+                tail.join("\n")
+            );
         }
         if start.elapsed() > args.timeout {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM);
-            bail!("the cluster was not Ready within {:?}; see {}", args.timeout, state.join("daemon.log").display());
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            bail!(
+                "the cluster was not Ready within {:?}; see {}",
+                args.timeout,
+                state.join("daemon.log").display()
+            );
         }
         eprint!(".");
         std::thread::sleep(Duration::from_millis(100));
@@ -269,7 +315,10 @@ pub fn up(state: &Path, args: &UpArgs) -> Result<()> {
 /// `testbed down`: stops the daemon and removes everything; idempotent.
 pub fn down(state: &Path) -> Result<()> {
     if !state.exists() {
-        eprintln!("testbed: nothing to do ({} does not exist)", state.display());
+        eprintln!(
+            "testbed: nothing to do ({} does not exist)",
+            state.display()
+        );
         return Ok(());
     }
     if let Some(pid) = read_pid(state) {
@@ -290,12 +339,22 @@ pub fn down(state: &Path) -> Result<()> {
         Dataplane::destroy(&plan).context("remove network namespaces")?;
     }
     for f in [
-        "plan.json", "ready.json", "daemon.pid", "daemon.log", "control.sock", "truth.jsonl",
-        "kubeconfig", "kubeconfig-cluster", "demo-fault.yaml", "report.json",
+        "plan.json",
+        "ready.json",
+        "daemon.pid",
+        "daemon.log",
+        "control.sock",
+        "truth.jsonl",
+        "kubeconfig",
+        "kubeconfig-cluster",
+        "demo-fault.yaml",
+        "report.json",
     ] {
         let _ = std::fs::remove_file(state.join(f));
     }
-    let _ = std::fs::remove_dir_all(state.join("pods"));
+    for d in ["pods", "etcd", "pki"] {
+        let _ = std::fs::remove_dir_all(state.join(d));
+    }
     let _ = std::fs::remove_dir(state);
     eprintln!("testbed: down");
     Ok(())
@@ -306,7 +365,11 @@ pub fn down(state: &Path) -> Result<()> {
 fn exec_command(state: &Path, cmd: &[String]) -> Result<std::process::Command> {
     let info = ready_info(state)?;
     let plan = Plan::load(state)?;
-    let path = format!("{}:{}", default_bin_dir()?.display(), std::env::var("PATH").unwrap_or_default());
+    let path = format!(
+        "{}:{}",
+        default_bin_dir()?.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
     let mut c = std::process::Command::new("ip");
     c.args(["netns", "exec", &plan.host_netns])
         .args(cmd)
@@ -321,7 +384,9 @@ fn exec_command(state: &Path, cmd: &[String]) -> Result<std::process::Command> {
 pub fn exec(state: &Path, cmd: &[String]) -> Result<i32> {
     use std::os::unix::process::CommandExt;
     let err = exec_command(state, cmd)?.exec();
-    Err(anyhow!("run `ip netns exec` (is iproute2 installed?): {err}"))
+    Err(anyhow!(
+        "run `ip netns exec` (is iproute2 installed?): {err}"
+    ))
 }
 
 /// Like [`exec`] but as a child process; returns its exit code (used by `demo`).
@@ -349,7 +414,9 @@ fn control(state: &Path, line: &str) -> Result<String> {
 
 /// `testbed fault set FILE`.
 pub fn fault_set(state: &Path, file: &Path) -> Result<()> {
-    let abs = file.canonicalize().with_context(|| format!("fault file {}", file.display()))?;
+    let abs = file
+        .canonicalize()
+        .with_context(|| format!("fault file {}", file.display()))?;
     control(state, &format!("fault-set {}", abs.display()))?;
     eprintln!("testbed: fault file {} applied", abs.display());
     Ok(())
@@ -364,20 +431,36 @@ pub fn node_cordon(state: &Path, node: &str, cordon: bool) -> Result<()> {
         .trim_start_matches("http://")
         .parse()
         .context("API address in ready.json")?;
-    let body = if cordon { r#"{"spec":{"unschedulable":true}}"# } else { r#"{"spec":{"unschedulable":null}}"# };
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let body = if cordon {
+        r#"{"spec":{"unschedulable":true}}"#
+    } else {
+        r#"{"spec":{"unschedulable":null}}"#
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let resp = rt.block_on(crate::httpc::request(
         addr,
         "PATCH",
         &format!("/api/v1/nodes/{node}"),
-        &[("Content-Type", "application/strategic-merge-patch+json"), ("Accept", "application/json")],
+        &[
+            ("Content-Type", "application/strategic-merge-patch+json"),
+            ("Accept", "application/json"),
+        ],
         body.as_bytes(),
         Duration::from_secs(10),
     ))?;
     if resp.status != 200 {
-        bail!("PATCH node {node}: HTTP {}: {}", resp.status, String::from_utf8_lossy(&resp.body));
+        bail!(
+            "PATCH node {node}: HTTP {}: {}",
+            resp.status,
+            String::from_utf8_lossy(&resp.body)
+        );
     }
-    eprintln!("node/{node} {}", if cordon { "cordoned" } else { "uncordoned" });
+    eprintln!(
+        "node/{node} {}",
+        if cordon { "cordoned" } else { "uncordoned" }
+    );
     Ok(())
 }
 
@@ -395,13 +478,21 @@ pub fn demo(state: &Path, args: &DemoArgs) -> Result<i32> {
     };
     up(state, &up_args)?;
     let report = state.join("report.json");
-    let mut cmd: Vec<String> = vec!["prober".into(), "gate".into(), "--report".into(), report.display().to_string()];
+    let mut cmd: Vec<String> = vec![
+        "prober".into(),
+        "gate".into(),
+        "--report".into(),
+        report.display().to_string(),
+    ];
     cmd.extend(args.gate_args.iter().cloned());
     eprintln!("testbed: running {}", cmd.join(" "));
     let code = exec_child(state, &cmd);
     if report.is_file() {
         if let Err(e) = std::fs::copy(&report, &args.report) {
-            eprintln!("testbed: could not copy the report to {}: {e}", args.report.display());
+            eprintln!(
+                "testbed: could not copy the report to {}: {e}",
+                args.report.display()
+            );
         } else {
             eprintln!("testbed: gate report written to {}", args.report.display());
         }
@@ -414,7 +505,13 @@ pub fn demo(state: &Path, args: &DemoArgs) -> Result<i32> {
 pub fn main_with(cli: Cli) -> Result<i32> {
     let state = cli.state_dir.clone();
     match cli.cmd {
-        Cmd::Shim { netns, dev_dir, hostname, sa_dir, cmd } => {
+        Cmd::Shim {
+            netns,
+            dev_dir,
+            hostname,
+            sa_dir,
+            cmd,
+        } => {
             let spec = crate::shim::ShimSpec {
                 netns,
                 dev_dir,
@@ -442,7 +539,8 @@ pub fn main_with(cli: Cli) -> Result<i32> {
         Cmd::Exec { cmd } => exec(&state, &cmd),
         Cmd::Truth => {
             let p = state.join("truth.jsonl");
-            let text = std::fs::read_to_string(&p).with_context(|| format!("read {}", p.display()))?;
+            let text =
+                std::fs::read_to_string(&p).with_context(|| format!("read {}", p.display()))?;
             print!("{text}");
             Ok(0)
         }
@@ -451,7 +549,14 @@ pub fn main_with(cli: Cli) -> Result<i32> {
             "uncordon" => node_cordon(&state, &node, false).map(|_| 0),
             stop_start => {
                 control(&state, &format!("node-{stop_start} {node}"))?;
-                eprintln!("node/{node} {}", if stop_start == "stop" { "stopped (NotReady)" } else { "started (Ready)" });
+                eprintln!(
+                    "node/{node} {}",
+                    if stop_start == "stop" {
+                        "stopped (NotReady)"
+                    } else {
+                        "started (Ready)"
+                    }
+                );
                 Ok(0)
             }
         },
@@ -462,13 +567,22 @@ pub fn main_with(cli: Cli) -> Result<i32> {
                 eprintln!("testbed: the API now answers {verb} {resource} with 403 Forbidden");
                 Ok(0)
             }
-            ("deny", _) => bail!("usage: testbed api deny VERB RESOURCE (e.g. `testbed api deny create pods`)"),
+            ("deny", _) => {
+                bail!("usage: testbed api deny VERB RESOURCE (e.g. `testbed api deny create pods`)")
+            }
+            ("restart", []) => {
+                control(&state, "api-restart")?;
+                eprintln!("testbed: API server restarted (same addresses, same store)");
+                Ok(0)
+            }
             ("expire-watches", []) => {
                 control(&state, "api-expire-watches")?;
                 eprintln!("testbed: watches expired; the next resume gets 410 Gone");
                 Ok(0)
             }
-            (other, _) => bail!("`testbed api {other}` is not implemented yet (testbed fidelity, issue 2 of 4)"),
+            (other, _) => bail!(
+                "`testbed api {other}` is not implemented yet (testbed fidelity, issue 2 of 4)"
+            ),
         },
         Cmd::Demo(a) => demo(&state, &a),
     }
@@ -480,7 +594,12 @@ mod tests {
 
     #[test]
     fn node_labels_parse_node_key_value_items() {
-        let m = parse_node_labels(&["node-2=os=debian13".into(), "node-3=os=debian13".into(), "node-2=zone=a".into()]).unwrap();
+        let m = parse_node_labels(&[
+            "node-2=os=debian13".into(),
+            "node-3=os=debian13".into(),
+            "node-2=zone=a".into(),
+        ])
+        .unwrap();
         assert_eq!(m["node-2"]["os"], "debian13");
         assert_eq!(m["node-2"]["zone"], "a");
         assert_eq!(m["node-3"].len(), 1);
@@ -490,7 +609,17 @@ mod tests {
 
     #[test]
     fn cli_parses_contract_flags() {
-        let c = Cli::try_parse_from(["testbed", "--state-dir", "/tmp/x", "up", "--nodes", "4", "--node-labels", "node-2=os=a,node-3=os=a"]).unwrap();
+        let c = Cli::try_parse_from([
+            "testbed",
+            "--state-dir",
+            "/tmp/x",
+            "up",
+            "--nodes",
+            "4",
+            "--node-labels",
+            "node-2=os=a,node-3=os=a",
+        ])
+        .unwrap();
         match c.cmd {
             Cmd::Up(a) => {
                 assert_eq!(a.nodes, 4);
@@ -498,7 +627,8 @@ mod tests {
             }
             _ => panic!("not up"),
         }
-        let c = Cli::try_parse_from(["testbed", "exec", "--", "kubectl", "get", "pods", "-A"]).unwrap();
+        let c =
+            Cli::try_parse_from(["testbed", "exec", "--", "kubectl", "get", "pods", "-A"]).unwrap();
         match c.cmd {
             Cmd::Exec { cmd } => assert_eq!(cmd, ["kubectl", "get", "pods", "-A"]),
             _ => panic!("not exec"),

@@ -1,5 +1,7 @@
-//! Minimal workload controllers over the [`Store`], so manifests can be applied to the
-//! testbed as users apply them to a cluster: apps/v1 Deployment and batch/v1 Job.
+//! Minimal controllers over the [`Store`], so manifests can be applied to the testbed
+//! as users apply them to a cluster: apps/v1 Deployment, batch/v1 Job, and the
+//! EndpointSlice controller (discovery.k8s.io/v1 slices for selector Services, which the
+//! service dataplane of [`crate::services`] programs).
 //!
 //! Simplifications (said where they show):
 //! - A Deployment owns its Pods directly (a real one owns ReplicaSets that own the Pods).
@@ -11,8 +13,13 @@
 //! - A Job runs up to `parallelism` Pods at a time (NonIndexed mode only); finished Pods
 //!   stay, as with the real Job controller.
 //!
-//! Every reconcile is a full pass over all Deployments and Jobs (cheap at testbed size),
-//! triggered by store events for Deployments, Jobs and Pods and by a 1 s resync.
+//! - One EndpointSlice per Service (the real controller splits at 100 endpoints,
+//!   `--max-endpoints-per-slice`, and by port set); a Pod whose named `targetPort`
+//!   resolves differently from the first Pod's is left out instead of getting a slice of
+//!   its own.
+//!
+//! Every reconcile is a full pass over all Deployments, Jobs and Services (cheap at
+//! testbed size), triggered by any store event and by a 1 s resync.
 //! Writes with no change are no-ops in the store, so a pass that finds nothing to do
 //! writes nothing.
 
@@ -25,7 +32,19 @@ use tokio::sync::broadcast::error::RecvError;
 /// Interval of the full resync (also catches Job `activeDeadlineSeconds`).
 pub const RESYNC: Duration = Duration::from_secs(1);
 
-/// Runs the Deployment and Job controllers until the store's event channel closes.
+/// Label naming an EndpointSlice's Service (discovery.k8s.io/v1 `LabelServiceName`).
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// Label naming the controller that manages an EndpointSlice
+/// (discovery.k8s.io/v1 `LabelManagedBy`).
+pub const MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
+
+/// Value of [`MANAGED_BY_LABEL`] on slices of the EndpointSlice controller
+/// (k8s.io/kubernetes `pkg/controller/endpointslice` `ControllerName`).
+pub const MANAGED_BY: &str = "endpointslice-controller.k8s.io";
+
+/// Runs the Deployment, Job and EndpointSlice controllers until the store's event
+/// channel closes.
 /// Never fails: per-object errors (e.g. a 409 from a concurrent write) are retried on
 /// the next pass.
 pub async fn run(store: Arc<Store>) {
@@ -59,6 +78,166 @@ pub fn reconcile_all(store: &Store) {
             tracing::debug!(error = %e, job = name(&j), "job reconcile");
         }
     }
+    for svc in store.list(Kind::Service, None).0 {
+        if let Err(e) = reconcile_endpoint_slice(store, &svc) {
+            tracing::debug!(error = %e, service = name(&svc), "endpointslice reconcile");
+        }
+    }
+}
+
+/// Whether `pod`'s labels contain every `key: value` of a Service's `spec.selector`.
+fn selects(selector: &serde_json::Map<String, Value>, pod: &Value) -> bool {
+    selector
+        .iter()
+        .all(|(k, v)| pod["metadata"]["labels"][k.as_str()] == *v)
+}
+
+/// The container port a Service port's `targetPort` names in `pod` (a number as is; a
+/// name looked up in the containers' `ports[].name` with the Service port's protocol).
+fn resolve_target_port(pod: &Value, svc_port: &Value) -> Option<i64> {
+    let tp = &svc_port["targetPort"];
+    if let Some(n) = tp.as_i64() {
+        return Some(n);
+    }
+    let want = tp.as_str()?;
+    let proto = svc_port["protocol"].as_str().unwrap_or("TCP");
+    pod["spec"]["containers"]
+        .as_array()?
+        .iter()
+        .flat_map(|c| c["ports"].as_array().into_iter().flatten())
+        .find(|p| {
+            p["name"].as_str() == Some(want) && p["protocol"].as_str().unwrap_or("TCP") == proto
+        })
+        .and_then(|p| p["containerPort"].as_i64())
+}
+
+/// The slice content (`endpoints`, `ports`) for Service `svc` from `pods`: every Pod the
+/// selector matches that has a `status.podIP` and is not Succeeded/Failed, as
+/// `{addresses: [podIP], conditions: {ready, serving, terminating}, nodeName,
+/// targetRef}` sorted by Pod name. `ready` = the Pod's Ready condition and not
+/// terminating; `serving` = the Ready condition; `terminating` = a deletionTimestamp
+/// (k8s.io/endpointslice `podToEndpoint`, terminating endpoints published since
+/// v1.26). Ports are the Service's ports with `port` = the resolved targetPort and the
+/// Service port's `name` (`""` when unnamed) and `protocol`.
+pub fn endpoint_slice_content(svc: &Value, pods: &[Value]) -> (Vec<Value>, Vec<Value>) {
+    let svc_ports: Vec<Value> = svc["spec"]["ports"].as_array().cloned().unwrap_or_default();
+    let Some(selector) = svc["spec"]["selector"].as_object() else {
+        return (Vec::new(), Vec::new());
+    };
+    let mut matching: Vec<&Value> = pods
+        .iter()
+        .filter(|p| selects(selector, p))
+        .filter(|p| !p["status"]["podIP"].as_str().unwrap_or("").is_empty())
+        .filter(|p| !matches!(phase(p), "Succeeded" | "Failed"))
+        .collect();
+    matching.sort_by(|a, b| name(a).cmp(name(b)));
+    let mut slice_ports: Option<Vec<Option<i64>>> = None;
+    let mut endpoints = Vec::new();
+    for p in matching {
+        let resolved: Vec<Option<i64>> = svc_ports
+            .iter()
+            .map(|sp| resolve_target_port(p, sp))
+            .collect();
+        if resolved.iter().any(Option::is_none) {
+            continue;
+        }
+        match &slice_ports {
+            None => slice_ports = Some(resolved),
+            Some(first) if *first != resolved => continue,
+            Some(_) => {}
+        }
+        let terminating = deleting(p);
+        let ready = is_ready(p);
+        let mut ep = json!({
+            "addresses": [p["status"]["podIP"].clone()],
+            "conditions": {"ready": ready && !terminating, "serving": ready, "terminating": terminating},
+            "targetRef": {"kind": "Pod", "namespace": ns(p), "name": name(p), "uid": uid(p)},
+        });
+        if let Some(node) = p["spec"]["nodeName"].as_str().filter(|n| !n.is_empty()) {
+            ep["nodeName"] = json!(node);
+        }
+        endpoints.push(ep);
+    }
+    let ports = match slice_ports {
+        Some(resolved) => svc_ports
+            .iter()
+            .zip(resolved)
+            .map(|(sp, port)| {
+                let mut p = json!({"name": sp["name"].as_str().unwrap_or(""),
+                    "protocol": sp["protocol"].as_str().unwrap_or("TCP"), "port": port});
+                if let Some(ap) = sp["appProtocol"].as_str() {
+                    p["appProtocol"] = json!(ap);
+                }
+                p
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    (endpoints, ports)
+}
+
+/// One Service: keeps exactly one EndpointSlice (`generateName: <service>-`, labels
+/// [`SERVICE_NAME_LABEL`] = the Service name, [`MANAGED_BY_LABEL`] = [`MANAGED_BY`] plus
+/// the Service's own labels and `service.kubernetes.io/headless` for headless ones, a
+/// controller ownerReference to the Service, `addressType: IPv4`) holding
+/// [`endpoint_slice_content`]. Services without a selector are left alone (their
+/// slices are the user's). Extra managed slices are deleted. An unchanged slice is not
+/// written. Errors: store errors.
+pub fn reconcile_endpoint_slice(store: &Store, svc: &Value) -> Result<(), ApiError> {
+    if deleting(svc) || !svc["spec"]["selector"].is_object() {
+        return Ok(());
+    }
+    if svc["spec"]["type"] == "ExternalName" {
+        return Ok(());
+    }
+    let namespace = ns(svc).to_string();
+    let svc_name = name(svc).to_string();
+    let (pods, _) = store.list(Kind::Pod, Some(&namespace));
+    let (endpoints, ports) = endpoint_slice_content(svc, &pods);
+    let mut labels = svc["metadata"]["labels"].clone();
+    if !labels.is_object() {
+        labels = json!({});
+    }
+    labels[SERVICE_NAME_LABEL] = json!(svc_name);
+    labels[MANAGED_BY_LABEL] = json!(MANAGED_BY);
+    if svc["spec"]["clusterIP"] == "None" {
+        labels["service.kubernetes.io/headless"] = json!("");
+    }
+    let (slices, _) = store.list(Kind::EndpointSlice, Some(&namespace));
+    let mut mine: Vec<&Value> = slices
+        .iter()
+        .filter(|s| {
+            s["metadata"]["labels"][SERVICE_NAME_LABEL] == json!(svc_name)
+                && s["metadata"]["labels"][MANAGED_BY_LABEL] == json!(MANAGED_BY)
+                && owned_by(s, uid(svc))
+                && !deleting(s)
+        })
+        .collect();
+    mine.sort_by(|a, b| name(a).cmp(name(b)));
+    match mine.split_first() {
+        None => {
+            let slice = json!({
+                "apiVersion": Kind::EndpointSlice.api_version(), "kind": "EndpointSlice",
+                "metadata": {"generateName": format!("{svc_name}-"), "namespace": namespace,
+                    "labels": labels, "ownerReferences": [owner_ref(svc, Kind::Service)]},
+                "addressType": "IPv4", "endpoints": endpoints, "ports": ports,
+            });
+            store.create(Kind::EndpointSlice, slice)?;
+        }
+        Some((keep, extra)) => {
+            for x in extra {
+                let _ = store.delete(Kind::EndpointSlice, Some(&namespace), name(x), None, None);
+            }
+            store.modify(Kind::EndpointSlice, Some(&namespace), name(keep), |s| {
+                s["metadata"]["labels"] = labels;
+                s["addressType"] = json!("IPv4");
+                s["endpoints"] = json!(endpoints);
+                s["ports"] = json!(ports);
+                Ok(())
+            })?;
+        }
+    }
+    Ok(())
 }
 
 fn name(o: &Value) -> &str {
@@ -710,6 +889,127 @@ mod tests {
         assert_eq!(cond(&j2, "Failed")["reason"], "BackoffLimitExceeded");
         reconcile_all(&store);
         assert_eq!(owned(&store, &j).len(), 2, "no retry after failing");
+    }
+
+    fn service(name: &str, selector: Value) -> Value {
+        json!({"metadata": {"name": name, "namespace": "default", "labels": {"team": "net"}},
+            "spec": {"selector": selector, "ports": [{"name": "http", "port": 80, "targetPort": "web"}]}})
+    }
+
+    fn web_pod(store: &Store, name: &str, app: &str, ip: &str, ready: bool) {
+        store
+            .create(Kind::Pod, json!({"metadata": {"name": name, "namespace": "default", "labels": {"app": app}},
+                "spec": {"nodeName": "node-1", "containers": [{"name": "c", "image": "target-server",
+                    "ports": [{"name": "web", "containerPort": 8080}]}]}}))
+            .unwrap();
+        store
+            .modify(Kind::Pod, Some("default"), name, |p| {
+                p["status"]["phase"] = json!("Running");
+                p["status"]["podIP"] = json!(ip);
+                p["status"]["conditions"] =
+                    json!([{"type": "Ready", "status": if ready { "True" } else { "False" }}]);
+                Ok(())
+            })
+            .unwrap();
+    }
+
+    fn slices_of(store: &Store, svc: &str) -> Vec<Value> {
+        store
+            .list(Kind::EndpointSlice, Some("default"))
+            .0
+            .into_iter()
+            .filter(|s| s["metadata"]["labels"][SERVICE_NAME_LABEL] == svc)
+            .collect()
+    }
+
+    #[test]
+    fn endpoint_slice_follows_selected_pods_and_their_readiness() {
+        let store = Store::new();
+        let svc = store
+            .create(Kind::Service, service("web", json!({"app": "web"})))
+            .unwrap();
+        reconcile_all(&store);
+        let sl = slices_of(&store, "web");
+        assert_eq!(sl.len(), 1, "a slice exists even with no endpoints");
+        assert!(name(&sl[0]).starts_with("web-"));
+        assert_eq!(sl[0]["metadata"]["labels"][MANAGED_BY_LABEL], MANAGED_BY);
+        assert_eq!(sl[0]["metadata"]["labels"]["team"], "net");
+        assert_eq!(
+            sl[0]["metadata"]["ownerReferences"][0]["uid"],
+            json!(uid(&svc))
+        );
+        assert_eq!(sl[0]["endpoints"], json!([]));
+        assert_eq!(sl[0]["addressType"], "IPv4");
+
+        web_pod(&store, "a", "web", "10.7.1.2", false);
+        web_pod(&store, "b", "web", "10.7.2.2", true);
+        web_pod(&store, "other", "db", "10.7.2.3", true);
+        reconcile_all(&store);
+        let sl = slices_of(&store, "web");
+        assert_eq!(sl.len(), 1);
+        let eps = sl[0]["endpoints"].as_array().unwrap();
+        assert_eq!(
+            eps.len(),
+            2,
+            "not-ready pods are listed, other apps are not"
+        );
+        assert_eq!(eps[0]["targetRef"]["name"], "a");
+        assert_eq!(eps[0]["conditions"]["ready"], false);
+        assert_eq!(eps[1]["addresses"], json!(["10.7.2.2"]));
+        assert_eq!(eps[1]["conditions"]["ready"], true);
+        assert_eq!(eps[1]["nodeName"], "node-1");
+        assert_eq!(
+            sl[0]["ports"],
+            json!([{"name": "http", "port": 8080, "protocol": "TCP"}]),
+            "the named targetPort resolves to the container port"
+        );
+        // A stable state writes nothing.
+        let rv = store.current_rv();
+        reconcile_all(&store);
+        assert_eq!(store.current_rv(), rv);
+
+        // Deleting a bound pod marks its endpoint terminating and not ready.
+        store
+            .delete(Kind::Pod, Some("default"), "b", None, None)
+            .unwrap();
+        reconcile_all(&store);
+        let sl = slices_of(&store, "web");
+        let b = &sl[0]["endpoints"][1];
+        assert_eq!(
+            b["conditions"],
+            json!({"ready": false, "serving": true, "terminating": true})
+        );
+        let b_uid = store.get(Kind::Pod, Some("default"), "b").unwrap()["metadata"]["uid"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        store
+            .remove(Kind::Pod, Some("default"), "b", &b_uid)
+            .unwrap();
+        reconcile_all(&store);
+        assert_eq!(
+            slices_of(&store, "web")[0]["endpoints"]
+                .as_array()
+                .unwrap()
+                .len(),
+            1
+        );
+
+        // Deleting the Service removes its slice (ownerReference GC).
+        store
+            .delete(Kind::Service, Some("default"), "web", None, None)
+            .unwrap();
+        assert!(slices_of(&store, "web").is_empty());
+    }
+
+    #[test]
+    fn services_without_a_selector_get_no_managed_slice() {
+        let store = Store::new();
+        let mut s = service("manual", json!(null));
+        s["spec"].as_object_mut().unwrap().remove("selector");
+        store.create(Kind::Service, s).unwrap();
+        reconcile_all(&store);
+        assert!(slices_of(&store, "manual").is_empty());
     }
 
     #[test]

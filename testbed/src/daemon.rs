@@ -13,12 +13,16 @@
 //! - `pods/<uid>/…` — per-pod files (termination message, logs).
 
 use crate::agent::Agent;
-use crate::api::{self, Kind, Store};
+use crate::api::{
+    ApiError, ApiServer, Binder, Kind, LogQuery, LogSource, ProxyFuture, ProxyRequest,
+    ProxyResponse, ProxySource, Store,
+};
 use crate::dataplane::Dataplane;
 use crate::fault::{FaultFile, Faults};
 use crate::kubelet::{Kubelet, KubeletConfig};
 use crate::netns::{self, NetnsThread};
 use crate::plan::Plan;
+use crate::tls;
 use crate::truth::{Truth, TruthEvent, TruthKind};
 use anyhow::{Context, Result};
 use serde_json::json;
@@ -51,22 +55,36 @@ pub struct ReadyInfo {
     pub nodes: Vec<String>,
 }
 
-/// Kubeconfig for a plain-HTTP API server URL (no credentials).
-pub fn kubeconfig(server: &str) -> String {
+/// Kubeconfig for the API at `server`: with `ca` (HTTPS) it trusts the testbed's CA.
+/// The user carries a placeholder token: the testbed API authorises everyone, but
+/// kubectl prompts for a password over HTTPS when the user entry is empty.
+pub fn kubeconfig(server: &str, ca: Option<&Path>) -> String {
+    let ca = ca
+        .map(|p| format!("    certificate-authority: {}\n", p.display()))
+        .unwrap_or_default();
     format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: testbed\n  cluster:\n    server: {server}\ncontexts:\n- name: testbed\n  context:\n    cluster: testbed\n    user: testbed\n    namespace: default\ncurrent-context: testbed\nusers:\n- name: testbed\n  user: {{}}\n"
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: testbed\n  cluster:\n    server: {server}\n{ca}contexts:\n- name: testbed\n  context:\n    cluster: testbed\n    user: testbed\n    namespace: default\ncurrent-context: testbed\nusers:\n- name: testbed\n  user:\n    token: testbed\n"
     )
 }
 
 /// Node object as the testbed kubelet registers it (shape of a real v1 Node, e.g.
 /// `shared/fixtures/k8s-node-ready.json`).
-pub fn node_object(plan: &Plan, idx: usize, labels: &BTreeMap<String, String>) -> serde_json::Value {
+pub fn node_object(
+    plan: &Plan,
+    idx: usize,
+    labels: &BTreeMap<String, String>,
+) -> serde_json::Value {
     let n = &plan.nodes[idx];
     let now = crate::kubelet::now_rfc3339();
     let mut all = BTreeMap::new();
     all.insert("kubernetes.io/hostname".to_string(), n.name.clone());
     all.insert("kubernetes.io/os".to_string(), "linux".to_string());
-    all.insert("kubernetes.io/arch".to_string(), std::env::consts::ARCH.replace("x86_64", "amd64").replace("aarch64", "arm64"));
+    all.insert(
+        "kubernetes.io/arch".to_string(),
+        std::env::consts::ARCH
+            .replace("x86_64", "amd64")
+            .replace("aarch64", "arm64"),
+    );
     all.insert("beta.kubernetes.io/os".to_string(), "linux".to_string());
     all.extend(labels.clone());
     let cidr = n.pod_cidr.to_string();
@@ -131,47 +149,85 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
     let truth = Truth::open(&state.join("truth.jsonl")).context("open truth log")?;
     let faults = match &args.fault {
         Some(p) => {
-            let text = std::fs::read_to_string(p).with_context(|| format!("read fault file {}", p.display()))?;
-            FaultFile::parse(&text).map_err(|e| anyhow::anyhow!("fault file {}: {e}", p.display()))?
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("read fault file {}", p.display()))?;
+            FaultFile::parse(&text)
+                .map_err(|e| anyhow::anyhow!("fault file {}: {e}", p.display()))?
         }
         None => FaultFile::default(),
     };
     let faults = Faults::new(faults);
 
-    let dataplane = Arc::new(Dataplane::create(plan).context("create the network (netns, bridge, veths, nftables)")?);
-    // Store::new() already holds default, kube-system, kube-public, kube-node-lease.
-    let store = Store::new();
+    let dataplane = Arc::new(
+        Dataplane::create(plan).context("create the network (netns, bridge, veths, nftables)")?,
+    );
+    // The store persists into state/etcd (snapshot + write-ahead log) so objects and
+    // resourceVersions survive `testbed api restart`; a fresh `up` starts empty. A new
+    // store already holds default, kube-system, kube-public and kube-node-lease.
+    let etcd = state.join("etcd");
+    let _ = std::fs::remove_dir_all(&etcd);
+    let store = Store::load_from(&etcd)
+        .map_err(|e| anyhow::anyhow!("open the store in {}: {e}", etcd.display()))?;
 
-    // API: one listener in the host netns (pods, `testbed exec`), one on loopback here.
-    let api_cluster = format!("{}:{}", plan.bridge_ip, plan.api_port);
-    let cluster_listener = {
-        let addr = api_cluster.clone();
-        netns::run_in_netns(&plan.host_netns, move || std::net::TcpListener::bind(&addr))
-            .context("enter host netns")?
-            .with_context(|| format!("bind API on {api_cluster}"))?
-    };
-    cluster_listener.set_nonblocking(true)?;
-    let local_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let api_local = format!("127.0.0.1:{}", local_listener.local_addr()?.port());
-    tokio::spawn(api::serve(store.clone(), tokio::net::TcpListener::from_std(cluster_listener)?));
-    tokio::spawn(api::serve(store.clone(), local_listener));
+    // API: HTTPS with the testbed's own CA in the host netns (pods, `testbed exec`), and
+    // plain HTTP on this machine's loopback (`$STATE/kubeconfig`).
+    let pki = tls::ensure_pki(
+        &state.join("pki"),
+        &tls::api_server_sans(&[std::net::IpAddr::V4(plan.bridge_ip)], &[]),
+    )
+    .context("create the API server's CA and certificate")?;
+    let tls_config = pki.server_config().context("TLS configuration")?;
+    let ca_path = state.join("pki").join("ca.crt");
+    let host_ns = plan.host_netns.clone();
+    let binder: Binder = Arc::new(move |addr| {
+        netns::run_in_netns(&host_ns, move || std::net::TcpListener::bind(addr)).and_then(|r| r)
+    });
+    let mut server = ApiServer::new(store.clone());
+    let cluster_addr = std::net::SocketAddr::from((plan.bridge_ip, plan.api_port));
+    server
+        .listen(cluster_addr, Some(tls_config), Some(binder))
+        .with_context(|| format!("bind the API on {cluster_addr}"))?;
+    let local_addr = server
+        .listen("127.0.0.1:0".parse()?, None, None)
+        .context("bind the API on 127.0.0.1")?;
+    let api_local = local_addr.to_string();
+    let api_cluster = format!("https://{cluster_addr}");
     let kc = state.join("kubeconfig");
     let kcc = state.join("kubeconfig-cluster");
-    std::fs::write(&kc, kubeconfig(&format!("http://{api_local}")))?;
-    std::fs::write(&kcc, kubeconfig(&format!("http://{api_cluster}")))?;
+    std::fs::write(&kc, kubeconfig(&format!("http://{api_local}"), None))?;
+    std::fs::write(&kcc, kubeconfig(&api_cluster, Some(&ca_path)))?;
+
+    // Pod proxy and logs reach pods from the host netns, like the real API server.
+    let host_thread =
+        NetnsThread::spawn(&plan.host_netns).context("start the host netns runtime")?;
+    let pods_dir = state.join("pods");
+    store.set_proxy_source(Arc::new(PodProxy {
+        rt: host_thread.handle(),
+    }));
+    store.set_log_source(Arc::new(PodLogs {
+        store: store.clone(),
+        pods_dir: pods_dir.clone(),
+    }));
 
     tokio::spawn(crate::scheduler::run(store.clone()));
+    tokio::spawn(crate::controllers::run(store.clone()));
 
     // Nodes: a runtime inside each node netns running its kubelet and agent.
     let testbed_exe = std::env::current_exe().context("locate the testbed executable")?;
-    let pods_dir = state.join("pods");
     std::fs::create_dir_all(&pods_dir)?;
     let mut node_threads = Vec::new();
     let mut kubelets = Vec::new();
     for (i, n) in plan.nodes.iter().enumerate() {
         let labels = args.node_labels.get(&n.name).cloned().unwrap_or_default();
-        let thread = NetnsThread::spawn(&n.netns).with_context(|| format!("start {} runtime", n.name))?;
-        let agent = Arc::new(Agent::new(n.clone(), labels.clone(), dataplane.clone(), truth.clone(), faults.clone()));
+        let thread =
+            NetnsThread::spawn(&n.netns).with_context(|| format!("start {} runtime", n.name))?;
+        let agent = Arc::new(Agent::new(
+            n.clone(),
+            labels.clone(),
+            dataplane.clone(),
+            truth.clone(),
+            faults.clone(),
+        ));
         let kubelet = Kubelet::new(
             KubeletConfig {
                 node: n.name.clone(),
@@ -181,6 +237,7 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
                 testbed_exe: testbed_exe.clone(),
                 api_host: plan.bridge_ip.to_string(),
                 api_port: plan.api_port,
+                ca_cert: Some(ca_path.clone()),
             },
             store.clone(),
             dataplane.clone(),
@@ -188,10 +245,29 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
             truth.clone(),
         );
         thread.handle().spawn(kubelet.clone().run());
+        // Felix-compatible metrics on nodeIP:9091 (hostNetwork, like calico-node).
+        thread.handle().spawn({
+            let agent = agent.clone();
+            async move {
+                if let Err(e) = crate::felix::bind_and_serve(agent).await {
+                    tracing::error!(error = %e, "felix metrics server");
+                }
+            }
+        });
         store
             .create(Kind::Node, node_object(plan, i, &labels))
             .map_err(|e| anyhow::anyhow!("register {}: {}", n.name, e.message))?;
-        truth.emit(TruthEvent::node(TruthKind::NodeReady, &n.name, json!({"ip": n.ip.to_string()})));
+        truth.emit(TruthEvent::node(
+            TruthKind::NodeReady,
+            &n.name,
+            json!({"ip": n.ip.to_string()}),
+        ));
+        tokio::spawn(agent_pod_loop(
+            store.clone(),
+            n.name.clone(),
+            n.ip.to_string(),
+            agent.clone(),
+        ));
         node_threads.push(thread);
         kubelets.push(kubelet);
     }
@@ -199,7 +275,7 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
     let info = ReadyInfo {
         pid: std::process::id(),
         api_local: format!("http://{api_local}"),
-        api_cluster: format!("http://{api_cluster}"),
+        api_cluster: api_cluster.clone(),
         kubeconfig: kc,
         kubeconfig_cluster: kcc,
         nodes: plan.nodes.iter().map(|n| n.name.clone()).collect(),
@@ -220,7 +296,7 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
             _ = sigint.recv() => break,
             conn = control.accept() => {
                 let Ok((stream, _)) = conn else { continue };
-                if handle_control(stream, &Control { faults: &faults, truth: &truth, store: &store, kubelets: &kubelets }).await {
+                if handle_control(stream, &mut Control { faults: &faults, truth: &truth, store: &store, kubelets: &kubelets, server: &mut server }).await {
                     break;
                 }
             }
@@ -236,6 +312,7 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
 
 /// What control commands act on.
 struct Control<'a> {
+    server: &'a mut ApiServer,
     faults: &'a Faults,
     truth: &'a Truth,
     store: &'a Arc<Store>,
@@ -245,11 +322,13 @@ struct Control<'a> {
 /// Serves one control connection: one command line, one answer line (`ok …` or
 /// `error …`). Returns true on `shutdown`. Commands: `shutdown`, `fault-set PATH`,
 /// `node-stop NODE`, `node-start NODE`, `api-deny VERB RESOURCE`, `api-allow-all`,
-/// `api-expire-watches`.
-async fn handle_control(stream: tokio::net::UnixStream, c: &Control<'_>) -> bool {
+/// `api-expire-watches`, `api-restart`.
+async fn handle_control(stream: tokio::net::UnixStream, c: &mut Control<'_>) -> bool {
     let (r, mut w) = stream.into_split();
     let mut lines = tokio::io::BufReader::new(r).lines();
-    let Ok(Some(line)) = lines.next_line().await else { return false };
+    let Ok(Some(line)) = lines.next_line().await else {
+        return false;
+    };
     let words: Vec<&str> = line.split_whitespace().collect();
     let (answer, stop) = match words.as_slice() {
         ["shutdown"] => ("ok".to_string(), true),
@@ -264,6 +343,10 @@ async fn handle_control(stream: tokio::net::UnixStream, c: &Control<'_>) -> bool
             c.store.allow_all();
             ("ok".to_string(), false)
         }
+        ["api-restart"] => match c.server.restart().await {
+            Ok(()) => ("ok".to_string(), false),
+            Err(e) => (format!("error restart the API server: {e}"), false),
+        },
         ["api-expire-watches"] => {
             c.store.expire_watches();
             ("ok".to_string(), false)
@@ -327,10 +410,16 @@ fn set_node_stopped(c: &Control<'_>, node: &str, stopped: bool) -> String {
     if stopped {
         let (pods, _) = c.store.list(Kind::Pod, None);
         for p in pods.iter().filter(|p| p["spec"]["nodeName"] == node) {
-            let (ns, name) = (p["metadata"]["namespace"].as_str().unwrap_or(""), p["metadata"]["name"].as_str().unwrap_or(""));
+            let (ns, name) = (
+                p["metadata"]["namespace"].as_str().unwrap_or(""),
+                p["metadata"]["name"].as_str().unwrap_or(""),
+            );
             let _ = c.store.modify(Kind::Pod, Some(ns), name, |obj| {
                 if let Some(conds) = obj["status"]["conditions"].as_array_mut() {
-                    for cond in conds.iter_mut().filter(|c| c["type"] == "Ready" && c["status"] == "True") {
+                    for cond in conds
+                        .iter_mut()
+                        .filter(|c| c["type"] == "Ready" && c["status"] == "True")
+                    {
                         cond["status"] = json!("False");
                         cond["reason"] = json!("NodeNotReady");
                         cond["lastTransitionTime"] = json!(now);
@@ -345,8 +434,16 @@ fn set_node_stopped(c: &Control<'_>, node: &str, stopped: bool) -> String {
             });
         }
     }
-    let kind = if stopped { TruthKind::NodeNotReady } else { TruthKind::NodeReady };
-    c.truth.emit(TruthEvent::node(kind, node, json!({"cause": if stopped { "testbed node stop" } else { "testbed node start" }})));
+    let kind = if stopped {
+        TruthKind::NodeNotReady
+    } else {
+        TruthKind::NodeReady
+    };
+    c.truth.emit(TruthEvent::node(
+        kind,
+        node,
+        json!({"cause": if stopped { "testbed node stop" } else { "testbed node start" }}),
+    ));
     "ok".to_string()
 }
 
@@ -361,5 +458,178 @@ fn apply_fault(path: &Path, faults: &Faults, truth: &Truth) -> String {
             "ok".to_string()
         }
         Err(e) => format!("error {}: {e}", path.display()),
+    }
+}
+
+/// `pods/NAME[:PORT]/proxy/PATH`: an HTTP request from the host netns to the pod's IP
+/// (its node IP for hostNetwork pods); the port is a number or a containerPort name.
+struct PodProxy {
+    rt: tokio::runtime::Handle,
+}
+
+impl ProxySource for PodProxy {
+    fn proxy(&self, pod: &serde_json::Value, req: ProxyRequest) -> ProxyFuture {
+        let ip = pod["status"]["podIP"]
+            .as_str()
+            .and_then(|s| s.parse::<std::net::Ipv4Addr>().ok());
+        let ports: Vec<serde_json::Value> = pod["spec"]["containers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|c| c["ports"].as_array().cloned().unwrap_or_default())
+            .collect();
+        let port = match req.port.as_deref() {
+            None => ports
+                .first()
+                .and_then(|p| p["containerPort"].as_u64())
+                .map(|p| p as u16),
+            Some(p) => p.parse::<u16>().ok().or_else(|| {
+                ports
+                    .iter()
+                    .find(|x| x["name"] == p)
+                    .and_then(|x| x["containerPort"].as_u64())
+                    .map(|p| p as u16)
+            }),
+        };
+        let rt = self.rt.clone();
+        Box::pin(async move {
+            let ip = ip.ok_or_else(|| {
+                ApiError::new(
+                    503,
+                    "ServiceUnavailable",
+                    format!("pod {} has no IP yet", req.pod),
+                )
+            })?;
+            let port = port.ok_or_else(|| {
+                ApiError::new(
+                    503,
+                    "ServiceUnavailable",
+                    format!("no port {:?} on pod {}", req.port, req.pod),
+                )
+            })?;
+            let path = match &req.query {
+                Some(q) if !q.is_empty() => format!("{}?{q}", req.path),
+                _ => req.path.clone(),
+            };
+            let addr = std::net::SocketAddr::from((ip, port));
+            let method = req.method.clone();
+            let body = req.body.clone();
+            let answer = rt
+                .spawn(async move {
+                    crate::httpc::request(
+                        addr,
+                        &method,
+                        &path,
+                        &[("Accept", "text/plain;version=0.0.4,*/*")],
+                        &body,
+                        std::time::Duration::from_secs(10),
+                    )
+                    .await
+                })
+                .await
+                .map_err(|e| ApiError::internal(format!("proxy task: {e}")))?;
+            match answer {
+                Ok(r) => Ok(ProxyResponse {
+                    status: r.status,
+                    content_type: None,
+                    body: r.body,
+                }),
+                Err(e) => Err(ApiError::new(
+                    503,
+                    "ServiceUnavailable",
+                    format!("error trying to reach service: {e}"),
+                )),
+            }
+        })
+    }
+}
+
+/// `pods/NAME/log`: the container's log file kept by the kubelet.
+struct PodLogs {
+    store: Arc<Store>,
+    pods_dir: std::path::PathBuf,
+}
+
+impl LogSource for PodLogs {
+    fn read(
+        &self,
+        namespace: &str,
+        pod: &str,
+        _container: &str,
+        query: &LogQuery,
+    ) -> Option<String> {
+        let obj = self.store.get(Kind::Pod, Some(namespace), pod).ok()?;
+        let uid = obj["metadata"]["uid"].as_str()?;
+        let tail = query.tail_lines.and_then(|n| usize::try_from(n).ok());
+        crate::kubelet::read_logs(&self.pods_dir, uid, tail)
+    }
+}
+
+/// The calico-node pod of one node (kube-system, hostNetwork, `k8s-app=calico-node`):
+/// created once, then its status follows the simulated agent every second — Ready as
+/// the agent is, `restartCount` its restarts. The kubelet does not run it (annotation
+/// [`crate::kubelet::SIMULATED_ANNOTATION`]).
+async fn agent_pod_loop(store: Arc<Store>, node: String, node_ip: String, agent: Arc<Agent>) {
+    let name = format!("calico-node-{node}");
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": name, "namespace": "kube-system",
+            "labels": { "k8s-app": "calico-node" },
+            "annotations": { crate::kubelet::SIMULATED_ANNOTATION: "calico-node", "prometheus.io/scrape": "true", "prometheus.io/port": "9091" },
+        },
+        "spec": {
+            "nodeName": node, "hostNetwork": true, "priorityClassName": "system-node-critical",
+            "tolerations": [{ "operator": "Exists" }],
+            "containers": [{
+                "name": "calico-node", "image": "docker.io/calico/node:v3.20.0",
+                "env": [
+                    { "name": "FELIX_PROMETHEUSMETRICSENABLED", "value": "true" },
+                    { "name": "FELIX_PROMETHEUSMETRICSPORT", "value": crate::felix::FELIX_METRICS_PORT.to_string() },
+                ],
+                "ports": [{ "name": "http-metrics", "containerPort": crate::felix::FELIX_METRICS_PORT, "hostPort": crate::felix::FELIX_METRICS_PORT, "protocol": "TCP" }],
+            }],
+        },
+    });
+    if let Err(e) = store.create(Kind::Pod, pod) {
+        tracing::warn!(node = %node, error = %e.message, "create calico-node pod");
+        return;
+    }
+    let started = crate::kubelet::now_rfc3339();
+    let mut last: Option<(bool, u64)> = None;
+    loop {
+        let now = (agent.is_ready(), agent.restart_count());
+        if last != Some(now) {
+            let (ready, restarts) = now;
+            let ts = crate::kubelet::now_rfc3339();
+            let (ip, started) = (node_ip.clone(), started.clone());
+            let r = store.modify(Kind::Pod, Some("kube-system"), &name, move |p| {
+                let st = &mut p["status"];
+                st["phase"] = json!("Running");
+                st["podIP"] = json!(ip);
+                st["podIPs"] = json!([{ "ip": ip }]);
+                st["hostIP"] = json!(ip);
+                st["hostIPs"] = json!([{ "ip": ip }]);
+                st["startTime"] = json!(started);
+                let r = if ready { "True" } else { "False" };
+                st["conditions"] = json!([
+                    { "type": "PodScheduled", "status": "True", "lastTransitionTime": started },
+                    { "type": "Initialized", "status": "True", "lastTransitionTime": started },
+                    { "type": "ContainersReady", "status": r, "lastTransitionTime": ts },
+                    { "type": "Ready", "status": r, "lastTransitionTime": ts },
+                ]);
+                st["containerStatuses"] = json!([{
+                    "name": "calico-node", "image": "docker.io/calico/node:v3.20.0", "imageID": "",
+                    "containerID": format!("testbed://calico-node-{restarts}"), "ready": ready, "started": true,
+                    "restartCount": restarts, "state": { "running": { "startedAt": ts } },
+                }]);
+                Ok(())
+            });
+            if r.is_err() {
+                return; // deleted: the cluster is going down
+            }
+            last = Some(now);
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     }
 }

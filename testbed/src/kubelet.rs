@@ -40,6 +40,14 @@ pub const FALLBACK_LOG_LINES: usize = 80;
 /// Default `terminationGracePeriodSeconds` (Kubernetes API default).
 pub const DEFAULT_GRACE_SECONDS: i64 = 30;
 
+/// Pods carrying this annotation are simulated by the daemon (the calico-node agent
+/// pods); the kubelet leaves them alone.
+pub const SIMULATED_ANNOTATION: &str = "testbed.firstpacket.io/simulated";
+
+/// Token written into every pod's service-account directory (the testbed API
+/// authorises every request; clients only need something to send).
+pub const SERVICE_ACCOUNT_TOKEN: &str = "testbed";
+
 /// What the kubelet of one node needs.
 #[derive(Clone)]
 pub struct KubeletConfig {
@@ -56,6 +64,8 @@ pub struct KubeletConfig {
     /// `KUBERNETES_SERVICE_HOST` / `_PORT` given to every container.
     pub api_host: String,
     pub api_port: u16,
+    /// The API server's CA certificate, copied into each pod's service-account dir.
+    pub ca_cert: Option<PathBuf>,
 }
 
 /// One node's kubelet.
@@ -159,7 +169,11 @@ impl Kubelet {
     /// Stops every container on this node at once (SIGKILL) and tears down its pods'
     /// networks; used when the daemon shuts down.
     pub fn kill_all(&self) {
-        let workers: Vec<_> = self.workers.lock().map(|w| w.keys().cloned().collect()).unwrap_or_default();
+        let workers: Vec<_> = self
+            .workers
+            .lock()
+            .map(|w| w.keys().cloned().collect())
+            .unwrap_or_default();
         for uid in workers {
             let pgid_file = self.cfg.pods_dir.join(&uid).join("pid");
             if let Ok(pid) = std::fs::read_to_string(&pgid_file) {
@@ -174,7 +188,9 @@ impl Kubelet {
     }
 
     fn observe(self: &Arc<Self>, pod: Arc<Value>, deleted: bool) {
-        if pod["spec"]["nodeName"].as_str() != Some(self.cfg.node.as_str()) {
+        if pod["spec"]["nodeName"].as_str() != Some(self.cfg.node.as_str())
+            || !pod["metadata"]["annotations"][SIMULATED_ANNOTATION].is_null()
+        {
             return;
         }
         let Some(uid) = pod["metadata"]["uid"].as_str().map(str::to_owned) else {
@@ -202,7 +218,10 @@ impl Kubelet {
         drop(workers);
         let me = self.clone();
         tokio::spawn(async move {
-            let ns = pod["metadata"]["namespace"].as_str().unwrap_or("default").to_owned();
+            let ns = pod["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("default")
+                .to_owned();
             let name = pod["metadata"]["name"].as_str().unwrap_or("").to_owned();
             let worker = PodWorker {
                 k: me.clone(),
@@ -257,16 +276,23 @@ impl PodWorker {
     fn update(&self, f: impl FnOnce(&mut Value)) {
         let uid = self.uid.clone();
         let name = self.name.clone();
-        let r = self.k.store.modify(Kind::Pod, Some(&self.ns), &self.name, move |obj| {
-            if obj["metadata"]["uid"].as_str() != Some(uid.as_str()) {
-                return Err(crate::api::ApiError::conflict(Kind::Pod, &name, "uid changed"));
-            }
-            if !obj["status"].is_object() {
-                obj["status"] = json!({});
-            }
-            f(&mut obj["status"]);
-            Ok(())
-        });
+        let r = self
+            .k
+            .store
+            .modify(Kind::Pod, Some(&self.ns), &self.name, move |obj| {
+                if obj["metadata"]["uid"].as_str() != Some(uid.as_str()) {
+                    return Err(crate::api::ApiError::conflict(
+                        Kind::Pod,
+                        &name,
+                        "uid changed",
+                    ));
+                }
+                if !obj["status"].is_object() {
+                    obj["status"] = json!({});
+                }
+                f(&mut obj["status"]);
+                Ok(())
+            });
         if let Err(e) = r {
             tracing::debug!(pod = %self.name, error = %e.message, "status update skipped");
         }
@@ -288,9 +314,22 @@ impl PodWorker {
             st["qosClass"] = json!("BestEffort");
             set_condition(st, "PodReadyToStartContainers", false, None, None);
             set_condition(st, "Initialized", true, None, None);
-            set_condition(st, "Ready", false, Some("ContainersNotReady"), Some(format!("containers with unready status: [{cname}]")));
-            set_condition(st, "ContainersReady", false, Some("ContainersNotReady"), Some(format!("containers with unready status: [{cname}]")));
-            st["containerStatuses"] = json!([waiting_status(&cname, &image, "ContainerCreating", None)]);
+            set_condition(
+                st,
+                "Ready",
+                false,
+                Some("ContainersNotReady"),
+                Some(format!("containers with unready status: [{cname}]")),
+            );
+            set_condition(
+                st,
+                "ContainersReady",
+                false,
+                Some("ContainersNotReady"),
+                Some(format!("containers with unready status: [{cname}]")),
+            );
+            st["containerStatuses"] =
+                json!([waiting_status(&cname, &image, "ContainerCreating", None)]);
         });
 
         // Image → local binary (pod-spec contract).
@@ -299,7 +338,8 @@ impl PodWorker {
             None => {
                 let msg = format!("failed to pull and unpack image \"{image}\": not found (the testbed maps only images named like a binary in its bin dir)");
                 self.update(|st| {
-                    st["containerStatuses"] = json!([waiting_status(&cname, &image, "ErrImagePull", Some(&msg))]);
+                    st["containerStatuses"] =
+                        json!([waiting_status(&cname, &image, "ErrImagePull", Some(&msg))]);
                 });
                 self.wait_for_deletion_only().await;
                 self.finish(None).await;
@@ -318,7 +358,12 @@ impl PodWorker {
                 let msg = format!("failed to create pod sandbox: {e}");
                 tracing::warn!(pod = %self.name, "{msg}");
                 self.update(|st| {
-                    st["containerStatuses"] = json!([waiting_status(&cname, &image, "CreateContainerError", Some(&msg))]);
+                    st["containerStatuses"] = json!([waiting_status(
+                        &cname,
+                        &image,
+                        "CreateContainerError",
+                        Some(&msg)
+                    )]);
                 });
                 self.wait_for_deletion_only().await;
                 self.finish(None).await;
@@ -336,7 +381,12 @@ impl PodWorker {
                 self.update(|st| {
                     st["podIP"] = json!(pod_ip);
                     st["podIPs"] = json!([{ "ip": pod_ip }]);
-                    st["containerStatuses"] = json!([waiting_status(&cname, &image, "CreateContainerError", Some(&msg))]);
+                    st["containerStatuses"] = json!([waiting_status(
+                        &cname,
+                        &image,
+                        "CreateContainerError",
+                        Some(&msg)
+                    )]);
                 });
                 self.wait_for_deletion_only().await;
                 self.finish(Some(&net)).await;
@@ -349,7 +399,13 @@ impl PodWorker {
         let container_id = format!("testbed://{}-{pid}", self.uid);
         let has_readiness = container["readinessProbe"].is_object();
         {
-            let (cname, image, cid, sa, pod_ip) = (cname.clone(), image.clone(), container_id.clone(), started_at.clone(), pod_ip.clone());
+            let (cname, image, cid, sa, pod_ip) = (
+                cname.clone(),
+                image.clone(),
+                container_id.clone(),
+                started_at.clone(),
+                pod_ip.clone(),
+            );
             self.update(move |st| {
                 st["phase"] = json!("Running");
                 st["podIP"] = json!(pod_ip);
@@ -392,14 +448,20 @@ impl PodWorker {
             let _ = t.await;
         }
         let finished_at = now_rfc3339();
-        let policy = container["terminationMessagePolicy"].as_str().unwrap_or("File").to_owned();
+        let policy = container["terminationMessagePolicy"]
+            .as_str()
+            .unwrap_or("File")
+            .to_owned();
         let (exit_code, reason) = match &ended {
             Ended::Exited(c) => (*c, if *c == 0 { "Completed" } else { "Error" }),
             Ended::Deleted => (137, "Error"),
             Ended::DeadlineExceeded => (137, "Error"),
         };
         let message = termination_message(&pod_dir, exit_code, &policy);
-        let restart_policy = spec["restartPolicy"].as_str().unwrap_or("Always").to_owned();
+        let restart_policy = spec["restartPolicy"]
+            .as_str()
+            .unwrap_or("Always")
+            .to_owned();
         {
             let (cname, image, cid) = (cname.clone(), image.clone(), container_id.clone());
             let deadline = matches!(ended, Ended::DeadlineExceeded);
@@ -422,7 +484,8 @@ impl PodWorker {
                 if deadline {
                     st["phase"] = json!("Failed");
                     st["reason"] = json!("DeadlineExceeded");
-                    st["message"] = json!("Pod was active on the node longer than the specified deadline");
+                    st["message"] =
+                        json!("Pod was active on the node longer than the specified deadline");
                 } else if exit_code == 0 {
                     st["phase"] = json!("Succeeded");
                 } else {
@@ -445,7 +508,9 @@ impl PodWorker {
     }
 
     fn readiness_ok(&self, net: &PodNet) {
-        self.k.truth.emit(TruthEvent::pod(TruthKind::ReadinessOk, net, json!({})));
+        self.k
+            .truth
+            .emit(TruthEvent::pod(TruthKind::ReadinessOk, net, json!({})));
     }
 
     /// Starts the container through the shim; returns the child or a message for
@@ -459,7 +524,8 @@ impl PodWorker {
         pod_dir: &Path,
     ) -> Result<tokio::process::Child, String> {
         let dev_dir = pod_dir.join("dev");
-        std::fs::create_dir_all(&dev_dir).map_err(|e| format!("mkdir {}: {e}", dev_dir.display()))?;
+        std::fs::create_dir_all(&dev_dir)
+            .map_err(|e| format!("mkdir {}: {e}", dev_dir.display()))?;
         let tm_path = container["terminationMessagePath"]
             .as_str()
             .unwrap_or("/dev/termination-log");
@@ -485,9 +551,19 @@ impl PodWorker {
             .arg("--dev-dir")
             .arg(&dev_dir)
             .arg("--hostname")
-            .arg(&self.name)
-            .arg("--")
-            .arg(binary);
+            .arg(&self.name);
+        if pod["spec"]["automountServiceAccountToken"] != false {
+            let sa = pod_dir.join("serviceaccount");
+            std::fs::create_dir_all(&sa).map_err(|e| format!("mkdir {}: {e}", sa.display()))?;
+            if let Some(ca) = &self.k.cfg.ca_cert {
+                std::fs::copy(ca, sa.join("ca.crt"))
+                    .map_err(|e| format!("copy {}: {e}", ca.display()))?;
+            }
+            std::fs::write(sa.join("token"), SERVICE_ACCOUNT_TOKEN).map_err(|e| e.to_string())?;
+            std::fs::write(sa.join("namespace"), &self.ns).map_err(|e| e.to_string())?;
+            cmd.arg("--sa-dir").arg(&sa);
+        }
+        cmd.arg("--").arg(binary);
         if let Some(args) = container["args"].as_array() {
             for a in args {
                 cmd.arg(a.as_str().unwrap_or_default());
@@ -498,13 +574,22 @@ impl PodWorker {
             .env("HOSTNAME", &self.name)
             .env("KUBERNETES_SERVICE_HOST", &self.k.cfg.api_host)
             .env("KUBERNETES_SERVICE_PORT", self.k.cfg.api_port.to_string())
-            .env("KUBERNETES_SERVICE_PORT_HTTPS", self.k.cfg.api_port.to_string());
+            .env(
+                "KUBERNETES_SERVICE_PORT_HTTPS",
+                self.k.cfg.api_port.to_string(),
+            );
         if let Ok(v) = std::env::var("RUST_LOG") {
             cmd.env("RUST_LOG", v);
         }
+        // Fault `clock_skew`: libfaketime's variables for this node's new containers.
+        for (k, v) in self.k.agent.container_env() {
+            cmd.env(k, v);
+        }
         if let Some(envs) = container["env"].as_array() {
             for e in envs {
-                let Some(name) = e["name"].as_str() else { continue };
+                let Some(name) = e["name"].as_str() else {
+                    continue;
+                };
                 let value = if let Some(v) = e["value"].as_str() {
                     v.to_owned()
                 } else if let Some(fp) = e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
@@ -520,8 +605,7 @@ impl PodWorker {
             .stderr(log2)
             .process_group(0)
             .kill_on_drop(false);
-        cmd.spawn()
-            .map_err(|e| format!("start container: {e}"))
+        cmd.spawn().map_err(|e| format!("start container: {e}"))
     }
 
     /// Waits for exit, a deletion request or `activeDeadlineSeconds`; stops the container
@@ -602,7 +686,10 @@ impl PodWorker {
             iface: None,
             detail: json!({}),
         });
-        let _ = self.k.store.remove(Kind::Pod, Some(&self.ns), &self.name, &self.uid);
+        let _ = self
+            .k
+            .store
+            .remove(Kind::Pod, Some(&self.ns), &self.name, &self.uid);
         let _ = std::fs::remove_dir_all(self.k.cfg.pods_dir.join(&self.uid));
     }
 }
@@ -649,7 +736,9 @@ async fn readiness_loop(
         // The node controller may have flipped Ready while the kubelet was stopped.
         if let Ok(obj) = k.store.get(Kind::Pod, Some(&ns), &name) {
             if obj["metadata"]["uid"].as_str() == Some(uid.as_str()) {
-                ready = obj["status"]["containerStatuses"][0]["ready"].as_bool().unwrap_or(ready);
+                ready = obj["status"]["containerStatuses"][0]["ready"]
+                    .as_bool()
+                    .unwrap_or(ready);
             }
         }
         let passed = http.is_object()
@@ -673,14 +762,19 @@ async fn readiness_loop(
         };
         if new_ready && !announced {
             announced = true;
-            k.truth.emit(TruthEvent::pod(TruthKind::ReadinessOk, &net, json!({})));
+            k.truth
+                .emit(TruthEvent::pod(TruthKind::ReadinessOk, &net, json!({})));
         }
         if new_ready != ready {
             ready = new_ready;
             let (uid, pod_name) = (uid.clone(), name.clone());
             let _ = k.store.modify(Kind::Pod, Some(&ns), &name, move |obj| {
                 if obj["metadata"]["uid"].as_str() != Some(uid.as_str()) {
-                    return Err(crate::api::ApiError::conflict(Kind::Pod, &pod_name, "uid changed"));
+                    return Err(crate::api::ApiError::conflict(
+                        Kind::Pod,
+                        &pod_name,
+                        "uid changed",
+                    ));
                 }
                 let st = &mut obj["status"];
                 if let Some(cs) = st["containerStatuses"].get_mut(0) {
@@ -692,7 +786,10 @@ async fn readiness_loop(
                 let (r, m) = if ready {
                     (None, None)
                 } else {
-                    (Some("ContainersNotReady"), Some("containers with unready status".to_owned()))
+                    (
+                        Some("ContainersNotReady"),
+                        Some("containers with unready status".to_owned()),
+                    )
                 };
                 set_condition(st, "Ready", ready, r, m.clone());
                 set_condition(st, "ContainersReady", ready, r, m);
@@ -724,12 +821,18 @@ fn downward_field(pod: &Value, path: &str, pod_ip: &str, cfg: &KubeletConfig) ->
         "metadata.namespace" => m["namespace"].as_str().unwrap_or("").to_owned(),
         "metadata.uid" => m["uid"].as_str().unwrap_or("").to_owned(),
         "spec.nodeName" => cfg.node.clone(),
-        "spec.serviceAccountName" => pod["spec"]["serviceAccountName"].as_str().unwrap_or("default").to_owned(),
+        "spec.serviceAccountName" => pod["spec"]["serviceAccountName"]
+            .as_str()
+            .unwrap_or("default")
+            .to_owned(),
         "status.podIP" => pod_ip.to_owned(),
         "status.podIPs" => pod_ip.to_owned(),
         "status.hostIP" | "status.hostIPs" => cfg.node_ip.to_string(),
         p => {
-            for (prefix, key) in [("metadata.labels['", "labels"), ("metadata.annotations['", "annotations")] {
+            for (prefix, key) in [
+                ("metadata.labels['", "labels"),
+                ("metadata.annotations['", "annotations"),
+            ] {
                 if let Some(rest) = p.strip_prefix(prefix).and_then(|r| r.strip_suffix("']")) {
                     return m[key][rest].as_str().unwrap_or("").to_owned();
                 }
@@ -743,7 +846,8 @@ fn downward_field(pod: &Value, path: &str, pod_ip: &str, cfg: &KubeletConfig) ->
 /// bytes; with `FallbackToLogsOnError`, the logs' tail only when the file is empty and
 /// the exit code is non-zero. `None` when there is nothing to report.
 pub fn termination_message(pod_dir: &Path, exit_code: i32, policy: &str) -> Option<String> {
-    let name = std::fs::read_to_string(pod_dir.join("termination-path")).unwrap_or_else(|_| "termination-log".into());
+    let name = std::fs::read_to_string(pod_dir.join("termination-path"))
+        .unwrap_or_else(|_| "termination-log".into());
     let file = std::fs::read(pod_dir.join("dev").join(name.trim())).unwrap_or_default();
     if !file.is_empty() {
         return Some(tail_bytes(&file, MAX_TERMINATION_MESSAGE));
@@ -792,12 +896,20 @@ fn waiting_status(name: &str, image: &str, reason: &str, message: Option<&str>) 
 }
 
 /// Sets a pod condition, keeping `lastTransitionTime` when the status did not change.
-fn set_condition(st: &mut Value, ty: &str, status: bool, reason: Option<&str>, message: Option<String>) {
+fn set_condition(
+    st: &mut Value,
+    ty: &str,
+    status: bool,
+    reason: Option<&str>,
+    message: Option<String>,
+) {
     let s = if status { "True" } else { "False" };
     if !st["conditions"].is_array() {
         st["conditions"] = json!([]);
     }
-    let Some(conds) = st["conditions"].as_array_mut() else { return };
+    let Some(conds) = st["conditions"].as_array_mut() else {
+        return;
+    };
     let now = now_rfc3339();
     if let Some(c) = conds.iter_mut().find(|c| c["type"] == ty) {
         if c["status"] != s {
@@ -808,7 +920,8 @@ fn set_condition(st: &mut Value, ty: &str, status: bool, reason: Option<&str>, m
         set_opt(c, "message", message);
         return;
     }
-    let mut c = json!({ "type": ty, "status": s, "lastProbeTime": null, "lastTransitionTime": now });
+    let mut c =
+        json!({ "type": ty, "status": s, "lastProbeTime": null, "lastTransitionTime": now });
     set_opt(&mut c, "reason", reason.map(str::to_owned));
     set_opt(&mut c, "message", message);
     conds.push(c);
@@ -845,7 +958,11 @@ mod tests {
             "ghcr.io/firstpacket/target-server:0.1.0",
             "registry:5000/x/target-server@sha256:abc",
         ] {
-            assert_eq!(resolve_image(&dir, img), Some(dir.join("target-server")), "{img}");
+            assert_eq!(
+                resolve_image(&dir, img),
+                Some(dir.join("target-server")),
+                "{img}"
+            );
         }
         assert_eq!(resolve_image(&dir, "docker.io/library/nginx:1.27"), None);
         assert_eq!(resolve_image(&dir, "ghcr.io/x/target-server-typo:1"), None);

@@ -18,6 +18,7 @@ pub mod kubelet;
 pub mod netns;
 pub mod plan;
 pub mod scheduler;
+pub mod services;
 pub mod shim;
 pub mod tls;
 pub mod truth;

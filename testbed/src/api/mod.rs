@@ -20,6 +20,7 @@ mod kind;
 mod patch;
 pub mod selector;
 mod server;
+mod service;
 mod store;
 pub mod table;
 
@@ -28,6 +29,7 @@ pub use http::{router, serve};
 pub use kind::Kind;
 pub use patch::{apply_json_patch, merge_patch, strategic_merge_patch};
 pub use server::{serve_tls, ApiServer, Binder};
+pub use service::{service_cidr, DEFAULT_SERVICE_CIDR, NODE_PORT_RANGE};
 pub use store::{
     now, rfc3339_now, LogQuery, LogSource, LogStream, PersistError, ProxyFuture, ProxyRequest,
     ProxyResponse, ProxySource, Store, StoreEvent, StoreSnapshot, WatchEventType, WatchStart,

@@ -300,6 +300,7 @@ pub struct Store {
     denied: Mutex<HashSet<(String, String)>>,
     log_source: RwLock<Option<Arc<dyn LogSource>>>,
     proxy_source: RwLock<Option<Arc<dyn ProxySource>>>,
+    service_cidr: RwLock<crate::plan::Ipv4Cidr>,
 }
 
 impl std::fmt::Debug for Store {
@@ -664,6 +665,7 @@ impl Store {
             denied: Mutex::new(HashSet::new()),
             log_source: RwLock::new(None),
             proxy_source: RwLock::new(None),
+            service_cidr: RwLock::new(super::service::DEFAULT_SERVICE_CIDR),
         })
     }
 
@@ -851,6 +853,19 @@ impl Store {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Sets the service CIDR ClusterIPs are allocated from (kube-apiserver's
+    /// `--service-cluster-ip-range`); the daemon passes
+    /// [`crate::api::service_cidr`]`(plan.index)`. Until then
+    /// [`crate::api::DEFAULT_SERVICE_CIDR`]. Existing Services keep their addresses.
+    pub fn set_service_cidr(&self, cidr: crate::plan::Ipv4Cidr) {
+        *self.service_cidr.write().unwrap_or_else(|e| e.into_inner()) = cidr;
+    }
+
+    /// The service CIDR ClusterIPs are allocated from.
+    pub fn service_cidr(&self) -> crate::plan::Ipv4Cidr {
+        *self.service_cidr.read().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The last resourceVersion issued.
     pub fn current_rv(&self) -> u64 {
         self.lock().rv
@@ -977,6 +992,15 @@ impl Store {
                 default_deployment(&mut obj);
             }
         }
+        if kind == Kind::Service {
+            // PrepareForCreate resets the status.
+            obj["status"] = json!({"loadBalancer": {}});
+            super::service::default_service(&mut obj);
+            let causes = super::service::validate_service(&obj);
+            if !causes.is_empty() {
+                return Err(ApiError::invalid(kind, &given, &causes));
+            }
+        }
         if kind == Kind::Namespace {
             let name = given.clone();
             obj["spec"] = json!({"finalizers": ["kubernetes"]});
@@ -1025,6 +1049,12 @@ impl Store {
         let key = (ns, name.clone());
         if table.contains_key(&key) {
             return Err(ApiError::already_exists(kind, &name));
+        }
+        if kind == Kind::Service {
+            // Allocation under the store lock: no two Services get the same ClusterIP.
+            let cidr = self.service_cidr();
+            let r = super::service::allocate(&mut obj, table.values().map(|o| &**o), cidr);
+            r.map_err(|causes| ApiError::invalid(kind, &name, &causes))?;
         }
         g.rv += 1;
         let rv = g.rv;
@@ -1159,6 +1189,25 @@ impl Store {
         }
         new["kind"] = json!(kind.kind_name());
         new["apiVersion"] = json!(kind.api_version());
+        if kind == Kind::Service && new["spec"] != old["spec"] {
+            let mut causes = super::service::carry_over(&old, &mut new);
+            super::service::default_service(&mut new);
+            causes.extend(super::service::validate_service(&new));
+            if causes.is_empty() {
+                let cidr = self.service_cidr();
+                let others = g
+                    .objects
+                    .get(&Kind::Service)
+                    .into_iter()
+                    .flat_map(|m| m.iter().filter(|(k, _)| **k != key).map(|(_, o)| &**o));
+                if let Err(c) = super::service::allocate(&mut new, others, cidr) {
+                    causes.extend(c);
+                }
+            }
+            if !causes.is_empty() {
+                return Err(ApiError::invalid(kind, name, &causes));
+            }
+        }
         if new == *old {
             return Ok(new);
         }

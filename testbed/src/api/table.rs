@@ -79,8 +79,147 @@ pub fn columns(kind: Kind) -> Vec<Value> {
             col("Images", "string", "", "Images referenced by each container in the template.", 1),
             col("Selector", "string", "", "A label query over pods that should match the pod count.", 1),
         ],
+        Kind::Service => vec![
+            name,
+            col("Type", "string", "", "The type of the service.", 0),
+            col("Cluster-IP", "string", "", "The cluster IP of the service.", 0),
+            col("External-IP", "string", "", "The external IP of the service.", 0),
+            col("Port(s)", "string", "", "The ports of the service.", 0),
+            age,
+            col("Selector", "string", "", "Route service traffic to pods with label keys and values matching this selector.", 1),
+        ],
+        Kind::EndpointSlice => vec![
+            name,
+            col("AddressType", "string", "", "Type of address carried by this EndpointSlice.", 0),
+            col("Ports", "string", "", "Ports exposed by this EndpointSlice.", 0),
+            col("Endpoints", "string", "", "Endpoints in this EndpointSlice.", 0),
+            age,
+        ],
         _ => vec![name, age],
     }
+}
+
+/// Cells of a Service row (`printService`): Name, Type, Cluster-IP (`clusterIPs[0]`,
+/// `<none>` when unset), External-IP (`externalIPs` plus load-balancer ingress;
+/// `<pending>` for a LoadBalancer without ingress, `externalName` for ExternalName,
+/// else `<none>`), Port(s) (`port[:nodePort]/PROTO` joined by `,`, `<none>` when
+/// empty), Age, Selector (`k=v` joined by `,`, `<none>`).
+pub fn service_cells(svc: &Value, now: Timestamp) -> Vec<Value> {
+    let spec = &svc["spec"];
+    let ty = spec["type"].as_str().unwrap_or("ClusterIP");
+    let cluster_ip = spec["clusterIPs"][0]
+        .as_str()
+        .or_else(|| spec["clusterIP"].as_str())
+        .filter(|s| !s.is_empty())
+        .unwrap_or("<none>");
+    let mut external: Vec<String> = spec["externalIPs"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default();
+    let ingress: Vec<String> = svc["status"]["loadBalancer"]["ingress"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|i| i["ip"].as_str().or_else(|| i["hostname"].as_str()))
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default();
+    let external_ip = match ty {
+        "ExternalName" => s(&spec["externalName"]).to_string(),
+        "LoadBalancer" => {
+            external.extend(ingress);
+            if external.is_empty() {
+                "<pending>".to_string()
+            } else {
+                external.join(",")
+            }
+        }
+        _ if !external.is_empty() => external.join(","),
+        _ => "<none>".to_string(),
+    };
+    let ports: Vec<String> = spec["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            let proto = p["protocol"].as_str().unwrap_or("TCP");
+            match p["nodePort"].as_i64() {
+                Some(n) if n > 0 => format!("{}:{n}/{proto}", p["port"]),
+                _ => format!("{}/{proto}", p["port"]),
+            }
+        })
+        .collect();
+    let selector: Vec<String> = spec["selector"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
+                .collect()
+        })
+        .unwrap_or_default();
+    vec![
+        json!(s(&svc["metadata"]["name"])),
+        json!(ty),
+        json!(cluster_ip),
+        json!(external_ip),
+        json!(if ports.is_empty() {
+            "<none>".to_string()
+        } else {
+            ports.join(",")
+        }),
+        json!(age(&svc["metadata"]["creationTimestamp"], now)),
+        json!(if selector.is_empty() {
+            "<none>".to_string()
+        } else {
+            selector.join(",")
+        }),
+    ]
+}
+
+/// Cells of an EndpointSlice row (`printEndpointSlice`): Name, AddressType, Ports
+/// (port numbers joined by `,`; `<unset>` when none), Endpoints (the first 3 addresses
+/// joined by `,` plus ` + N more...`; `<unset>` when none), Age.
+pub fn endpoint_slice_cells(slice: &Value, now: Timestamp) -> Vec<Value> {
+    let ports: Vec<String> = slice["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| match p["port"].as_i64() {
+            Some(n) => n.to_string(),
+            None => "<unset>".to_string(),
+        })
+        .collect();
+    let addrs: Vec<&str> = slice["endpoints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|e| e["addresses"].as_array().into_iter().flatten())
+        .filter_map(Value::as_str)
+        .collect();
+    let endpoints = if addrs.is_empty() {
+        "<unset>".to_string()
+    } else if addrs.len() > 3 {
+        format!("{} + {} more...", addrs[..3].join(","), addrs.len() - 3)
+    } else {
+        addrs.join(",")
+    };
+    vec![
+        json!(s(&slice["metadata"]["name"])),
+        json!(s(&slice["addressType"])),
+        json!(if ports.is_empty() {
+            "<unset>".to_string()
+        } else {
+            ports.join(",")
+        }),
+        json!(endpoints),
+        json!(age(&slice["metadata"]["creationTimestamp"], now)),
+    ]
 }
 
 fn template_containers(obj: &Value) -> (String, String) {
@@ -550,6 +689,8 @@ pub fn cells(kind: Kind, obj: &Value, now: Timestamp) -> Vec<Value> {
         Kind::Event => event_cells(obj, now),
         Kind::Deployment => deployment_cells(obj, now),
         Kind::Job => job_cells(obj, now),
+        Kind::Service => service_cells(obj, now),
+        Kind::EndpointSlice => endpoint_slice_cells(obj, now),
         _ => vec![
             json!(s(&obj["metadata"]["name"])),
             json!(age(&obj["metadata"]["creationTimestamp"], now)),
@@ -586,6 +727,47 @@ pub fn table<'a>(kind: Kind, objs: impl IntoIterator<Item = &'a Value>, rv: u64)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn service_row_shows_type_cluster_ip_ports_and_selector() {
+        let svc = json!({"metadata": {"name": "web", "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"type": "NodePort", "clusterIP": "10.200.0.12", "clusterIPs": ["10.200.0.12"],
+                "selector": {"app": "web"},
+                "ports": [{"port": 80, "nodePort": 30080, "protocol": "TCP"}, {"port": 53, "protocol": "UDP"}]}});
+        let cells = service_cells(&svc, crate::api::now());
+        assert_eq!(cells.len(), columns(Kind::Service).len());
+        assert_eq!(cells[0], "web");
+        assert_eq!(cells[1], "NodePort");
+        assert_eq!(cells[2], "10.200.0.12");
+        assert_eq!(cells[3], "<none>");
+        assert_eq!(cells[4], "80:30080/TCP,53/UDP");
+        assert_eq!(cells[6], "app=web");
+        let lb = json!({"metadata": {"name": "lb"}, "spec": {"type": "LoadBalancer", "clusterIP": "None", "clusterIPs": ["None"]}});
+        let cells = service_cells(&lb, crate::api::now());
+        assert_eq!(
+            (&cells[2], &cells[3], &cells[4]),
+            (&json!("None"), &json!("<pending>"), &json!("<none>"))
+        );
+    }
+
+    #[test]
+    fn endpoint_slice_row_lists_ports_and_at_most_three_addresses() {
+        let eps: Vec<Value> = (1..=5)
+            .map(|i| json!({"addresses": [format!("10.0.0.{i}")]}))
+            .collect();
+        let sl = json!({"metadata": {"name": "web-abcde"}, "addressType": "IPv4",
+            "ports": [{"name": "", "port": 8080, "protocol": "TCP"}], "endpoints": eps});
+        let cells = endpoint_slice_cells(&sl, crate::api::now());
+        assert_eq!(cells.len(), columns(Kind::EndpointSlice).len());
+        assert_eq!(cells[2], "8080");
+        assert_eq!(cells[3], "10.0.0.1,10.0.0.2,10.0.0.3 + 2 more...");
+        let empty = json!({"metadata": {"name": "x"}, "addressType": "IPv4", "endpoints": []});
+        let cells = endpoint_slice_cells(&empty, crate::api::now());
+        assert_eq!(
+            (&cells[2], &cells[3]),
+            (&json!("<unset>"), &json!("<unset>"))
+        );
+    }
 
     #[test]
     fn human_duration_matches_kubectl_forms() {

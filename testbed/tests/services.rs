@@ -1,0 +1,484 @@
+//! The service dataplane with real namespaces and real packets (issue 5, `service`
+//! kind): a Service and its EndpointSlice in the store, the kube-proxy-like
+//! [`ServiceProxy`] on the client's node, a TCP server in a pod on another node.
+//! Needs root, `ip` and `nft`. Scenarios run one at a time (a static lock) in their own
+//! state dir and always tear down (drop guard).
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use testbed::api::{service_cidr, Kind, Store};
+use testbed::dataplane::{Dataplane, PodNet};
+use testbed::netns::{run_in_netns, NetnsThread};
+use testbed::plan::Plan;
+use testbed::services::{ServiceProgrammed, ServiceProxy, ServiceProxyConfig, NFT_SVC_TABLE};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Container port of the pod's server; the Service maps port 80 to it.
+const TARGET_PORT: u16 = 8080;
+const SERVICE_PORT: u16 = 80;
+
+/// One scenario's testbed: state dir, plan, dataplane; destroyed on drop (even when the
+/// test panics).
+struct Bed {
+    plan: Plan,
+    dp: Arc<Dataplane>,
+    dir: PathBuf,
+    _serial: MutexGuard<'static, ()>,
+}
+
+impl Bed {
+    fn new(name: &str, nodes: usize) -> Bed {
+        let serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        let dir = std::env::temp_dir().join(format!("fp-svc-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let plan = Plan::new(&dir, nodes).expect("plan");
+        let dp = Arc::new(Dataplane::create(&plan).expect("create dataplane"));
+        Bed {
+            plan,
+            dp,
+            dir,
+            _serial: serial,
+        }
+    }
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        if let Err(e) = Dataplane::destroy(&self.plan) {
+            eprintln!("destroy failed: {e}");
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A tiny TCP server inside a pod netns answering `<name>\n`; stops when dropped.
+struct Server {
+    _thread: NetnsThread,
+}
+
+fn serve(netns: &str, name: &str) -> Server {
+    let thread = NetnsThread::spawn(netns).expect("netns thread");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reply = format!("{name}\n");
+    thread.handle().spawn(async move {
+        let l = match tokio::net::TcpListener::bind(("0.0.0.0", TARGET_PORT)).await {
+            Ok(l) => {
+                let _ = tx.send(Ok(()));
+                l
+            }
+            Err(e) => {
+                let _ = tx.send(Err(e));
+                return;
+            }
+        };
+        loop {
+            if let Ok((mut s, _)) = l.accept().await {
+                let reply = reply.clone();
+                tokio::spawn(async move {
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    let mut req = [0u8; 64];
+                    let _ = tokio::time::timeout(Duration::from_secs(1), s.read(&mut req)).await;
+                    let _ = s.write_all(reply.as_bytes()).await;
+                });
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(5))
+        .expect("server start")
+        .expect("bind");
+    Server { _thread: thread }
+}
+
+/// One TCP exchange from inside netns `from` to `ip:port` (100 ms connect budget, below
+/// the first SYN retransmit). Returns the peer's answer or the error text.
+fn dial(from: &str, ip: Ipv4Addr, port: u16) -> Result<String, String> {
+    run_in_netns(from, || {
+        let addr = SocketAddr::from((ip, port));
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(100))
+            .map_err(|e| e.to_string())?;
+        s.set_read_timeout(Some(Duration::from_millis(300)))
+            .map_err(|e| e.to_string())?;
+        let _ = s.write_all(b"hi\n");
+        let mut buf = String::new();
+        s.read_to_string(&mut buf).map_err(|e| e.to_string())?;
+        Ok(buf)
+    })
+    .map_err(|e| e.to_string())?
+}
+
+/// Dials every 25 ms until success or `limit`; returns the `Instant` the successful
+/// attempt was started and how many attempts failed before.
+fn first_success(from: &str, ip: Ipv4Addr, port: u16, limit: Duration) -> Option<(Instant, u32)> {
+    let end = Instant::now() + limit;
+    let mut failed = 0;
+    while Instant::now() < end {
+        let sent = Instant::now();
+        if dial(from, ip, port).is_ok() {
+            return Some((sent, failed));
+        }
+        failed += 1;
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    None
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// Creates the Pod object for a sandbox `net` with `labels`, bound and Running with
+/// its IP, Ready as given (what the kubelet would write).
+fn pod_object(store: &Store, net: &PodNet, labels: serde_json::Value) {
+    store
+        .create(
+            Kind::Pod,
+            json!({"metadata": {"name": net.pod, "namespace": net.namespace, "labels": labels},
+                "spec": {"nodeName": net.node, "containers": [{"name": "c", "image": "target-server"}]}}),
+        )
+        .expect("create pod");
+}
+
+fn set_ready(store: &Store, net: &PodNet, ready: bool) {
+    let ip = net.ip.to_string();
+    store
+        .modify(Kind::Pod, Some(&net.namespace), &net.pod, |p| {
+            p["status"]["phase"] = json!("Running");
+            p["status"]["podIP"] = json!(ip);
+            p["status"]["podIPs"] = json!([{"ip": ip}]);
+            p["status"]["conditions"] =
+                json!([{"type": "Ready", "status": if ready { "True" } else { "False" }}]);
+            Ok(())
+        })
+        .expect("set pod status");
+}
+
+/// The calls of the delay callback (when) and the programmed reports (when, what).
+#[derive(Default)]
+struct Record {
+    delay_calls: Mutex<Vec<Instant>>,
+    programmed: Mutex<Vec<(Instant, ServiceProgrammed)>>,
+}
+
+impl Record {
+    fn wait_programmed(
+        &self,
+        after: usize,
+        pred: impl Fn(&ServiceProgrammed) -> bool,
+    ) -> Option<(Instant, ServiceProgrammed)> {
+        let end = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < end {
+            {
+                let g = self.programmed.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(hit) = g.iter().skip(after).find(|(_, p)| pred(p)) {
+                    return Some(hit.clone());
+                }
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        None
+    }
+
+    fn programmed_len(&self) -> usize {
+        self.programmed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+    }
+}
+
+fn nft_tables(netns: &str) -> String {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", netns, "nft", "list", "tables"])
+        .output()
+        .expect("nft list tables");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn cluster_ip_works_only_after_the_delayed_programming_and_stops_when_the_endpoint_goes() {
+    let bed = Bed::new("path", 2);
+    let rt = rt();
+    let store = Store::new();
+    let cidr = service_cidr(bed.plan.index);
+    store.set_service_cidr(cidr);
+    rt.spawn(testbed::controllers::run(store.clone()));
+
+    // Client pod on node-1, target pod on node-2, both programmed in the CNI dataplane,
+    // so only the service rules decide.
+    let c = bed
+        .dp
+        .add_pod("node-1", "default", "client", "uid-c")
+        .expect("add client");
+    let t = bed
+        .dp
+        .add_pod("node-2", "default", "target", "uid-t")
+        .expect("add target");
+    bed.dp.allow("node-1", c.ip).expect("allow client");
+    bed.dp.allow("node-2", t.ip).expect("allow target");
+    let _server = serve(&t.netns, "target");
+    assert_eq!(
+        dial(&c.netns, t.ip, TARGET_PORT).as_deref(),
+        Ok("target\n"),
+        "pod IP path works"
+    );
+
+    let delay_ms = Arc::new(AtomicU64::new(0));
+    let rec = Arc::new(Record::default());
+    let cfg = ServiceProxyConfig {
+        node: "node-1".into(),
+        netns: bed.plan.nodes[0].netns.clone(),
+        service_cidr: cidr,
+        delay: {
+            let (d, rec) = (delay_ms.clone(), rec.clone());
+            Arc::new(move |node: &str| {
+                assert_eq!(node, "node-1");
+                rec.delay_calls
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(Instant::now());
+                Duration::from_millis(d.load(Ordering::SeqCst))
+            })
+        },
+        on_programmed: {
+            let rec = rec.clone();
+            Arc::new(move |p| {
+                rec.programmed
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((Instant::now(), p))
+            })
+        },
+    };
+    let proxy = rt
+        .block_on(ServiceProxy::start(store.clone(), cfg))
+        .expect("start proxy");
+    assert!(nft_tables(&bed.plan.nodes[0].netns).contains(NFT_SVC_TABLE));
+
+    // A Service selecting the (not yet Ready) target: a ClusterIP from the plan's CIDR.
+    let svc = store
+        .create(
+            Kind::Service,
+            json!({"metadata": {"name": "web", "namespace": "default"},
+                "spec": {"selector": {"app": "web"},
+                    "ports": [{"port": SERVICE_PORT, "targetPort": TARGET_PORT}]}}),
+        )
+        .expect("create service");
+    let vip: Ipv4Addr = svc["spec"]["clusterIP"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .expect("clusterIP allocated");
+    assert!(cidr.contains(vip), "{vip} in {cidr}");
+    pod_object(&store, &t, json!({"app": "web"}));
+    set_ready(&store, &t, false);
+    rec.wait_programmed(0, |p| p.service == "web" && p.cluster_ip == Some(vip))
+        .expect("service without endpoints programmed");
+    let err = dial(&c.netns, vip, SERVICE_PORT).expect_err("no ready endpoint yet");
+    assert!(
+        err.contains("refused"),
+        "a port without endpoints is rejected: {err}"
+    );
+
+    // The target turns Ready: the slice changes at once, the rule only after the delay.
+    let delay = Duration::from_millis(2000);
+    delay_ms.store(delay.as_millis() as u64, Ordering::SeqCst);
+    let calls_before = rec
+        .delay_calls
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .len();
+    let reports_before = rec.programmed_len();
+    set_ready(&store, &t, true);
+    let (ok_sent, failures) = first_success(&c.netns, vip, SERVICE_PORT, Duration::from_secs(8))
+        .expect("ClusterIP reachable after the delay");
+    let seen = *rec
+        .delay_calls
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(calls_before)
+        .expect("the delay callback ran for the readiness change");
+    let lag = ok_sent.saturating_duration_since(seen);
+    eprintln!("first success {lag:?} after the change was seen ({failures} failures before)");
+    assert!(
+        failures > 0,
+        "the ClusterIP did not work before programming"
+    );
+    assert!(
+        lag + Duration::from_millis(50) >= delay,
+        "too early: {lag:?} < {delay:?}"
+    );
+    assert!(
+        lag <= delay + Duration::from_millis(400),
+        "too late: {lag:?}"
+    );
+    let (at, p) = rec
+        .wait_programmed(reports_before, |p| !p.added.is_empty())
+        .expect("programmed report with the endpoint");
+    assert!(at.saturating_duration_since(seen) + Duration::from_millis(50) >= delay);
+    assert!(
+        at <= ok_sent + Duration::from_millis(200),
+        "reported once the rule is in"
+    );
+    assert_eq!(p.node, "node-1");
+    assert_eq!(
+        p.added[0].uid.as_deref(),
+        Some(
+            store.get(Kind::Pod, Some("default"), "target").unwrap()["metadata"]["uid"]
+                .as_str()
+                .unwrap()
+        )
+    );
+    assert_eq!(p.added[0].ip, t.ip);
+    assert_eq!(p.delay, delay);
+    let lines = p.truth_events();
+    assert_eq!(lines[0].pod.as_deref(), Some("target"));
+    assert_eq!(lines[0].node.as_deref(), Some("node-1"));
+    // Node-local clients (nat output) reach the ClusterIP too.
+    assert_eq!(
+        dial(&bed.plan.nodes[0].netns, vip, SERVICE_PORT).as_deref(),
+        Ok("target\n")
+    );
+    // The Service IP on another port is rejected, an unallocated ClusterIP is dropped.
+    assert!(dial(&c.netns, vip, 81).unwrap_err().contains("refused"));
+    let unallocated = cidr.nth(3);
+    assert!(!dial(&c.netns, unallocated, SERVICE_PORT)
+        .unwrap_err()
+        .contains("refused"));
+
+    // The endpoint goes away (not Ready): after the (short) delay the ClusterIP fails.
+    delay_ms.store(300, Ordering::SeqCst);
+    let reports_before = rec.programmed_len();
+    set_ready(&store, &t, false);
+    let (at, p) = rec
+        .wait_programmed(reports_before, |p| !p.removed.is_empty())
+        .expect("programmed report with the endpoint removed");
+    assert!(p.endpoints.is_empty());
+    assert_eq!(p.removed[0].ip, t.ip);
+    // Refused for a fresh 4-tuple; a reused client port can still match the old
+    // connection's conntrack entry (TIME_WAIT reopen keeps its DNAT binding, as with
+    // kube-proxy, which does not flush TCP entries) and then times out instead.
+    let err = dial(&c.netns, vip, SERVICE_PORT).expect_err("no endpoint any more");
+    eprintln!("after removal: {err}");
+    eprintln!("removal programmed {:?} ago", at.elapsed());
+    // The pod IP path is unaffected.
+    assert_eq!(dial(&c.netns, t.ip, TARGET_PORT).as_deref(), Ok("target\n"));
+
+    // Service deleted: its rules go (report without a ClusterIP); shutdown removes the table.
+    let reports_before = rec.programmed_len();
+    store
+        .delete(Kind::Service, Some("default"), "web", None, None)
+        .expect("delete service");
+    rec.wait_programmed(reports_before, |p| p.cluster_ip.is_none())
+        .expect("removal of the Service reported");
+    rt.block_on(proxy.shutdown()).expect("shutdown");
+    assert!(!nft_tables(&bed.plan.nodes[0].netns).contains(NFT_SVC_TABLE));
+}
+
+#[test]
+fn a_newer_change_supersedes_one_still_waiting_for_its_delay() {
+    let bed = Bed::new("supersede", 2);
+    let rt = rt();
+    let store = Store::new();
+    let cidr = service_cidr(bed.plan.index);
+    store.set_service_cidr(cidr);
+    rt.spawn(testbed::controllers::run(store.clone()));
+    let c = bed
+        .dp
+        .add_pod("node-1", "default", "client", "uid-c")
+        .expect("add client");
+    let t = bed
+        .dp
+        .add_pod("node-2", "default", "target", "uid-t")
+        .expect("add target");
+    bed.dp.allow("node-1", c.ip).expect("allow client");
+    bed.dp.allow("node-2", t.ip).expect("allow target");
+    let _server = serve(&t.netns, "target");
+
+    // Long delay for the first change (Ready), a short one for the second (not Ready):
+    // the endpoint must never be programmed.
+    let delays = Arc::new(Mutex::new(vec![
+        Duration::from_millis(1500),
+        Duration::from_millis(200),
+    ]));
+    let rec = Arc::new(Record::default());
+    let cfg = ServiceProxyConfig {
+        node: "node-1".into(),
+        netns: bed.plan.nodes[0].netns.clone(),
+        service_cidr: cidr,
+        delay: {
+            let d = delays.clone();
+            Arc::new(move |_| {
+                let mut g = d.lock().unwrap_or_else(|p| p.into_inner());
+                if g.len() > 1 {
+                    g.remove(0)
+                } else {
+                    g[0]
+                }
+            })
+        },
+        on_programmed: {
+            let rec = rec.clone();
+            Arc::new(move |p| {
+                rec.programmed
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((Instant::now(), p))
+            })
+        },
+    };
+    // Service, then a Ready target, both before the proxy starts: one change (1.5 s).
+    let svc = store
+        .create(
+            Kind::Service,
+            json!({"metadata": {"name": "web", "namespace": "default"},
+                "spec": {"selector": {"app": "web"}, "ports": [{"port": SERVICE_PORT, "targetPort": TARGET_PORT}]}}),
+        )
+        .expect("create service");
+    let vip: Ipv4Addr = svc["spec"]["clusterIP"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .expect("vip");
+    pod_object(&store, &t, json!({"app": "web"}));
+    set_ready(&store, &t, true);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while store
+        .list(Kind::EndpointSlice, Some("default"))
+        .0
+        .iter()
+        .all(|s| s["endpoints"].as_array().is_none_or(|a| a.is_empty()))
+    {
+        assert!(Instant::now() < deadline, "slice never got the endpoint");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let proxy = rt
+        .block_on(ServiceProxy::start(store.clone(), cfg))
+        .expect("start");
+    std::thread::sleep(Duration::from_millis(100));
+    set_ready(&store, &t, false);
+    // Past both delays: the not-Ready state won, the endpoint never went in.
+    std::thread::sleep(Duration::from_millis(2000));
+    let reports = rec
+        .programmed
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    assert!(!reports.is_empty(), "the Service itself was programmed");
+    assert!(
+        reports.iter().all(|(_, p)| p.added.is_empty()),
+        "superseded endpoint programmed: {reports:?}"
+    );
+    assert!(dial(&c.netns, vip, SERVICE_PORT)
+        .unwrap_err()
+        .contains("refused"));
+    rt.block_on(proxy.shutdown()).expect("shutdown");
+}
