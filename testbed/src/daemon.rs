@@ -168,6 +168,8 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
     let _ = std::fs::remove_dir_all(&etcd);
     let store = Store::load_from(&etcd)
         .map_err(|e| anyhow::anyhow!("open the store in {}: {e}", etcd.display()))?;
+    let service_cidr = crate::api::service_cidr(plan.index);
+    store.set_service_cidr(service_cidr);
 
     // API: HTTPS with the testbed's own CA in the host netns (pods, `testbed exec`), and
     // plain HTTP on this machine's loopback (`$STATE/kubeconfig`).
@@ -217,6 +219,7 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
     std::fs::create_dir_all(&pods_dir)?;
     let mut node_threads = Vec::new();
     let mut kubelets = Vec::new();
+    let mut proxies = Vec::new();
     for (i, n) in plan.nodes.iter().enumerate() {
         let labels = args.node_labels.get(&n.name).cloned().unwrap_or_default();
         let thread =
@@ -268,6 +271,30 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
             n.ip.to_string(),
             agent.clone(),
         ));
+        // kube-proxy-like Service rules in the node netns, late by fault `service_delay`.
+        let proxy = crate::services::ServiceProxy::start(
+            store.clone(),
+            crate::services::ServiceProxyConfig {
+                node: n.name.clone(),
+                netns: n.netns.clone(),
+                service_cidr,
+                delay: {
+                    let (faults, labels) = (faults.clone(), labels.clone());
+                    Arc::new(move |node: &str| faults.service_delay(node, &labels))
+                },
+                on_programmed: {
+                    let truth = truth.clone();
+                    Arc::new(move |p: crate::services::ServiceProgrammed| {
+                        for ev in p.truth_events() {
+                            truth.emit(ev);
+                        }
+                    })
+                },
+            },
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("start the service proxy on {}: {e}", n.name))?;
+        proxies.push(proxy);
         node_threads.push(thread);
         kubelets.push(kubelet);
     }
@@ -305,6 +332,9 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
     tracing::info!("shutting down");
     for k in &kubelets {
         k.kill_all();
+    }
+    for p in proxies {
+        let _ = p.shutdown().await;
     }
     drop(node_threads);
     Ok(())

@@ -28,8 +28,8 @@
 //!   `clock_skew: ±D`, `agent: {not_ready, restarts: {every: D},
 //!   extra_failures_per_second, extra_resyncs_per_second, apply_time_floor}`. Each type
 //!   below says what it does; [`crate::agent`] carries them out.
-//! - `service_delay` is recognised and rejected with "primitive `service_delay` is not
-//!   implemented yet (Services are not in the testbed dataplane)" and its line.
+//! - `service_delay: D` (duration distribution): time from an EndpointSlice change
+//!   being seen by a node's service proxy to its rules being in ([`crate::services`]).
 //! - `from`/`until`: per-endpoint primitives (decided when an endpoint is added:
 //!   `program_delay`, `resync_loop`, `never_program`, `queue`, `revoke`,
 //!   `name_reuse_race`, `first_connections_dropped`, `stale_routes`, `clock_skew` at
@@ -399,63 +399,6 @@ impl<'de> Deserialize<'de> for NodeSelector {
     }
 }
 
-/// Uninhabited: the value of a primitive that is parsed only to be rejected.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Unimplemented {}
-
-/// Rejects any value of an unimplemented primitive. Going through `deserialize_any`
-/// lets serde_yaml_ng stamp the error with the value's line.
-struct Reject(&'static str);
-
-impl Reject {
-    fn err<E: de::Error>(&self) -> E {
-        E::custom(format!(
-            "primitive `{}` is not implemented yet (Services are not in the testbed dataplane)",
-            self.0
-        ))
-    }
-}
-
-impl<'de> Visitor<'de> for Reject {
-    type Value = Option<Unimplemented>;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "nothing: primitive `{}` is not implemented yet", self.0)
-    }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-        Err(self.err())
-    }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-        Err(self.err())
-    }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-        Err(self.err())
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-        Err(self.err())
-    }
-    fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
-        Err(self.err())
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Err(self.err())
-    }
-    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
-        Err(self.err())
-    }
-    fn visit_seq<A: de::SeqAccess<'de>>(self, _: A) -> Result<Self::Value, A::Error> {
-        Err(self.err())
-    }
-    fn visit_map<A: MapAccess<'de>>(self, _: A) -> Result<Self::Value, A::Error> {
-        Err(self.err())
-    }
-}
-
-fn reject_service_delay<'de, D: Deserializer<'de>>(
-    d: D,
-) -> Result<Option<Unimplemented>, D::Error> {
-    d.deserialize_any(Reject("service_delay"))
-}
-
 /// `queue: {per_endpoint: D}`: the node's agent programs endpoints one after another
 /// and each apply takes a sample of `D` (under the node's single apply loop), so the
 /// K-th endpoint of a burst is programmed about K·D after the burst.
@@ -791,6 +734,10 @@ pub struct Rule {
     /// Time from `endpoint_added` to `endpoint_programmed`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub program_delay: Option<DurationDist>,
+    /// Time from an EndpointSlice change being seen to the node's service rules being in
+    /// (`service_programmed`), as kube-proxy's sync loop would take.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service_delay: Option<DurationDist>,
     /// Programming only inside periodic open windows.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resync_loop: Option<ResyncLoop>,
@@ -854,8 +801,8 @@ impl<'de> Deserialize<'de> for Rule {
             cross_node: Option<CrossNode>,
             #[serde(default)]
             stale_routes: Option<StaleRoutes>,
-            #[serde(default, deserialize_with = "reject_service_delay")]
-            service_delay: Option<Unimplemented>,
+            #[serde(default)]
+            service_delay: Option<DurationDist>,
             #[serde(default)]
             clock_skew: Option<ClockSkew>,
             #[serde(default)]
@@ -875,6 +822,7 @@ impl<'de> Deserialize<'de> for Rule {
             from,
             until,
             program_delay: r.program_delay,
+            service_delay: r.service_delay,
             resync_loop: r.resync_loop,
             never_program: r.never_program,
             queue: r.queue,
@@ -902,6 +850,7 @@ pub struct FaultFile {
 #[derive(Debug, Clone, PartialEq, Default, Serialize)]
 pub struct NodeFaults {
     pub program_delay: Option<DurationDist>,
+    pub service_delay: Option<DurationDist>,
     pub resync_loop: Option<ResyncLoop>,
     pub never_program: Option<Probability>,
     pub queue: Option<Queue>,
@@ -986,6 +935,7 @@ impl FaultFile {
             }
             take!(
                 program_delay,
+                service_delay,
                 resync_loop,
                 never_program,
                 queue,
@@ -1062,6 +1012,13 @@ impl Faults {
                 tx,
             }),
         }
+    }
+
+    /// A sample of `service_delay` for `node` now (zero when unset).
+    pub fn service_delay(&self, node: &str, labels: &BTreeMap<String, String>) -> Duration {
+        let a = self.current();
+        let nf = a.file.for_node(node, labels, a.applied_at.elapsed());
+        nf.service_delay.map_or(Duration::ZERO, |d| d.sample(&mut rand::rng()))
     }
 
     /// The file in force.
@@ -1186,14 +1143,21 @@ mod tests {
     }
 
     #[test]
-    fn service_delay_is_rejected_with_its_name_and_line() {
-        let e =
-            err("rules:\n  - nodes: {all: true}\n    program_delay: 1s\n    service_delay: 2s\n");
-        assert!(
-            e.contains("primitive `service_delay` is not implemented yet"),
-            "{e}"
+    fn service_delay_parses_as_a_duration_distribution() {
+        let f = FaultFile::parse(
+            "rules:\n  - nodes: {all: true}\n    service_delay: 2s\n  - nodes: {names: [node-2]}\n    service_delay: {uniform: [1s, 3s]}\n",
+        )
+        .unwrap();
+        let labels = BTreeMap::new();
+        assert_eq!(
+            f.for_node("node-1", &labels, Duration::ZERO).service_delay,
+            Some(DurationDist::Fixed(Duration::from_secs(2)))
         );
-        assert!(e.contains("line 4"), "{e}");
+        assert_eq!(
+            f.for_node("node-2", &labels, Duration::ZERO).service_delay,
+            Some(DurationDist::Uniform(Duration::from_secs(1), Duration::from_secs(3)))
+        );
+        assert!(err("rules:\n  - nodes: {all: true}\n    service_delay: later\n").contains("line 3"));
     }
 
     #[test]
