@@ -4,6 +4,7 @@ set -euo pipefail
 need=()
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v nft >/dev/null 2>&1 || need+=(nftables)
+command -v curl >/dev/null 2>&1 || need+=(curl)
 # libfaketime: the testbed's clock_skew fault shifts pod wall clocks with it.
 [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || [ -e /usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1 ] || need+=(libfaketime)
 if [ ${#need[@]} -gt 0 ]; then

@@ -5,161 +5,12 @@
 //! Timing checks compare with the testbed's ground truth (`testbed truth`), never with
 //! wall-clock guesses.
 
+mod common;
+
+use common::{truth_ttfp, validate, Testbed, SERIAL};
 use serde_json::Value;
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
-use std::sync::Mutex;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn bin(name: &str) -> PathBuf {
-    let tb = PathBuf::from(env!("CARGO_BIN_EXE_testbed"));
-    let p = tb.parent().unwrap().join(name);
-    assert!(
-        p.is_file(),
-        "{} is missing: build the workspace binaries first (`cargo build --workspace --bins`)",
-        p.display()
-    );
-    p
-}
-
-struct Testbed {
-    state: PathBuf,
-}
-
-impl Testbed {
-    fn up(name: &str, nodes: usize, fault: &str, extra: &[&str]) -> Testbed {
-        bin("prober");
-        bin("target-server");
-        let state = std::env::temp_dir().join(format!("fp-e2e-{name}-{}", std::process::id()));
-        let _ = std::fs::create_dir_all(&state);
-        let fault_path =
-            std::env::temp_dir().join(format!("fp-e2e-{name}-{}.yaml", std::process::id()));
-        std::fs::write(&fault_path, fault).unwrap();
-        let tb = Testbed { state };
-        let out = tb
-            .cmd()
-            .args(["up", "--nodes", &nodes.to_string(), "--fault"])
-            .arg(&fault_path)
-            .args(extra)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "testbed up failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        tb
-    }
-
-    fn cmd(&self) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_testbed"));
-        c.arg("--state-dir").arg(&self.state);
-        c
-    }
-
-    fn exec(&self, args: &[&str]) -> Output {
-        self.cmd()
-            .arg("exec")
-            .arg("--")
-            .args(args)
-            .output()
-            .unwrap()
-    }
-
-    fn gate(&self, extra: &[&str]) -> (i32, Value, String) {
-        let report = self.state.join(format!("report-{}.json", rand_suffix()));
-        let mut args = vec!["prober", "gate", "--report", report.to_str().unwrap()];
-        args.extend_from_slice(extra);
-        let out = self.exec(&args);
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        let text = std::fs::read_to_string(&report)
-            .unwrap_or_else(|e| panic!("no report ({e}); stdout:\n{stdout}\nstderr:\n{stderr}"));
-        let _ = std::fs::remove_file(&report);
-        (
-            out.status.code().unwrap_or(-1),
-            serde_json::from_str(&text).unwrap(),
-            format!("{stdout}\n{stderr}"),
-        )
-    }
-
-    fn truth(&self) -> Vec<Value> {
-        let out = self.cmd().arg("truth").output().unwrap();
-        assert!(out.status.success());
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    }
-
-    fn probe_pods(&self) -> Vec<String> {
-        let out = self.exec(&[
-            "kubectl",
-            "get",
-            "pods",
-            "-A",
-            "-l",
-            "app.kubernetes.io/name=firstpacket",
-            "-o",
-            "name",
-        ]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .map(str::to_owned)
-            .collect()
-    }
-
-    fn prefix(&self) -> String {
-        let plan: Value =
-            serde_json::from_str(&std::fs::read_to_string(self.state.join("plan.json")).unwrap())
-                .unwrap();
-        plan["prefix"].as_str().unwrap().to_owned()
-    }
-}
-
-impl Drop for Testbed {
-    fn drop(&mut self) {
-        let _ = self.cmd().arg("down").status();
-    }
-}
-
-fn rand_suffix() -> usize {
-    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-}
-
-/// Truth TTFP of a pair (DESIGN §6): max(endpoint_programmed of both pods) −
-/// readiness_ok of the source, floored at 0.
-fn truth_ttfp(truth: &[Value], source_uid: &str, target_uid: &str) -> Option<f64> {
-    let t = |event: &str, uid: &str| {
-        truth
-            .iter()
-            .find(|e| e["event"] == event && e["uid"] == uid)
-            .and_then(|e| e["t"].as_f64())
-    };
-    let prog = t("endpoint_programmed", source_uid)?.max(t("endpoint_programmed", target_uid)?);
-    Some((prog - t("readiness_ok", source_uid)?).max(0.0))
-}
-
-fn validate(report: &Value) {
-    let schema: Value = serde_json::from_str(target_server::GATE_REPORT_SCHEMA).unwrap();
-    let v = jsonschema::validator_for(&schema).unwrap();
-    let errors: Vec<String> = v
-        .iter_errors(report)
-        .map(|e| format!("{} at {}", e, e.instance_path()))
-        .collect();
-    assert!(
-        errors.is_empty(),
-        "report does not match the schema: {errors:#?}"
-    );
-}
 
 const ACCURACY_FAULT: &str = "rules:
   - nodes: {all: true}
@@ -410,4 +261,200 @@ fn cordoned_and_not_ready_nodes_are_skipped_and_missing_image_is_inconclusive() 
     assert_eq!(p["result"], "inconclusive");
     assert_eq!(p["reason"], "image_pull");
     assert!(tb.probe_pods().is_empty(), "probe pods left behind");
+}
+
+/// Runs `kubectl ARGS…` through `testbed exec`; panics with its output unless it exits 0.
+fn kubectl(tb: &Testbed, args: &[&str]) -> String {
+    let mut a = vec!["kubectl"];
+    a.extend_from_slice(args);
+    let out = tb.exec(&a);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "kubectl {args:?} failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+fn write_manifest(tb: &Testbed, name: &str, text: &str) -> String {
+    let p = tb.state.join(name);
+    std::fs::write(&p, text).unwrap();
+    p.display().to_string()
+}
+
+const WEB_POD: &str = "apiVersion: v1
+kind: Pod
+metadata:
+  name: web
+  labels: {app: web, tier: front}
+spec:
+  restartPolicy: Never
+  containers:
+  - name: web
+    image: ghcr.io/firstpacket/target-server:0.1.0
+    args: [serve]
+    ports: [{containerPort: 8080, name: http}]
+    readinessProbe: {httpGet: {path: /readyz, port: 8080}, periodSeconds: 1}
+";
+
+const WEB_DEPLOYMENT: &str = "apiVersion: apps/v1
+kind: Deployment
+metadata: {name: webd}
+spec:
+  replicas: 3
+  selector: {matchLabels: {app: webd}}
+  template:
+    metadata: {labels: {app: webd}}
+    spec:
+      containers:
+      - name: web
+        image: target-server
+        args: [serve]
+        readinessProbe: {httpGet: {path: /readyz, port: 8080}, periodSeconds: 1}
+";
+
+#[test]
+fn real_kubectl_works_against_the_testbed() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let tb = Testbed::up("kubectl", 2, "rules:\n  - nodes: {all: true}\n    program_delay: 100ms\n", &[]);
+
+    // get -w streams changes: start it before the pod exists.
+    let mut watch = tb
+        .cmd()
+        .args(["exec", "--", "kubectl", "get", "pods", "-w"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let watch_out = watch.stdout.take().unwrap();
+    let lines = std::thread::spawn(move || {
+        use std::io::BufRead;
+        std::io::BufReader::new(watch_out).lines().map_while(Result::ok).collect::<Vec<_>>()
+    });
+
+    // apply -f with default validation (needs OpenAPI), then create -f → AlreadyExists.
+    let pod = write_manifest(&tb, "web.yaml", WEB_POD);
+    assert!(kubectl(&tb, &["apply", "-f", &pod]).contains("pod/web created"));
+    let out = tb.exec(&["kubectl", "create", "-f", &pod]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("AlreadyExists"), "create -f of an existing pod");
+    let out = kubectl(&tb, &["wait", "--for=condition=Ready", "pod/web", "--timeout=20s"]);
+    assert!(out.contains("condition met"), "{out}");
+
+    // Selectors.
+    assert!(kubectl(&tb, &["get", "pods", "-l", "tier=front", "-o", "name"]).contains("pod/web"));
+    assert!(!kubectl(&tb, &["get", "pods", "-l", "tier!=front", "-o", "name"]).contains("pod/web"));
+    let node = kubectl(&tb, &["get", "pod", "web", "-o", "jsonpath={.spec.nodeName}"]);
+    let other = if node == "node-1" { "node-2" } else { "node-1" };
+    assert!(kubectl(&tb, &["get", "pods", "--field-selector", &format!("spec.nodeName={node}"), "-o", "name"]).contains("pod/web"));
+    assert!(!kubectl(&tb, &["get", "pods", "--field-selector", &format!("spec.nodeName={other}"), "-o", "name"]).contains("pod/web"));
+
+    // describe, logs.
+    let d = kubectl(&tb, &["describe", "pod", "web"]);
+    assert!(d.contains("Status:") && d.contains("Running") && d.contains(&node), "{d}");
+    assert!(d.contains("Scheduled"), "describe pod shows the scheduler's event:\n{d}");
+    let d = kubectl(&tb, &["describe", "node", &node]);
+    assert!(d.contains("Ready") && d.contains("web"), "{d}");
+    let logs = kubectl(&tb, &["logs", "web"]);
+    assert!(logs.contains("listening"), "logs: {logs:?}");
+
+    // Agent metrics through the API server's pod proxy.
+    let page = kubectl(&tb, &["get", "--raw", "/api/v1/namespaces/kube-system/pods/calico-node-node-1:9091/proxy/metrics"]);
+    assert!(page.contains("# TYPE felix_int_dataplane_apply_time_seconds summary"), "{page}");
+
+    // delete --wait (graceful: the kubelet finishes it).
+    assert!(kubectl(&tb, &["delete", "pod", "web"]).contains("deleted"));
+    assert!(kubectl(&tb, &["get", "pods", "-o", "name"]).trim().is_empty());
+
+    // A Deployment reaches its ready replicas.
+    let dep = write_manifest(&tb, "webd.yaml", WEB_DEPLOYMENT);
+    kubectl(&tb, &["apply", "-f", &dep]);
+    let out = kubectl(&tb, &["rollout", "status", "deployment/webd", "--timeout=30s"]);
+    assert!(out.contains("successfully rolled out"), "{out}");
+    let ready = kubectl(&tb, &["get", "deployment", "webd", "-o", "jsonpath={.status.readyReplicas}"]);
+    assert_eq!(ready, "3");
+
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(watch.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let _ = watch.wait();
+    let lines = lines.join().unwrap();
+    assert!(lines.iter().any(|l| l.starts_with("web") && l.contains("Running")), "get -w printed: {lines:#?}");
+    assert!(lines.len() >= 3, "get -w streamed only {lines:#?}");
+}
+
+#[test]
+fn a_pod_with_in_cluster_kube_rs_config_lists_nodes() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let tb = Testbed::up("incluster", 2, "rules: []\n", &[]);
+    let manifest = write_manifest(
+        &tb,
+        "incluster.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: incluster}\nspec:\n  restartPolicy: Never\n  containers:\n  - name: prober\n    image: ghcr.io/firstpacket/prober:0.1.0\n    args: [gate, --dry-run]\n",
+    );
+    kubectl(&tb, &["apply", "-f", &manifest]);
+    let start = Instant::now();
+    let mut phase = String::new();
+    while start.elapsed() < Duration::from_secs(30) {
+        phase = kubectl(&tb, &["get", "pod", "incluster", "-o", "jsonpath={.status.phase}"]);
+        if phase == "Succeeded" || phase == "Failed" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let logs = kubectl(&tb, &["logs", "incluster"]);
+    assert_eq!(phase, "Succeeded", "in-cluster prober failed:\n{logs}");
+    // The dry run lists both nodes: it reached the API over HTTPS with the pod's
+    // service-account token and CA.
+    assert!(logs.contains("node-1") && logs.contains("node-2"), "{logs}");
+}
+
+/// 20 nodes × 10 pods with `FIRSTPACKET_LONG_TESTS=1`, else 4 × 5: up, every pod Ready,
+/// every pod answering HTTP through the dataplane from the host netns, down. Prints the
+/// times.
+#[test]
+fn many_nodes_with_many_pods_come_up_serve_and_tear_down() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let long = std::env::var("FIRSTPACKET_LONG_TESTS").is_ok_and(|v| v == "1");
+    let (nodes, per_node) = if long { (20, 10) } else { (4, 5) };
+    let t0 = Instant::now();
+    let tb = Testbed::up("scale", nodes, "rules:\n  - nodes: {all: true}\n    program_delay: {uniform: [100ms, 300ms]}\n", &[]);
+    let t_up = t0.elapsed();
+    let mut manifest = String::new();
+    for n in 1..=nodes {
+        for i in 0..per_node {
+            manifest.push_str(&format!(
+                "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: s-{n}-{i}, labels: {{app: scale}}}}\nspec:\n  nodeName: node-{n}\n  restartPolicy: Never\n  containers:\n  - name: web\n    image: target-server\n    args: [serve]\n    readinessProbe: {{httpGet: {{path: /readyz, port: 8080}}, periodSeconds: 1}}\n"
+            ));
+        }
+    }
+    let path = write_manifest(&tb, "scale.yaml", &manifest);
+    let t1 = Instant::now();
+    kubectl(&tb, &["apply", "--validate=false", "-f", &path]);
+    let out = kubectl(&tb, &["wait", "--for=condition=Ready", "pods", "-l", "app=scale", "--timeout=120s"]);
+    assert_eq!(out.lines().count(), nodes * per_node, "{out}");
+    let t_ready = t1.elapsed();
+    let ips = kubectl(&tb, &["get", "pods", "-l", "app=scale", "-o", "jsonpath={range .items[*]}{.status.podIP}{\"\\n\"}{end}"]);
+    let ips: Vec<&str> = ips.lines().filter(|l| !l.is_empty()).collect();
+    assert_eq!(ips.len(), nodes * per_node);
+    let t2 = Instant::now();
+    let mut script = String::from("set -e\n");
+    for ip in &ips {
+        script.push_str(&format!("curl -sf -m 3 -o /dev/null http://{ip}:8080/\n"));
+    }
+    let out = tb.exec(&["bash", "-c", &script]);
+    assert!(out.status.success(), "a pod did not answer: {}", String::from_utf8_lossy(&out.stderr));
+    let t_traffic = t2.elapsed();
+    let prefix = tb.prefix();
+    let t3 = Instant::now();
+    drop(tb);
+    let t_down = t3.elapsed();
+    let netns = String::from_utf8(Command::new("ip").args(["netns", "list"]).output().unwrap().stdout).unwrap();
+    assert!(!netns.contains(&prefix), "netns left after down");
+    println!(
+        "scale: {nodes} nodes × {per_node} pods: up {:.1}s, all Ready {:.1}s, {} HTTP checks {:.1}s, down {:.1}s",
+        t_up.as_secs_f64(),
+        t_ready.as_secs_f64(),
+        ips.len(),
+        t_traffic.as_secs_f64(),
+        t_down.as_secs_f64()
+    );
 }
