@@ -12,7 +12,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("'{s}': {e}"))
 }
 
-/// Probe kinds (DESIGN §2 "Kinds"). Only `cross_node` is implemented now.
+/// Probe kinds (DESIGN §2 "Kinds"). `service` is accepted by the parser but rejected by
+/// [`check_kinds`] until the testbed has a Service dataplane.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 #[value(rename_all = "snake_case")]
 pub enum ProbeKind {
@@ -99,6 +100,13 @@ every --dial-interval. The source measures TTFP on its own clock and reports it 
 termination message; the gate records the result, deletes both pods (4 API writes per
 probe) and moves on, --concurrency pairs at a time.
 
+Kinds (--kinds, --pairs probes of each): cross_node (default); same_node, a control
+pair on one node; recreate, a stable-name target per node deleted and recreated on the
+same node (the CNI reuses the interface name, calico#11016); burst, the target created
+right after --burst-size filler pods on its node. With same_node in --kinds, the gate
+stops its cross-node pairs early once the verdict is fail and every cross-node pair so
+far got no answer while the same_node controls passed (diagnosis cross_node_broken).
+
 Results: success (TTFP <= --slow-threshold), slow, failed (network: no success, lost
 after success, never Ready, wrong peer) and inconclusive (not the network's fault:
 unschedulable, image pull, container failed, API error, interrupted).";
@@ -159,7 +167,9 @@ pub struct ProbeArgs {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub concurrency: u32,
 
-    /// Probe kinds, comma-separated (only cross_node is implemented).
+    /// Probe kinds, comma-separated: cross_node, same_node (control pair on one
+    /// node), recreate (stable-name target deleted and recreated on its node), burst
+    /// (target created among --burst-size filler pods). `service` is not implemented yet.
     #[arg(
         long,
         env = "FIRSTPACKET_KINDS",
@@ -167,6 +177,11 @@ pub struct ProbeArgs {
         default_value = "cross_node"
     )]
     pub kinds: Vec<ProbeKind>,
+
+    /// Filler pods created on the target's node together with a `burst` probe's target.
+    #[arg(long, env = "FIRSTPACKET_BURST_SIZE", default_value_t = 10,
+          value_parser = clap::value_parser!(u32).range(0..=200))]
+    pub burst_size: u32,
 
     /// Source attempt spacing (a new connection every interval; attempts overlap).
     #[arg(long, env = "FIRSTPACKET_DIAL_INTERVAL", default_value = "100ms", value_parser = parse_duration)]
@@ -286,6 +301,32 @@ pub struct RunArgs {
 /// Default `--hold` for the gate (DESIGN §2 step 7).
 pub const GATE_DEFAULT_HOLD: Duration = Duration::from_secs(5);
 
+/// Checks `--kinds`: duplicates removed (first occurrence kept), `service` rejected
+/// with [`crate::Error::NotImplemented`] (the testbed has no Service dataplane yet, so
+/// the path could not be tested; issue 5), an empty list rejected.
+pub fn check_kinds(kinds: &[ProbeKind]) -> Result<Vec<ProbeKind>, crate::Error> {
+    let mut out: Vec<ProbeKind> = Vec::new();
+    for k in kinds {
+        if *k == ProbeKind::Service {
+            return Err(crate::Error::NotImplemented(
+                "--kinds service (probes through a ClusterIP Service need the testbed's \
+                 Service dataplane; use cross_node, same_node, recreate, burst)"
+                    .into(),
+            ));
+        }
+        if !out.contains(k) {
+            out.push(*k);
+        }
+    }
+    if out.is_empty() {
+        return Err(crate::Error::Config {
+            flag: "--kinds",
+            message: "no probe kind given".into(),
+        });
+    }
+    Ok(out)
+}
+
 impl ProbeArgs {
     /// `--hold`, or `default` when not given.
     pub fn hold_or(&self, default: Duration) -> Duration {
@@ -368,6 +409,21 @@ mod tests {
         assert!(gate(&["--kinds", "mesh"]).is_err());
         assert!(gate(&["--concurrency", "0"]).is_err());
         assert!(gate(&["--node-selector", "env in (a)"]).is_err());
+    }
+
+    #[test]
+    fn kinds_are_deduplicated_and_service_is_rejected_with_a_reason() {
+        let g = gate(&["--kinds", "same_node,cross_node,same_node,burst"]).expect("parse");
+        assert_eq!(
+            check_kinds(&g.probe.kinds).expect("ok"),
+            vec![ProbeKind::SameNode, ProbeKind::CrossNode, ProbeKind::Burst]
+        );
+        assert_eq!(g.probe.burst_size, 10);
+        let g = gate(&["--kinds", "cross_node,service"]).expect("parse");
+        let err = check_kinds(&g.probe.kinds).expect_err("service rejected");
+        assert!(err.to_string().contains("service"), "{err}");
+        assert!(check_kinds(&[]).is_err());
+        assert!(gate(&["--burst-size", "1000"]).is_err());
     }
 
     #[test]

@@ -8,23 +8,35 @@
 //!   `--max-ttfp`, or `failed` count > `--max-failures`); else **2** when inconclusive
 //!   probes exceed `--max-inconclusive`, the run errored/was interrupted/hit `--timeout`,
 //!   or no probe ran; else **0**.
-//! - Diagnosis (first rule that applies):
+//! - Diagnosis (first rule that applies; "passed" = `success` or `slow`, a "cross-node
+//!   pair" = source node ≠ target node, whatever the kind):
 //!   1. no conclusive probe → `inconclusive`;
 //!   2. no `slow`/`failed` probe → `healthy`;
 //!   3. any `target_never_ready`/`source_never_ready` → `node_local_broken` (target-server's
 //!      `/readyz` only fails when the kubelet cannot reach the pod: the node-local path);
-//!   4. `failed` ≥ half of the conclusive probes → `cross_node_broken`;
-//!   5. some nodes are *suspect* (every conclusive probe touching them, in either role,
+//!   4. any `same_node` control probe `failed` → `node_local_broken` (two pods on one
+//!      node cannot talk: that node's own dataplane is broken);
+//!   5. the failures concentrate on one node: ≥ 2 `failed` probes, one node X is in
+//!      every one of them, X failed both as source and as target, and some conclusive
+//!      probe not touching X passed → `node_local_broken` (X's own path, not the
+//!      cluster's cross-node path);
+//!   6. `failed` ≥ half of the conclusive cross-node pairs → `cross_node_broken` (when
+//!      `same_node` probes ran, rule 4 has already established that they passed: the
+//!      contrast that proves the break is between nodes — SCENARIOS.md S4);
+//!   7. some nodes are *suspect* (every conclusive probe touching them, in either role,
 //!      was slow/failed) and every slow/failed probe touches a suspect node →
 //!      `slow_nodes` (the trouble follows particular nodes);
-//!   6. otherwise → `scattered_failures`.
+//!   8. otherwise → `scattered_failures`.
+//! - Early stop ([`early_stop`], used by `prober gate`): once the verdict is certain to
+//!   be `fail` and the cross-node pattern is certain, the remaining cross-node pairs are
+//!   not worth a give-up period each (SCENARIOS.md S4).
 
 use crate::schedule::NodeInfo;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use target_server::report::{
-    Diagnosis, GateReport, NodeRoleStats, NodeSummary, ProbeRecord, ProbeResult, Reason, Summary,
-    Suspect, Thresholds, Verdict, SCHEMA_VERSION,
+    Diagnosis, GateReport, KindSummary, NodeRoleStats, NodeSummary, ProbeRecord, ProbeResult,
+    Reason, Summary, Suspect, Thresholds, Verdict, SCHEMA_VERSION,
 };
 
 /// Nearest-rank quantile `q` in (0, 1] of `values` (any order). `None` when empty.
@@ -75,6 +87,31 @@ pub fn suspect_nodes(probes: &[ProbeRecord]) -> Vec<String> {
         .collect()
 }
 
+fn passed(p: &ProbeRecord) -> bool {
+    matches!(p.result, ProbeResult::Success | ProbeResult::Slow)
+}
+
+fn is_cross_pair(p: &ProbeRecord) -> bool {
+    p.source.node != p.target.node
+}
+
+/// The node present in every probe of `probes` (both nodes checked), if exactly one
+/// such node exists and `probes` is not empty.
+fn common_node(probes: &[&ProbeRecord]) -> Option<String> {
+    let first = probes.first()?;
+    let mut cands: Vec<&str> = vec![first.source.node.as_str(), first.target.node.as_str()];
+    cands.dedup();
+    cands.retain(|n| {
+        probes
+            .iter()
+            .all(|p| p.source.node == *n || p.target.node == *n)
+    });
+    match cands.as_slice() {
+        [one] => Some(one.to_string()),
+        _ => None,
+    }
+}
+
 /// The diagnosis (rules in the module docs).
 pub fn diagnose(probes: &[ProbeRecord]) -> Diagnosis {
     let conclusive: Vec<&ProbeRecord> =
@@ -82,8 +119,9 @@ pub fn diagnose(probes: &[ProbeRecord]) -> Diagnosis {
     if conclusive.is_empty() {
         return Diagnosis::Inconclusive;
     }
-    let bad: Vec<&&ProbeRecord> = conclusive
+    let bad: Vec<&ProbeRecord> = conclusive
         .iter()
+        .copied()
         .filter(|p| matches!(p.result, ProbeResult::Slow | ProbeResult::Failed))
         .collect();
     if bad.is_empty() {
@@ -97,11 +135,39 @@ pub fn diagnose(probes: &[ProbeRecord]) -> Diagnosis {
     }) {
         return Diagnosis::NodeLocalBroken;
     }
-    let failed = bad
+    if conclusive
+        .iter()
+        .any(|p| p.kind == "same_node" && p.result == ProbeResult::Failed)
+    {
+        return Diagnosis::NodeLocalBroken;
+    }
+    let failed: Vec<&ProbeRecord> = bad
+        .iter()
+        .copied()
+        .filter(|p| p.result == ProbeResult::Failed)
+        .collect();
+    if failed.len() >= 2 {
+        if let Some(x) = common_node(&failed) {
+            let as_source = failed.iter().any(|p| p.source.node == x);
+            let as_target = failed.iter().any(|p| p.target.node == x);
+            let others_pass = conclusive
+                .iter()
+                .any(|p| p.source.node != x && p.target.node != x && passed(p));
+            if as_source && as_target && others_pass {
+                return Diagnosis::NodeLocalBroken;
+            }
+        }
+    }
+    let cross: Vec<&ProbeRecord> = conclusive
+        .iter()
+        .copied()
+        .filter(|p| is_cross_pair(p))
+        .collect();
+    let cross_failed = cross
         .iter()
         .filter(|p| p.result == ProbeResult::Failed)
         .count();
-    if failed * 2 >= conclusive.len() {
+    if !cross.is_empty() && cross_failed * 2 >= cross.len() {
         return Diagnosis::CrossNodeBroken;
     }
     let suspects: BTreeSet<String> = suspect_nodes(probes).into_iter().collect();
@@ -113,6 +179,108 @@ pub fn diagnose(probes: &[ProbeRecord]) -> Diagnosis {
         return Diagnosis::SlowNodes;
     }
     Diagnosis::ScatteredFailures
+}
+
+/// Whether `prober gate` may stop starting (and cut short) its remaining cross-node
+/// pairs (kinds `cross_node`, `recreate`, `burst`), given the records so far and
+/// `--max-failures`. Returns the reason text when **all** of these hold:
+/// 1. the verdict is already `fail`: more `failed` probes than `max_failures` (the
+///    remaining pairs cannot change the exit code);
+/// 2. the `same_node` control ran and passed: ≥ 1 conclusive `same_node` probe, none
+///    failed (so the node-local path works);
+/// 3. ≥ 2 cross-node pairs failed with `no_success_before_give_up` (they dialed for the
+///    whole give-up period and never got one answer), and no single node is common to
+///    all of them (so the failures are not one node's problem — rule 5 of the
+///    diagnosis);
+/// 4. no cross-node pair passed.
+///
+/// The remaining pairs could only repeat the same give-up-long failure; the diagnosis
+/// (`cross_node_broken`) and the verdict are already settled. Without `same_node` in
+/// `--kinds` the gate never stops early.
+pub fn early_stop(records: &[ProbeRecord], max_failures: u64) -> Option<String> {
+    let conclusive: Vec<&ProbeRecord> = records
+        .iter()
+        .filter(|p| p.result.is_conclusive())
+        .collect();
+    let failed = conclusive
+        .iter()
+        .filter(|p| p.result == ProbeResult::Failed)
+        .count() as u64;
+    if failed <= max_failures {
+        return None;
+    }
+    let same: Vec<&&ProbeRecord> = conclusive
+        .iter()
+        .filter(|p| p.kind == "same_node")
+        .collect();
+    if same.is_empty() || same.iter().any(|p| p.result == ProbeResult::Failed) {
+        return None;
+    }
+    let cross: Vec<&ProbeRecord> = conclusive
+        .iter()
+        .copied()
+        .filter(|p| is_cross_pair(p))
+        .collect();
+    if cross.iter().any(|p| passed(p)) {
+        return None;
+    }
+    let silent: Vec<&ProbeRecord> = cross
+        .iter()
+        .copied()
+        .filter(|p| p.reason == Some(Reason::NoSuccessBeforeGiveUp))
+        .collect();
+    if silent.len() < 2 || common_node(&silent).is_some() {
+        return None;
+    }
+    let mut nodes: BTreeSet<&str> = BTreeSet::new();
+    for p in &silent {
+        nodes.insert(&p.source.node);
+        nodes.insert(&p.target.node);
+    }
+    Some(format!(
+        "{} cross-node pair(s) over nodes {} got no answer within the give-up period and \
+         none passed, while {} same_node control pair(s) passed: the cross-node path is \
+         broken and the verdict is already fail; remaining cross-node pairs were not run",
+        silent.len(),
+        nodes.into_iter().collect::<Vec<_>>().join(", "),
+        same.len()
+    ))
+}
+
+/// Per-kind counts and quantiles (see [`KindSummary`]).
+pub fn summarize_kinds(probes: &[ProbeRecord]) -> BTreeMap<String, KindSummary> {
+    let mut kinds: BTreeMap<String, Vec<ProbeRecord>> = BTreeMap::new();
+    for p in probes {
+        kinds.entry(p.kind.clone()).or_default().push(p.clone());
+    }
+    kinds
+        .into_iter()
+        .map(|(k, ps)| {
+            let ttfps = conclusive_ttfps(&ps);
+            (
+                k,
+                KindSummary {
+                    total: ps.len() as u64,
+                    by_result: ProbeResult::ALL
+                        .iter()
+                        .map(|r| (*r, count(&ps, *r)))
+                        .collect(),
+                    ttfp_p50: nearest_rank(&ttfps, 0.50),
+                    ttfp_p95: nearest_rank(&ttfps, 0.95),
+                    ttfp_max: nearest_rank(&ttfps, 1.0),
+                    first_attempt_failures: first_attempt_failure_probes(&ps),
+                },
+            )
+        })
+        .collect()
+}
+
+/// Number of probes with first-attempt failures (`first_attempt_failures` > 0).
+pub fn first_attempt_failure_probes(probes: &[ProbeRecord]) -> u64 {
+    probes
+        .iter()
+        .filter(|p| p.first_attempt_failures > 0)
+        .count() as u64
 }
 
 /// Counts, nearest-rank p50/p95/max TTFP and the diagnosis.
@@ -128,6 +296,8 @@ pub fn summarize(probes: &[ProbeRecord]) -> Summary {
         ttfp_p95: nearest_rank(&ttfps, 0.95),
         ttfp_max: nearest_rank(&ttfps, 1.0),
         diagnosis: diagnose(probes),
+        first_attempt_failures: first_attempt_failure_probes(probes),
+        by_kind: summarize_kinds(probes),
     }
 }
 
@@ -261,6 +431,8 @@ pub struct ReportInputs {
     pub errors: Vec<String>,
     /// `--group-by-label` keys.
     pub group_by: Vec<String>,
+    /// Why some probes were stopped early ([`early_stop`]), if they were.
+    pub stopped_early: Option<String>,
 }
 
 /// Assembles the gate report (schema 1), computing summary, verdict and nodes.
@@ -288,6 +460,7 @@ pub fn build_report(
         finished_at: inputs.finished_at,
         duration_seconds: inputs.duration_seconds,
         errors: inputs.errors,
+        stopped_early: inputs.stopped_early,
     }
 }
 
@@ -300,7 +473,8 @@ pub fn fmt_secs(v: Option<f64>) -> String {
 /// `[3/12] node-1 → node-2 success 0.31s` (plus the reason when not a success).
 pub fn progress_line(done: usize, total: usize, p: &ProbeRecord) -> String {
     let mut s = format!(
-        "[{done}/{total}] {} → {} {}",
+        "[{done}/{total}] {} {} → {} {}",
+        p.kind,
         p.source.node,
         p.target.node,
         p.result.as_str()
@@ -345,6 +519,7 @@ fn table(rows: &[Vec<String>]) -> String {
 /// verdict.
 pub fn render_text(report: &GateReport, group_by: &[String]) -> String {
     let mut rows = vec![vec![
+        "KIND".to_string(),
         "SOURCE NODE".to_string(),
         "→".into(),
         "TARGET NODE".into(),
@@ -354,11 +529,20 @@ pub fn render_text(report: &GateReport, group_by: &[String]) -> String {
     ]];
     let mut probes: Vec<&ProbeRecord> = report.probes.iter().collect();
     probes.sort_by(|a, b| {
-        (a.source.node.as_str(), a.target.node.as_str())
-            .cmp(&(b.source.node.as_str(), b.target.node.as_str()))
+        (
+            a.kind.as_str(),
+            a.source.node.as_str(),
+            a.target.node.as_str(),
+        )
+            .cmp(&(
+                b.kind.as_str(),
+                b.source.node.as_str(),
+                b.target.node.as_str(),
+            ))
     });
     for p in probes {
         rows.push(vec![
+            p.kind.clone(),
             p.source.node.clone(),
             "→".into(),
             p.target.node.clone(),
@@ -390,7 +574,34 @@ pub fn render_text(report: &GateReport, group_by: &[String]) -> String {
         .ok()
         .and_then(|v| v.as_str().map(String::from))
         .unwrap_or_default();
+    if s.by_kind.len() > 1 {
+        for (k, ks) in &s.by_kind {
+            let g = |r| ks.by_result.get(&r).copied().unwrap_or(0);
+            let _ = writeln!(
+                out,
+                "  {k}: {} (success {}, slow {}, failed {}, inconclusive {})  TTFP p50 {}  p95 {}  max {}",
+                ks.total,
+                g(ProbeResult::Success),
+                g(ProbeResult::Slow),
+                g(ProbeResult::Failed),
+                g(ProbeResult::Inconclusive),
+                fmt_secs(ks.ttfp_p50),
+                fmt_secs(ks.ttfp_p95),
+                fmt_secs(ks.ttfp_max)
+            );
+        }
+    }
+    if s.first_attempt_failures > 0 {
+        let _ = writeln!(
+            out,
+            "first-attempt failures: {} probe(s) whose source's first connections failed, then worked",
+            s.first_attempt_failures
+        );
+    }
     let _ = writeln!(out, "diagnosis: {diag}");
+    if let Some(why) = &report.stopped_early {
+        let _ = writeln!(out, "stopped early: {why}");
+    }
     let suspects = suspect_nodes(&report.probes);
     if !suspects.is_empty() && s.diagnosis != target_server::report::Diagnosis::Healthy {
         let _ = writeln!(
@@ -484,7 +695,23 @@ mod tests {
             timeline: Timeline::default(),
             suspects: vec![],
             source_report: None,
+            first_attempt_failures: 0,
+            api_writes: 4,
+            recreate: None,
+            burst: None,
         }
+    }
+
+    /// A record of `kind` (`same_node` pins both pods to `src`).
+    fn krec(kind: &str, src: &str, dst: &str, result: ProbeResult) -> ProbeRecord {
+        let mut r = rec(
+            src,
+            dst,
+            result,
+            matches!(result, ProbeResult::Success).then_some(0.2),
+        );
+        r.kind = kind.into();
+        r
     }
 
     fn th() -> Thresholds {
@@ -609,10 +836,18 @@ mod tests {
         ];
         assert_eq!(diagnose(&ring), Diagnosis::SlowNodes);
         assert_eq!(suspect_nodes(&ring), vec!["c".to_string()]);
-        let broken = vec![
+        // b fails as source and as target, the pair without b works: b's own path.
+        let one_node = vec![
             rec("a", "b", Failed, None),
             rec("b", "c", Failed, None),
             ok("c", "a"),
+        ];
+        assert_eq!(diagnose(&one_node), Diagnosis::NodeLocalBroken);
+        // Every cross pair fails; no node is common to all failures.
+        let broken = vec![
+            rec("a", "b", Failed, None),
+            rec("b", "c", Failed, None),
+            rec("c", "a", Failed, None),
         ];
         assert_eq!(diagnose(&broken), Diagnosis::CrossNodeBroken);
         let mut never = rec("a", "b", Failed, None);
@@ -630,6 +865,80 @@ mod tests {
             ok("c", "b"),
         ];
         assert_eq!(diagnose(&scattered), Diagnosis::ScatteredFailures);
+    }
+
+    #[test]
+    fn same_node_contrast_decides_between_cross_node_and_node_local() {
+        use ProbeResult::*;
+        let mut s4: Vec<ProbeRecord> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|n| krec("same_node", n, n, Success))
+            .collect();
+        s4.extend([
+            krec("cross_node", "a", "b", Failed),
+            krec("cross_node", "c", "d", Failed),
+            krec("cross_node", "b", "c", Failed),
+            krec("cross_node", "d", "a", Failed),
+        ]);
+        assert_eq!(diagnose(&s4), Diagnosis::CrossNodeBroken);
+        // The same cross failures, but node c's control pair fails too: node-local.
+        let mut local = s4.clone();
+        local[2].result = Failed;
+        local[2].reason = Some(Reason::NoSuccessBeforeGiveUp);
+        assert_eq!(diagnose(&local), Diagnosis::NodeLocalBroken);
+    }
+
+    #[test]
+    fn early_stop_needs_a_settled_verdict_a_passing_control_and_spread_failures() {
+        use ProbeResult::*;
+        let same = |n: &str| krec("same_node", n, n, Success);
+        let cross = |a: &str, b: &str| krec("cross_node", a, b, Failed);
+        let base = vec![same("a"), same("b"), cross("a", "b"), cross("c", "d")];
+        let why = early_stop(&base, 0).expect("certain");
+        assert!(why.contains("2 cross-node pair(s)"), "{why}");
+        assert!(why.contains("a, b, c, d"), "{why}");
+        // Verdict not settled yet: --max-failures 5.
+        assert_eq!(early_stop(&base, 5), None);
+        // Only one failure so far.
+        assert_eq!(early_stop(&base[..3], 0), None);
+        // Failures share node b: could be b's problem.
+        let shared = vec![same("a"), cross("a", "b"), cross("b", "c")];
+        assert_eq!(early_stop(&shared, 0), None);
+        // No control ran.
+        assert_eq!(early_stop(&base[2..], 0), None);
+        // Control failed.
+        let mut bad_control = base.clone();
+        bad_control[0].result = Failed;
+        bad_control[0].reason = Some(Reason::NoSuccessBeforeGiveUp);
+        assert_eq!(early_stop(&bad_control, 0), None);
+        // A cross pair passed.
+        let mut one_ok = base.clone();
+        one_ok.push(krec("cross_node", "d", "a", Success));
+        assert_eq!(early_stop(&one_ok, 0), None);
+        // Failed for another reason (lost after success): not evidence of a dead path.
+        let mut lost = base.clone();
+        lost[3].reason = Some(Reason::LostAfterSuccess);
+        assert_eq!(early_stop(&lost, 0), None);
+    }
+
+    #[test]
+    fn summary_counts_per_kind_and_first_attempt_failures() {
+        use ProbeResult::*;
+        let mut a = krec("same_node", "a", "a", Success);
+        a.first_attempt_failures = 2;
+        let probes = vec![
+            a,
+            krec("same_node", "b", "b", Success),
+            krec("cross_node", "a", "b", Failed),
+        ];
+        let s = summarize(&probes);
+        assert_eq!(s.first_attempt_failures, 1);
+        assert_eq!(s.by_kind.len(), 2);
+        assert_eq!(s.by_kind["same_node"].total, 2);
+        assert_eq!(s.by_kind["same_node"].first_attempt_failures, 1);
+        assert_eq!(s.by_kind["same_node"].ttfp_p95, Some(0.2));
+        assert_eq!(s.by_kind["cross_node"].by_result[&Failed], 1);
+        assert_eq!(s.by_kind["cross_node"].ttfp_p50, None);
     }
 
     #[test]
@@ -680,6 +989,7 @@ mod tests {
                 duration_seconds: 10.0,
                 errors: vec![],
                 group_by: vec![],
+                stopped_early: None,
             },
         );
         assert_eq!(report.exit_code, 1);
@@ -695,13 +1005,13 @@ mod tests {
         assert!(text.contains("verdict: FAIL (exit 1)"));
         let row = text
             .lines()
-            .find(|l| l.starts_with("n1 ") && l.contains("→"))
+            .find(|l| l.starts_with("cross_node  n1 ") && l.contains("→"))
             .expect("probe row");
         let cells: Vec<&str> = row.split_whitespace().collect();
-        assert_eq!(cells, ["n1", "→", "n2", "0.31s", "success"]);
+        assert_eq!(cells, ["cross_node", "n1", "→", "n2", "0.31s", "success"]);
         assert_eq!(
             progress_line(1, 2, &report.probes[0]),
-            "[1/2] n1 → n2 success 0.31s"
+            "[1/2] cross_node n1 → n2 success 0.31s"
         );
     }
 }

@@ -6,16 +6,17 @@
 //! `interrupted` (their pods are deleted), writes the report and exits 2; a second
 //! signal deletes the instance's pods best-effort (5 s) and exits 2 at once.
 
-use crate::config::{GateArgs, ProbeKind, GATE_DEFAULT_HOLD};
+use crate::config::{check_kinds, GateArgs, ProbeKind, GATE_DEFAULT_HOLD};
 use crate::error::{error_chain, kube_status_code, Error};
-use crate::gate::{build_report, progress_line, render_text, ReportInputs};
+use crate::gate::{build_report, early_stop, progress_line, render_text, ReportInputs};
 use crate::podspec::{
     active_deadline_seconds, instance_selector, pod_name, source_args, target_args, PodConfig,
     PodRole, FIELD_MANAGER,
 };
 use crate::podwatch::PodWatch;
-use crate::probe::{run_probe, ProbeEnv, ProbePlan, API_CALL_TIMEOUT};
-use crate::schedule::{filter_nodes, plan_ring, NodeInfo, PlannedPair};
+use crate::probe::{run_probe, write_budget, ProbeEnv, ProbePlan, API_CALL_TIMEOUT};
+use crate::record::{build_record, Ending, ProbeMeta};
+use crate::schedule::{filter_nodes, plan_kinds, NodeInfo, PlannedProbe};
 use crate::sweep::{sweep, SWEEP_GRACE};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -26,7 +27,7 @@ use rand::RngExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use target_server::report::{ProbeRecord, Thresholds};
+use target_server::report::{ProbeRecord, Reason, Thresholds};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
@@ -135,31 +136,43 @@ pub async fn delete_instance_pods(pods: &Api<Pod>, instance: &str) -> Result<usi
     Ok(n)
 }
 
-/// The `--dry-run` text: plan and the key pod-spec fields.
+/// The `--dry-run` text: plan (kind, nodes, pod names, write budget) and the key
+/// pod-spec fields.
 pub fn render_plan(
-    plan: &[PlannedPair],
+    plan: &[PlannedProbe],
     skipped: &[(String, crate::schedule::SkipReason)],
     cfg: &PodConfig,
     seed: u64,
     eligible: usize,
+    burst_size: u32,
 ) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "plan: {} cross_node probe(s) over {eligible} eligible node(s), seed {seed}, instance {}",
+        "plan: {} probe(s) over {eligible} eligible node(s), seed {seed}, instance {}",
         plan.len(),
         cfg.instance
     );
     for p in plan {
+        let pp = probe_plan(p, &cfg.instance, burst_size);
+        let mut extra = String::new();
+        if p.kind == ProbeKind::Burst {
+            extra = format!(" + {burst_size} filler(s)");
+        }
+        if p.keep_target {
+            extra.push_str(", target kept for the next recreate");
+        }
         let _ = writeln!(
             out,
-            "  {:>3}  {} → {}  (pods {} / {})",
+            "  {:>3}  {:<10} {} → {}  (pods {} / {}{extra}; ≤ {} API writes)",
             p.index,
+            p.kind.as_str(),
             p.source,
             p.target,
-            pod_name(&probe_id(&cfg.instance, p.index), PodRole::Source),
-            pod_name(&probe_id(&cfg.instance, p.index), PodRole::Target)
+            pod_name(&pp.id, PodRole::Source),
+            pp.target_name(&cfg.instance),
+            write_budget(p.kind, burst_size)
         );
     }
     for (n, r) in skipped {
@@ -221,14 +234,55 @@ fn spawn_signal_handler(env: Arc<ProbeEnv>, instance: String, errors: Arc<Mutex<
     });
 }
 
+/// The probe to run for plan entry `p`.
+pub fn probe_plan(p: &PlannedProbe, instance: &str, burst_size: u32) -> ProbePlan {
+    ProbePlan {
+        id: probe_id(instance, p.index),
+        kind: p.kind,
+        source_node: p.source.clone(),
+        target_node: p.target.clone(),
+        keep_target: p.keep_target,
+        burst_size: if p.kind == ProbeKind::Burst {
+            burst_size
+        } else {
+            0
+        },
+    }
+}
+
+/// Record of a planned probe that was never started because the gate stopped early
+/// (`inconclusive` / `interrupted`, with `why` in the detail).
+pub fn not_started_record(plan: &ProbePlan, cfg: &PodConfig, why: &str) -> ProbeRecord {
+    let now = std::time::Instant::now();
+    let meta = ProbeMeta {
+        id: plan.id.clone(),
+        kind: plan.kind.as_str().to_string(),
+        namespace: cfg.namespace.clone(),
+        source_node: plan.source_node.clone(),
+        target_node: plan.target_node.clone(),
+        source_pod: pod_name(&plan.id, PodRole::Source),
+        target_pod: plan.target_name(&cfg.instance),
+        started: now,
+        started_at: Timestamp::now().to_string(),
+    };
+    let ending = Ending::Aborted {
+        reason: Reason::Interrupted,
+        detail: format!("not started: stopped early: {why}"),
+    };
+    build_record(&meta, None, None, &ending, Duration::ZERO, now)
+}
+
+/// Kinds whose pairs cross nodes and are cut short by the early stop.
+fn stops_early(kind: ProbeKind) -> bool {
+    kind != ProbeKind::SameNode
+}
+
 /// Runs `prober gate`. Returns the process exit code (0 pass, 1 fail, 2 inconclusive);
 /// errors before any probe ran (config, API unreachable/forbidden, < 2 nodes) are
 /// returned as [`Error`] (exit 2 in `main`).
 pub async fn run_gate(args: GateArgs) -> Result<i32, Error> {
     let p = &args.probe;
-    if let Some(k) = p.kinds.iter().find(|k| **k != ProbeKind::CrossNode) {
-        return Err(Error::NotImplemented(format!("--kinds {}", k.as_str())));
-    }
+    let kinds = check_kinds(&p.kinds)?;
     for (flag, set) in [
         ("--junit", args.junit.is_some()),
         ("--save-baseline", args.save_baseline.is_some()),
@@ -267,7 +321,7 @@ pub async fn run_gate(args: GateArgs) -> Result<i32, Error> {
     }
     let names: Vec<String> = eligible.iter().map(|n| n.name.clone()).collect();
     let pairs = args.pairs.map_or(names.len(), |n| n as usize);
-    let plan = plan_ring(&names, pairs, seed).ok_or_else(|| Error::NotEnoughNodes {
+    let plan = plan_kinds(&names, &kinds, pairs, seed).ok_or_else(|| Error::NotEnoughNodes {
         eligible: names.len(),
         detail: if skipped.is_empty() {
             format!(" (selector {selector})")
@@ -293,7 +347,14 @@ pub async fn run_gate(args: GateArgs) -> Result<i32, Error> {
     if args.dry_run {
         print!(
             "{}",
-            render_plan(&plan, &skipped, &pod_config, seed, names.len())
+            render_plan(
+                &plan,
+                &skipped,
+                &pod_config,
+                seed,
+                names.len(),
+                p.burst_size
+            )
         );
         return Ok(0);
     }
@@ -320,7 +381,23 @@ pub async fn run_gate(args: GateArgs) -> Result<i32, Error> {
         writes: AtomicU64::new(0),
         fatal: Mutex::new(None),
         cancel: cancel_tx,
+        recreate_slots: Mutex::new(Default::default()),
     });
+    // Early stop (gate::early_stop): cancels cross-node kinds only. The run-wide cancel
+    // is forwarded to it, so those probes see one channel.
+    let (cross_cancel_tx, cross_cancel_rx) = watch::channel(false);
+    let cross_cancel_tx = Arc::new(cross_cancel_tx);
+    {
+        let mut run_cancel = cancel_rx.clone();
+        let tx = cross_cancel_tx.clone();
+        tokio::spawn(async move {
+            if run_cancel.wait_for(|c| *c).await.is_ok() {
+                tx.send_replace(true);
+            }
+        });
+    }
+    let finished: Arc<Mutex<Vec<ProbeRecord>>> = Arc::new(Mutex::new(Vec::new()));
+    let stopped_early: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
     let run_errors = Arc::new(Mutex::new(Vec::<String>::new()));
     spawn_signal_handler(env.clone(), instance.clone(), run_errors.clone());
     {
@@ -340,27 +417,62 @@ pub async fn run_gate(args: GateArgs) -> Result<i32, Error> {
     let total = plan.len();
     let sem = Arc::new(Semaphore::new(p.concurrency as usize));
     let mut set: JoinSet<(usize, Option<ProbeRecord>)> = JoinSet::new();
-    for pair in plan {
+    for planned in plan {
         let env = env.clone();
         let sem = sem.clone();
-        let mut cancel = cancel_rx.clone();
-        let probe = ProbePlan {
-            id: probe_id(&instance, pair.index),
-            kind: ProbeKind::CrossNode.as_str(),
-            source_node: pair.source,
-            target_node: pair.target,
+        let probe = probe_plan(&planned, &instance, p.burst_size);
+        let cross = stops_early(probe.kind);
+        let mut cancel = if cross {
+            cross_cancel_rx.clone()
+        } else {
+            cancel_rx.clone()
         };
+        let run_cancel = cancel_rx.clone();
+        let finished = finished.clone();
+        let stopped = stopped_early.clone();
+        let cross_tx = cross_cancel_tx.clone();
+        let max_failures = args.max_failures;
+        let index = planned.index;
         set.spawn(async move {
             let permit = tokio::select! {
                 p = sem.acquire_owned() => p.ok(),
                 _ = cancel.wait_for(|c| *c) => None,
             };
+            let early = lock(&stopped).clone();
             if permit.is_none() || *cancel.borrow() {
-                return (pair.index, None);
+                // Not started: an early stop gives a record; a run-wide stop does not.
+                return match early {
+                    Some(why) if !*run_cancel.borrow() => (
+                        index,
+                        Some(not_started_record(&probe, &env.pod_config, &why)),
+                    ),
+                    _ => (index, None),
+                };
             }
-            let rec = run_probe(env, probe, cancel).await;
+            let mut rec = run_probe(env, probe, cancel).await;
+            if rec.reason == Some(Reason::Interrupted) && !*run_cancel.borrow() {
+                if let Some(why) = lock(&stopped).clone() {
+                    rec.detail = Some(format!(
+                        "cut short: stopped early: {why} ({})",
+                        rec.detail.as_deref().unwrap_or("")
+                    ));
+                }
+            }
+            // Decide on the early stop before the permit goes to the next probe.
+            {
+                let mut done = lock(&finished);
+                done.push(rec.clone());
+                let mut st = lock(&stopped);
+                if st.is_none() {
+                    if let Some(why) = early_stop(&done, max_failures) {
+                        eprintln!("stopping cross-node probes early: {why}");
+                        *st = Some(why);
+                        cross_tx.send_replace(true);
+                    }
+                }
+            }
             drop(permit);
-            (pair.index, Some(rec))
+            (index, Some(rec))
         });
     }
     let mut records: Vec<(usize, ProbeRecord)> = Vec::with_capacity(total);
@@ -420,6 +532,7 @@ pub async fn run_gate(args: GateArgs) -> Result<i32, Error> {
             duration_seconds: run_start.elapsed().as_secs_f64(),
             errors,
             group_by: p.group_by_label.clone(),
+            stopped_early: lock(&stopped_early).clone(),
         },
     );
     print!("{}", render_text(&report, &p.group_by_label));
@@ -473,12 +586,16 @@ mod tests {
             hold: Duration::from_secs(5),
             owner: None,
         };
-        let plan = plan_ring(&["n1".into(), "n2".into()], 2, 1).expect("plan");
-        let text = render_plan(&plan, &[], &cfg, 1, 2);
+        let kinds = [ProbeKind::CrossNode, ProbeKind::Recreate, ProbeKind::Burst];
+        let plan = plan_kinds(&["n1".into(), "n2".into()], &kinds, 2, 1).expect("plan");
+        let text = render_plan(&plan, &[], &cfg, 1, 2, 3);
         assert!(text.contains("seed 1"));
         assert!(text.contains("fp-abcdefgh-0-t"));
         assert!(text.contains("activeDeadlineSeconds 185"));
         assert!(text.contains("k:NoSchedule"));
         assert!(text.contains(&format!("{} → {}", plan[0].source, plan[0].target)));
+        assert!(text.contains("fp-abcdefgh-rc-n1"), "{text}");
+        assert!(text.contains("+ 3 filler(s)"), "{text}");
+        assert!(text.contains("≤ 10 API writes"), "{text}");
     }
 }

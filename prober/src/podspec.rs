@@ -51,6 +51,8 @@ pub enum PodRole {
     Target,
     /// S: `target-server probe`.
     Source,
+    /// A `burst` filler: `target-server serve`, created with T on its node.
+    Filler,
 }
 
 impl PodRole {
@@ -59,6 +61,7 @@ impl PodRole {
         match self {
             PodRole::Target => "probe-target",
             PodRole::Source => "probe-source",
+            PodRole::Filler => "probe-filler",
         }
     }
 
@@ -67,6 +70,7 @@ impl PodRole {
         match self {
             PodRole::Target => "t",
             PodRole::Source => "s",
+            PodRole::Filler => "f",
         }
     }
 }
@@ -101,6 +105,41 @@ pub struct PodConfig {
 /// Pod name of one probe's pod: `fp-<probe id>-t` / `fp-<probe id>-s`.
 pub fn pod_name(probe_id: &str, role: PodRole) -> String {
     format!("fp-{probe_id}-{}", role.suffix())
+}
+
+/// Name of filler `i` (0-based) of a `burst` probe: `fp-<probe id>-f<i>`.
+pub fn filler_pod_name(probe_id: &str, i: u32) -> String {
+    format!("fp-{probe_id}-f{i}")
+}
+
+/// Longest pod name used for a stable-name `recreate` target: pod names become the
+/// pod's hostname, and Kubernetes truncates hostnames to 63 characters (a DNS label,
+/// RFC 1123), so longer names would not be visible as they are inside the pod.
+pub const MAX_STABLE_NAME: usize = 63;
+
+/// The stable name of the `recreate` target on `node` for prober `instance`:
+/// `fp-<instance suffix>-rc-<node>` (the suffix is the part after the last `-`, as in
+/// probe ids). The name is the same every time the target is recreated by this
+/// instance, so a Calico-like CNI reuses the interface name (`cali` + SHA-1 of
+/// `namespace.pod`), which is the point of the kind (calico#11016). When the node name
+/// has characters a pod name cannot carry (only `a-z0-9.-`) or the result would exceed
+/// [`MAX_STABLE_NAME`], the node part is the first 10 hex characters of SHA-1(node).
+pub fn recreate_target_name(instance: &str, node: &str) -> String {
+    let suffix = instance.rsplit('-').next().unwrap_or(instance);
+    let plain = format!("fp-{suffix}-rc-{node}");
+    let ok_chars = node
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.');
+    let ok_ends = node
+        .chars()
+        .last()
+        .is_some_and(|c| c.is_ascii_alphanumeric());
+    if ok_chars && ok_ends && plain.len() <= MAX_STABLE_NAME {
+        return plain;
+    }
+    let digest = Sha1::digest(node.as_bytes());
+    let hex: String = digest.iter().take(5).map(|b| format!("{b:02x}")).collect();
+    format!("fp-{suffix}-rc-{hex}")
 }
 
 /// `activeDeadlineSeconds` = ceil(2 × give-up + hold + 60 s), in whole seconds.
@@ -204,7 +243,29 @@ pub fn probe_pod(
     node: &str,
     args: Vec<String>,
 ) -> Pod {
-    let name = pod_name(probe_id, role);
+    probe_pod_named(
+        cfg,
+        &pod_name(probe_id, role),
+        probe_id,
+        kind,
+        role,
+        node,
+        args,
+    )
+}
+
+/// [`probe_pod`] with an explicit pod `name` (the stable `recreate` target, `burst`
+/// fillers); labels, placement and spec are the same.
+pub fn probe_pod_named(
+    cfg: &PodConfig,
+    name: &str,
+    probe_id: &str,
+    kind: &str,
+    role: PodRole,
+    node: &str,
+    args: Vec<String>,
+) -> Pod {
+    let name = name.to_string();
     let readiness = Probe {
         http_get: Some(HTTPGetAction {
             path: Some("/readyz".into()),
@@ -305,9 +366,62 @@ pub fn source_pod(
     probe_pod(cfg, probe_id, kind, PodRole::Source, node, args)
 }
 
+/// Filler `i` of a `burst` probe on `node` (`target-server serve`, component
+/// `probe-filler`).
+pub fn filler_pod(cfg: &PodConfig, probe_id: &str, kind: &str, node: &str, i: u32) -> Pod {
+    probe_pod_named(
+        cfg,
+        &filler_pod_name(probe_id, i),
+        probe_id,
+        kind,
+        PodRole::Filler,
+        node,
+        target_args(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn recreate_name_is_stable_per_instance_and_node_and_fits_a_hostname() {
+        let a = recreate_target_name("gate-ab12cd34", "node-2");
+        assert_eq!(a, "fp-ab12cd34-rc-node-2");
+        assert_eq!(a, recreate_target_name("gate-ab12cd34", "node-2"));
+        assert_ne!(a, recreate_target_name("gate-ab12cd34", "node-3"));
+        assert_ne!(a, recreate_target_name("gate-zz12cd34", "node-2"));
+        let long = "ip-10-0-1-23.eu-west-1.compute.internal.example.long-suffix";
+        let n = recreate_target_name("gate-ab12cd34", long);
+        assert!(n.len() <= MAX_STABLE_NAME, "{n}");
+        assert_eq!(n, recreate_target_name("gate-ab12cd34", long));
+        assert!(n.starts_with("fp-ab12cd34-rc-") && n.len() == 25, "{n}");
+        let upper = recreate_target_name("gate-ab12cd34", "Node_A");
+        assert!(upper
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'));
+    }
+
+    #[test]
+    fn filler_pod_is_a_pinned_server_with_the_filler_component() {
+        let pod = filler_pod(&cfg(), "p7", "burst", "node-3", 4);
+        assert_eq!(pod.metadata.name.as_deref(), Some("fp-p7-f4"));
+        let labels = pod.metadata.labels.clone().expect("labels");
+        assert_eq!(labels[LABEL_COMPONENT], "probe-filler");
+        assert_eq!(labels[LABEL_KIND], "burst");
+        let spec = pod.spec.expect("spec");
+        assert_eq!(spec.containers[0].args.as_deref(), Some(&target_args()[..]));
+        let term = &spec
+            .affinity
+            .and_then(|a| a.node_affinity)
+            .and_then(|n| n.required_during_scheduling_ignored_during_execution)
+            .expect("affinity")
+            .node_selector_terms[0];
+        let vals = term.match_expressions.as_ref().expect("exprs")[0]
+            .values
+            .clone();
+        assert_eq!(vals, Some(vec!["node-3".to_string()]));
+    }
 
     fn cfg() -> PodConfig {
         PodConfig {

@@ -1,14 +1,40 @@
-//! The lifecycle of one probe (DESIGN §2 steps 2–8): create the target pod T, wait for
-//! it to be Ready, create the source pod S dialing T, wait for S to terminate, record,
-//! delete both. Exactly 4 API writes per probe (2 creates, 2 deletes; DESIGN §7).
+//! The lifecycle of one probe (DESIGN §2 steps 2–8), per kind: create the target pod T,
+//! wait for it to be Ready, create the source pod S dialing T, wait for S to terminate,
+//! record, delete.
 //!
-//! Every wait runs on the shared [`PodWatch`] under a deadline; cancellation (signal,
-//! `--timeout`) turns the probe into `inconclusive`/`interrupted` and still deletes its
-//! pods. The decisions themselves are pure ([`timeout_ending`],
-//! [`crate::record::build_record`]).
+//! Kinds and their **API-write budget per probe** (creates + deletes; Events are counted
+//! apart; DESIGN §7: "≤ 4 for cross_node and same_node, other kinds list their own"):
+//! - `cross_node`: S on node A, T on node B ≠ A. **4** writes: create T, create S,
+//!   delete S, delete T.
+//! - `same_node`: the control pair, S and T on the same node (the node-local path only).
+//!   **4** writes, as `cross_node`.
+//! - `recreate`: StatefulSet style. T has a stable name per node
+//!   ([`crate::podspec::recreate_target_name`]); the probe deletes the previous
+//!   incarnation, waits for the watch's `DELETED` (the old pod is gone, as a StatefulSet
+//!   controller waits), creates T again with the **same name on the same node** (so a
+//!   Calico-like CNI reuses the interface name, calico#11016), then measures as usual.
+//!   When no previous incarnation is alive (first probe on that node), one is created
+//!   first and waited Ready. The record keeps `previous_ip`, `iface`, `iface_reused`
+//!   and `recreate_gap_seconds`. When a later probe of the plan recreates the same
+//!   target, T is left running for it. Budget **6**: create T₀ + delete T₀ (or delete
+//!   of the kept incarnation: 1), create T, create S, delete S, delete T (skipped when
+//!   kept). Steady state (T kept between probes) is 4.
+//! - `burst`: T is created right after K filler pods (`--burst-size`, component
+//!   `probe-filler`, `target-server serve`) on T's node, so its endpoint is programmed
+//!   among K others; TTFP of T. Budget **4 + 2K** (K filler creates and deletes).
+//!
+//! Every probe counts its own writes ([`ProbeRecord::api_writes`]) and logs a warning
+//! when it exceeds [`write_budget`]. Every wait runs on the shared [`PodWatch`] under a
+//! deadline; cancellation (signal, `--timeout`, the gate's early stop) turns the probe
+//! into `inconclusive`/`interrupted` and still deletes its pods. The decisions
+//! themselves are pure ([`timeout_ending`], [`crate::record::build_record`]).
 
+use crate::config::ProbeKind;
 use crate::error::{kube_status_code, Error};
-use crate::podspec::{pod_name, source_pod, target_pod, PodConfig, PodRole, FIELD_MANAGER};
+use crate::podspec::{
+    calico_iface_name, filler_pod, filler_pod_name, pod_name, probe_pod_named,
+    recreate_target_name, source_args, target_args, PodConfig, PodRole, FIELD_MANAGER,
+};
 use crate::podwatch::{PodWatch, Wait};
 use crate::record::{build_record, Ending, ProbeMeta};
 use crate::tracker::{PodState, ProblemKind};
@@ -16,10 +42,11 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, PostParams};
 use kube::Api;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use target_server::report::{ProbeRecord, ProbeResult, Reason};
+use target_server::report::{BurstInfo, ProbeRecord, ProbeResult, Reason, RecreateInfo};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -28,6 +55,32 @@ use tracing::Instrument;
 pub const API_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Extra time the source gets beyond give-up + hold to start and report.
 pub const SOURCE_FINISH_MARGIN: Duration = Duration::from_secs(30);
+
+/// API-write budget of one probe of `kind` (module docs): 4 for `cross_node` and
+/// `same_node` (DESIGN §7), 6 for `recreate`, 4 + 2 × `burst_size` for `burst`.
+/// `service` (not implemented) would add a Service create + delete: 6.
+pub fn write_budget(kind: ProbeKind, burst_size: u32) -> u64 {
+    match kind {
+        ProbeKind::CrossNode | ProbeKind::SameNode => 4,
+        ProbeKind::Recreate | ProbeKind::Service => 6,
+        ProbeKind::Burst => 4 + 2 * u64::from(burst_size),
+    }
+}
+
+/// A live incarnation of a stable-name `recreate` target, kept between probes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Incarnation {
+    /// Its UID (the `DELETED` event to wait for carries it).
+    pub uid: Option<String>,
+    /// Its pod IP.
+    pub ip: Option<String>,
+    /// Its node.
+    pub node: String,
+}
+
+/// Per stable name: the kept incarnation, behind an async lock that also serialises
+/// `recreate` probes of the same node.
+pub type RecreateSlots = Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<Incarnation>>>>>;
 
 /// What every probe of a run shares.
 pub struct ProbeEnv {
@@ -43,12 +96,14 @@ pub struct ProbeEnv {
     pub watch: Arc<PodWatch>,
     /// `--slow-threshold`.
     pub slow_threshold: Duration,
-    /// API writes made (creates + deletes), for the "≤ 4 per probe" budget.
+    /// API writes made by the whole run (creates + deletes).
     pub writes: AtomicU64,
     /// A run-fatal error (e.g. 403 on create): set once, stops the run.
     pub fatal: Mutex<Option<String>>,
     /// Cancels the whole run (set on a fatal error).
     pub cancel: watch::Sender<bool>,
+    /// Stable-name `recreate` targets kept alive between probes.
+    pub recreate_slots: RecreateSlots,
 }
 
 impl ProbeEnv {
@@ -59,6 +114,14 @@ impl ProbeEnv {
         }
         self.cancel.send_replace(true);
     }
+
+    fn slot(&self, name: &str) -> Arc<tokio::sync::Mutex<Option<Incarnation>>> {
+        let mut m = self
+            .recreate_slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        m.entry(name.to_string()).or_default().clone()
+    }
 }
 
 /// One probe to run.
@@ -66,18 +129,34 @@ impl ProbeEnv {
 pub struct ProbePlan {
     /// Probe id (pod names `fp-<id>-t` / `fp-<id>-s`).
     pub id: String,
-    /// Kind label (`cross_node`).
-    pub kind: &'static str,
+    /// Kind.
+    pub kind: ProbeKind,
     /// Node A.
     pub source_node: String,
-    /// Node B.
+    /// Node B (= A for `same_node`).
     pub target_node: String,
+    /// `recreate`: leave the target running for a later probe (see
+    /// [`crate::schedule::PlannedProbe::keep_target`]).
+    pub keep_target: bool,
+    /// `burst`: number of filler pods.
+    pub burst_size: u32,
+}
+
+impl ProbePlan {
+    /// The target pod's name: `fp-<id>-t`, or the stable name for `recreate`.
+    pub fn target_name(&self, instance: &str) -> String {
+        match self.kind {
+            ProbeKind::Recreate => recreate_target_name(instance, &self.target_node),
+            _ => pod_name(&self.id, PodRole::Target),
+        }
+    }
 }
 
 fn role_name(role: PodRole) -> &'static str {
     match role {
         PodRole::Target => "target",
         PodRole::Source => "source",
+        PodRole::Filler => "filler",
     }
 }
 
@@ -140,7 +219,7 @@ pub fn timeout_ending(role: PodRole, s: Option<&PodState>, waited: Duration) -> 
     }
     if s.ready.is_none() {
         let reason = match role {
-            PodRole::Target => Reason::TargetNeverReady,
+            PodRole::Target | PodRole::Filler => Reason::TargetNeverReady,
             PodRole::Source => Reason::SourceNeverReady,
         };
         return Ending::Aborted {
@@ -165,7 +244,40 @@ fn interrupted(stage: &str) -> Ending {
     }
 }
 
-async fn create(env: &ProbeEnv, pod: &Pod) -> Result<(), Ending> {
+/// Per-probe bookkeeping: writes made, pods to delete at the end, kind extras.
+#[derive(Default)]
+struct ProbeState {
+    writes: u64,
+    /// Pods this probe created and still owns (deleted at the end, except a kept
+    /// `recreate` target).
+    created: Vec<String>,
+    recreate: Option<RecreateInfo>,
+    burst: Option<BurstInfo>,
+}
+
+impl ProbeState {
+    fn owns(&mut self, name: &str) {
+        if !self.created.iter().any(|n| n == name) {
+            self.created.push(name.to_string());
+        }
+    }
+
+    fn disown(&mut self, name: &str) {
+        self.created.retain(|n| n != name);
+    }
+}
+
+async fn create(env: &ProbeEnv, st: &mut ProbeState, pod: &Pod) -> Result<(), Ending> {
+    st.writes += 1;
+    let r = create_counted(env, pod).await;
+    if r.is_ok() {
+        st.owns(pod.metadata.name.as_deref().unwrap_or_default());
+    }
+    r
+}
+
+/// One create call (counted in the run's writes); the watch's tracker learns the time.
+async fn create_counted(env: &ProbeEnv, pod: &Pod) -> Result<(), Ending> {
     let name = pod.metadata.name.clone().unwrap_or_default();
     let ns = env.pod_config.namespace.as_str();
     let pp = PostParams {
@@ -202,10 +314,20 @@ async fn create(env: &ProbeEnv, pod: &Pod) -> Result<(), Ending> {
 }
 
 /// Deletes a probe pod (grace 0; 404 is fine). Returns when the delete returned, or the
-/// error text.
+/// error text. Counted in the run's writes.
 pub async fn delete_pod(env: &ProbeEnv, name: &str) -> Result<std::time::Instant, String> {
+    delete_pod_with(env, name, DeleteParams::default().grace_period(0)).await
+}
+
+/// [`delete_pod`] with explicit delete options (a `recreate` target is deleted
+/// gracefully, as a StatefulSet controller does, so its `DELETED` event means the kubelet
+/// has stopped it).
+async fn delete_pod_with(
+    env: &ProbeEnv,
+    name: &str,
+    dp: DeleteParams,
+) -> Result<std::time::Instant, String> {
     env.writes.fetch_add(1, Ordering::Relaxed);
-    let dp = DeleteParams::default().grace_period(0);
     match tokio::time::timeout(API_CALL_TIMEOUT, env.pods.delete(name, &dp)).await {
         Ok(Ok(_)) => Ok(std::time::Instant::now()),
         Ok(Err(e)) if kube_status_code(&e) == Some(404) => Ok(std::time::Instant::now()),
@@ -220,27 +342,18 @@ pub async fn delete_pod(env: &ProbeEnv, name: &str) -> Result<std::time::Instant
     }
 }
 
-async fn lifecycle(
+/// Waits until `name` is Ready with an IP; the ending otherwise (rules of
+/// [`problem_ending`] / [`timeout_ending`]). Returns the IP.
+async fn wait_target_ready(
     env: &ProbeEnv,
-    plan: &ProbePlan,
+    name: &str,
     cancel: &mut watch::Receiver<bool>,
-    created: &mut [bool; 2],
-) -> Ending {
-    let cfg = &env.pod_config;
-    let t_name = pod_name(&plan.id, PodRole::Target);
-    if *cancel.borrow() {
-        return interrupted("starting");
-    }
-    let t_pod = target_pod(cfg, &plan.id, plan.kind, &plan.target_node);
-    if let Err(e) = create(env, &t_pod).await {
-        return e;
-    }
-    created[0] = true;
-    let waited = cfg.give_up;
+) -> Result<String, Ending> {
+    let waited = env.pod_config.give_up;
     let deadline = Instant::now() + waited;
-    let ip = match env
+    match env
         .watch
-        .wait_for(&t_name, deadline, cancel, |s| {
+        .wait_for(name, deadline, cancel, |s| {
             let s = s?;
             if let (Some(_), Some(ip)) = (s.ready, &s.ip) {
                 return Some(Ok(ip.clone()));
@@ -260,25 +373,185 @@ async fn lifecycle(
         })
         .await
     {
-        Wait::Done(Ok(ip)) => ip,
-        Wait::Done(Err(e)) => return e,
-        Wait::Cancelled => return interrupted("waiting for the target to be Ready"),
-        Wait::TimedOut => {
-            return timeout_ending(
+        Wait::Done(r) => r,
+        Wait::Cancelled => Err(interrupted("waiting for the target to be Ready")),
+        Wait::TimedOut => Err(timeout_ending(
+            PodRole::Target,
+            env.watch.snapshot(name).as_ref(),
+            waited,
+        )),
+    }
+}
+
+/// `recreate`: makes sure a previous incarnation of the stable-name target exists
+/// (creating one if none is kept), deletes it, waits for its `DELETED`, and returns
+/// what the record keeps plus the prober-clock time of the delete call.
+async fn retire_previous(
+    env: &ProbeEnv,
+    plan: &ProbePlan,
+    t_name: &str,
+    slot: &mut Option<Incarnation>,
+    cancel: &mut watch::Receiver<bool>,
+    st: &mut ProbeState,
+) -> Result<(Incarnation, std::time::Instant), Ending> {
+    let cfg = &env.pod_config;
+    let prev = match slot.take() {
+        Some(p) if p.node == plan.target_node => p,
+        other => {
+            if let Some(p) = other {
+                // A kept incarnation on another node cannot be reused by name: drop it.
+                tracing::warn!(pod = %t_name, node = %p.node, "kept recreate target on another node");
+            }
+            let pod = probe_pod_named(
+                cfg,
+                t_name,
+                &plan.id,
+                plan.kind.as_str(),
                 PodRole::Target,
-                env.watch.snapshot(&t_name).as_ref(),
-                waited,
-            )
+                &plan.target_node,
+                target_args(),
+            );
+            create(env, st, &pod).await?;
+            let ip = wait_target_ready(env, t_name, cancel)
+                .await
+                .map_err(|e| match e {
+                    Ending::Aborted { reason, detail } => Ending::Aborted {
+                        reason,
+                        detail: format!("first incarnation of the recreate target: {detail}"),
+                    },
+                    other => other,
+                })?;
+            Incarnation {
+                uid: env.watch.snapshot(t_name).and_then(|s| s.uid),
+                ip: Some(ip),
+                node: plan.target_node.clone(),
+            }
         }
+    };
+    st.owns(t_name);
+    st.writes += 1;
+    // Graceful (the pod's own terminationGracePeriodSeconds), not grace 0: with grace 0
+    // the API server removes the object at once, before the kubelet has torn the pod
+    // down, and a "recreated" pod would race its own predecessor's teardown. A
+    // StatefulSet controller deletes gracefully and waits for the object to be gone.
+    let deleted_at = delete_pod_with(env, t_name, DeleteParams::default())
+        .await
+        .map_err(|e| Ending::Aborted {
+            reason: Reason::ApiError,
+            detail: format!("deleting the previous incarnation: {e}"),
+        })?;
+    st.disown(t_name);
+    let deadline = Instant::now() + cfg.give_up;
+    let uid = prev.uid.clone();
+    let gone = env
+        .watch
+        .wait_for(t_name, deadline, cancel, |s| match s {
+            None => Some(()),
+            Some(s) if s.uid != uid || s.deleted.is_some() => Some(()),
+            Some(_) => None,
+        })
+        .await;
+    match gone {
+        Wait::Done(()) => {}
+        Wait::Cancelled => return Err(interrupted("waiting for the old target to be gone")),
+        Wait::TimedOut => {
+            return Err(Ending::Aborted {
+                reason: Reason::ApiError,
+                detail: format!(
+                    "previous incarnation of {t_name} not gone (no DELETED event) after {:.0}s",
+                    cfg.give_up.as_secs_f64()
+                ),
+            })
+        }
+    }
+    env.watch.with_tracker(|t| t.forget(t_name));
+    Ok((prev, deleted_at))
+}
+
+async fn lifecycle(
+    env: &ProbeEnv,
+    plan: &ProbePlan,
+    t_name: &str,
+    slot: Option<&mut Option<Incarnation>>,
+    cancel: &mut watch::Receiver<bool>,
+    st: &mut ProbeState,
+) -> Ending {
+    let cfg = &env.pod_config;
+    let kind = plan.kind.as_str();
+    if *cancel.borrow() {
+        return interrupted("starting");
+    }
+    let mut previous = None;
+    if let Some(slot) = slot {
+        match retire_previous(env, plan, t_name, slot, cancel, st).await {
+            Ok(p) => previous = Some(p),
+            Err(e) => return e,
+        }
+    }
+    if plan.kind == ProbeKind::Burst {
+        let fillers: Vec<Pod> = (0..plan.burst_size)
+            .map(|i| filler_pod(cfg, &plan.id, kind, &plan.target_node, i))
+            .collect();
+        let results =
+            futures::future::join_all(fillers.iter().map(|p| create_counted(env, p))).await;
+        let mut created = 0u32;
+        for (i, r) in results.iter().enumerate() {
+            st.writes += 1;
+            if r.is_ok() {
+                created += 1;
+                st.owns(&filler_pod_name(&plan.id, i as u32));
+            }
+        }
+        st.burst = Some(BurstInfo {
+            fillers: plan.burst_size,
+            fillers_created: created,
+        });
+    }
+    let t_pod = probe_pod_named(
+        cfg,
+        t_name,
+        &plan.id,
+        kind,
+        PodRole::Target,
+        &plan.target_node,
+        target_args(),
+    );
+    let create_started = std::time::Instant::now();
+    if let Err(e) = create(env, st, &t_pod).await {
+        return e;
+    }
+    if let Some((prev, deleted_at)) = previous {
+        st.recreate = Some(RecreateInfo {
+            previous_ip: prev.ip,
+            previous_uid: prev.uid,
+            iface: calico_iface_name(&cfg.namespace, t_name),
+            iface_reused: prev.node == plan.target_node,
+            recreate_gap_seconds: Some(
+                create_started
+                    .saturating_duration_since(deleted_at)
+                    .as_secs_f64(),
+            ),
+        });
+    }
+    let ip = match wait_target_ready(env, t_name, cancel).await {
+        Ok(ip) => ip,
+        Err(e) => return e,
     };
     tracing::debug!(target_ip = %ip, "target Ready");
 
     let s_name = pod_name(&plan.id, PodRole::Source);
-    let s_pod = source_pod(cfg, &plan.id, plan.kind, &plan.source_node, &ip, &t_name);
-    if let Err(e) = create(env, &s_pod).await {
+    let s_pod = probe_pod_named(
+        cfg,
+        &s_name,
+        &plan.id,
+        kind,
+        PodRole::Source,
+        &plan.source_node,
+        source_args(cfg, &ip, t_name),
+    );
+    if let Err(e) = create(env, st, &s_pod).await {
         return e;
     }
-    created[1] = true;
     let waited = cfg.give_up + cfg.hold + SOURCE_FINISH_MARGIN;
     let deadline = Instant::now() + waited;
     match env
@@ -310,7 +583,9 @@ async fn node_ready(env: &ProbeEnv, name: &str) -> Option<bool> {
 }
 
 /// Runs one probe to its record. Never fails: API trouble becomes an `api_error`
-/// record. Both pods are deleted before returning (even when cancelled).
+/// record. Every pod it created is deleted before returning (even when cancelled),
+/// except a `recreate` target kept for a later probe (`plan.keep_target`) after a
+/// complete measurement.
 pub async fn run_probe(
     env: Arc<ProbeEnv>,
     plan: ProbePlan,
@@ -319,41 +594,97 @@ pub async fn run_probe(
     let span = tracing::info_span!(
         "probe",
         probe_id = %plan.id,
+        kind = plan.kind.as_str(),
         src_node = %plan.source_node,
         dst_node = %plan.target_node
     );
     async move {
+        let t_name = plan.target_name(&env.pod_config.instance);
         let meta = ProbeMeta {
             id: plan.id.clone(),
-            kind: plan.kind.to_string(),
+            kind: plan.kind.as_str().to_string(),
             namespace: env.pod_config.namespace.clone(),
             source_node: plan.source_node.clone(),
             target_node: plan.target_node.clone(),
             source_pod: pod_name(&plan.id, PodRole::Source),
-            target_pod: pod_name(&plan.id, PodRole::Target),
+            target_pod: t_name.clone(),
             started: std::time::Instant::now(),
             started_at: Timestamp::now().to_string(),
         };
-        let mut created = [false; 2];
-        let ending = lifecycle(&env, &plan, &mut cancel, &mut created).await;
+        let mut st = ProbeState::default();
+        // recreate: one probe at a time per stable name (the slot lock), held to the end.
+        let slot = (plan.kind == ProbeKind::Recreate).then(|| env.slot(&t_name));
+        let mut guard = None;
+        let mut ending = None;
+        if let Some(slot) = slot {
+            tokio::select! {
+                g = slot.lock_owned() => guard = Some(g),
+                _ = cancel.wait_for(|c| *c) => ending = Some(interrupted("waiting for the previous recreate probe on this node")),
+            }
+        }
+        let ending = match ending {
+            Some(e) => e,
+            None => {
+                lifecycle(
+                    &env,
+                    &plan,
+                    &t_name,
+                    guard.as_deref_mut(),
+                    &mut cancel,
+                    &mut st,
+                )
+                .await
+            }
+        };
 
         let mut states: [Option<PodState>; 2] = [
             env.watch.snapshot(&meta.target_pod),
             env.watch.snapshot(&meta.source_pod),
         ];
-        for (i, name) in [&meta.target_pod, &meta.source_pod].into_iter().enumerate() {
-            if !created[i] {
-                continue;
+        // Keep a recreate target for the next probe only after a full measurement.
+        let keep = plan.keep_target
+            && ending == Ending::SourceTerminated
+            && states[0].as_ref().is_some_and(|s| s.ready.is_some());
+        if keep {
+            st.disown(&t_name);
+            if let (Some(g), Some(t)) = (guard.as_deref_mut(), states[0].as_ref()) {
+                *g = Some(Incarnation {
+                    uid: t.uid.clone(),
+                    ip: t.ip.clone(),
+                    node: plan.target_node.clone(),
+                });
             }
+        }
+        // Source first, then the target, then fillers.
+        let mut to_delete = st.created.clone();
+        to_delete.sort_by_key(|n| {
+            if *n == meta.source_pod {
+                0
+            } else if *n == t_name {
+                1
+            } else {
+                2
+            }
+        });
+        for name in &to_delete {
+            st.writes += 1;
             match delete_pod(&env, name).await {
                 Ok(at) => {
-                    if let Some(s) = states[i].as_mut() {
+                    let i = if *name == meta.target_pod {
+                        Some(0)
+                    } else if *name == meta.source_pod {
+                        Some(1)
+                    } else {
+                        None
+                    };
+                    if let Some(s) = i.and_then(|i| states[i].as_mut()) {
                         s.deleted.get_or_insert(at);
                     }
                 }
                 Err(e) => tracing::warn!(pod = %name, error = %e, "delete failed"),
             }
         }
+        drop(guard);
         let mut record = build_record(
             &meta,
             states[0].as_ref(),
@@ -362,8 +693,13 @@ pub async fn run_probe(
             env.slow_threshold,
             std::time::Instant::now(),
         );
+        record.api_writes = st.writes;
+        record.recreate = st.recreate.take();
+        record.burst = st.burst.take();
         if record.result == ProbeResult::Failed {
-            for node in [&plan.source_node, &plan.target_node] {
+            let mut nodes = vec![&plan.source_node, &plan.target_node];
+            nodes.dedup();
+            for node in nodes {
                 if node_ready(&env, node).await == Some(false) {
                     record.detail = Some(format!(
                         "node {node} is NotReady (would have been failed/{}: {})",
@@ -377,13 +713,27 @@ pub async fn run_probe(
             }
         }
         env.watch.with_tracker(|t| {
-            t.forget(&meta.target_pod);
+            if !keep {
+                t.forget(&meta.target_pod);
+            }
             t.forget(&meta.source_pod);
+            for i in 0..plan.burst_size.min(st.burst.as_ref().map_or(0, |b| b.fillers)) {
+                t.forget(&filler_pod_name(&plan.id, i));
+            }
         });
+        let budget = write_budget(plan.kind, plan.burst_size);
+        if record.api_writes > budget {
+            tracing::warn!(
+                api_writes = record.api_writes,
+                budget,
+                "probe exceeded its API-write budget"
+            );
+        }
         tracing::info!(
             result = record.result.as_str(),
             reason = record.reason.map(|r| r.as_str()),
             ttfp_seconds = record.ttfp_seconds,
+            api_writes = record.api_writes,
             "probe finished"
         );
         record
@@ -391,7 +741,6 @@ pub async fn run_probe(
     .instrument(span)
     .await
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;

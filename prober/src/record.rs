@@ -306,7 +306,31 @@ pub fn build_record(
             finished: secs_since(meta.started, Some(finished)),
         },
         suspects: Vec::new(),
+        first_attempt_failures: first_attempt_failures(result, reason, source_report.as_ref()),
         source_report,
+        api_writes: 0,
+        recreate: None,
+        burst: None,
+    }
+}
+
+/// First-attempt failures of a probe (issue 5: "new pods whose first connections fail,
+/// then work"): the source's failed attempts sent before its first success, counted only
+/// when a success was seen (`success`, `slow`, or `failed`/`lost_after_success`) and the
+/// probe is conclusive; 0 otherwise (a probe that never worked is a plain failure).
+pub fn first_attempt_failures(
+    result: ProbeResult,
+    reason: Option<Reason>,
+    report: Option<&SourceReport>,
+) -> u64 {
+    let worked = match result {
+        ProbeResult::Success | ProbeResult::Slow => true,
+        ProbeResult::Failed => reason == Some(Reason::LostAfterSuccess),
+        ProbeResult::Inconclusive => false,
+    };
+    match report {
+        Some(r) if worked && r.first_success_sent.is_some() => r.failures_before_success,
+        _ => 0,
     }
 }
 
@@ -441,6 +465,21 @@ mod tests {
             Some(calico_iface_name("firstpacket", "fp-p-s").as_str())
         );
         assert!(rec.source_report.is_some());
+    }
+
+    #[test]
+    fn first_attempt_failures_count_only_when_the_source_later_succeeded() {
+        let r = report(SourceOutcome::Success, Some(0.5), Some(0.8));
+        assert_eq!(record_for(Some(&r), None).first_attempt_failures, 3);
+        let mut clean = r.clone();
+        clean.failures_before_success = 0;
+        assert_eq!(record_for(Some(&clean), None).first_attempt_failures, 0);
+        let lost = report(SourceOutcome::LostAfterSuccess, Some(0.5), Some(0.7));
+        assert_eq!(record_for(Some(&lost), None).first_attempt_failures, 3);
+        let none = report(SourceOutcome::NoSuccess, Some(0.5), None);
+        let rec = record_for(Some(&none), None);
+        assert_eq!(rec.result, ProbeResult::Failed);
+        assert_eq!(rec.first_attempt_failures, 0);
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! Node-pair choice for `cross_node` probes (DESIGN §2 step 1). Pure: takes Node data,
-//! returns a plan; no I/O.
+//! Node-pair choice for every probe kind (DESIGN §2 step 1 and "Kinds"). Pure: takes
+//! Node data, returns a plan; no I/O.
 //!
 //! Eligibility follows what the Kubernetes scheduler itself would accept for a probe pod:
 //! the Node's `Ready` condition is `True`, `spec.unschedulable` is not set (cordoned,
@@ -13,7 +13,16 @@
 //! `source = order[k % n]` and `target = order[(k + 1 + (k / n) % (n - 1)) % n]`, so each
 //! lap of `n` pairs uses every node once as source and once as target, and later laps
 //! shift the target offset so new pairs get exercised.
+//!
+//! [`plan_kinds`] runs each requested kind over that ring: `cross_node`, `recreate` and
+//! `burst` use the ring pairs (source ≠ target), `same_node` pins both pods of probe `k`
+//! to `order[k % n]`. `same_node` probes come first (the control is quick and gives the
+//! early-stop rule its evidence, see `gate::early_stop`), then the other kinds in the
+//! order given. Inside a lap the ring pairs are started even positions first
+//! (`0, 2, 4, …, 1, 3, …`): with an even node count the first `n/2` pairs share no node,
+//! so the pairs in flight together fail or pass independently.
 
+use crate::config::ProbeKind;
 use k8s_openapi::api::core::v1::{Node, Toleration};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -413,10 +422,184 @@ pub fn plan_ring(nodes: &[String], pairs: usize, seed: u64) -> Option<Vec<Planne
     )
 }
 
+/// One planned probe of any kind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedProbe {
+    /// Position in the whole plan, 0-based (probe ids use it).
+    pub index: usize,
+    /// Kind of probe.
+    pub kind: ProbeKind,
+    /// Node of the source pod S.
+    pub source: String,
+    /// Node of the target pod T (= `source` for `same_node`).
+    pub target: String,
+    /// `recreate` only: a later probe of this plan recreates the same stable-name
+    /// target, so this probe leaves its target running for it (StatefulSet style)
+    /// instead of deleting it.
+    pub keep_target: bool,
+}
+
+/// Even positions of a lap first, then odd ones (`0, 2, 4, …, 1, 3, 5, …`), per lap of
+/// `n`: the order in which ring pairs are started.
+fn lap_order(count: usize, n: usize) -> Vec<usize> {
+    let mut out = Vec::with_capacity(count);
+    let mut lap_start = 0;
+    while lap_start < count {
+        let lap_end = (lap_start + n).min(count);
+        out.extend((lap_start..lap_end).filter(|k| (k - lap_start) % 2 == 0));
+        out.extend((lap_start..lap_end).filter(|k| (k - lap_start) % 2 == 1));
+        lap_start = lap_end;
+    }
+    out
+}
+
+/// Plans `per_kind` probes of each kind in `kinds` over `nodes` (names), seeded like
+/// [`plan_ring`] (same seed + node set → same plan).
+///
+/// Returns `None` when the kinds need more nodes than given: 1 for `same_node` alone,
+/// 2 as soon as any other kind is asked for. Duplicate kinds are planned once.
+/// `service` is planned like `cross_node` (callers reject it first; see
+/// `config::check_kinds`).
+pub fn plan_kinds(
+    nodes: &[String],
+    kinds: &[ProbeKind],
+    per_kind: usize,
+    seed: u64,
+) -> Option<Vec<PlannedProbe>> {
+    let mut order: Vec<String> = nodes.to_vec();
+    order.sort();
+    order.dedup();
+    let n = order.len();
+    let needs_two = kinds.iter().any(|k| *k != ProbeKind::SameNode);
+    if n == 0 || (needs_two && n < 2) || kinds.is_empty() {
+        return None;
+    }
+    let mut sorted_kinds: Vec<ProbeKind> = Vec::new();
+    if kinds.contains(&ProbeKind::SameNode) {
+        sorted_kinds.push(ProbeKind::SameNode);
+    }
+    for k in kinds {
+        if !sorted_kinds.contains(k) {
+            sorted_kinds.push(*k);
+        }
+    }
+    let mut rng = StdRng::seed_from_u64(seed);
+    order.shuffle(&mut rng);
+    let ring: Option<Vec<PlannedPair>> = (n >= 2).then(|| {
+        (0..per_kind)
+            .map(|k| {
+                let offset = 1 + (k / n) % (n - 1);
+                PlannedPair {
+                    index: k,
+                    source: order[k % n].clone(),
+                    target: order[(k + offset) % n].clone(),
+                }
+            })
+            .collect()
+    });
+    let mut out: Vec<PlannedProbe> = Vec::new();
+    for kind in sorted_kinds {
+        let first = out.len();
+        if kind == ProbeKind::SameNode {
+            for k in 0..per_kind {
+                let node = order[k % n].clone();
+                out.push(PlannedProbe {
+                    index: 0,
+                    kind,
+                    source: node.clone(),
+                    target: node,
+                    keep_target: false,
+                });
+            }
+        } else {
+            let ring = ring.as_ref()?;
+            for k in lap_order(per_kind, n) {
+                out.push(PlannedProbe {
+                    index: 0,
+                    kind,
+                    source: ring[k].source.clone(),
+                    target: ring[k].target.clone(),
+                    keep_target: false,
+                });
+            }
+        }
+        if kind == ProbeKind::Recreate {
+            for i in first..out.len() {
+                let later = out[i + 1..].iter().any(|p| p.target == out[i].target);
+                out[i].keep_target = later;
+            }
+        }
+    }
+    for (i, p) in out.iter_mut().enumerate() {
+        p.index = i;
+    }
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::collections::BTreeSet;
+
+    #[test]
+    fn same_node_probes_come_first_and_pin_both_pods_to_one_node() {
+        let kinds = [ProbeKind::CrossNode, ProbeKind::SameNode];
+        let plan = plan_kinds(&names(4), &kinds, 4, 3).expect("plan");
+        assert_eq!(plan.len(), 8);
+        assert!(plan[..4].iter().all(|p| p.kind == ProbeKind::SameNode));
+        assert!(plan[..4].iter().all(|p| p.source == p.target));
+        let same: BTreeSet<_> = plan[..4].iter().map(|p| p.source.clone()).collect();
+        assert_eq!(same.len(), 4, "every node gets a control pair");
+        assert!(plan[4..].iter().all(|p| p.kind == ProbeKind::CrossNode));
+        assert!(plan[4..].iter().all(|p| p.source != p.target));
+        let idx: Vec<usize> = plan.iter().map(|p| p.index).collect();
+        assert_eq!(idx, (0..8).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn first_half_lap_of_ring_pairs_shares_no_node_with_even_node_count() {
+        let plan = plan_kinds(&names(6), &[ProbeKind::CrossNode], 6, 11).expect("plan");
+        let mut seen = BTreeSet::new();
+        for p in &plan[..3] {
+            assert!(seen.insert(p.source.clone()), "{plan:?}");
+            assert!(seen.insert(p.target.clone()), "{plan:?}");
+        }
+        // Still one lap: each node once as source and once as target.
+        let s: BTreeSet<_> = plan.iter().map(|p| &p.source).collect();
+        let t: BTreeSet<_> = plan.iter().map(|p| &p.target).collect();
+        assert_eq!((s.len(), t.len()), (6, 6));
+    }
+
+    #[test]
+    fn recreate_keeps_its_target_only_for_a_later_probe_on_the_same_node() {
+        let plan = plan_kinds(&names(3), &[ProbeKind::Recreate], 6, 5).expect("plan");
+        for (i, p) in plan.iter().enumerate() {
+            let later = plan[i + 1..].iter().any(|q| q.target == p.target);
+            assert_eq!(p.keep_target, later, "{p:?}");
+        }
+        assert_eq!(plan.iter().filter(|p| p.keep_target).count(), 3);
+        let cross = plan_kinds(&names(3), &[ProbeKind::CrossNode], 6, 5).expect("plan");
+        assert!(cross.iter().all(|p| !p.keep_target));
+    }
+
+    #[test]
+    fn node_count_requirements_depend_on_the_kinds() {
+        let one = names(1);
+        let plan = plan_kinds(&one, &[ProbeKind::SameNode], 2, 1).expect("same_node on 1 node");
+        assert_eq!(plan.len(), 2);
+        assert!(plan_kinds(&one, &[ProbeKind::SameNode, ProbeKind::Burst], 2, 1).is_none());
+        assert!(plan_kinds(&[], &[ProbeKind::SameNode], 2, 1).is_none());
+        assert!(plan_kinds(&names(3), &[], 2, 1).is_none());
+    }
+
+    #[test]
+    fn lap_order_is_a_permutation_even_positions_first() {
+        assert_eq!(lap_order(6, 6), vec![0, 2, 4, 1, 3, 5]);
+        assert_eq!(lap_order(7, 3), vec![0, 2, 1, 3, 5, 4, 6]);
+        let mut o = lap_order(23, 5);
+        o.sort();
+        assert_eq!(o, (0..23).collect::<Vec<_>>());
+    }
 
     fn names(n: usize) -> Vec<String> {
         (1..=n).map(|i| format!("node-{i}")).collect()

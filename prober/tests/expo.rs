@@ -3,7 +3,7 @@
 //! format's corners, malformed input with line numbers, and property tests (render →
 //! parse round trip; arbitrary input never panics).
 
-use prober::agents::expo::{self, Family, MetricType, Page, ParseErrorKind, Sample};
+use prober::agents::expo::{self, Family, Labels, MetricType, Page, ParseErrorKind, Sample};
 use proptest::prelude::*;
 
 const FELIX: &str = include_str!("fixtures/felix-3.20-1.prom");
@@ -87,7 +87,11 @@ fn every_fixture_yields_each_declared_family_with_its_type_and_every_sample() {
         }
         // Every sample belongs to a declared family: nothing was split off.
         assert_eq!(page.families.len(), declared.len(), "{what}: family count");
-        assert_eq!(page.sample_count(), sample_lines(text), "{what}: sample count");
+        assert_eq!(
+            page.sample_count(),
+            sample_lines(text),
+            "{what}: sample count"
+        );
     }
 }
 
@@ -126,6 +130,13 @@ fn felix_apply_time_summary_gives_quantiles_sum_and_count() {
     );
     assert_eq!(fam.sum_count(&[]), Some((9.987720965999968, 2705.0)));
     assert!(fam.buckets().is_empty());
+    // Quantiles do not add up; one named quantile does read as a scalar.
+    let name = "felix_int_dataplane_apply_time_seconds";
+    assert_eq!(page.scalar(name, &[]), None);
+    assert_eq!(
+        page.scalar(name, &[("quantile", "0.99")]),
+        Some(0.020209542)
+    );
     // Sample names resolve to the family too.
     assert_eq!(
         page.scalar("felix_int_dataplane_apply_time_seconds_count", &[]),
@@ -178,11 +189,8 @@ fn check_histograms(page: &Page) -> usize {
         }
         // Series = label sets of the `_count` samples.
         for count in fam.samples.iter().filter(|s| s.name.ends_with("_count")) {
-            let filter: Vec<(&str, &str)> = count
-                .labels
-                .iter()
-                .map(|(k, v)| (k.as_str(), v.as_str()))
-                .collect();
+            let filter: Vec<(&str, &str)> =
+                count.labels.iter().map(|(k, v)| (&**k, &**v)).collect();
             let buckets = fam.buckets_matching(&filter);
             assert!(!buckets.is_empty(), "{}: buckets", fam.name);
             assert!(
@@ -244,23 +252,26 @@ fn cilium_regeneration_histogram_reads_per_scope() {
         .family("cilium_endpoint_regeneration_time_stats_seconds")
         .expect("regeneration stats");
     assert_eq!(fam.kind, MetricType::Histogram);
-    let scopes: std::collections::BTreeSet<&str> =
-        fam.samples.iter().filter_map(|s| s.label("scope")).collect();
+    let scopes: std::collections::BTreeSet<&str> = fam
+        .samples
+        .iter()
+        .filter_map(|s| s.label("scope"))
+        .collect();
     assert_eq!(scopes.len(), 13, "{scopes:?}");
     assert_eq!(
         fam.sum_count(&[("scope", "bpfCompilation"), ("status", "success")]),
         Some((28.9151491, 2.0))
     );
-    assert_eq!(
-        fam.sum_count(&[("scope", "total")]),
-        Some((32.361329, 2.0))
-    );
+    assert_eq!(fam.sum_count(&[("scope", "total")]), Some((32.361329, 2.0)));
     let b = fam.buckets_matching(&[("scope", "bpfLoadProg")]);
     assert_eq!(b.iter().find(|(le, _)| *le == 1.0), Some(&(1.0, 0.0)));
     assert_eq!(b.iter().find(|(le, _)| *le == 2.5), Some(&(2.5, 2.0)));
     assert_eq!(fam.sum_count(&[("scope", "no-such-scope")]), None);
     assert_eq!(
-        page.scalar("cilium_endpoint_regenerations_total", &[("outcome", "success")]),
+        page.scalar(
+            "cilium_endpoint_regenerations_total",
+            &[("outcome", "success")]
+        ),
         Some(2.0)
     );
     assert_eq!(
@@ -298,7 +309,8 @@ fn missing_families_are_none_not_errors() {
 #[test]
 fn crlf_leading_blanks_trailing_comma_empty_braces_and_eof_read_like_plain_text() {
     let plain = "# HELP a Help.\n# TYPE a counter\na{x=\"1\"} 3\nb 4\n";
-    let variant = "# HELP a Help.\r\n# TYPE a counter\r\n  a { x = \"1\" , } 3\r\n\tb{} 4\r\n# EOF\r\n\r\n";
+    let variant =
+        "# HELP a Help.\r\n# TYPE a counter\r\n  a { x = \"1\" , } 3\r\n\tb{} 4\r\n# EOF\r\n\r\n";
     assert_same_page(&must_parse(plain), &must_parse(variant));
     let no_newline = "# HELP a Help.\n# TYPE a counter\na{x=\"1\"} 3\nb 4";
     assert_same_page(&must_parse(plain), &must_parse(no_newline));
@@ -349,7 +361,10 @@ fn openmetrics_counter_family_without_total_answers_to_both_names() {
     assert_eq!(page.scalar("foo", &[]), Some(3.0));
     assert_eq!(page.scalar("foo_total", &[]), Some(3.0));
     assert_eq!(page.scalar("foo_created", &[]), Some(1.7e9));
-    assert_eq!(page.family("foo_total").map(|f| f.name.as_str()), Some("foo"));
+    assert_eq!(
+        page.family("foo_total").map(|f| f.name.as_str()),
+        Some("foo")
+    );
     // A suffix the type does not have does not resolve.
     assert!(page.family("foo_bucket").is_none());
 }
@@ -374,7 +389,8 @@ fn identical_repeated_type_is_tolerated_and_split_families_merge() {
 
 #[test]
 fn undeclared_samples_group_by_suffix_and_a_gauge_keeps_its_name() {
-    let text = "# TYPE g gauge\ng 1\ng_sum 2\nx{quantile=\"0.5\"} 1\nx_sum 5\nx_count 2\nt_total 7\n";
+    let text =
+        "# TYPE g gauge\ng 1\ng_sum 2\nx{quantile=\"0.5\"} 1\nx_sum 5\nx_count 2\nt_total 7\n";
     let page = must_parse(text);
     let names: Vec<&str> = page.families.keys().map(String::as_str).collect();
     // `g_sum` cannot join gauge `g`: it is its own family; x's parts group under `x`.
@@ -414,7 +430,11 @@ fn malformed_lines_are_errors_naming_the_line_and_what_was_wrong() {
         ("a\n", 1, "missing_value"),
         ("a{b=\"1\"}\n", 1, "missing_value"),
         ("a 1\n# EOF\nb 2\n", 3, "content_after_eof"),
-        ("<html><body>502 Bad Gateway</body></html>\n", 1, "bad_metric_name"),
+        (
+            "<html><body>502 Bad Gateway</body></html>\n",
+            1,
+            "bad_metric_name",
+        ),
         ("{\"kind\":\"Status\"}", 1, "bad_metric_name"),
     ];
     for (text, line, reason) in cases {
@@ -434,7 +454,10 @@ fn error_names_the_offending_text() {
     let e = expo::parse("ok 1\nbad_value{a=\"1\"} 12abc\n").expect_err("bad value");
     assert_eq!(e.kind, ParseErrorKind::BadValue("12abc".into()));
     assert_eq!(e.line, 2);
-    assert_eq!(e.to_string(), "metrics page line 2: invalid value \"12abc\"");
+    assert_eq!(
+        e.to_string(),
+        "metrics page line 2: invalid value \"12abc\""
+    );
 }
 
 // ---------------------------------------------------------------- properties
@@ -445,9 +468,9 @@ fn label_name() -> impl Strategy<Value = String> {
     })
 }
 
-fn label_set() -> impl Strategy<Value = Vec<(String, String)>> {
+fn label_set() -> impl Strategy<Value = Labels> {
     prop::collection::btree_map(label_name(), any::<String>(), 0..4)
-        .prop_map(|m| m.into_iter().collect())
+        .prop_map(|m| m.into_iter().map(|(k, v)| (k.into(), v.into())).collect())
 }
 
 fn value() -> impl Strategy<Value = f64> {
@@ -469,15 +492,15 @@ fn help() -> impl Strategy<Value = Option<String>> {
     }))
 }
 
-fn with_label(labels: &[(String, String)], name: &str, value: f64) -> Vec<(String, String)> {
+fn with_label(labels: &Labels, name: &str, value: f64) -> Labels {
     let mut l = labels.to_vec();
-    l.push((name.to_owned(), expo::format_value(value)));
+    l.push((name.into(), expo::format_value(value).into()));
     l
 }
 
-fn sample(name: String, labels: Vec<(String, String)>, value: f64, ts: Option<i64>) -> Sample {
+fn sample(name: String, labels: Labels, value: f64, ts: Option<i64>) -> Sample {
     Sample {
-        name,
+        name: name.into(),
         labels,
         value,
         timestamp_ms: ts,
@@ -580,8 +603,16 @@ fn syntaxy_text() -> impl Strategy<Value = String> {
     .prop_map(|parts| parts.concat())
 }
 
+fn soak_cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+    // 200 cases keep the default suite fast; `PROPTEST_CASES=N` runs a longer soak.
+    #![proptest_config(ProptestConfig { cases: soak_cases(), ..ProptestConfig::default() })]
 
     #[test]
     fn rendered_pages_parse_back_equal(page in page()) {

@@ -9,7 +9,8 @@ use prober::tracker::{Terminated, Tracker};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use target_server::report::{
-    ErrorKind, GateReport, ProbeRecord, Reason, SourceHold, SourceOutcome, SourceReport, Thresholds,
+    BurstInfo, ErrorKind, GateReport, ProbeRecord, Reason, RecreateInfo, SourceHold, SourceOutcome,
+    SourceReport, Thresholds,
 };
 
 fn source_report(outcome: SourceOutcome, ready: Option<f64>, success: Option<f64>) -> SourceReport {
@@ -143,6 +144,25 @@ fn gate_report_with_every_result_class_matches_the_json_schema() {
             },
         ),
     ];
+    let mut probes = probes;
+    probes[0].kind = "recreate".into();
+    probes[0].recreate = Some(RecreateInfo {
+        previous_ip: Some("10.0.2.4".into()),
+        previous_uid: Some("uid-old".into()),
+        iface: "cali0d7763386da".into(),
+        iface_reused: true,
+        recreate_gap_seconds: Some(0.42),
+    });
+    probes[1].kind = "burst".into();
+    probes[1].burst = Some(BurstInfo {
+        fillers: 10,
+        fillers_created: 10,
+    });
+    probes[1].api_writes = 24;
+    assert_eq!(
+        probes[0].first_attempt_failures, 2,
+        "success after 2 failures"
+    );
     let results: Vec<&str> = probes.iter().map(|p| p.result.as_str()).collect();
     assert_eq!(
         results,
@@ -176,6 +196,7 @@ fn gate_report_with_every_result_class_matches_the_json_schema() {
             duration_seconds: 60.0,
             errors: vec!["interrupted by SIGINT".into()],
             group_by: vec!["zone".into()],
+            stopped_early: Some("test".into()),
         },
     );
     assert_eq!(report.exit_code, 1);
@@ -194,6 +215,16 @@ fn gate_report_with_every_result_class_matches_the_json_schema() {
         !validator.is_valid(&broken),
         "the schema check must be able to fail"
     );
+    let mut broken = value.clone();
+    broken["probes"][0]["recreate"]["iface_reused"] = "yes".into();
+    assert!(
+        !validator.is_valid(&broken),
+        "recreate.iface_reused is a boolean"
+    );
+    let mut broken = value.clone();
+    broken["summary"]["by_kind"]["mesh"] = broken["summary"]["by_kind"]["burst"].clone();
+    assert!(!validator.is_valid(&broken), "by_kind keys are probe kinds");
+    assert!(value["summary"]["by_kind"]["recreate"]["total"] == 1);
     let back: GateReport = serde_json::from_value(value).expect("round trip");
     assert_eq!(back, report);
     let by: BTreeMap<_, _> = back.summary.by_result.into_iter().collect();

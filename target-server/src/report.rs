@@ -375,6 +375,53 @@ pub struct ProbeRecord {
     pub suspects: Vec<Suspect>,
     /// The source's own report as read from its termination message, if any.
     pub source_report: Option<SourceReport>,
+    /// First-attempt failures: when the source succeeded at some point (`success`,
+    /// `slow`, `lost_after_success`), the number of its attempts sent before the first
+    /// success that failed (new pods whose first connections fail, then work; issue 5).
+    /// 0 when no success was seen. Added after schema 1 was first published (defaults
+    /// to 0 when absent).
+    #[serde(default)]
+    pub first_attempt_failures: u64,
+    /// API writes (creates + deletes, Events excluded) this probe made; each kind's
+    /// budget is in the prober's `probe` module docs (DESIGN §7).
+    #[serde(default)]
+    pub api_writes: u64,
+    /// `recreate` probes only: the stable-name target's previous incarnation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recreate: Option<RecreateInfo>,
+    /// `burst` probes only: the filler pods created with the target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<BurstInfo>,
+}
+
+/// What a `recreate` probe knows about the stable-name target it deleted and created
+/// again on the same node (StatefulSet style; calico#11016: a recreated pod reusing its
+/// interface name lost its route).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct RecreateInfo {
+    /// Pod IP of the previous incarnation (null if it never got one).
+    pub previous_ip: Option<String>,
+    /// UID of the previous incarnation.
+    pub previous_uid: Option<String>,
+    /// Host-side interface name of the target (`cali` + 11 hex of SHA-1 of
+    /// `namespace.pod`): the same for every incarnation.
+    pub iface: String,
+    /// True when the new pod has the same name, namespace and node as the previous
+    /// incarnation, so a Calico-like CNI gives it the same interface name.
+    pub iface_reused: bool,
+    /// Seconds (prober clock) from the delete call of the previous incarnation to the
+    /// create call of the new one (includes waiting for the watch's `DELETED`).
+    pub recreate_gap_seconds: Option<f64>,
+}
+
+/// What a `burst` probe created besides its pair.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct BurstInfo {
+    /// Filler pods requested (`--burst-size`), created on the target's node together
+    /// with the target.
+    pub fillers: u32,
+    /// Of those, how many create calls succeeded.
+    pub fillers_created: u32,
 }
 
 /// Gate verdict (DESIGN §4).
@@ -417,6 +464,26 @@ pub struct Summary {
     pub ttfp_p95: Option<f64>,
     pub ttfp_max: Option<f64>,
     pub diagnosis: Diagnosis,
+    /// Probes whose source's first attempts failed and then worked
+    /// (`ProbeRecord::first_attempt_failures` > 0). Added field (defaults to 0).
+    #[serde(default)]
+    pub first_attempt_failures: u64,
+    /// The same counts and quantiles per probe kind (`cross_node`, `same_node`, …).
+    /// Added field (defaults to empty).
+    #[serde(default)]
+    pub by_kind: BTreeMap<String, KindSummary>,
+}
+
+/// Per-kind part of the [`Summary`]: counts and nearest-rank TTFP quantiles (seconds)
+/// over that kind's conclusive probes with a TTFP.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct KindSummary {
+    pub total: u64,
+    pub by_result: BTreeMap<ProbeResult, u64>,
+    pub ttfp_p50: Option<f64>,
+    pub ttfp_p95: Option<f64>,
+    pub ttfp_max: Option<f64>,
+    pub first_attempt_failures: u64,
 }
 
 /// Per-node, per-role aggregate.
@@ -459,4 +526,10 @@ pub struct GateReport {
     pub duration_seconds: f64,
     /// Run-level errors (API unreachable, `--timeout` hit, interrupted).
     pub errors: Vec<String>,
+    /// Why the gate stopped starting (and cut short) probes of some kind before the plan
+    /// was done, once the pattern was certain (e.g. every `cross_node` pair failing
+    /// while the `same_node` control passed); those probes are `inconclusive` /
+    /// `interrupted`. Null when the whole plan ran. Added field.
+    #[serde(default)]
+    pub stopped_early: Option<String>,
 }

@@ -118,6 +118,10 @@ fn probe(id: &str, result: ProbeResult, reason: Option<Reason>) -> ProbeRecord {
             evidence: json!({"apply_mean_seconds": 1.2, "healthy_apply_mean_seconds": 0.01}),
         }],
         source_report: Some(sr),
+        first_attempt_failures: 0,
+        api_writes: 4,
+        recreate: None,
+        burst: None,
     }
 }
 
@@ -150,6 +154,8 @@ fn gate_report() -> GateReport {
             ttfp_p95: Some(6.2),
             ttfp_max: Some(6.2),
             diagnosis: Diagnosis::SlowNodes,
+            first_attempt_failures: 0,
+            by_kind: BTreeMap::new(),
         },
         nodes: vec![NodeSummary {
             node: "node-1".into(),
@@ -177,6 +183,7 @@ fn gate_report() -> GateReport {
         finished_at: "2025-10-09T12:01:00Z".into(),
         duration_seconds: 60.0,
         errors: vec![],
+        stopped_early: None,
     }
 }
 

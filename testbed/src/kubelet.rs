@@ -80,7 +80,13 @@ pub struct Kubelet {
     workers: Mutex<HashMap<String, watch::Sender<Arc<Value>>>>,
     /// `testbed node stop`: the kubelet neither starts pods nor probes while set.
     paused: watch::Sender<bool>,
+    /// UIDs whose workers have finished (bounded, oldest dropped first): events for them
+    /// still queued in the watch stream must not start a second sandbox.
+    finished: Mutex<std::collections::VecDeque<String>>,
 }
+
+/// How many finished pod UIDs a kubelet remembers.
+const FINISHED_MEMORY: usize = 4096;
 
 impl Kubelet {
     /// Builds the kubelet; call [`Kubelet::run`] on the node's runtime.
@@ -99,6 +105,7 @@ impl Kubelet {
             truth,
             workers: Mutex::new(HashMap::new()),
             paused: watch::channel(false).0,
+            finished: Mutex::new(std::collections::VecDeque::new()),
         })
     }
 
@@ -213,6 +220,21 @@ impl Kubelet {
         if deleted {
             return;
         }
+        let already_finished = self
+            .finished
+            .lock()
+            .map(|f| f.iter().any(|u| u == &uid))
+            .unwrap_or(false);
+        if already_finished || !pod["metadata"]["deletionTimestamp"].is_null() {
+            // A stale event for a pod this kubelet already finished, or a pod being
+            // deleted that never started here: nothing to run.
+            if !already_finished {
+                let ns = pod["metadata"]["namespace"].as_str().unwrap_or("default");
+                let name = pod["metadata"]["name"].as_str().unwrap_or("");
+                let _ = self.store.remove(Kind::Pod, Some(ns), name, &uid);
+            }
+            return;
+        }
         let (tx, rx) = watch::channel(pod.clone());
         workers.insert(uid.clone(), tx);
         drop(workers);
@@ -231,6 +253,12 @@ impl Kubelet {
                 rx,
             };
             worker.run().await;
+            if let Ok(mut f) = me.finished.lock() {
+                if f.len() >= FINISHED_MEMORY {
+                    f.pop_front();
+                }
+                f.push_back(uid.clone());
+            }
             if let Ok(mut w) = me.workers.lock() {
                 w.remove(&uid);
             }

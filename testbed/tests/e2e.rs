@@ -8,7 +8,6 @@
 mod common;
 
 use common::{truth_ttfp, validate, Testbed, SERIAL};
-use serde_json::Value;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 

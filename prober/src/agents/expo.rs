@@ -51,8 +51,10 @@
 //!   one sample, and a summary `quantile` or histogram `le` that is not a float.
 //! - Duplicate series (same name and labels twice) are not detected.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::sync::Arc;
 
 /// Metric type from a `# TYPE` line. Samples without one are [`MetricType::Untyped`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -161,13 +163,21 @@ fn part_of(family: &str, sample_name: &str) -> Option<Part> {
         .map(|(_, part)| *part)
 }
 
+/// A sample's labels: (name, unescaped value) pairs in page order.
+pub type Labels = Vec<(Arc<str>, Arc<str>)>;
+
 /// One sample line.
+///
+/// Strings are `Arc<str>` so that equal names, label names and label values of
+/// consecutive samples of a family share one allocation (the parser's main cost;
+/// DESIGN.md §7 asks ≥ 100 MB/s). Compare with `&*s.name == "x"` or use
+/// [`Sample::label`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sample {
     /// Full sample name as written, incl. `_sum`/`_count`/`_bucket`/`_total`/`_created`.
-    pub name: String,
+    pub name: Arc<str>,
     /// Labels in page order, values unescaped. Empty for `name value` and `name{} value`.
-    pub labels: Vec<(String, String)>,
+    pub labels: Labels,
     /// The value; may be NaN or ±infinity.
     pub value: f64,
     /// Optional timestamp, milliseconds since the Unix epoch.
@@ -179,8 +189,8 @@ impl Sample {
     pub fn label(&self, name: &str) -> Option<&str> {
         self.labels
             .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
+            .find(|(k, _)| &**k == name)
+            .map(|(_, v)| &**v)
     }
 
     /// Whether every `(name, value)` in `filter` equals this sample's label (an absent
@@ -312,21 +322,27 @@ impl Page {
         if part == Part::Base {
             return None;
         }
-        self.families
-            .get(base)
-            .filter(|f| f.kind.allows(part))
+        self.families.get(base).filter(|f| f.kind.allows(part))
     }
 
     /// Σ value of the samples named `name` whose labels match `label_filter`
     /// ([`Sample::matches`]); for an OpenMetrics counter family `name` (samples
-    /// `name_total`), the `_total` samples. `None` when no sample matched. Unit: the
-    /// metric's.
+    /// `name_total`), the `_total` samples. `None` when no sample matched, and for a
+    /// summary's quantile samples unless the filter names one `quantile` (a sum of
+    /// quantiles means nothing: use [`Family::quantiles`] or [`Family::sum_count`]).
+    /// Unit: the metric's.
     pub fn scalar(&self, name: &str, label_filter: &[(&str, &str)]) -> Option<f64> {
         let fam = self.family(name)?;
+        if fam.kind == MetricType::Summary
+            && fam.name == name
+            && !label_filter.iter().any(|(k, _)| *k == "quantile")
+        {
+            return None;
+        }
         let sum_named = |n: &str| -> Option<f64> {
             let mut acc = None::<f64>;
             for s in &fam.samples {
-                if s.name == n && s.matches(label_filter) {
+                if &*s.name == n && s.matches(label_filter) {
                     *acc.get_or_insert(0.0) += s.value;
                 }
             }
@@ -597,7 +613,7 @@ fn unescape_help(s: &str) -> String {
 
 /// Reads a quoted label value whose opening `"` is at `i - 1`; returns (value, index
 /// after the closing `"`). Escapes `\\`, `\"`, `\n`; others stay verbatim.
-fn label_value(line: &str, i: usize) -> Result<(String, usize), ParseErrorKind> {
+fn label_value(line: &str, i: usize) -> Result<(Cow<'_, str>, usize), ParseErrorKind> {
     let b = line.as_bytes();
     let mut j = i;
     let mut escaped = false;
@@ -616,7 +632,7 @@ fn label_value(line: &str, i: usize) -> Result<(String, usize), ParseErrorKind> 
     }
     let raw = &line[i..j];
     if !escaped {
-        return Ok((raw.to_owned(), j + 1));
+        return Ok((Cow::Borrowed(raw), j + 1));
     }
     let mut out = String::with_capacity(raw.len());
     let mut rest = raw;
@@ -643,14 +659,28 @@ fn label_value(line: &str, i: usize) -> Result<(String, usize), ParseErrorKind> 
         }
     }
     out.push_str(rest);
-    Ok((out, j + 1))
+    Ok((Cow::Owned(out), j + 1))
 }
 
-/// Parses `{…}` starting at the `{` at `i`; returns (labels, index after `}`).
-fn label_set(line: &str, i: usize) -> Result<(Vec<(String, String)>, usize), ParseErrorKind> {
+/// `text` as an `Arc<str>`, sharing `prev`'s allocation when equal.
+#[inline]
+fn share(text: &str, prev: Option<&Arc<str>>) -> Arc<str> {
+    match prev {
+        Some(p) if **p == *text => Arc::clone(p),
+        _ => Arc::from(text),
+    }
+}
+
+/// Parses `{…}` starting at the `{` at `i`; returns (labels, index after `}`). Label
+/// names and values equal to `prev`'s at the same position share its strings.
+fn label_set(
+    line: &str,
+    i: usize,
+    prev: &[(Arc<str>, Arc<str>)],
+) -> Result<(Labels, usize), ParseErrorKind> {
     let b = line.as_bytes();
     let found = |j: usize| line.get(j..).and_then(|s| s.chars().next());
-    let mut labels: Vec<(String, String)> = Vec::new();
+    let mut labels: Labels = Vec::with_capacity(prev.len().max(2));
     let mut j = i + 1;
     loop {
         j = skip_blanks(b, j);
@@ -692,7 +722,8 @@ fn label_set(line: &str, i: usize) -> Result<(Vec<(String, String)>, usize), Par
             });
         }
         let (value, next) = label_value(line, j + 1)?;
-        labels.push((name.to_owned(), value));
+        let p = prev.get(labels.len());
+        labels.push((share(name, p.map(|p| &p.0)), share(&value, p.map(|p| &p.1))));
         j = skip_blanks(b, next);
         match b.get(j) {
             Some(b',') => j += 1,
@@ -712,18 +743,18 @@ fn label_set(line: &str, i: usize) -> Result<(Vec<(String, String)>, usize), Par
     Ok((labels, j))
 }
 
-fn check_duplicate_labels(labels: &[(String, String)]) -> Result<(), ParseErrorKind> {
+fn check_duplicate_labels(labels: &[(Arc<str>, Arc<str>)]) -> Result<(), ParseErrorKind> {
     if labels.len() <= 16 {
         for (n, (a, _)) in labels.iter().enumerate() {
             if labels[..n].iter().any(|(b, _)| a == b) {
-                return Err(ParseErrorKind::DuplicateLabel(a.clone()));
+                return Err(ParseErrorKind::DuplicateLabel(a.to_string()));
             }
         }
     } else {
         let mut seen = std::collections::HashSet::with_capacity(labels.len());
         for (a, _) in labels {
-            if !seen.insert(a.as_str()) {
-                return Err(ParseErrorKind::DuplicateLabel(a.clone()));
+            if !seen.insert(&**a) {
+                return Err(ParseErrorKind::DuplicateLabel(a.to_string()));
             }
         }
     }
@@ -838,20 +869,26 @@ impl Parser {
         let b = line.as_bytes();
         let name_end = metric_name(line, i, b"{")?;
         let name = &line[i..name_end];
+        // The family first, so that this sample can share strings with the previous one.
+        let (idx, part) = self.resolve(name)?;
+        self.current = Some(idx);
+        let fam = &mut self.families[idx].family;
+        let prev = fam.samples.last();
         let mut j = skip_blanks(b, name_end);
         let mut labels = Vec::new();
         if j < b.len() && b[j] == b'{' {
-            let (l, next) = label_set(line, j)?;
+            let (l, next) = label_set(line, j, prev.map_or(&[][..], |p| &p.labels[..]))?;
             labels = l;
             j = skip_blanks(b, next);
         }
+        let name = share(name, prev.map(|p| &p.name));
         let value_end = token_end(b, j);
         if value_end == j {
             return Err(ParseErrorKind::MissingValue);
         }
         let value_text = &line[j..value_end];
-        let value =
-            parse_float(value_text).ok_or_else(|| ParseErrorKind::BadValue(value_text.to_owned()))?;
+        let value = parse_float(value_text)
+            .ok_or_else(|| ParseErrorKind::BadValue(value_text.to_owned()))?;
         j = skip_blanks(b, value_end);
         let mut timestamp_ms = None;
         if j < b.len() && b[j] != b'#' {
@@ -869,13 +906,10 @@ impl Parser {
         }
         // Anything left starts with '#': an OpenMetrics exemplar, ignored.
 
-        let (idx, part) = self.resolve(name)?;
-        self.current = Some(idx);
-        let fam = &mut self.families[idx].family;
         let check = |label: &str| {
             labels
                 .iter()
-                .find(|(k, _)| k == label)
+                .find(|(k, _)| &**k == label)
                 .and_then(|(_, v)| parse_float(v))
                 .is_some()
         };
@@ -889,7 +923,7 @@ impl Parser {
             _ => {}
         }
         fam.samples.push(Sample {
-            name: name.to_owned(),
+            name,
             labels,
             value,
             timestamp_ms,
@@ -1012,7 +1046,10 @@ mod tests {
     fn untyped_samples_group_by_suffix() {
         let page = parse("x_sum 3\nx_count 2\ny_total 5\n").expect("valid page");
         assert_eq!(page.families.len(), 2);
-        assert_eq!(page.family("x").and_then(|f| f.sum_count(&[])), Some((3.0, 2.0)));
+        assert_eq!(
+            page.family("x").and_then(|f| f.sum_count(&[])),
+            Some((3.0, 2.0))
+        );
         assert_eq!(page.scalar("y_total", &[]), Some(5.0));
         assert_eq!(page.scalar("x_sum", &[]), Some(3.0));
     }
@@ -1027,7 +1064,16 @@ mod tests {
 
     #[test]
     fn format_value_reads_back() {
-        for v in [0.0, -0.0, 1.0, 1e-300, 1.5e300, 0.1, 123456789.125, f64::MIN_POSITIVE] {
+        for v in [
+            0.0,
+            -0.0,
+            1.0,
+            1e-300,
+            1.5e300,
+            0.1,
+            123456789.125,
+            f64::MIN_POSITIVE,
+        ] {
             let text = format_value(v);
             assert_eq!(parse_float(&text), Some(v), "{text}");
         }

@@ -1,0 +1,699 @@
+//! Per-probe correlation of node-agent metrics (DESIGN.md §3): which node's agent
+//! explains a slow or failed probe, with numbers.
+//!
+//! Pure: takes a [`History`] of scrapes (rings of [`Observation`]s per node and
+//! profile) and a [`ProbeWindow`], returns [`Suspect`]s; no I/O, no clock (times are
+//! `f64` seconds on one monotonic clock chosen by the caller — the [`AgentWatcher`]'s).
+//!
+//! # Method
+//! For each node of the probe (source, target) and each agent profile on it:
+//! 1. The window's two readings: the last good reading at or before `start`
+//!    (`before`) and the first at or after `end` (`after`); missing sides fall back to
+//!    the nearest good reading inside the window. `window_seconds` = `after.at −
+//!    before.at`.
+//! 2. **Reset** first: a different pod UID, a higher `restartCount`, a moved
+//!    `process_start_time_seconds`, or any cumulative value going down between the two
+//!    → `agent_restarted` and *no* rate for this window (never a negative rate;
+//!    DESIGN §3 "any decrease is a reset and a signal").
+//! 3. **Apply time**: Δ`_sum`/Δ`_count` of the apply-time summary or histogram over the
+//!    window = the mean apply in the window (client_golang summary quantiles cover a
+//!    sliding 10-minute window, so they are quoted as context only). Compared with
+//!    (a) the node's own recent history (Δ over the readings before the window, within
+//!    [`Params::lookback_seconds`]) and (b) the **healthiest half of the other nodes**:
+//!    each other node's recent mean (or, lacking a Δ, its lifetime `_sum/_count`), sorted
+//!    ascending, the first ⌈k/2⌉ kept, their median — a plain median is wrong when half
+//!    the nodes are slow. Flagged `dataplane_apply_slow` when above the absolute floor
+//!    **and** [`Params::ratio`]× above either baseline (a persistently slow node is
+//!    normal for itself but not for the cluster; a cluster-wide step is caught by the
+//!    nodes' own history). Without a cluster baseline (fewer than
+//!    [`Params::min_cluster_nodes`] other nodes with data), the higher no-baseline floor
+//!    alone also flags.
+//! 4. **Failures**: Δ failures ≥ [`Params::failures_min`] and rate ≥
+//!    [`Params::failures_rate_floor`], and the rate [`Params::ratio`]× above either
+//!    baseline rate (healthy agents count 0) → `dataplane_apply_failures`.
+//! 5. **Resyncs**: Δ `felix_resyncs_started` ≥ 1 in the window → `datastore_resync`
+//!    (a healthy Felix starts one resync at process start and then stays in sync: the
+//!    3.20 fixture shows `felix_resyncs_started 1`).
+//! 6. **Route resync**: Δ`_sum`/Δ`_count` of the route-table resync time, when a resync
+//!    happened in the window, against the same baselines and its own floor →
+//!    `route_resync_slow`.
+//! 7. **Readiness / reachability**: an agent reading with Ready false in the window →
+//!    `agent_not_ready`; the scrape at the end failed → its signal (`agent_unreachable`
+//!    for connect/timeout/HTTP errors, `agent_bad_metrics` for unreadable pages); a
+//!    profile present in the cluster but absent on the node, or no agent found at all
+//!    → `agent_unreachable`.
+//!
+//! [`split_findings`] puts findings under the probe's `suspects` (slow / failed) or the
+//! report's `warnings` (normal TTFP; `agent_unreachable` always), and
+//! [`merge_warnings`] keeps one warning per (node, signal).
+//!
+//! [`AgentWatcher`]: super::scrape::AgentWatcher
+
+use super::profiles::AgentReading;
+use serde_json::{json, Map, Value};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use target_server::report::{ProbeResult, Role, Signal, Suspect};
+
+/// Thresholds of the correlation. Every number is documented with its reason.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Params {
+    /// Mean apply time (seconds) below which nothing is flagged, whatever the ratios:
+    /// 0.25 s is > 10× the p99 (20 ms) and ~70× the mean (3.7 ms = 9.99 s / 2705) of
+    /// the real Felix 3.20 page (`shared/fixtures/felix-3.20-1.prom`), and well under
+    /// the 1–2 s healthy TTFP of DESIGN §0, so what passes it can matter for TTFP.
+    pub apply_floor_seconds: f64,
+    /// With neither an own-history nor a cluster baseline, the floor is this (1 s: half
+    /// the upper end of a healthy TTFP, DESIGN §0).
+    pub apply_floor_no_baseline_seconds: f64,
+    /// How many times above a baseline a value must be (5×: a factor well outside the
+    /// run-to-run spread of a mean over a handful of applies, and a clear margin
+    /// against the testbed's S2, where slow nodes sit ≥ 1 s against ms).
+    pub ratio: f64,
+    /// Least failures in the window (2: Felix retries a failed apply, so one isolated
+    /// failure that was retried successfully is routine).
+    pub failures_min: f64,
+    /// Least failure rate, per second (0.1/s = one every 10 s, the order of a probe's
+    /// length; S5's faulty nodes fail 1/s).
+    pub failures_rate_floor: f64,
+    /// Least resyncs started in the window (1: see module doc, step 5).
+    pub resyncs_min: f64,
+    /// Route-table resync mean floor, seconds (1 s: Felix's route refresh runs every
+    /// 90 s by default, `RouteRefreshInterval`; the 3.20 fixture's mean list time is
+    /// 0.66 ms; a resync longer than 1 s holds up route programming noticeably).
+    pub route_floor_seconds: f64,
+    /// How far back own history and cluster readings reach, seconds (600 s: the
+    /// client_golang summary window, `DefMaxAge`).
+    pub lookback_seconds: f64,
+    /// Other nodes needed for a cluster baseline (2: with one, "the healthiest half" is
+    /// a single node).
+    pub min_cluster_nodes: usize,
+}
+
+impl Default for Params {
+    fn default() -> Params {
+        Params {
+            apply_floor_seconds: 0.25,
+            apply_floor_no_baseline_seconds: 1.0,
+            ratio: 5.0,
+            failures_min: 2.0,
+            failures_rate_floor: 0.1,
+            resyncs_min: 1.0,
+            route_floor_seconds: 1.0,
+            lookback_seconds: 600.0,
+            min_cluster_nodes: 2,
+        }
+    }
+}
+
+/// Why a scrape gave no reading.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScrapeFailure {
+    /// `AgentUnreachable` or `AgentBadMetrics`.
+    pub signal: Signal,
+    /// Short static reason (`connect`, `timeout`, `http_status`, `too_large`, `parse`,
+    /// `no_signal_metrics`, `no_port`, …), also a metric label.
+    pub reason: &'static str,
+    /// Human detail (URL, error text).
+    pub message: String,
+}
+
+/// One scrape of one agent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Observation {
+    /// When the answer arrived, seconds on the caller's monotonic clock.
+    pub at: f64,
+    /// Profile name.
+    pub profile: String,
+    /// Node name.
+    pub node: String,
+    /// Agent pod name.
+    pub pod: String,
+    /// Agent pod UID.
+    pub uid: String,
+    /// Σ restartCount of the agent pod's containers.
+    pub restart_count: u32,
+    /// The agent pod's Ready condition.
+    pub ready: bool,
+    /// The reading, or why there is none.
+    pub outcome: Result<AgentReading, ScrapeFailure>,
+}
+
+/// How long after the window's end an observation still counts as the window's end
+/// scrape, seconds (the end scrape is answered within the scrape timeout, ≤ 10 s).
+pub const END_SLACK_SECONDS: f64 = 10.0;
+
+/// Default ring length per (node, profile): 32 readings (≈ 2.5 min at the 5 s hot
+/// interval; more for idle nodes swept rarely).
+pub const DEFAULT_RING: usize = 32;
+
+/// Short rings of observations per (node, profile).
+#[derive(Debug, Clone)]
+pub struct History {
+    rings: BTreeMap<(String, String), VecDeque<Observation>>,
+    capacity: usize,
+}
+
+impl Default for History {
+    fn default() -> History {
+        History::new(DEFAULT_RING)
+    }
+}
+
+impl History {
+    /// Empty history keeping `capacity` (≥ 2) observations per (node, profile).
+    pub fn new(capacity: usize) -> History {
+        History {
+            rings: BTreeMap::new(),
+            capacity: capacity.max(2),
+        }
+    }
+
+    /// Appends an observation (kept in time order; the oldest is dropped when full).
+    pub fn push(&mut self, obs: Observation) {
+        let ring = self
+            .rings
+            .entry((obs.node.clone(), obs.profile.clone()))
+            .or_default();
+        let pos = ring
+            .iter()
+            .rposition(|o| o.at <= obs.at)
+            .map_or(0, |p| p + 1);
+        ring.insert(pos, obs);
+        while ring.len() > self.capacity {
+            ring.pop_front();
+        }
+    }
+
+    /// The ring of (node, profile), oldest first.
+    pub fn ring(&self, node: &str, profile: &str) -> Option<&VecDeque<Observation>> {
+        self.rings.get(&(node.to_owned(), profile.to_owned()))
+    }
+
+    /// Profiles observed on `node`.
+    pub fn profiles_on(&self, node: &str) -> Vec<String> {
+        self.rings
+            .keys()
+            .filter(|(n, _)| n == node)
+            .map(|(_, p)| p.clone())
+            .collect()
+    }
+
+    /// Nodes with a ring for `profile`.
+    pub fn nodes_with(&self, profile: &str) -> Vec<String> {
+        self.rings
+            .keys()
+            .filter(|(_, p)| p == profile)
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    /// Last observation time of `node` (any profile).
+    pub fn last_at(&self, node: &str) -> Option<f64> {
+        self.rings
+            .iter()
+            .filter(|((n, _), _)| n == node)
+            .filter_map(|(_, r)| r.back().map(|o| o.at))
+            .reduce(f64::max)
+    }
+}
+
+/// The probe's time window and nodes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProbeWindow {
+    /// Window start (before the target pod was created), seconds on the history clock.
+    pub start: f64,
+    /// Window end (after the source finished), same clock.
+    pub end: f64,
+    /// Source node.
+    pub source_node: String,
+    /// Target node.
+    pub target_node: String,
+}
+
+/// What the cluster looks like to the correlation besides the history.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ClusterView {
+    /// Profiles with at least one agent pod anywhere (discovery).
+    pub present_profiles: Vec<String>,
+    /// Every profile searched (for the evidence of "no agent at all").
+    pub searched_profiles: Vec<String>,
+    /// Profiles whose agent pod exists on each node (discovery), by node.
+    pub agents_on_node: BTreeMap<String, Vec<String>>,
+}
+
+fn good(o: &Observation) -> Option<&AgentReading> {
+    o.outcome.as_ref().ok()
+}
+
+/// Same incarnation: same pod UID, restart count and process start.
+fn same_incarnation(a: &Observation, b: &Observation) -> bool {
+    let (Some(ra), Some(rb)) = (good(a), good(b)) else {
+        return false;
+    };
+    a.uid == b.uid
+        && a.restart_count == b.restart_count
+        && match (ra.process_start, rb.process_start) {
+            (Some(x), Some(y)) => (x - y).abs() < 0.5,
+            _ => true,
+        }
+}
+
+/// Whether any cumulative value went down from `a` to `b`.
+fn decreased(a: &AgentReading, b: &AgentReading) -> Option<(&'static str, f64, f64)> {
+    let pairs = [
+        (
+            "apply_count",
+            a.apply.map(|s| s.count),
+            b.apply.map(|s| s.count),
+        ),
+        ("apply_sum", a.apply.map(|s| s.sum), b.apply.map(|s| s.sum)),
+        ("failures", a.failures, b.failures),
+        ("resyncs", a.resyncs, b.resyncs),
+        (
+            "route_resync_count",
+            a.route_resync.map(|s| s.count),
+            b.route_resync.map(|s| s.count),
+        ),
+    ];
+    pairs.into_iter().find_map(|(name, x, y)| match (x, y) {
+        (Some(x), Some(y)) if y < x => Some((name, x, y)),
+        _ => None,
+    })
+}
+
+/// Mean of a cumulative (sum, count) pair between two readings: `None` unless Δcount > 0
+/// and both deltas are non-negative.
+fn delta_mean(
+    a: &AgentReading,
+    b: &AgentReading,
+    pick: fn(&AgentReading) -> Option<super::profiles::SumCount>,
+) -> Option<(f64, f64)> {
+    let (x, y) = (pick(a)?, pick(b)?);
+    let dc = y.count - x.count;
+    let ds = y.sum - x.sum;
+    (dc > 0.0 && ds >= 0.0 && ds.is_finite()).then(|| (ds / dc, dc))
+}
+
+fn apply_of(r: &AgentReading) -> Option<super::profiles::SumCount> {
+    r.apply
+}
+fn route_of(r: &AgentReading) -> Option<super::profiles::SumCount> {
+    r.route_resync
+}
+
+/// Good readings of `ring` of the incarnation of `last`, with `from ≤ at ≤ to`.
+fn span<'a>(
+    ring: &'a VecDeque<Observation>,
+    last: &Observation,
+    from: f64,
+    to: f64,
+) -> Vec<&'a Observation> {
+    ring.iter()
+        .filter(|o| o.at >= from && o.at <= to && same_incarnation(o, last))
+        .collect()
+}
+
+/// The node's own history before `before`: (mean of pick, failure rate), over the
+/// readings of the same incarnation within the lookback.
+fn own_history(
+    ring: &VecDeque<Observation>,
+    before: &Observation,
+    params: &Params,
+) -> (Option<f64>, Option<f64>, Option<f64>) {
+    let s = span(ring, before, before.at - params.lookback_seconds, before.at);
+    let (Some(first), Some(last)) = (s.first(), s.last()) else {
+        return (None, None, None);
+    };
+    let (Some(a), Some(b)) = (good(first), good(last)) else {
+        return (None, None, None);
+    };
+    let dt = last.at - first.at;
+    let apply = delta_mean(a, b, apply_of).map(|(m, _)| m);
+    let route = delta_mean(a, b, route_of).map(|(m, _)| m);
+    let rate = match (a.failures, b.failures) {
+        (Some(x), Some(y)) if dt > 0.0 && y >= x => Some((y - x) / dt),
+        _ => None,
+    };
+    (apply, route, rate)
+}
+
+/// Per other node's recent (apply mean, route mean, failure rate) up to `end`.
+fn cluster_values(
+    history: &History,
+    profile: &str,
+    exclude: &str,
+    end: f64,
+    params: &Params,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let (mut applies, mut routes, mut rates) = (Vec::new(), Vec::new(), Vec::new());
+    for node in history.nodes_with(profile) {
+        if node == exclude {
+            continue;
+        }
+        let Some(ring) = history.ring(&node, profile) else {
+            continue;
+        };
+        let Some(last) = ring.iter().rev().find(|o| o.at <= end && good(o).is_some()) else {
+            continue;
+        };
+        let s = span(ring, last, end - params.lookback_seconds, end);
+        let (Some(first), Some(lr)) = (s.first().and_then(|o| good(o)), good(last)) else {
+            continue;
+        };
+        let lifetime = |sc: Option<super::profiles::SumCount>| {
+            sc.filter(|s| s.count > 0.0 && s.sum.is_finite())
+                .map(|s| s.sum / s.count)
+        };
+        if let Some(m) = delta_mean(first, lr, apply_of)
+            .map(|(m, _)| m)
+            .or_else(|| lifetime(lr.apply))
+        {
+            applies.push(m);
+        }
+        if let Some(m) = delta_mean(first, lr, route_of)
+            .map(|(m, _)| m)
+            .or_else(|| lifetime(lr.route_resync))
+        {
+            routes.push(m);
+        }
+        let dt = last.at - s.first().map_or(last.at, |o| o.at);
+        if let (Some(x), Some(y)) = (first.failures, lr.failures) {
+            if dt > 0.0 && y >= x {
+                rates.push((y - x) / dt);
+            }
+        }
+    }
+    (applies, routes, rates)
+}
+
+/// Median of the healthiest (lowest) ⌈k/2⌉ of `values`; `None` with fewer than
+/// `min` values.
+pub fn healthy_half_median(values: &[f64], min: usize) -> Option<f64> {
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.len() < min.max(1) {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let half = &v[..v.len().div_ceil(2)];
+    let n = half.len();
+    Some(if n % 2 == 1 {
+        half[n / 2]
+    } else {
+        (half[n / 2 - 1] + half[n / 2]) / 2.0
+    })
+}
+
+/// Rounds for evidence (6 significant digits keeps JSON short and stable).
+fn r(x: f64) -> Value {
+    if !x.is_finite() {
+        return Value::Null;
+    }
+    let s = format!("{x:.6e}");
+    s.parse::<f64>().map_or(Value::Null, |v| json!(v))
+}
+
+fn opt(x: Option<f64>) -> Value {
+    x.map_or(Value::Null, r)
+}
+
+fn suspect(node: &str, role: Role, signal: Signal, evidence: Map<String, Value>) -> Suspect {
+    Suspect {
+        node: node.to_owned(),
+        role,
+        signal,
+        evidence: Value::Object(evidence),
+    }
+}
+
+/// Whether `value` is flagged against the baselines (module doc, step 3).
+fn flagged(value: f64, floor: f64, own: Option<f64>, cluster: Option<f64>, p: &Params) -> bool {
+    let above = |b: Option<f64>| b.is_some_and(|b| value >= p.ratio * b);
+    // Without a cluster baseline, a node slow all along is normal for its own history:
+    // the no-baseline floor still catches it.
+    let no_baseline = cluster.is_none() && value >= floor.max(p.apply_floor_no_baseline_seconds);
+    value >= floor && (above(own) || above(cluster) || no_baseline)
+}
+
+/// Findings for one node in one role (see the module doc).
+fn node_findings(
+    history: &History,
+    cluster: &ClusterView,
+    window: &ProbeWindow,
+    node: &str,
+    role: Role,
+    params: &Params,
+) -> Vec<Suspect> {
+    let mut out = Vec::new();
+    let on_node = cluster
+        .agents_on_node
+        .get(node)
+        .cloned()
+        .unwrap_or_default();
+    let mut profiles: BTreeSet<String> = history.profiles_on(node).into_iter().collect();
+    profiles.extend(on_node.iter().cloned());
+    if profiles.is_empty() {
+        let mut e = Map::new();
+        if cluster.present_profiles.is_empty() {
+            e.insert("reason".into(), json!("no_agent_pods_in_cluster"));
+            e.insert("profiles_searched".into(), json!(cluster.searched_profiles));
+        } else {
+            e.insert("reason".into(), json!("no_agent_pod_on_node"));
+            e.insert("profiles_expected".into(), json!(cluster.present_profiles));
+        }
+        out.push(suspect(node, role, Signal::AgentUnreachable, e));
+        return out;
+    }
+    for profile in &cluster.present_profiles {
+        if !profiles.contains(profile) {
+            let mut e = Map::new();
+            e.insert("reason".into(), json!("no_agent_pod_on_node"));
+            e.insert("profile".into(), json!(profile));
+            out.push(suspect(node, role, Signal::AgentUnreachable, e));
+        }
+    }
+    for profile in &profiles {
+        let Some(ring) = history.ring(node, profile) else {
+            continue;
+        };
+        let base = |e: &mut Map<String, Value>, o: &Observation| {
+            e.insert("profile".into(), json!(profile));
+            e.insert("agent_pod".into(), json!(o.pod));
+        };
+        // Reachability at the end of the window: the latest observation.
+        if let Some(last) = ring.back().filter(|o| o.at >= window.start) {
+            if let Err(f) = &last.outcome {
+                let mut e = Map::new();
+                base(&mut e, last);
+                e.insert("reason".into(), json!(f.reason));
+                e.insert("message".into(), json!(f.message));
+                out.push(suspect(node, role, f.signal, e));
+            }
+        }
+        // Readiness inside the window.
+        if let Some(nr) = ring
+            .iter()
+            .find(|o| o.at >= window.start && o.at <= window.end + END_SLACK_SECONDS && !o.ready)
+        {
+            let mut e = Map::new();
+            base(&mut e, nr);
+            e.insert("ready".into(), json!(false));
+            e.insert("seconds_into_window".into(), r(nr.at - window.start));
+            out.push(suspect(node, role, Signal::AgentNotReady, e));
+        }
+        // The window's two good readings.
+        let before = ring
+            .iter()
+            .rev()
+            .find(|o| o.at <= window.start && good(o).is_some())
+            .or_else(|| {
+                ring.iter()
+                    .find(|o| o.at > window.start && o.at < window.end && good(o).is_some())
+            });
+        let Some(before) = before else { continue };
+        let after = ring
+            .iter()
+            .find(|o| o.at >= window.end && good(o).is_some())
+            .or_else(|| {
+                ring.iter()
+                    .rev()
+                    .find(|o| o.at > before.at && o.at < window.end && good(o).is_some())
+            });
+        let Some(after) = after.filter(|a| a.at > before.at) else {
+            continue;
+        };
+        let (Some(rb), Some(ra)) = (good(before), good(after)) else {
+            continue;
+        };
+        let dt = after.at - before.at;
+        // Reset: any sign of a new process → agent_restarted, no rates.
+        let dec = decreased(rb, ra);
+        if !same_incarnation(before, after) || dec.is_some() {
+            let mut e = Map::new();
+            base(&mut e, after);
+            e.insert("window_seconds".into(), r(dt));
+            if before.uid != after.uid {
+                e.insert("pod_uid_changed".into(), json!(true));
+            }
+            e.insert("restart_count_before".into(), json!(before.restart_count));
+            e.insert("restart_count_after".into(), json!(after.restart_count));
+            e.insert("process_start_before".into(), opt(rb.process_start));
+            e.insert("process_start_after".into(), opt(ra.process_start));
+            if let Some((name, x, y)) = dec {
+                e.insert("counter_decreased".into(), json!(name));
+                e.insert("value_before".into(), r(x));
+                e.insert("value_after".into(), r(y));
+            }
+            out.push(suspect(node, role, Signal::AgentRestarted, e));
+            continue;
+        }
+        let (own_apply, own_route, own_rate) = own_history(ring, before, params);
+        let (c_apply, c_route, c_rate) = cluster_values(history, profile, node, window.end, params);
+        let hh_apply = healthy_half_median(&c_apply, params.min_cluster_nodes);
+        let hh_route = healthy_half_median(&c_route, params.min_cluster_nodes);
+        let hh_rate = healthy_half_median(&c_rate, params.min_cluster_nodes);
+        // Apply time.
+        if let Some((mean, dc)) = delta_mean(rb, ra, apply_of) {
+            if flagged(
+                mean,
+                params.apply_floor_seconds,
+                own_apply,
+                hh_apply,
+                params,
+            ) {
+                let mut e = Map::new();
+                base(&mut e, after);
+                e.insert("apply_mean_seconds".into(), r(mean));
+                e.insert("applies_in_window".into(), r(dc));
+                e.insert("window_seconds".into(), r(dt));
+                e.insert("healthy_half_apply_mean_seconds".into(), opt(hh_apply));
+                e.insert("cluster_nodes_compared".into(), json!(c_apply.len()));
+                e.insert("own_history_apply_mean_seconds".into(), opt(own_apply));
+                e.insert("apply_p99_seconds_10m".into(), opt(ra.apply_p99_seconds));
+                e.insert("floor_seconds".into(), r(params.apply_floor_seconds));
+                out.push(suspect(node, role, Signal::DataplaneApplySlow, e));
+            }
+        }
+        // Failures.
+        if let (Some(x), Some(y)) = (rb.failures, ra.failures) {
+            let df = y - x;
+            let rate = if dt > 0.0 { df / dt } else { 0.0 };
+            let above = |b: Option<f64>| b.is_some_and(|b| rate > params.ratio * b);
+            if df >= params.failures_min
+                && rate >= params.failures_rate_floor
+                && (above(own_rate) || above(hh_rate) || (own_rate.is_none() && hh_rate.is_none()))
+            {
+                let mut e = Map::new();
+                base(&mut e, after);
+                e.insert("failures_in_window".into(), r(df));
+                e.insert("failures_per_second".into(), r(rate));
+                e.insert("window_seconds".into(), r(dt));
+                e.insert("healthy_half_failures_per_second".into(), opt(hh_rate));
+                e.insert("own_history_failures_per_second".into(), opt(own_rate));
+                out.push(suspect(node, role, Signal::DataplaneApplyFailures, e));
+            }
+        }
+        // Resyncs.
+        if let (Some(x), Some(y)) = (rb.resyncs, ra.resyncs) {
+            if y - x >= params.resyncs_min {
+                let mut e = Map::new();
+                base(&mut e, after);
+                e.insert("resyncs_in_window".into(), r(y - x));
+                e.insert("window_seconds".into(), r(dt));
+                e.insert("resyncs_total".into(), r(y));
+                out.push(suspect(node, role, Signal::DatastoreResync, e));
+            }
+        }
+        // Route-table resync.
+        if let Some((mean, dc)) = delta_mean(rb, ra, route_of) {
+            if flagged(
+                mean,
+                params.route_floor_seconds,
+                own_route,
+                hh_route,
+                params,
+            ) {
+                let mut e = Map::new();
+                base(&mut e, after);
+                e.insert("route_resync_mean_seconds".into(), r(mean));
+                e.insert("route_resyncs_in_window".into(), r(dc));
+                e.insert("window_seconds".into(), r(dt));
+                e.insert(
+                    "healthy_half_route_resync_mean_seconds".into(),
+                    opt(hh_route),
+                );
+                e.insert(
+                    "own_history_route_resync_mean_seconds".into(),
+                    opt(own_route),
+                );
+                out.push(suspect(node, role, Signal::RouteResyncSlow, e));
+            }
+        }
+    }
+    out
+}
+
+/// Every finding for the probe's source and target nodes (one evaluation per node when
+/// both are the same node, under role `source`). Pure.
+pub fn correlate(
+    history: &History,
+    cluster: &ClusterView,
+    window: &ProbeWindow,
+    params: &Params,
+) -> Vec<Suspect> {
+    let mut out = node_findings(
+        history,
+        cluster,
+        window,
+        &window.source_node,
+        Role::Source,
+        params,
+    );
+    if window.target_node != window.source_node {
+        out.extend(node_findings(
+            history,
+            cluster,
+            window,
+            &window.target_node,
+            Role::Target,
+            params,
+        ));
+    }
+    out
+}
+
+/// Splits findings into (`ProbeRecord.suspects`, `GateReport.warnings` candidates) by
+/// the probe's result: on `slow` / `failed` probes every finding but `agent_unreachable`
+/// is a suspect; on `success` and `inconclusive` all are warnings (DESIGN §3: agent
+/// trouble with normal TTFP is never a failure). `agent_unreachable` is always a warning
+/// (it explains nothing, it says we could not look).
+pub fn split_findings(findings: Vec<Suspect>, result: ProbeResult) -> (Vec<Suspect>, Vec<Suspect>) {
+    let blame = matches!(result, ProbeResult::Slow | ProbeResult::Failed);
+    findings
+        .into_iter()
+        .partition(|s| blame && s.signal != Signal::AgentUnreachable)
+}
+
+/// Adds `new` warnings to `into`, keeping one per (node, signal): the first seen keeps
+/// its evidence and gains `"seen_in_probes": n`.
+pub fn merge_warnings(into: &mut Vec<Suspect>, new: Vec<Suspect>) {
+    for w in new {
+        match into
+            .iter_mut()
+            .find(|x| x.node == w.node && x.signal == w.signal)
+        {
+            Some(existing) => {
+                if let Value::Object(m) = &mut existing.evidence {
+                    let n = m.get("seen_in_probes").and_then(Value::as_u64).unwrap_or(1);
+                    m.insert("seen_in_probes".into(), json!(n + 1));
+                }
+            }
+            None => {
+                let mut w = w;
+                if let Value::Object(m) = &mut w.evidence {
+                    m.insert("seen_in_probes".into(), json!(1));
+                }
+                into.push(w);
+            }
+        }
+    }
+}

@@ -1,0 +1,325 @@
+//! Discovery of node-agent pods (DESIGN.md §3): which agent of which [`Profile`] runs
+//! on which Node, where its `/metrics` is, and whether it is Ready.
+//!
+//! Pure half: [`target_from_pod`] turns a Pod into an [`AgentTarget`]; [`AgentIndex`]
+//! keeps them by pod UID and answers per node. I/O half: [`watch_agents`] runs one
+//! kube-rs watcher per (profile, namespace) with the profile's label selector and feeds
+//! the index (watches scale with profiles, not nodes).
+
+use super::profiles::{parse_selector, selector_matches, PortRule, Profile};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock};
+
+/// One discovered agent pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentTarget {
+    /// Profile name (`calico-felix`, …).
+    pub profile: String,
+    /// `spec.nodeName`.
+    pub node: String,
+    /// Pod namespace.
+    pub namespace: String,
+    /// Pod name.
+    pub pod: String,
+    /// Pod UID (counters are keyed by UID + restart count: a new UID is a new process).
+    pub uid: String,
+    /// Σ `restartCount` over the pod's containers.
+    pub restart_count: u32,
+    /// `status.hostIP` (the Node's address; agents run with hostNetwork).
+    pub host_ip: Option<String>,
+    /// Metrics port from the profile's rules; `None` when no rule resolved.
+    pub port: Option<u16>,
+    /// The pod's `Ready` condition is `True`.
+    pub ready: bool,
+}
+
+/// Resolves the metrics port of `pod` by `profile.port`'s rules, in order. Env values and
+/// annotations must be plain decimal port numbers (`valueFrom` is not followed).
+pub fn resolve_port(profile: &Profile, pod: &Pod) -> Option<u16> {
+    let containers = pod
+        .spec
+        .as_ref()
+        .map(|s| s.containers.as_slice())
+        .unwrap_or(&[]);
+    profile.port.iter().find_map(|rule| match rule {
+        PortRule::Env(name) => containers.iter().find_map(|c| {
+            c.env
+                .as_ref()?
+                .iter()
+                .find(|e| &e.name == name)?
+                .value
+                .as_deref()?
+                .trim()
+                .parse::<u16>()
+                .ok()
+        }),
+        PortRule::Annotation(key) => pod
+            .metadata
+            .annotations
+            .as_ref()?
+            .get(key)?
+            .trim()
+            .parse::<u16>()
+            .ok(),
+        PortRule::ContainerPortName(name) => containers.iter().find_map(|c| {
+            let p = c
+                .ports
+                .as_ref()?
+                .iter()
+                .find(|p| p.name.as_deref() == Some(name.as_str()))?;
+            u16::try_from(p.container_port).ok()
+        }),
+        PortRule::Number(n) => Some(*n),
+    })
+}
+
+/// The [`AgentTarget`] for `pod` under `profile`, or `None` when the pod does not match
+/// the profile's selector, has no UID or is not bound to a node yet.
+pub fn target_from_pod(profile: &Profile, pod: &Pod) -> Option<AgentTarget> {
+    let empty = BTreeMap::new();
+    let labels = pod.metadata.labels.as_ref().unwrap_or(&empty);
+    let terms = parse_selector(&profile.selector).ok()?;
+    if !selector_matches(&terms, labels) {
+        return None;
+    }
+    let node = pod.spec.as_ref()?.node_name.clone()?;
+    let status = pod.status.as_ref();
+    let restart_count = status
+        .and_then(|s| s.container_statuses.as_ref())
+        .map(|cs| cs.iter().map(|c| c.restart_count.max(0) as u32).sum())
+        .unwrap_or(0);
+    let ready = status
+        .and_then(|s| s.conditions.as_ref())
+        .map(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        .unwrap_or(false);
+    Some(AgentTarget {
+        profile: profile.name.clone(),
+        node,
+        namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+        pod: pod.metadata.name.clone().unwrap_or_default(),
+        uid: pod.metadata.uid.clone()?,
+        restart_count,
+        host_ip: status.and_then(|s| s.host_ip.clone()),
+        port: resolve_port(profile, pod),
+        ready,
+    })
+}
+
+/// Discovered agents by pod UID, with per-node lookups. Pure.
+#[derive(Debug, Clone, Default)]
+pub struct AgentIndex {
+    by_uid: HashMap<String, AgentTarget>,
+    /// Profiles whose initial list is done.
+    synced: HashMap<(String, String), bool>,
+}
+
+impl AgentIndex {
+    /// Adds or replaces an agent.
+    pub fn apply(&mut self, t: AgentTarget) {
+        self.by_uid.insert(t.uid.clone(), t);
+    }
+
+    /// Removes the agent with this UID.
+    pub fn delete(&mut self, uid: &str) {
+        self.by_uid.remove(uid);
+    }
+
+    /// Replaces every agent of `profile` in `namespace` by `targets` (a watch re-list).
+    pub fn replace(&mut self, profile: &str, namespace: &str, targets: Vec<AgentTarget>) {
+        self.by_uid
+            .retain(|_, t| !(t.profile == profile && t.namespace == namespace));
+        for t in targets {
+            self.apply(t);
+        }
+        self.synced
+            .insert((profile.to_owned(), namespace.to_owned()), true);
+    }
+
+    /// Agents on `node`, sorted by profile then pod name.
+    pub fn on_node(&self, node: &str) -> Vec<AgentTarget> {
+        let mut v: Vec<AgentTarget> = self
+            .by_uid
+            .values()
+            .filter(|t| t.node == node)
+            .cloned()
+            .collect();
+        v.sort_by(|a, b| (&a.profile, &a.pod).cmp(&(&b.profile, &b.pod)));
+        v
+    }
+
+    /// Profiles with at least one agent anywhere in the cluster (a profile with none is
+    /// not that cluster's CNI: its absence on a node is no signal).
+    pub fn present_profiles(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.by_uid.values().map(|t| t.profile.clone()).collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    /// Every node with an agent.
+    pub fn nodes(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.by_uid.values().map(|t| t.node.clone()).collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    /// Number of (profile, namespace) watches whose initial list is done.
+    pub fn synced_watches(&self) -> usize {
+        self.synced.values().filter(|s| **s).count()
+    }
+
+    /// All agents.
+    pub fn all(&self) -> Vec<AgentTarget> {
+        self.by_uid.values().cloned().collect()
+    }
+}
+
+/// Shared, lock-protected index fed by [`watch_agents`].
+pub type SharedIndex = Arc<RwLock<AgentIndex>>;
+
+/// Runs one watcher per (profile, namespace) with the profile's label selector and keeps
+/// `index` current, until the returned future is dropped. Watch errors are logged and
+/// retried by kube-rs's default backoff; a namespace that does not exist simply lists
+/// nothing.
+pub async fn watch_agents(client: Client, profiles: Vec<Profile>, index: SharedIndex) {
+    let mut tasks = Vec::new();
+    for profile in profiles {
+        for ns in profile.namespaces.clone() {
+            let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+            let cfg = watcher::Config::default().labels(&profile.selector);
+            let profile = profile.clone();
+            let index = index.clone();
+            tasks.push(async move {
+                let mut stream = watcher::watcher(api, cfg).default_backoff().boxed();
+                let mut buffer: Vec<AgentTarget> = Vec::new();
+                while let Some(ev) = stream.next().await {
+                    match ev {
+                        Ok(watcher::Event::Init) => buffer.clear(),
+                        Ok(watcher::Event::InitApply(pod)) => {
+                            buffer.extend(target_from_pod(&profile, &pod));
+                        }
+                        Ok(watcher::Event::InitDone) => {
+                            if let Ok(mut idx) = index.write() {
+                                idx.replace(&profile.name, &ns, std::mem::take(&mut buffer));
+                            }
+                        }
+                        Ok(watcher::Event::Apply(pod)) => {
+                            let t = target_from_pod(&profile, &pod);
+                            if let Ok(mut idx) = index.write() {
+                                match t {
+                                    Some(t) => idx.apply(t),
+                                    None => {
+                                        if let Some(uid) = pod.metadata.uid.as_deref() {
+                                            idx.delete(uid);
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                        Ok(watcher::Event::Delete(pod)) => {
+                            if let (Some(uid), Ok(mut idx)) =
+                                (pod.metadata.uid.as_deref(), index.write())
+                            {
+                                idx.delete(uid);
+                            }
+                        }
+                        Err(e) => {
+                            tracing::debug!(profile = %profile.name, namespace = %ns,
+                                error = %e, "agent pod watch error (retrying)");
+                        }
+                    }
+                }
+            });
+        }
+    }
+    futures::future::join_all(tasks).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agents::profiles::{builtin_profiles, find, CALICO_FELIX, CILIUM_AGENT};
+
+    fn pod(json: serde_json::Value) -> Pod {
+        serde_json::from_value(json).expect("pod json")
+    }
+
+    fn calico(env_port: Option<&str>, annotation: Option<&str>) -> Pod {
+        let mut env = vec![serde_json::json!({"name": "DATASTORE_TYPE", "value": "kubernetes"})];
+        if let Some(p) = env_port {
+            env.push(serde_json::json!({"name": "FELIX_PROMETHEUSMETRICSPORT", "value": p}));
+        }
+        let mut ann = serde_json::Map::new();
+        if let Some(a) = annotation {
+            ann.insert("prometheus.io/port".into(), a.into());
+        }
+        pod(serde_json::json!({
+            "metadata": {"name": "calico-node-x", "namespace": "kube-system", "uid": "u1",
+                          "labels": {"k8s-app": "calico-node"}, "annotations": ann},
+            "spec": {"nodeName": "node-2", "hostNetwork": true,
+                     "containers": [{"name": "calico-node", "env": env}]},
+            "status": {"hostIP": "10.0.0.2",
+                       "conditions": [{"type": "Ready", "status": "True"}],
+                       "containerStatuses": [{"name": "calico-node", "restartCount": 2,
+                           "ready": true, "image": "i", "imageID": "", "state": {}}]}
+        }))
+    }
+
+    #[test]
+    fn felix_port_prefers_env_then_annotation_then_9091() {
+        let b = builtin_profiles();
+        let felix = find(&b, CALICO_FELIX).expect("felix");
+        let t = target_from_pod(felix, &calico(Some("9999"), Some("9092"))).expect("match");
+        assert_eq!(t.port, Some(9999));
+        let t = target_from_pod(felix, &calico(None, Some("9092"))).expect("match");
+        assert_eq!(t.port, Some(9092));
+        let t = target_from_pod(felix, &calico(None, None)).expect("match");
+        assert_eq!(t.port, Some(9091));
+        assert_eq!(t.node, "node-2");
+        assert_eq!(t.restart_count, 2);
+        assert_eq!(t.host_ip.as_deref(), Some("10.0.0.2"));
+        assert!(t.ready);
+    }
+
+    #[test]
+    fn pod_not_matching_the_selector_is_no_agent() {
+        let b = builtin_profiles();
+        let cilium = find(&b, CILIUM_AGENT).expect("cilium");
+        assert_eq!(target_from_pod(cilium, &calico(None, None)), None);
+    }
+
+    #[test]
+    fn cilium_port_comes_from_the_named_container_port() {
+        let b = builtin_profiles();
+        let cilium = find(&b, CILIUM_AGENT).expect("cilium");
+        let p = pod(serde_json::json!({
+            "metadata": {"name": "cilium-abc", "namespace": "kube-system", "uid": "u2",
+                          "labels": {"k8s-app": "cilium"}},
+            "spec": {"nodeName": "n1", "containers": [{"name": "cilium-agent",
+                "ports": [{"name": "health", "containerPort": 9879},
+                          {"name": "prometheus", "containerPort": 9962}]}]},
+            "status": {"conditions": [{"type": "Ready", "status": "False"}]}
+        }));
+        let t = target_from_pod(cilium, &p).expect("match");
+        assert_eq!(t.port, Some(9962));
+        assert!(!t.ready);
+    }
+
+    #[test]
+    fn index_replace_drops_agents_gone_since_the_last_list() {
+        let b = builtin_profiles();
+        let felix = find(&b, CALICO_FELIX).expect("felix");
+        let t = target_from_pod(felix, &calico(None, None)).expect("match");
+        let mut idx = AgentIndex::default();
+        idx.apply(t.clone());
+        assert_eq!(idx.on_node("node-2").len(), 1);
+        idx.replace(CALICO_FELIX, "kube-system", Vec::new());
+        assert!(idx.on_node("node-2").is_empty());
+        assert_eq!(idx.synced_watches(), 1);
+    }
+}

@@ -1,0 +1,844 @@
+//! Scraping node agents' `/metrics` (DESIGN.md §3) and the [`AgentWatcher`] that the
+//! gate / continuous mode use: discovery + scrape policy + per-probe correlation.
+//!
+//! # Paths
+//! - **direct**: `GET http://<status.hostIP>:<port><path>` (agents run with
+//!   hostNetwork), plain HTTP/1.1 over hyper — no TLS stack, so no second rustls crypto
+//!   provider (`shared/notes/pitfalls.md`).
+//! - **proxy**: `GET /api/v1/namespaces/NS/pods/NAME:PORT/proxy<path>` through the API
+//!   server with the kube [`Client`] (for a prober outside the pod network).
+//! - **auto**: direct first; on a connect error or connect timeout, the proxy, and that
+//!   (node, profile) stays on the proxy for the rest of the run. (Remembered per node
+//!   *and profile*, not per node only: a kube-proxy bound to 127.0.0.1 refuses direct
+//!   connections on a node whose Felix answers them.)
+//!
+//! Every request sends `Accept: text/plain;version=0.0.4` (DESIGN §3), runs under one
+//! timeout (connect + headers + body), reads at most the body limit, and waits for a
+//! permit of one shared semaphore (the concurrency limit).
+//!
+//! # Scrape policy (cost independent of idle nodes)
+//! - at a probe's start and end, every agent on its source and target nodes;
+//! - **hot** nodes (a probe in flight, or one ended within
+//!   [`ScrapeSettings::recent`]) again every [`ScrapeSettings::hot_interval`];
+//! - a **sweep**: every [`ScrapeSettings::sweep_tick`], the
+//!   [`ScrapeSettings::sweep_batch`] least recently scraped other nodes — a fixed
+//!   number of scrapes per tick whatever the node count.
+
+use super::correlate::{
+    correlate, split_findings, ClusterView, History, Observation, Params, ProbeWindow,
+    ScrapeFailure,
+};
+use super::discover::{watch_agents, AgentIndex, AgentTarget, SharedIndex};
+use super::expo::{self, ParseError};
+use super::profiles::{AgentReading, Profile};
+use http_body_util::BodyExt;
+use hyper::body::Bytes;
+use kube::Client;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+use target_server::report::{ProbeResult, Signal, Suspect};
+use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+
+/// The `Accept` header of every scrape (text format 0.0.4; DESIGN §3).
+pub const ACCEPT: &str = "text/plain;version=0.0.4";
+
+/// How agents are reached (`--agent-scrape`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScrapeMode {
+    /// `http://hostIP:port/metrics`.
+    Direct,
+    /// API server pod proxy.
+    Proxy,
+    /// Direct, falling back to the proxy on connect errors (remembered).
+    Auto,
+}
+
+impl From<crate::config::AgentScrape> for ScrapeMode {
+    fn from(v: crate::config::AgentScrape) -> ScrapeMode {
+        match v {
+            crate::config::AgentScrape::Direct => ScrapeMode::Direct,
+            crate::config::AgentScrape::Proxy => ScrapeMode::Proxy,
+            crate::config::AgentScrape::Auto => ScrapeMode::Auto,
+        }
+    }
+}
+
+/// Scrape limits and policy. Defaults in [`ScrapeSettings::default`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScrapeSettings {
+    /// Path choice.
+    pub mode: ScrapeMode,
+    /// Whole-request timeout (default 2 s: a healthy agent answers in milliseconds; the
+    /// scrape sits on the probe's critical path at start and end).
+    pub timeout: Duration,
+    /// Body limit, bytes (default 8 MiB: the real Felix 3.20 page is 17 KB; Felix pages
+    /// grow with endpoints and IP sets but stay far below this).
+    pub max_body_bytes: usize,
+    /// Concurrent scrapes at most (default 8).
+    pub concurrency: usize,
+    /// Re-scrape interval of hot nodes (default 5 s).
+    pub hot_interval: Duration,
+    /// How long a node stays hot after its last probe ended (default 60 s).
+    pub recent: Duration,
+    /// Sweep period (default 10 s).
+    pub sweep_tick: Duration,
+    /// Nodes per sweep (default 2; 0 turns the sweep off).
+    pub sweep_batch: usize,
+    /// Observations kept per (node, profile) (default 32).
+    pub ring: usize,
+}
+
+impl Default for ScrapeSettings {
+    fn default() -> ScrapeSettings {
+        ScrapeSettings {
+            mode: ScrapeMode::Auto,
+            timeout: Duration::from_secs(2),
+            max_body_bytes: 8 << 20,
+            concurrency: 8,
+            hot_interval: Duration::from_secs(5),
+            recent: Duration::from_secs(60),
+            sweep_tick: Duration::from_secs(10),
+            sweep_batch: 2,
+            ring: super::correlate::DEFAULT_RING,
+        }
+    }
+}
+
+/// Why a scrape gave no reading. [`ScrapeError::signal`] maps it to
+/// `agent_unreachable` or `agent_bad_metrics`; [`ScrapeError::reason`] to a short label.
+#[derive(Debug, thiserror::Error)]
+pub enum ScrapeError {
+    /// The agent pod has no `status.hostIP` or no port resolved.
+    #[error("agent pod {pod}: no address ({what})")]
+    NoAddress {
+        /// `namespace/name`.
+        pod: String,
+        /// `hostIP` or `port`.
+        what: &'static str,
+    },
+    /// TCP connect failed (refused, unreachable) or timed out.
+    #[error("connect {url}: {message}")]
+    Connect {
+        /// The URL.
+        url: String,
+        /// The error text.
+        message: String,
+    },
+    /// No complete answer within the timeout.
+    #[error("{url}: no complete answer within {seconds}s")]
+    Timeout {
+        /// The URL.
+        url: String,
+        /// The timeout, seconds.
+        seconds: f64,
+    },
+    /// HTTP failure after connecting (protocol error, connection closed).
+    #[error("{url}: {message}")]
+    Http {
+        /// The URL.
+        url: String,
+        /// The error text.
+        message: String,
+    },
+    /// A non-200 answer (for the proxy: the API server's Status, e.g. 503 when it
+    /// cannot reach the pod's port).
+    #[error("{url}: HTTP {status}: {message}")]
+    Status {
+        /// The URL.
+        url: String,
+        /// HTTP status code.
+        status: u16,
+        /// Status message or body start.
+        message: String,
+    },
+    /// The body exceeded the limit.
+    #[error("{url}: page larger than {limit} bytes")]
+    TooLarge {
+        /// The URL.
+        url: String,
+        /// The limit, bytes.
+        limit: usize,
+    },
+    /// The body is not UTF-8.
+    #[error("{url}: page is not UTF-8")]
+    NotUtf8 {
+        /// The URL.
+        url: String,
+    },
+    /// The body is not exposition text.
+    #[error("{url}: {source}")]
+    Parse {
+        /// The URL.
+        url: String,
+        /// Where and what.
+        #[source]
+        source: ParseError,
+    },
+    /// A readable page without any of the profile's signal metrics.
+    #[error("{url}: none of the {profile} profile's metrics is on the page")]
+    NoSignal {
+        /// The URL.
+        url: String,
+        /// Profile name.
+        profile: String,
+    },
+    /// Proxy mode without a Kubernetes client.
+    #[error("proxy scrape needs a Kubernetes client")]
+    NoClient,
+}
+
+impl ScrapeError {
+    /// The correlation signal: page problems are `agent_bad_metrics`, everything else
+    /// `agent_unreachable`.
+    pub fn signal(&self) -> Signal {
+        match self {
+            ScrapeError::TooLarge { .. }
+            | ScrapeError::NotUtf8 { .. }
+            | ScrapeError::Parse { .. }
+            | ScrapeError::NoSignal { .. } => Signal::AgentBadMetrics,
+            _ => Signal::AgentUnreachable,
+        }
+    }
+
+    /// Short static reason (metric label `result` of `firstpacket_agent_scrapes_total`).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ScrapeError::NoAddress { .. } => "no_address",
+            ScrapeError::Connect { .. } => "connect",
+            ScrapeError::Timeout { .. } => "timeout",
+            ScrapeError::Http { .. } => "http",
+            ScrapeError::Status { .. } => "http_status",
+            ScrapeError::TooLarge { .. } => "too_large",
+            ScrapeError::NotUtf8 { .. } => "not_utf8",
+            ScrapeError::Parse { .. } => "parse",
+            ScrapeError::NoSignal { .. } => "no_signal_metrics",
+            ScrapeError::NoClient => "no_client",
+        }
+    }
+
+    /// As stored in an [`Observation`].
+    pub fn failure(&self) -> ScrapeFailure {
+        ScrapeFailure {
+            signal: self.signal(),
+            reason: self.reason(),
+            message: self.to_string(),
+        }
+    }
+}
+
+fn host_port(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// `GET http://host:port<path>` with [`ACCEPT`], the whole exchange under `timeout`,
+/// at most `limit` body bytes. Returns the body as text.
+///
+/// Errors: [`ScrapeError::Connect`] (connect failed or timed out — the auto mode's
+/// fallback trigger), [`ScrapeError::Timeout`] (after connecting), `Http`, `Status`,
+/// `TooLarge`, `NotUtf8`.
+pub async fn fetch_direct(
+    host: &str,
+    port: u16,
+    path: &str,
+    timeout: Duration,
+    limit: usize,
+) -> Result<String, ScrapeError> {
+    let authority = host_port(host, port);
+    let url = format!("http://{authority}{path}");
+    let deadline = tokio::time::Instant::now() + timeout;
+    let stream = match tokio::time::timeout_at(deadline, TcpStream::connect(&authority)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            return Err(ScrapeError::Connect {
+                url,
+                message: e.to_string(),
+            })
+        }
+        Err(_) => {
+            return Err(ScrapeError::Connect {
+                url,
+                message: format!("connect timed out after {}s", timeout.as_secs_f64()),
+            })
+        }
+    };
+    let exchange = async {
+        let io = hyper_util::rt::TokioIo::new(stream);
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
+            .await
+            .map_err(|e| ScrapeError::Http {
+                url: url.clone(),
+                message: e.to_string(),
+            })?;
+        let conn = tokio::spawn(conn);
+        let req = hyper::Request::get(path)
+            .header(hyper::header::HOST, authority.as_str())
+            .header(hyper::header::ACCEPT, ACCEPT)
+            .header(hyper::header::USER_AGENT, "firstpacket-prober")
+            .body(http_body_util::Empty::<Bytes>::new())
+            .map_err(|e| ScrapeError::Http {
+                url: url.clone(),
+                message: e.to_string(),
+            })?;
+        let resp = sender
+            .send_request(req)
+            .await
+            .map_err(|e| ScrapeError::Http {
+                url: url.clone(),
+                message: e.to_string(),
+            })?;
+        let status = resp.status().as_u16();
+        let body = http_body_util::Limited::new(resp.into_body(), limit)
+            .collect()
+            .await
+            .map_err(|e| {
+                if e.downcast_ref::<http_body_util::LengthLimitError>()
+                    .is_some()
+                {
+                    ScrapeError::TooLarge {
+                        url: url.clone(),
+                        limit,
+                    }
+                } else {
+                    ScrapeError::Http {
+                        url: url.clone(),
+                        message: e.to_string(),
+                    }
+                }
+            })?
+            .to_bytes();
+        conn.abort();
+        if status != 200 {
+            return Err(ScrapeError::Status {
+                url: url.clone(),
+                status,
+                message: String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned(),
+            });
+        }
+        String::from_utf8(body.to_vec()).map_err(|_| ScrapeError::NotUtf8 { url: url.clone() })
+    };
+    match tokio::time::timeout_at(deadline, exchange).await {
+        Ok(r) => r,
+        Err(_) => Err(ScrapeError::Timeout {
+            url,
+            seconds: timeout.as_secs_f64(),
+        }),
+    }
+}
+
+/// `GET /api/v1/namespaces/NS/pods/NAME:PORT/proxy<path>` through the API server, under
+/// `timeout`, at most `limit` bytes. Errors: `Status` (the API server's Status, e.g. 503
+/// when it cannot reach the port), `Http` (transport), `Timeout`, `TooLarge`, `NotUtf8`.
+pub async fn fetch_proxy(
+    client: &Client,
+    namespace: &str,
+    pod: &str,
+    port: u16,
+    path: &str,
+    timeout: Duration,
+    limit: usize,
+) -> Result<String, ScrapeError> {
+    use futures::AsyncReadExt;
+    let url = format!("/api/v1/namespaces/{namespace}/pods/{pod}:{port}/proxy{path}");
+    let work = async {
+        let req = http::Request::get(url.as_str())
+            .header(http::header::ACCEPT, ACCEPT)
+            .body(Vec::new())
+            .map_err(|e| ScrapeError::Http {
+                url: url.clone(),
+                message: e.to_string(),
+            })?;
+        let stream = client.request_stream(req).await.map_err(|e| match e {
+            kube::Error::Api(s) => ScrapeError::Status {
+                url: url.clone(),
+                status: s.code,
+                message: s.message.clone(),
+            },
+            other => ScrapeError::Http {
+                url: url.clone(),
+                message: other.to_string(),
+            },
+        })?;
+        let mut buf = Vec::new();
+        let mut limited = stream.take(limit as u64 + 1);
+        limited
+            .read_to_end(&mut buf)
+            .await
+            .map_err(|e| ScrapeError::Http {
+                url: url.clone(),
+                message: e.to_string(),
+            })?;
+        if buf.len() > limit {
+            return Err(ScrapeError::TooLarge {
+                url: url.clone(),
+                limit,
+            });
+        }
+        String::from_utf8(buf).map_err(|_| ScrapeError::NotUtf8 { url: url.clone() })
+    };
+    match tokio::time::timeout(timeout, work).await {
+        Ok(r) => r,
+        Err(_) => Err(ScrapeError::Timeout {
+            url,
+            seconds: timeout.as_secs_f64(),
+        }),
+    }
+}
+
+/// Parses a page and reads the profile's metrics. Errors: `Parse`, or `NoSignal` when
+/// none of the profile's signal metrics is on the page.
+pub fn read_page(profile: &Profile, url: &str, body: &str) -> Result<AgentReading, ScrapeError> {
+    let page = expo::parse(body).map_err(|source| ScrapeError::Parse {
+        url: url.to_owned(),
+        source,
+    })?;
+    let reading = AgentReading::from_page(profile, &page);
+    if reading.has_no_signal() {
+        return Err(ScrapeError::NoSignal {
+            url: url.to_owned(),
+            profile: profile.name.clone(),
+        });
+    }
+    Ok(reading)
+}
+
+/// Scrapes agents by the configured path, limits and concurrency.
+pub struct Scraper {
+    client: Option<Client>,
+    settings: ScrapeSettings,
+    permits: Arc<Semaphore>,
+    via_proxy: Mutex<HashSet<(String, String)>>,
+}
+
+impl Scraper {
+    /// A scraper; `client` is needed for the proxy and auto paths.
+    pub fn new(client: Option<Client>, settings: ScrapeSettings) -> Scraper {
+        Scraper {
+            client,
+            permits: Arc::new(Semaphore::new(settings.concurrency.max(1))),
+            settings,
+            via_proxy: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// The settings in force.
+    pub fn settings(&self) -> &ScrapeSettings {
+        &self.settings
+    }
+
+    /// Whether (node, profile) was switched to the proxy by the auto mode.
+    pub fn uses_proxy(&self, node: &str, profile: &str) -> bool {
+        self.via_proxy
+            .lock()
+            .map(|s| s.contains(&(node.to_owned(), profile.to_owned())))
+            .unwrap_or(false)
+    }
+
+    async fn proxy(&self, t: &AgentTarget, port: u16, path: &str) -> Result<String, ScrapeError> {
+        let client = self.client.as_ref().ok_or(ScrapeError::NoClient)?;
+        fetch_proxy(
+            client,
+            &t.namespace,
+            &t.pod,
+            port,
+            path,
+            self.settings.timeout,
+            self.settings.max_body_bytes,
+        )
+        .await
+    }
+
+    /// One scrape of `target` (waits for a concurrency permit), parsed under `profile`.
+    pub async fn scrape(
+        &self,
+        target: &AgentTarget,
+        profile: &Profile,
+    ) -> Result<AgentReading, ScrapeError> {
+        let _permit = self.permits.acquire().await.ok();
+        let pod = format!("{}/{}", target.namespace, target.pod);
+        let port = target.port.ok_or(ScrapeError::NoAddress {
+            pod: pod.clone(),
+            what: "port",
+        })?;
+        let path = profile.path.as_str();
+        let key = (target.node.clone(), target.profile.clone());
+        let direct = || async {
+            let host = target.host_ip.as_deref().ok_or(ScrapeError::NoAddress {
+                pod: pod.clone(),
+                what: "hostIP",
+            })?;
+            fetch_direct(
+                host,
+                port,
+                path,
+                self.settings.timeout,
+                self.settings.max_body_bytes,
+            )
+            .await
+        };
+        let (label, body) = match self.settings.mode {
+            ScrapeMode::Direct => ("direct", direct().await?),
+            ScrapeMode::Proxy => ("proxy", self.proxy(target, port, path).await?),
+            ScrapeMode::Auto => {
+                if self.uses_proxy(&target.node, &target.profile) {
+                    ("proxy", self.proxy(target, port, path).await?)
+                } else {
+                    match direct().await {
+                        Ok(b) => ("direct", b),
+                        Err(ScrapeError::Connect { url, message }) if self.client.is_some() => {
+                            match self.proxy(target, port, path).await {
+                                Ok(b) => {
+                                    if let Ok(mut s) = self.via_proxy.lock() {
+                                        s.insert(key);
+                                    }
+                                    ("proxy", b)
+                                }
+                                // Neither path works: report the direct error (the
+                                // proxy's is usually the same refusal, relayed).
+                                Err(_) => return Err(ScrapeError::Connect { url, message }),
+                            }
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+        };
+        read_page(profile, &format!("{label} {pod}:{port}{path}"), &body)
+    }
+}
+
+/// Suspects for the probe record and warnings for the gate report from one probe.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct AgentFindings {
+    /// Goes to `ProbeRecord.suspects` (slow / failed probes only).
+    pub suspects: Vec<Suspect>,
+    /// Goes to `GateReport.warnings` through [`super::correlate::merge_warnings`].
+    pub warnings: Vec<Suspect>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Hot {
+    in_flight: u32,
+    until: f64,
+}
+
+struct Inner {
+    origin: Instant,
+    profiles: Vec<Profile>,
+    index: SharedIndex,
+    scraper: Scraper,
+    history: Mutex<History>,
+    hot: Mutex<HashMap<String, Hot>>,
+    params: Params,
+    counts: Mutex<BTreeMap<(String, &'static str), u64>>,
+}
+
+impl Inner {
+    fn now(&self) -> f64 {
+        self.origin.elapsed().as_secs_f64()
+    }
+
+    async fn scrape_nodes(&self, nodes: &[String]) {
+        let targets: Vec<AgentTarget> = match self.index.read() {
+            Ok(idx) => {
+                let mut seen = HashSet::new();
+                nodes
+                    .iter()
+                    .filter(|n| seen.insert(n.as_str()))
+                    .flat_map(|n| idx.on_node(n))
+                    .collect()
+            }
+            Err(_) => return,
+        };
+        let jobs = targets.into_iter().filter_map(|t| {
+            let profile = self.profiles.iter().find(|p| p.name == t.profile)?.clone();
+            Some(async move {
+                let outcome = self.scraper.scrape(&t, &profile).await;
+                let result = outcome.as_ref().map_or_else(|e| e.reason(), |_| "ok");
+                if let Ok(mut c) = self.counts.lock() {
+                    *c.entry((t.profile.clone(), result)).or_default() += 1;
+                }
+                Observation {
+                    at: self.now(),
+                    profile: t.profile.clone(),
+                    node: t.node.clone(),
+                    pod: t.pod.clone(),
+                    uid: t.uid.clone(),
+                    restart_count: t.restart_count,
+                    ready: t.ready,
+                    outcome: outcome.map_err(|e| e.failure()),
+                }
+            })
+        });
+        let observations = futures::future::join_all(jobs).await;
+        if let Ok(mut h) = self.history.lock() {
+            for o in observations {
+                h.push(o);
+            }
+        }
+    }
+
+    fn cluster_view(&self) -> ClusterView {
+        let (present, by_node) = match self.index.read() {
+            Ok(idx) => {
+                let mut by_node: BTreeMap<String, Vec<String>> = BTreeMap::new();
+                for t in idx.all() {
+                    by_node.entry(t.node).or_default().push(t.profile);
+                }
+                (idx.present_profiles(), by_node)
+            }
+            Err(_) => (Vec::new(), BTreeMap::new()),
+        };
+        ClusterView {
+            present_profiles: present,
+            searched_profiles: self.profiles.iter().map(|p| p.name.clone()).collect(),
+            agents_on_node: by_node,
+        }
+    }
+
+    /// One step of the policy: re-scrape stale hot nodes, and on sweep ticks the
+    /// least recently scraped others.
+    async fn policy_step(&self, settings: &ScrapeSettings, sweep: bool) {
+        let now = self.now();
+        let hot: Vec<String> = self
+            .hot
+            .lock()
+            .map(|h| {
+                h.iter()
+                    .filter(|(_, s)| s.in_flight > 0 || s.until > now)
+                    .map(|(n, _)| n.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let last = |n: &str| self.history.lock().ok().and_then(|h| h.last_at(n));
+        let stale: Vec<String> = hot
+            .iter()
+            .filter(|n| last(n).is_none_or(|t| now - t >= settings.hot_interval.as_secs_f64()))
+            .cloned()
+            .collect();
+        let mut todo = stale;
+        if sweep && settings.sweep_batch > 0 {
+            let nodes = self.index.read().map(|i| i.nodes()).unwrap_or_default();
+            let mut cold: Vec<(f64, String)> = nodes
+                .into_iter()
+                .filter(|n| !hot.contains(n))
+                .map(|n| (last(&n).unwrap_or(f64::NEG_INFINITY), n))
+                .collect();
+            cold.sort_by(|a, b| a.0.total_cmp(&b.0));
+            todo.extend(cold.into_iter().take(settings.sweep_batch).map(|(_, n)| n));
+        }
+        if !todo.is_empty() {
+            self.scrape_nodes(&todo).await;
+        }
+    }
+}
+
+/// Discovery + scrape policy + per-probe correlation, for the gate and continuous mode.
+///
+/// Wiring (see also the module doc):
+/// 1. at start: [`AgentWatcher::start`], then [`AgentWatcher::wait_synced`] (bounded)
+///    and optionally [`AgentWatcher::prime`] with the planned nodes;
+/// 2. per probe, before creating the target: [`AgentWatcher::probe_started`] → a
+///    [`ProbeWindow`];
+/// 3. per probe, once the result is known (before recording):
+///    [`AgentWatcher::probe_finished`] → [`AgentFindings`]: `suspects` into
+///    `ProbeRecord.suspects`, `warnings` merged into `GateReport.warnings` with
+///    [`super::correlate::merge_warnings`].
+///
+/// Dropping the watcher stops its tasks.
+pub struct AgentWatcher {
+    inner: Arc<Inner>,
+    settings: ScrapeSettings,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl AgentWatcher {
+    /// Starts discovery (one watch per profile namespace) and the scrape policy loop.
+    /// Needs a tokio runtime.
+    pub fn start(
+        client: Client,
+        profiles: Vec<Profile>,
+        settings: ScrapeSettings,
+        params: Params,
+    ) -> AgentWatcher {
+        let index: SharedIndex = Arc::new(RwLock::new(AgentIndex::default()));
+        let mut w = AgentWatcher::with_index(
+            Some(client.clone()),
+            profiles.clone(),
+            settings,
+            params,
+            index.clone(),
+        );
+        w.tasks
+            .push(tokio::spawn(watch_agents(client, profiles, index)));
+        w
+    }
+
+    /// Like [`AgentWatcher::start`] over an index the caller fills (no discovery task;
+    /// tests, or a caller with its own pod watch). Starts the policy loop.
+    pub fn with_index(
+        client: Option<Client>,
+        profiles: Vec<Profile>,
+        settings: ScrapeSettings,
+        params: Params,
+        index: SharedIndex,
+    ) -> AgentWatcher {
+        let inner = Arc::new(Inner {
+            origin: Instant::now(),
+            profiles,
+            index,
+            scraper: Scraper::new(client, settings.clone()),
+            history: Mutex::new(History::new(settings.ring)),
+            hot: Mutex::new(HashMap::new()),
+            params,
+            counts: Mutex::new(BTreeMap::new()),
+        });
+        let weak = Arc::downgrade(&inner);
+        let s = settings.clone();
+        let policy = tokio::spawn(async move {
+            let tick = s
+                .hot_interval
+                .min(s.sweep_tick)
+                .max(Duration::from_millis(200));
+            let mut last_sweep = Instant::now();
+            loop {
+                tokio::time::sleep(tick).await;
+                let Some(inner) = weak.upgrade() else { return };
+                let sweep = last_sweep.elapsed() >= s.sweep_tick;
+                if sweep {
+                    last_sweep = Instant::now();
+                }
+                inner.policy_step(&s, sweep).await;
+            }
+        });
+        AgentWatcher {
+            inner,
+            settings,
+            tasks: vec![policy],
+        }
+    }
+
+    /// Seconds since the watcher started (the clock of windows and observations).
+    pub fn now(&self) -> f64 {
+        self.inner.now()
+    }
+
+    /// The index of discovered agents.
+    pub fn index(&self) -> SharedIndex {
+        self.inner.index.clone()
+    }
+
+    /// Waits until every (profile, namespace) watch delivered its initial list, at most
+    /// `timeout`. Returns whether they all did (false is not fatal: correlation works on
+    /// what was found).
+    pub async fn wait_synced(&self, timeout: Duration) -> bool {
+        let want: usize = self.inner.profiles.iter().map(|p| p.namespaces.len()).sum();
+        let deadline = Instant::now() + timeout;
+        loop {
+            let have = self
+                .inner
+                .index
+                .read()
+                .map(|i| i.synced_watches())
+                .unwrap_or(0);
+            if have >= want {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Scrapes every agent on `nodes` once (e.g. the planned nodes at gate start, so
+    /// the first probes have a cluster baseline).
+    pub async fn prime(&self, nodes: &[String]) {
+        self.inner.scrape_nodes(nodes).await;
+    }
+
+    /// Call before creating a probe's target pod: marks both nodes hot, scrapes their
+    /// agents, returns the window (its `start` is after those scrapes).
+    pub async fn probe_started(&self, source_node: &str, target_node: &str) -> ProbeWindow {
+        let nodes = [source_node.to_owned(), target_node.to_owned()];
+        if let Ok(mut hot) = self.inner.hot.lock() {
+            for n in &nodes {
+                hot.entry(n.clone()).or_default().in_flight += 1;
+            }
+        }
+        self.inner.scrape_nodes(&nodes).await;
+        ProbeWindow {
+            start: self.now(),
+            end: f64::NAN,
+            source_node: source_node.to_owned(),
+            target_node: target_node.to_owned(),
+        }
+    }
+
+    /// Call once the probe's result is known: closes the window, scrapes both nodes,
+    /// correlates, and splits findings by `result` ([`split_findings`]).
+    pub async fn probe_finished(&self, window: ProbeWindow, result: ProbeResult) -> AgentFindings {
+        let mut window = window;
+        window.end = self.now();
+        let nodes = [window.source_node.clone(), window.target_node.clone()];
+        self.inner.scrape_nodes(&nodes).await;
+        let until = self.now() + self.settings.recent.as_secs_f64();
+        if let Ok(mut hot) = self.inner.hot.lock() {
+            for n in &nodes {
+                let h = hot.entry(n.clone()).or_default();
+                h.in_flight = h.in_flight.saturating_sub(1);
+                h.until = until;
+            }
+        }
+        let view = self.inner.cluster_view();
+        let findings = match self.inner.history.lock() {
+            Ok(h) => correlate(&h, &view, &window, &self.inner.params),
+            Err(_) => Vec::new(),
+        };
+        let (suspects, warnings) = split_findings(findings, result);
+        AgentFindings { suspects, warnings }
+    }
+
+    /// Scrape counts by (profile, result) since start, for
+    /// `firstpacket_agent_scrapes_total{profile, result}` (`result` is `ok` or a
+    /// [`ScrapeError::reason`]).
+    pub fn scrape_counts(&self) -> BTreeMap<(String, String), u64> {
+        self.inner
+            .counts
+            .lock()
+            .map(|c| {
+                c.iter()
+                    .map(|((p, r), n)| ((p.clone(), (*r).to_owned()), *n))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Whether (node, profile) went over to the API-server proxy (auto mode).
+    pub fn uses_proxy(&self, node: &str, profile: &str) -> bool {
+        self.inner.scraper.uses_proxy(node, profile)
+    }
+
+    /// A copy of the observation history (tests, debugging).
+    pub fn history(&self) -> History {
+        self.inner
+            .history
+            .lock()
+            .map(|h| h.clone())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for AgentWatcher {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}

@@ -1,0 +1,964 @@
+//! Node-agent correlation (DESIGN.md §3, issue 4): pure correlation on S2/S5-like
+//! numbers, the real fixture pages read through the built-in profiles, and the scrape
+//! path against loopback HTTP servers.
+
+use prober::agents::correlate::{
+    correlate, healthy_half_median, merge_warnings, split_findings, ClusterView, History,
+    Observation, Params, ProbeWindow, ScrapeFailure,
+};
+use prober::agents::discover::{AgentIndex, AgentTarget};
+use prober::agents::expo;
+use prober::agents::profiles::{
+    builtin_profiles, find, AgentReading, SumCount, CALICO_FELIX, CILIUM_AGENT, KUBE_PROXY,
+};
+use prober::agents::scrape::{
+    fetch_direct, read_page, AgentWatcher, ScrapeError, ScrapeMode, ScrapeSettings, Scraper,
+};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+use target_server::report::{ProbeResult, Role, Signal, Suspect};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures");
+
+fn fixture(name: &str) -> String {
+    let p = format!("{FIXTURES}/{name}");
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("read {p}: {e}"))
+}
+
+/// Cumulative counters of one simulated Felix.
+#[derive(Debug, Clone, Copy)]
+struct Felix {
+    sum: f64,
+    count: f64,
+    failures: f64,
+    resyncs: f64,
+    start: f64,
+}
+
+impl Felix {
+    fn new() -> Felix {
+        Felix {
+            sum: 0.5,
+            count: 100.0,
+            failures: 0.0,
+            resyncs: 1.0,
+            start: 1.7e9,
+        }
+    }
+    /// `n` applies of `each` seconds and `fails` failures.
+    fn step(&mut self, n: f64, each: f64, fails: f64) {
+        self.sum += n * each;
+        self.count += n;
+        self.failures += fails;
+    }
+    fn reading(&self) -> AgentReading {
+        AgentReading {
+            apply: Some(SumCount {
+                sum: self.sum,
+                count: self.count,
+            }),
+            failures: Some(self.failures),
+            resyncs: Some(self.resyncs),
+            process_start: Some(self.start),
+            ..AgentReading::default()
+        }
+    }
+}
+
+fn obs(node: &str, at: f64, f: &Felix) -> Observation {
+    Observation {
+        at,
+        profile: CALICO_FELIX.to_owned(),
+        node: node.to_owned(),
+        pod: format!("calico-node-{node}"),
+        uid: format!("uid-{node}"),
+        restart_count: 0,
+        ready: true,
+        outcome: Ok(f.reading()),
+    }
+}
+
+fn view(nodes: &[&str]) -> ClusterView {
+    ClusterView {
+        present_profiles: vec![CALICO_FELIX.to_owned()],
+        searched_profiles: vec![CALICO_FELIX.to_owned()],
+        agents_on_node: nodes
+            .iter()
+            .map(|n| ((*n).to_owned(), vec![CALICO_FELIX.to_owned()]))
+            .collect(),
+    }
+}
+
+/// A cluster where `slow` nodes apply in `slow_each` seconds and fail `fail_rate`/s
+/// (by node) over 40 s of history, then a window [30, 40].
+fn cluster(
+    nodes: &[&str],
+    apply_each: &dyn Fn(&str, f64) -> f64,
+    fail_rate: &dyn Fn(&str) -> f64,
+) -> History {
+    let mut h = History::default();
+    for n in nodes {
+        let mut f = Felix::new();
+        for step in 0..=4 {
+            let t = step as f64 * 10.0;
+            if step > 0 {
+                f.step(5.0, apply_each(n, t), fail_rate(n) * 10.0);
+            }
+            h.push(obs(n, t, &f));
+        }
+    }
+    h
+}
+
+fn window(src: &str, dst: &str) -> ProbeWindow {
+    ProbeWindow {
+        start: 30.0,
+        end: 40.0,
+        source_node: src.to_owned(),
+        target_node: dst.to_owned(),
+    }
+}
+
+fn all_pairs_findings(h: &History, nodes: &[&str]) -> Vec<Suspect> {
+    let v = view(nodes);
+    let mut out = Vec::new();
+    for s in nodes {
+        for t in nodes {
+            if s != t {
+                out.extend(correlate(h, &v, &window(s, t), &Params::default()));
+            }
+        }
+    }
+    out
+}
+
+fn flagged(findings: &[Suspect], signal: Signal) -> BTreeSet<String> {
+    findings
+        .iter()
+        .filter(|s| s.signal == signal)
+        .map(|s| s.node.clone())
+        .collect()
+}
+
+fn num(s: &Suspect, key: &str) -> f64 {
+    s.evidence[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("evidence {key} missing in {}", s.evidence))
+}
+
+const NODES4: [&str; 4] = ["node-1", "node-2", "node-3", "node-4"];
+
+#[test]
+fn s2_two_slow_nodes_of_four_are_exactly_the_apply_slow_suspects_with_numbers() {
+    let slow = |n: &str, _t: f64| {
+        if n == "node-2" || n == "node-3" {
+            1.2
+        } else {
+            0.004
+        }
+    };
+    let h = cluster(&NODES4, &slow, &|_| 0.0);
+    let f = all_pairs_findings(&h, &NODES4);
+    let expected: BTreeSet<String> = ["node-2", "node-3"].map(String::from).into();
+    assert_eq!(flagged(&f, Signal::DataplaneApplySlow), expected);
+    assert!(
+        f.iter().all(|s| s.signal == Signal::DataplaneApplySlow),
+        "only apply_slow: {f:?}"
+    );
+    let one = f
+        .iter()
+        .find(|s| s.node == "node-2" && s.role == Role::Target)
+        .expect("node-2 as target");
+    assert!((num(one, "apply_mean_seconds") - 1.2).abs() < 1e-6);
+    assert!((num(one, "healthy_half_apply_mean_seconds") - 0.004).abs() < 1e-6);
+    assert!((num(one, "window_seconds") - 10.0).abs() < 1e-9);
+    assert_eq!(num(one, "applies_in_window"), 5.0);
+}
+
+#[test]
+fn s5_failures_rising_on_two_nodes_flag_exactly_those() {
+    let rate = |n: &str| {
+        if n == "node-1" || n == "node-4" {
+            1.0
+        } else {
+            0.0
+        }
+    };
+    let h = cluster(&NODES4, &|_, _| 0.004, &rate);
+    let f = all_pairs_findings(&h, &NODES4);
+    let expected: BTreeSet<String> = ["node-1", "node-4"].map(String::from).into();
+    assert_eq!(flagged(&f, Signal::DataplaneApplyFailures), expected);
+    assert!(flagged(&f, Signal::DataplaneApplySlow).is_empty());
+    let one = f
+        .iter()
+        .find(|s| s.signal == Signal::DataplaneApplyFailures)
+        .expect("one");
+    assert!((num(one, "failures_per_second") - 1.0).abs() < 1e-9);
+    assert_eq!(num(one, "failures_in_window"), 10.0);
+}
+
+#[test]
+fn healthy_cluster_gives_no_findings() {
+    let h = cluster(&NODES4, &|_, _| 0.004, &|_| 0.0);
+    assert!(all_pairs_findings(&h, &NODES4).is_empty());
+}
+
+#[test]
+fn half_the_cluster_slow_is_still_flagged_against_the_healthiest_half() {
+    let nodes = ["a", "b", "c", "d", "e", "f"];
+    let slow = |n: &str, _t: f64| if "bdf".contains(n) { 0.9 } else { 0.003 };
+    let h = cluster(&nodes, &slow, &|_| 0.0);
+    let f = all_pairs_findings(&h, &nodes);
+    let expected: BTreeSet<String> = ["b", "d", "f"].map(String::from).into();
+    assert_eq!(flagged(&f, Signal::DataplaneApplySlow), expected);
+    // A plain median of the other five (3 fast, 2 slow → 0.003) works here by luck;
+    // over all six it is between the groups, where the healthiest half is not.
+    let all = [0.003, 0.9, 0.003, 0.9, 0.003, 0.9];
+    assert_eq!(healthy_half_median(&all, 2), Some(0.003));
+}
+
+#[test]
+fn a_cluster_wide_step_is_caught_by_each_nodes_own_history() {
+    // Every node fast until t=30, then every node slow in the window.
+    let step = |_n: &str, t: f64| if t > 30.0 { 0.8 } else { 0.003 };
+    let h = cluster(&NODES4, &step, &|_| 0.0);
+    let f = all_pairs_findings(&h, &NODES4);
+    assert_eq!(flagged(&f, Signal::DataplaneApplySlow).len(), 4);
+    let one = &f[0];
+    assert!((num(one, "own_history_apply_mean_seconds") - 0.003).abs() < 1e-9);
+}
+
+#[test]
+fn a_node_slow_all_along_without_cluster_baseline_is_flagged_by_the_absolute_floor() {
+    let nodes = ["x", "y"];
+    let slow = |n: &str, _t: f64| if n == "x" { 1.2 } else { 0.002 };
+    let h = cluster(&nodes, &slow, &|_| 0.0);
+    let f = correlate(&h, &view(&nodes), &window("y", "x"), &Params::default());
+    assert_eq!(
+        flagged(&f, Signal::DataplaneApplySlow),
+        ["x".to_owned()].into()
+    );
+    assert!(f[0].evidence["healthy_half_apply_mean_seconds"].is_null());
+    // Below the 1 s no-baseline floor it is not.
+    let slow = |n: &str, _t: f64| if n == "x" { 0.6 } else { 0.002 };
+    let h = cluster(&nodes, &slow, &|_| 0.0);
+    assert!(correlate(&h, &view(&nodes), &window("y", "x"), &Params::default()).is_empty());
+}
+
+#[test]
+fn slow_but_under_the_absolute_floor_is_not_flagged() {
+    // 50 ms vs 1 ms is 50×, but under the 0.25 s floor.
+    let slow = |n: &str, _t: f64| if n == "node-2" { 0.05 } else { 0.001 };
+    let h = cluster(&NODES4, &slow, &|_| 0.0);
+    assert!(all_pairs_findings(&h, &NODES4).is_empty());
+}
+
+#[test]
+fn counter_reset_is_agent_restarted_never_a_negative_rate() {
+    let mut h = cluster(&NODES4, &|_, _| 0.004, &|_| 0.0);
+    // node-2's Felix restarts inside the window: counters start from 0, new start time.
+    let mut f = Felix::new();
+    f.sum = 0.01;
+    f.count = 3.0;
+    f.resyncs = 1.0;
+    f.start = 1.7e9 + 35.0;
+    let mut o = obs("node-2", 40.5, &f);
+    o.restart_count = 0; // hostNetwork process restarted in place; only the page says so
+    h.push(o);
+    let w = ProbeWindow {
+        start: 30.0,
+        end: 40.2,
+        source_node: "node-1".into(),
+        target_node: "node-2".into(),
+    };
+    let f = correlate(&h, &view(&NODES4), &w, &Params::default());
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0].signal, Signal::AgentRestarted);
+    assert_eq!(f[0].node, "node-2");
+    assert_eq!(f[0].evidence["counter_decreased"], "apply_count");
+    // No finding anywhere carries a negative number.
+    let text = serde_json::to_string(&f).expect("json");
+    assert!(!text.contains(":-"), "{text}");
+}
+
+#[test]
+fn restart_count_change_alone_is_agent_restarted() {
+    let mut h = cluster(&NODES4, &|_, _| 0.004, &|_| 0.0);
+    let mut f = Felix::new();
+    f.step(20.0, 0.004, 0.0);
+    let mut o = obs("node-3", 41.0, &f);
+    o.restart_count = 1;
+    h.push(o);
+    let w = ProbeWindow {
+        start: 30.0,
+        end: 40.5,
+        source_node: "node-3".into(),
+        target_node: "node-1".into(),
+    };
+    let f = correlate(&h, &view(&NODES4), &w, &Params::default());
+    assert_eq!(
+        flagged(&f, Signal::AgentRestarted),
+        ["node-3".to_owned()].into()
+    );
+}
+
+#[test]
+fn resyncs_in_the_window_are_datastore_resync() {
+    let mut h = cluster(&NODES4, &|_, _| 0.004, &|_| 0.0);
+    let mut f = Felix::new();
+    f.step(20.0, 0.004, 0.0);
+    f.resyncs = 4.0;
+    h.push(obs("node-4", 41.0, &f));
+    let w = ProbeWindow {
+        start: 30.0,
+        end: 40.5,
+        source_node: "node-1".into(),
+        target_node: "node-4".into(),
+    };
+    let f = correlate(&h, &view(&NODES4), &w, &Params::default());
+    assert_eq!(
+        flagged(&f, Signal::DatastoreResync),
+        ["node-4".to_owned()].into()
+    );
+    let s = f
+        .iter()
+        .find(|s| s.signal == Signal::DatastoreResync)
+        .expect("resync");
+    assert_eq!(num(s, "resyncs_in_window"), 3.0);
+}
+
+#[test]
+fn agent_not_ready_in_the_window_is_reported() {
+    let mut h = cluster(&NODES4, &|_, _| 0.004, &|_| 0.0);
+    let mut f = Felix::new();
+    f.step(20.0, 0.004, 0.0);
+    let mut o = obs("node-1", 41.0, &f);
+    o.ready = false;
+    h.push(o);
+    let w = ProbeWindow {
+        start: 30.0,
+        end: 40.5,
+        source_node: "node-1".into(),
+        target_node: "node-2".into(),
+    };
+    let f = correlate(&h, &view(&NODES4), &w, &Params::default());
+    assert_eq!(
+        flagged(&f, Signal::AgentNotReady),
+        ["node-1".to_owned()].into()
+    );
+}
+
+#[test]
+fn unreachable_and_absent_agents_are_warnings_only_one_per_node() {
+    let mut h = cluster(&["node-1", "node-2", "node-3"], &|_, _| 0.004, &|_| 0.0);
+    h.push(Observation {
+        at: 40.5,
+        profile: CALICO_FELIX.into(),
+        node: "node-2".into(),
+        pod: "calico-node-node-2".into(),
+        uid: "uid-node-2".into(),
+        restart_count: 0,
+        ready: true,
+        outcome: Err(ScrapeFailure {
+            signal: Signal::AgentUnreachable,
+            reason: "connect",
+            message: "connect http://10.0.0.2:9091/metrics: Connection refused".into(),
+        }),
+    });
+    let mut v = view(&["node-1", "node-2", "node-3"]);
+    v.agents_on_node.remove("node-4");
+    let mut warnings = Vec::new();
+    for _ in 0..3 {
+        for (s, t) in [("node-2", "node-4"), ("node-1", "node-2")] {
+            let w = ProbeWindow {
+                start: 30.0,
+                end: 40.2,
+                source_node: s.into(),
+                target_node: t.into(),
+            };
+            let f = correlate(&h, &v, &w, &Params::default());
+            let (suspects, warn) = split_findings(f, ProbeResult::Slow);
+            assert!(
+                suspects.is_empty(),
+                "unreachable is never a suspect: {suspects:?}"
+            );
+            merge_warnings(&mut warnings, warn);
+        }
+    }
+    let got: Vec<(String, Signal)> = warnings
+        .iter()
+        .map(|w| (w.node.clone(), w.signal))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("node-2".to_owned(), Signal::AgentUnreachable),
+            ("node-4".to_owned(), Signal::AgentUnreachable)
+        ]
+    );
+    assert_eq!(warnings[0].evidence["seen_in_probes"], 6);
+    assert_eq!(warnings[1].evidence["reason"], "no_agent_pod_on_node");
+}
+
+#[test]
+fn no_agents_anywhere_gives_one_unreachable_warning_per_node() {
+    let h = History::default();
+    let v = ClusterView {
+        searched_profiles: vec![CALICO_FELIX.into(), KUBE_PROXY.into()],
+        ..ClusterView::default()
+    };
+    let f = correlate(&h, &v, &window("a", "b"), &Params::default());
+    let (s, w) = split_findings(f, ProbeResult::Failed);
+    assert!(s.is_empty());
+    assert_eq!(w.len(), 2);
+    assert!(w.iter().all(|w| w.signal == Signal::AgentUnreachable
+        && w.evidence["reason"] == "no_agent_pods_in_cluster"));
+}
+
+#[test]
+fn agent_trouble_with_normal_ttfp_goes_to_warnings() {
+    // Negative control: failures rising 5/s on one node, probe succeeded.
+    let rate = |n: &str| if n == "node-3" { 5.0 } else { 0.0 };
+    let h = cluster(&NODES4, &|_, _| 0.004, &rate);
+    let f = correlate(
+        &h,
+        &view(&NODES4),
+        &window("node-1", "node-3"),
+        &Params::default(),
+    );
+    let (suspects, warnings) = split_findings(f.clone(), ProbeResult::Success);
+    assert!(suspects.is_empty());
+    assert_eq!(
+        flagged(&warnings, Signal::DataplaneApplyFailures),
+        ["node-3".to_owned()].into()
+    );
+    let (suspects, warnings) = split_findings(f, ProbeResult::Slow);
+    assert_eq!(suspects.len(), 1);
+    assert!(warnings.is_empty());
+}
+
+// ---- fixture pages through the profiles -------------------------------------------
+
+#[test]
+fn felix_320_fixture_reads_through_the_calico_profile_with_old_route_names() {
+    let b = builtin_profiles();
+    let p = find(&b, CALICO_FELIX).expect("felix");
+    let r = read_page(p, "fixture", &fixture("felix-3.20-1.prom")).expect("reading");
+    let a = r.apply.expect("apply");
+    assert!((a.sum - 9.987720965999968).abs() < 1e-9 && a.count == 2705.0);
+    assert_eq!(r.failures, Some(0.0));
+    assert_eq!(r.resyncs, Some(1.0));
+    let rr = r
+        .route_resync
+        .expect("≤3.28 alias felix_route_table_list_seconds");
+    assert_eq!(rr.count, 384.0);
+    assert!(r
+        .families
+        .contains(&"felix_route_table_list_seconds".to_owned()));
+    assert_eq!(r.process_start, Some(1.63197657029e9));
+    assert_eq!(r.apply_p99_seconds, Some(0.020209542));
+}
+
+#[test]
+fn cilium_fixture_reads_total_regeneration_time_and_zero_failures() {
+    let b = builtin_profiles();
+    let p = find(&b, CILIUM_AGENT).expect("cilium");
+    let text = fixture("cilium-1.11.0.prom");
+    let r = read_page(p, "fixture", &text).expect("reading");
+    let page = expo::parse(&text).expect("parse");
+    let want = page
+        .family("cilium_endpoint_regeneration_time_stats_seconds")
+        .and_then(|f| f.sum_count(&[("scope", "total")]))
+        .expect("total scope");
+    let a = r.apply.expect("apply");
+    assert_eq!((a.sum, a.count), want);
+    assert_eq!(r.failures, Some(0.0), "no outcome=fail series yet = 0");
+    assert_eq!(r.process_start, Some(1.64011992031e9));
+}
+
+#[test]
+fn kube_proxy_fixture_reads_the_sync_histogram() {
+    let b = builtin_profiles();
+    let p = find(&b, KUBE_PROXY).expect("kube-proxy");
+    let r = read_page(p, "fixture", &fixture("kube-proxy-1.21.1.prom")).expect("reading");
+    let a = r
+        .apply
+        .expect("kubeproxy_sync_proxy_rules_duration_seconds");
+    assert!(a.count > 0.0 && a.sum > 0.0);
+    assert_eq!(r.failures, Some(0.0));
+    assert_eq!(r.process_start, Some(1.6414957951e9));
+}
+
+#[test]
+fn a_page_without_the_profiles_metrics_is_bad_metrics() {
+    let b = builtin_profiles();
+    let p = find(&b, CALICO_FELIX).expect("felix");
+    let e = read_page(p, "u", &fixture("kube-proxy-1.21.1.prom")).expect_err("no felix metrics");
+    assert_eq!(e.signal(), Signal::AgentBadMetrics);
+    assert_eq!(e.reason(), "no_signal_metrics");
+}
+
+// ---- loopback HTTP ----------------------------------------------------------------
+
+/// How the loopback server answers.
+#[derive(Clone)]
+enum Serve {
+    Page(Arc<Mutex<String>>),
+    Stall,
+    Huge(usize),
+}
+
+/// Serves `how` on 127.0.0.1 (each request; HTTP/1.1, `Connection: close`), recording
+/// the `Accept` headers it saw. Returns the port.
+async fn serve(how: Serve, accepts: Arc<Mutex<Vec<String>>>) -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = l.local_addr().expect("addr").port();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let how = how.clone();
+            let accepts = accepts.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let mut got = Vec::new();
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let req = String::from_utf8_lossy(&got).to_string();
+                if let Some(first) = req.lines().next() {
+                    accepts.lock().expect("lock").push(first.to_owned());
+                }
+                if let Some(a) = req.lines().find_map(|l| {
+                    l.strip_prefix("accept: ")
+                        .or_else(|| l.strip_prefix("Accept: "))
+                }) {
+                    accepts.lock().expect("lock").push(a.to_owned());
+                }
+                let body = match &how {
+                    Serve::Page(p) => p.lock().expect("lock").clone(),
+                    Serve::Stall => {
+                        tokio::time::sleep(Duration::from_secs(30)).await;
+                        return;
+                    }
+                    Serve::Huge(n) => "# x\n".repeat(n / 4 + 1),
+                };
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = s.write_all(head.as_bytes()).await;
+                let _ = s.write_all(body.as_bytes()).await;
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    port
+}
+
+fn felix_page(f: &Felix) -> String {
+    format!(
+        "# HELP felix_int_dataplane_apply_time_seconds Time in seconds for each dataplane update.\n\
+         # TYPE felix_int_dataplane_apply_time_seconds summary\n\
+         felix_int_dataplane_apply_time_seconds{{quantile=\"0.5\"}} NaN\n\
+         felix_int_dataplane_apply_time_seconds_sum {}\n\
+         felix_int_dataplane_apply_time_seconds_count {}\n\
+         # TYPE felix_int_dataplane_failures counter\n\
+         felix_int_dataplane_failures {}\n\
+         # TYPE felix_resyncs_started counter\n\
+         felix_resyncs_started {}\n\
+         # TYPE process_start_time_seconds gauge\n\
+         process_start_time_seconds {}\n",
+        f.sum, f.count, f.failures, f.resyncs, f.start
+    )
+}
+
+const T: Duration = Duration::from_millis(500);
+
+#[tokio::test]
+async fn direct_scrape_reads_the_page_and_sends_the_text_accept_header() {
+    let accepts = Arc::new(Mutex::new(Vec::new()));
+    let page = Arc::new(Mutex::new(fixture("felix-3.20-1.prom")));
+    let port = serve(Serve::Page(page), accepts.clone()).await;
+    let body = fetch_direct("127.0.0.1", port, "/metrics", T, 1 << 20)
+        .await
+        .expect("body");
+    assert!(body.contains("felix_int_dataplane_apply_time_seconds_count 2705"));
+    assert_eq!(
+        accepts.lock().expect("lock").as_slice(),
+        ["GET /metrics HTTP/1.1", "text/plain;version=0.0.4"]
+    );
+}
+
+#[tokio::test]
+async fn a_stalled_agent_times_out_as_unreachable() {
+    let port = serve(Serve::Stall, Arc::default()).await;
+    let started = std::time::Instant::now();
+    let e = fetch_direct("127.0.0.1", port, "/metrics", T, 1 << 20)
+        .await
+        .expect_err("timeout");
+    assert!(matches!(e, ScrapeError::Timeout { .. }), "{e}");
+    assert_eq!(e.signal(), Signal::AgentUnreachable);
+    assert!(started.elapsed() < Duration::from_secs(3));
+}
+
+#[tokio::test]
+async fn a_page_over_the_size_limit_is_bad_metrics() {
+    let port = serve(Serve::Huge(200_000), Arc::default()).await;
+    let e = fetch_direct("127.0.0.1", port, "/metrics", T, 100_000)
+        .await
+        .expect_err("too large");
+    assert!(
+        matches!(e, ScrapeError::TooLarge { limit: 100_000, .. }),
+        "{e}"
+    );
+    assert_eq!(e.signal(), Signal::AgentBadMetrics);
+}
+
+#[tokio::test]
+async fn a_refused_port_is_a_connect_error_unreachable() {
+    // Bind then drop: the port is (almost surely) closed now.
+    let port = {
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let e = fetch_direct("127.0.0.1", port, "/metrics", T, 1 << 20)
+        .await
+        .expect_err("refused");
+    assert!(matches!(e, ScrapeError::Connect { .. }), "{e}");
+    assert_eq!(e.reason(), "connect");
+    assert_eq!(e.signal(), Signal::AgentUnreachable);
+}
+
+fn target(node: &str, port: u16) -> AgentTarget {
+    AgentTarget {
+        profile: CALICO_FELIX.into(),
+        node: node.into(),
+        namespace: "kube-system".into(),
+        pod: format!("calico-node-{node}"),
+        uid: format!("uid-{node}"),
+        restart_count: 0,
+        host_ip: Some("127.0.0.1".into()),
+        port: Some(port),
+        ready: true,
+    }
+}
+
+#[tokio::test]
+async fn garbage_page_is_agent_bad_metrics_through_the_scraper() {
+    let page = Arc::new(Mutex::new("<html>metrics are {broken\n".to_owned()));
+    let port = serve(Serve::Page(page), Arc::default()).await;
+    let s = Scraper::new(
+        None,
+        ScrapeSettings {
+            mode: ScrapeMode::Direct,
+            timeout: T,
+            ..ScrapeSettings::default()
+        },
+    );
+    let b = builtin_profiles();
+    let p = find(&b, CALICO_FELIX).expect("felix");
+    let e = s.scrape(&target("n1", port), p).await.expect_err("garbage");
+    assert!(matches!(e, ScrapeError::Parse { .. }), "{e}");
+    assert_eq!(e.signal(), Signal::AgentBadMetrics);
+}
+
+#[tokio::test]
+async fn watcher_names_the_slow_node_and_warns_about_the_unreachable_one() {
+    let nodes = ["n1", "n2", "n3", "n4"];
+    let mut felix: BTreeMap<&str, Felix> = nodes.iter().map(|n| (*n, Felix::new())).collect();
+    let mut pages = BTreeMap::new();
+    let mut idx = AgentIndex::default();
+    for n in &nodes[..3] {
+        let p = Arc::new(Mutex::new(felix_page(&felix[n])));
+        let port = serve(Serve::Page(p.clone()), Arc::default()).await;
+        pages.insert(*n, p);
+        idx.apply(target(n, port));
+    }
+    // n4's agent exists but nothing listens on its port.
+    let closed = {
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    idx.apply(target("n4", closed));
+    let settings = ScrapeSettings {
+        mode: ScrapeMode::Direct,
+        timeout: T,
+        sweep_batch: 0,
+        hot_interval: Duration::from_secs(3600),
+        ..ScrapeSettings::default()
+    };
+    let w = AgentWatcher::with_index(
+        None,
+        builtin_profiles(),
+        settings,
+        Params::default(),
+        Arc::new(RwLock::new(idx)),
+    );
+    let publish = |felix: &BTreeMap<&str, Felix>| {
+        for (n, p) in &pages {
+            *p.lock().expect("lock") = felix_page(&felix[n]);
+        }
+    };
+    // Some history on every node, so there is a cluster baseline.
+    w.prime(&nodes.map(String::from)).await;
+    for f in felix.values_mut() {
+        f.step(4.0, 0.002, 0.0);
+    }
+    publish(&felix);
+    w.prime(&nodes.map(String::from)).await;
+
+    let win = w.probe_started("n1", "n2").await;
+    for (n, f) in felix.iter_mut() {
+        f.step(3.0, if *n == "n2" { 1.5 } else { 0.002 }, 0.0);
+    }
+    publish(&felix);
+    let got = w.probe_finished(win, ProbeResult::Slow).await;
+    assert_eq!(got.suspects.len(), 1, "{:?}", got.suspects);
+    let s = &got.suspects[0];
+    assert_eq!(
+        (s.node.as_str(), s.role, s.signal),
+        ("n2", Role::Target, Signal::DataplaneApplySlow)
+    );
+    assert!(
+        (num(s, "apply_mean_seconds") - 1.5).abs() < 1e-6,
+        "{}",
+        s.evidence
+    );
+    assert!(got.warnings.is_empty(), "{:?}", got.warnings);
+
+    let win = w.probe_started("n3", "n4").await;
+    let got = w.probe_finished(win, ProbeResult::Success).await;
+    assert!(got.suspects.is_empty());
+    assert_eq!(got.warnings.len(), 1, "{:?}", got.warnings);
+    assert_eq!(
+        (got.warnings[0].node.as_str(), got.warnings[0].signal),
+        ("n4", Signal::AgentUnreachable)
+    );
+    let counts = w.scrape_counts();
+    assert!(
+        counts
+            .get(&(CALICO_FELIX.to_owned(), "connect".to_owned()))
+            .copied()
+            .unwrap_or(0)
+            >= 1
+    );
+    assert!(
+        counts
+            .get(&(CALICO_FELIX.to_owned(), "ok".to_owned()))
+            .copied()
+            .unwrap_or(0)
+            >= 6
+    );
+}
+
+#[tokio::test]
+async fn auto_mode_falls_back_to_the_api_server_proxy_and_remembers_it() {
+    // The "API server": answers the pod-proxy path with a Felix page.
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let page = Arc::new(Mutex::new(felix_page(&Felix::new())));
+    let api_port = serve(Serve::Page(page), seen.clone()).await;
+    let cfg = kube::Config::new(format!("http://127.0.0.1:{api_port}").parse().expect("uri"));
+    let client = kube::Client::try_from(cfg).expect("client");
+    let closed = {
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let s = Scraper::new(
+        Some(client),
+        ScrapeSettings {
+            mode: ScrapeMode::Auto,
+            timeout: T,
+            ..ScrapeSettings::default()
+        },
+    );
+    let b = builtin_profiles();
+    let p = find(&b, CALICO_FELIX).expect("felix");
+    let t = target("n1", closed);
+    assert!(!s.uses_proxy("n1", CALICO_FELIX));
+    let r = s.scrape(&t, p).await.expect("via proxy");
+    assert_eq!(r.apply.map(|a| a.count), Some(100.0));
+    assert!(s.uses_proxy("n1", CALICO_FELIX));
+    let seen = seen.lock().expect("lock").clone();
+    assert!(
+        seen.contains(&format!(
+            "GET /api/v1/namespaces/kube-system/pods/calico-node-n1:{closed}/proxy/metrics HTTP/1.1"
+        )),
+        "{seen:?}"
+    );
+    assert!(
+        seen.contains(&"text/plain;version=0.0.4".to_owned()),
+        "{seen:?}"
+    );
+}
+
+/// An "API server" answering every request with `code` and a Status body, as when its
+/// pod proxy cannot reach the agent's port.
+async fn failing_api(code: u16) -> kube::Client {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = l.local_addr().expect("addr").port();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let body = format!(
+                    r#"{{"kind":"Status","apiVersion":"v1","metadata":{{}},"status":"Failure","message":"error trying to reach service: dial tcp 10.0.0.2:10249: connect: connection refused","reason":"ServiceUnavailable","code":{code}}}"#
+                );
+                let head = format!(
+                    "HTTP/1.1 {code} Error\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = s.write_all(head.as_bytes()).await;
+                let _ = s.write_all(body.as_bytes()).await;
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    let cfg = kube::Config::new(format!("http://127.0.0.1:{port}").parse().expect("uri"));
+    kube::Client::try_from(cfg).expect("client")
+}
+
+#[tokio::test]
+async fn proxy_error_status_is_unreachable_within_the_timeout() {
+    let b = builtin_profiles();
+    let p = find(&b, KUBE_PROXY).expect("kube-proxy");
+    let mut t = target("n1", 10249);
+    t.profile = KUBE_PROXY.into();
+    // 502: not retried by kube's client → the Status itself.
+    let s = Scraper::new(
+        Some(failing_api(502).await),
+        ScrapeSettings {
+            mode: ScrapeMode::Proxy,
+            timeout: T,
+            ..ScrapeSettings::default()
+        },
+    );
+    let e = s.scrape(&t, p).await.expect_err("502");
+    assert!(matches!(e, ScrapeError::Status { status: 502, .. }), "{e}");
+    assert_eq!(e.signal(), Signal::AgentUnreachable);
+    // 503 (what kube-apiserver answers): kube's client retries it with backoff, so the
+    // scrape timeout ends it — still unreachable, still bounded.
+    let s = Scraper::new(
+        Some(failing_api(503).await),
+        ScrapeSettings {
+            mode: ScrapeMode::Proxy,
+            timeout: T,
+            ..ScrapeSettings::default()
+        },
+    );
+    let started = std::time::Instant::now();
+    let e = s.scrape(&t, p).await.expect_err("503");
+    assert_eq!(e.signal(), Signal::AgentUnreachable, "{e}");
+    assert!(started.elapsed() < Duration::from_secs(2));
+}
+
+/// Smoke test against a live cluster (the testbed): run under `testbed exec` with
+/// `FP_AGENT_SMOKE_NODES=node-1,node-2,node-3` and `--ignored`. Discovers the
+/// calico-node pods, scrapes them directly and through the API-server proxy, and checks
+/// that a healthy cluster gives no finding.
+#[tokio::test]
+#[ignore = "needs a cluster: run under `testbed exec`"]
+async fn live_cluster_smoke() {
+    let nodes: Vec<String> = std::env::var("FP_AGENT_SMOKE_NODES")
+        .expect("FP_AGENT_SMOKE_NODES")
+        .split(',')
+        .map(String::from)
+        .collect();
+    for mode in [ScrapeMode::Direct, ScrapeMode::Proxy] {
+        let client = kube::Client::try_default().await.expect("client");
+        let w = AgentWatcher::start(
+            client,
+            builtin_profiles(),
+            ScrapeSettings {
+                mode,
+                ..ScrapeSettings::default()
+            },
+            Params::default(),
+        );
+        let synced = w.wait_synced(Duration::from_secs(10)).await;
+        let agents = w.index().read().map(|i| i.all()).unwrap_or_default();
+        eprintln!("{mode:?}: synced={synced} agents={agents:#?}");
+        for n in &nodes {
+            assert!(
+                agents
+                    .iter()
+                    .any(|a| &a.node == n && a.profile == CALICO_FELIX),
+                "{n}"
+            );
+        }
+        w.prime(&nodes).await;
+        let win = w.probe_started(&nodes[0], &nodes[1]).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let got = w.probe_finished(win, ProbeResult::Success).await;
+        eprintln!("{mode:?}: counts={:?} findings={got:?}", w.scrape_counts());
+        let ok = w
+            .scrape_counts()
+            .get(&(CALICO_FELIX.to_owned(), "ok".to_owned()))
+            .copied()
+            .unwrap_or(0);
+        assert!(
+            ok >= nodes.len() as u64 + 4,
+            "{mode:?}: {:?}",
+            w.scrape_counts()
+        );
+        // Pods that are not Ready (hand-made ones) may add `agent_not_ready`; nothing else.
+        let not_ready = agents.iter().any(|a| !a.ready);
+        assert!(got.suspects.is_empty(), "{got:?}");
+        assert!(
+            got.warnings
+                .iter()
+                .all(|w| not_ready && w.signal == Signal::AgentNotReady),
+            "{got:?}"
+        );
+    }
+}
+
+/// S2 / S5 against the testbed's simulated Felix, agents only (no probe pods): run
+/// under `testbed exec` on a cluster up with the scenario's fault, with
+/// `FP_AGENT_SMOKE_NODES` (all nodes), `FP_AGENT_SLOW_NODES` (the faulty ones) and
+/// `FP_AGENT_SIGNAL` (`dataplane_apply_slow` for S2, `dataplane_apply_failures` for S5).
+#[tokio::test]
+#[ignore = "needs a testbed with a fault: run under `testbed exec`"]
+async fn live_cluster_names_the_faulty_nodes() {
+    let list = |k: &str| -> Vec<String> {
+        std::env::var(k)
+            .unwrap_or_else(|_| panic!("{k}"))
+            .split(',')
+            .map(String::from)
+            .collect()
+    };
+    let (nodes, slow) = (list("FP_AGENT_SMOKE_NODES"), list("FP_AGENT_SLOW_NODES"));
+    let signal: Signal = serde_json::from_value(serde_json::Value::String(
+        std::env::var("FP_AGENT_SIGNAL").unwrap_or_else(|_| "dataplane_apply_slow".into()),
+    ))
+    .expect("FP_AGENT_SIGNAL is a signal name");
+    let client = kube::Client::try_default().await.expect("client");
+    let w = AgentWatcher::start(
+        client,
+        builtin_profiles(),
+        ScrapeSettings::default(),
+        Params::default(),
+    );
+    assert!(w.wait_synced(Duration::from_secs(10)).await);
+    w.prime(&nodes).await;
+    let mut findings = Vec::new();
+    for pair in nodes.windows(2) {
+        let win = w.probe_started(&pair[0], &pair[1]).await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let got = w.probe_finished(win, ProbeResult::Slow).await;
+        assert!(got.warnings.is_empty(), "{:?}", got.warnings);
+        findings.extend(got.suspects);
+    }
+    eprintln!(
+        "{}",
+        serde_json::to_string_pretty(&findings).unwrap_or_default()
+    );
+    let want: BTreeSet<String> = slow.into_iter().collect();
+    assert_eq!(flagged(&findings, signal), want);
+    assert!(findings.iter().all(|s| s.signal == signal));
+}

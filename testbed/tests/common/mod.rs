@@ -1,0 +1,160 @@
+//! Shared harness of the testbed end-to-end tests (`e2e.rs`, `e2e_kinds.rs`): a
+//! testbed per test in its own state dir, torn down by a drop guard; `SERIAL` runs the
+//! tests of one binary one at a time (DESIGN §5 "Isolation").
+#![allow(dead_code)]
+
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::sync::Mutex;
+
+pub static SERIAL: Mutex<()> = Mutex::new(());
+
+pub fn bin(name: &str) -> PathBuf {
+    let tb = PathBuf::from(env!("CARGO_BIN_EXE_testbed"));
+    let p = tb.parent().unwrap().join(name);
+    assert!(
+        p.is_file(),
+        "{} is missing: build the workspace binaries first (`cargo build --workspace --bins`)",
+        p.display()
+    );
+    p
+}
+
+pub struct Testbed {
+    pub state: PathBuf,
+}
+
+impl Testbed {
+    pub fn up(name: &str, nodes: usize, fault: &str, extra: &[&str]) -> Testbed {
+        bin("prober");
+        bin("target-server");
+        let state = std::env::temp_dir().join(format!("fp-e2e-{name}-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&state);
+        let fault_path =
+            std::env::temp_dir().join(format!("fp-e2e-{name}-{}.yaml", std::process::id()));
+        std::fs::write(&fault_path, fault).unwrap();
+        let tb = Testbed { state };
+        let out = tb
+            .cmd()
+            .args(["up", "--nodes", &nodes.to_string(), "--fault"])
+            .arg(&fault_path)
+            .args(extra)
+            .output()
+            .unwrap();
+        let _ = std::fs::remove_file(&fault_path);
+        assert!(
+            out.status.success(),
+            "testbed up failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        tb
+    }
+
+    pub fn cmd(&self) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_testbed"));
+        c.arg("--state-dir").arg(&self.state);
+        c
+    }
+
+    pub fn exec(&self, args: &[&str]) -> Output {
+        self.cmd()
+            .arg("exec")
+            .arg("--")
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    pub fn gate(&self, extra: &[&str]) -> (i32, Value, String) {
+        let report = self.state.join(format!("report-{}.json", rand_suffix()));
+        let mut args = vec!["prober", "gate", "--report", report.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let out = self.exec(&args);
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        let text = std::fs::read_to_string(&report)
+            .unwrap_or_else(|e| panic!("no report ({e}); stdout:\n{stdout}\nstderr:\n{stderr}"));
+        let _ = std::fs::remove_file(&report);
+        (
+            out.status.code().unwrap_or(-1),
+            serde_json::from_str(&text).unwrap(),
+            format!("{stdout}\n{stderr}"),
+        )
+    }
+
+    pub fn truth(&self) -> Vec<Value> {
+        let out = self.cmd().arg("truth").output().unwrap();
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    pub fn probe_pods(&self) -> Vec<String> {
+        let out = self.exec(&[
+            "kubectl",
+            "get",
+            "pods",
+            "-A",
+            "-l",
+            "app.kubernetes.io/name=firstpacket",
+            "-o",
+            "name",
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    pub fn prefix(&self) -> String {
+        let plan: Value =
+            serde_json::from_str(&std::fs::read_to_string(self.state.join("plan.json")).unwrap())
+                .unwrap();
+        plan["prefix"].as_str().unwrap().to_owned()
+    }
+}
+
+impl Drop for Testbed {
+    fn drop(&mut self) {
+        let _ = self.cmd().arg("down").status();
+    }
+}
+
+pub fn rand_suffix() -> usize {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Truth TTFP of a pair (DESIGN §6): max(endpoint_programmed of both pods) −
+/// readiness_ok of the source, floored at 0.
+pub fn truth_ttfp(truth: &[Value], source_uid: &str, target_uid: &str) -> Option<f64> {
+    let t = |event: &str, uid: &str| {
+        truth
+            .iter()
+            .find(|e| e["event"] == event && e["uid"] == uid)
+            .and_then(|e| e["t"].as_f64())
+    };
+    let prog = t("endpoint_programmed", source_uid)?.max(t("endpoint_programmed", target_uid)?);
+    Some((prog - t("readiness_ok", source_uid)?).max(0.0))
+}
+
+pub fn validate(report: &Value) {
+    let schema: Value = serde_json::from_str(target_server::GATE_REPORT_SCHEMA).unwrap();
+    let v = jsonschema::validator_for(&schema).unwrap();
+    let errors: Vec<String> = v
+        .iter_errors(report)
+        .map(|e| format!("{} at {}", e, e.instance_path()))
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "report does not match the schema: {errors:#?}"
+    );
+}
