@@ -785,7 +785,7 @@ mod tests {
     fn pod_status_column_follows_container_states() {
         let now = crate::api::now();
         let fixture: Value = serde_json::from_str(include_str!(
-            "../../../../shared/fixtures/k8s-pod-running-ready.json"
+            "../../tests/fixtures/k8s-pod-running-ready.json"
         ))
         .unwrap();
         let c = pod_cells(&fixture, now);
@@ -813,7 +813,7 @@ mod tests {
     fn node_status_shows_scheduling_disabled_when_cordoned() {
         let now = crate::api::now();
         let mut node: Value = serde_json::from_str(include_str!(
-            "../../../../shared/fixtures/k8s-node-ready.json"
+            "../../tests/fixtures/k8s-node-ready.json"
         ))
         .unwrap();
         assert_eq!(node_cells(&node, now)[1], "Ready");
