@@ -1,181 +1,47 @@
 //! Dataplane, agent, faults and truth with real namespaces and real packets (DESIGN §5
 //! "Topology" and "Programmed"). Needs root, `ip` and `nft`. Scenarios run one at a
-//! time (a static lock) in their own state dir and always tear down (drop guard).
+//! time (a static lock) in their own state dir and always tear down (drop guard); the
+//! harness is in `netns_support`.
 
-use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard};
+mod netns_support;
+
+use std::net::Ipv4Addr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use netns_support::{dial, events, first_success, rt, serve, Bed, Server};
 use testbed::agent::Agent;
 use testbed::dataplane::{
     calico_iface_name, list_netns, netns_pids, Dataplane, DataplaneError, PodNet,
 };
 use testbed::fault::{FaultFile, Faults};
-use testbed::netns::{run_in_netns, NetnsThread};
-use testbed::plan::Plan;
-use testbed::truth::{read_truth, truth_ttfp, unix_now, Truth, TruthEvent, TruthKind};
+use testbed::truth::{read_truth, truth_ttfp, unix_now, TruthEvent, TruthKind};
 
-static SERIAL: Mutex<()> = Mutex::new(());
-
-const PORT: u16 = 8080;
-
-/// One scenario's testbed: state dir, plan, dataplane; destroyed on drop (even when the
-/// test panics).
-struct Bed {
-    plan: Plan,
-    dp: Arc<Dataplane>,
-    dir: PathBuf,
-    _serial: MutexGuard<'static, ()>,
+/// One scenario's testbed with `nodes` nodes.
+fn new_bed(name: &str, nodes: usize) -> Bed {
+    Bed::new("fp-dp", name, nodes)
 }
 
-impl Bed {
-    fn new(name: &str, nodes: usize) -> Bed {
-        let serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-        let dir = std::env::temp_dir().join(format!("fp-dp-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let plan = Plan::new(&dir, nodes).expect("plan");
-        let dp = Arc::new(Dataplane::create(&plan).expect("create dataplane"));
-        Bed {
-            plan,
-            dp,
-            dir,
-            _serial: serial,
-        }
-    }
-
-    fn truth(&self) -> (Truth, PathBuf) {
-        let p = self.dir.join("truth.jsonl");
-        (Truth::open(&p).expect("truth"), p)
-    }
-}
-
-impl Drop for Bed {
-    fn drop(&mut self) {
-        if let Err(e) = Dataplane::destroy(&self.plan) {
-            eprintln!("destroy failed: {e}");
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// A tiny TCP server inside a pod netns: answers every connection with `<name>\n`.
-/// Runs on a [`NetnsThread`]; stops when dropped.
-struct Server {
-    _thread: NetnsThread,
-}
-
-fn serve(netns: &str, name: &str) -> Server {
-    let thread = NetnsThread::spawn(netns).expect("netns thread");
-    let (tx, rx) = std::sync::mpsc::channel();
-    let reply = format!("{name}\n");
-    thread.handle().spawn(async move {
-        // Bound inside the runtime's thread, hence inside the pod netns.
-        let l = match tokio::net::TcpListener::bind(("0.0.0.0", PORT)).await {
-            Ok(l) => {
-                let _ = tx.send(Ok(()));
-                l
-            }
-            Err(e) => {
-                let _ = tx.send(Err(e));
-                return;
-            }
-        };
-        loop {
-            if let Ok((mut s, _)) = l.accept().await {
-                let reply = reply.clone();
-                tokio::spawn(async move {
-                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                    // Read the request first: closing with unread data would send RST.
-                    let mut req = [0u8; 64];
-                    let _ = tokio::time::timeout(Duration::from_secs(1), s.read(&mut req)).await;
-                    let _ = s.write_all(reply.as_bytes()).await;
-                });
-            }
-        }
-    });
-    rx.recv_timeout(Duration::from_secs(5))
-        .expect("server start")
-        .expect("bind");
-    Server { _thread: thread }
-}
-
-/// One TCP exchange (request line, answer) from inside netns `from` to `ip:8080` with a
-/// 300 ms connect budget. Returns the peer's answer.
-fn dial(from: &str, ip: Ipv4Addr) -> Result<String, String> {
-    dial_within(from, ip, Duration::from_millis(300))
-}
-
-fn dial_within(from: &str, ip: Ipv4Addr, connect: Duration) -> Result<String, String> {
-    run_in_netns(from, || {
-        let addr = SocketAddr::from((ip, PORT));
-        let mut s = TcpStream::connect_timeout(&addr, connect).map_err(|e| e.to_string())?;
-        s.set_read_timeout(Some(Duration::from_millis(300)))
-            .map_err(|e| e.to_string())?;
-        let _ = s.write_all(b"hi\n");
-        let mut buf = String::new();
-        s.read_to_string(&mut buf).map_err(|e| e.to_string())?;
-        Ok(buf)
-    })
-    .map_err(|e| e.to_string())?
-}
-
-fn node_ns(bed: &Bed, i: usize) -> String {
-    bed.plan.nodes[i].netns.clone()
-}
-
-/// Dials (100 ms connect budget: a dropped SYN is not retransmitted within it) every
-/// `every` until success or `limit`; returns the wall time (Unix s) at which the
-/// successful attempt was sent.
-fn first_success(from: &str, ip: Ipv4Addr, every: Duration, limit: Duration) -> Option<f64> {
-    let end = Instant::now() + limit;
-    while Instant::now() < end {
-        let sent = unix_now();
-        if dial_within(from, ip, Duration::from_millis(100)).is_ok() {
-            return Some(sent);
-        }
-        std::thread::sleep(every);
-    }
-    None
-}
-
-fn events(path: &std::path::Path, kind: TruthKind, uid: &str) -> Vec<TruthEvent> {
-    read_truth(path)
-        .expect("read truth")
-        .into_iter()
-        .filter(|e| e.event == kind && e.uid.as_deref() == Some(uid))
-        .collect()
-}
-
-fn agents(bed: &Bed, truth: &Truth, faults: &Faults) -> Vec<Agent> {
-    bed.plan
-        .nodes
-        .iter()
-        .map(|n| {
-            Agent::new(
-                n.clone(),
-                BTreeMap::new(),
-                bed.dp.clone(),
-                truth.clone(),
-                faults.clone(),
-            )
-        })
-        .collect()
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
+/// Pod `a` (uid-a) on node-1 and pod `b` (uid-b, serving `b\n`) on node-2, both
+/// announced to their node's agent (`ag[0]`, `ag[1]`).
+fn a_and_b(bed: &Bed, ag: &[Arc<Agent>]) -> (PodNet, PodNet, Server) {
+    let a = bed
+        .dp
+        .add_pod("node-1", "default", "a", "uid-a")
+        .expect("add a");
+    let b = bed
+        .dp
+        .add_pod("node-2", "default", "b", "uid-b")
+        .expect("add b");
+    let sb = serve(&b.netns, "b");
+    ag[0].endpoint_added(&a);
+    ag[1].endpoint_added(&b);
+    (a, b, sb)
 }
 
 #[test]
 fn cross_node_pod_traffic_needs_both_endpoints_programmed() {
-    let bed = Bed::new("allow", 2);
+    let bed = new_bed("allow", 2);
     let started = Instant::now();
     let a = bed
         .dp
@@ -194,11 +60,11 @@ fn cross_node_pod_traffic_needs_both_endpoints_programmed() {
     let _sa = serve(&a.netns, "a");
 
     // The node reaches its own pods before any programming (kubelet probes pass).
-    assert_eq!(dial(&node_ns(&bed, 1), b.ip).as_deref(), Ok("b\n"));
-    assert_eq!(dial(&node_ns(&bed, 0), a.ip).as_deref(), Ok("a\n"));
+    assert_eq!(dial(&bed.node_ns(1), b.ip).as_deref(), Ok("b\n"));
+    assert_eq!(dial(&bed.node_ns(0), a.ip).as_deref(), Ok("a\n"));
     // Forwarded traffic does not flow yet: pod→pod, node→remote pod, host→pod.
     assert!(dial(&a.netns, b.ip).is_err());
-    assert!(dial(&node_ns(&bed, 0), b.ip).is_err());
+    assert!(dial(&bed.node_ns(0), b.ip).is_err());
     assert!(dial(&bed.plan.host_netns, b.ip).is_err());
 
     bed.dp.allow("node-2", b.ip).expect("allow b");
@@ -223,7 +89,7 @@ fn cross_node_pod_traffic_needs_both_endpoints_programmed() {
 
 #[test]
 fn same_name_pod_gets_same_iface_and_removal_is_idempotent() {
-    let bed = Bed::new("reuse", 2);
+    let bed = new_bed("reuse", 2);
     let first = bed
         .dp
         .add_pod("node-1", "ns1", "web-0", "uid-1")
@@ -236,7 +102,7 @@ fn same_name_pod_gets_same_iface_and_removal_is_idempotent() {
     ));
     // … and that failed attempt left the first pod's sandbox intact.
     let _s1 = serve(&first.netns, "web-0");
-    assert_eq!(dial(&node_ns(&bed, 0), first.ip).as_deref(), Ok("web-0\n"));
+    assert_eq!(dial(&bed.node_ns(0), first.ip).as_deref(), Ok("web-0\n"));
     drop(_s1);
     bed.dp.remove_pod(&first).expect("remove");
     bed.dp.remove_pod(&first).expect("remove again");
@@ -257,7 +123,7 @@ fn same_name_pod_gets_same_iface_and_removal_is_idempotent() {
         "Calico-like FIFO IPAM does not hand the freed IP out at once"
     );
     let _s = serve(&second.netns, "web-0");
-    assert_eq!(dial(&node_ns(&bed, 0), second.ip).as_deref(), Ok("web-0\n"));
+    assert_eq!(dial(&bed.node_ns(0), second.ip).as_deref(), Ok("web-0\n"));
 
     // Concurrent CNI ADDs get distinct addresses and all work.
     let pods: Vec<PodNet> = std::thread::scope(|s| {
@@ -277,20 +143,20 @@ fn same_name_pod_gets_same_iface_and_removal_is_idempotent() {
     assert_eq!(ips.len(), 6);
     let _servers: Vec<Server> = pods.iter().map(|p| serve(&p.netns, &p.pod)).collect();
     for p in &pods {
-        assert_eq!(dial(&node_ns(&bed, 1), p.ip), Ok(format!("{}\n", p.pod)));
+        assert_eq!(dial(&bed.node_ns(1), p.ip), Ok(format!("{}\n", p.pod)));
     }
 }
 
 #[test]
 fn program_delay_holds_first_packet_and_truth_agrees() {
-    let bed = Bed::new("delay", 2);
+    let bed = new_bed("delay", 2);
     let (truth, path) = bed.truth();
     let faults = Faults::new(
         FaultFile::parse("rules:\n- nodes: {all: true}\n  program_delay: 1s\n").expect("faults"),
     );
     let rt = rt();
     let _g = rt.enter();
-    let ag = agents(&bed, &truth, &faults);
+    let ag = bed.agents(&faults, &[]);
 
     let b = bed
         .dp
@@ -364,8 +230,8 @@ fn program_delay_holds_first_packet_and_truth_agrees() {
 
 #[test]
 fn resync_loop_programs_only_inside_open_windows() {
-    let bed = Bed::new("resync", 2);
-    let (truth, path) = bed.truth();
+    let bed = new_bed("resync", 2);
+    let path = bed.truth_path.clone();
     let applied_wall = unix_now();
     let faults = Faults::new(
         FaultFile::parse("rules:\n- nodes: {all: true}\n  program_delay: 300ms\n  resync_loop: {period: 2s, open: 200ms}\n")
@@ -373,18 +239,8 @@ fn resync_loop_programs_only_inside_open_windows() {
     );
     let rt = rt();
     let _g = rt.enter();
-    let ag = agents(&bed, &truth, &faults);
-    let a = bed
-        .dp
-        .add_pod("node-1", "default", "a", "uid-a")
-        .expect("add a");
-    let b = bed
-        .dp
-        .add_pod("node-2", "default", "b", "uid-b")
-        .expect("add b");
-    let _sb = serve(&b.netns, "b");
-    ag[0].endpoint_added(&a);
-    ag[1].endpoint_added(&b);
+    let ag = bed.agents(&faults, &[]);
+    let (a, b, _sb) = a_and_b(&bed, &ag);
     // Due at ~0.3 s, after the first window [0, 0.2) closed: next window opens at 2 s.
     std::thread::sleep(Duration::from_millis(1200));
     assert!(dial(&a.netns, b.ip).is_err(), "programmed outside a window");
@@ -413,26 +269,16 @@ fn resync_loop_programs_only_inside_open_windows() {
 
 #[test]
 fn never_program_blocks_until_the_fault_is_cleared() {
-    let bed = Bed::new("never", 2);
-    let (truth, path) = bed.truth();
+    let bed = new_bed("never", 2);
+    let path = bed.truth_path.clone();
     let faults = Faults::new(
         FaultFile::parse("rules:\n- nodes: {names: [node-2]}\n  never_program: true\n")
             .expect("faults"),
     );
     let rt = rt();
     let _g = rt.enter();
-    let ag = agents(&bed, &truth, &faults);
-    let a = bed
-        .dp
-        .add_pod("node-1", "default", "a", "uid-a")
-        .expect("add a");
-    let b = bed
-        .dp
-        .add_pod("node-2", "default", "b", "uid-b")
-        .expect("add b");
-    let _sb = serve(&b.netns, "b");
-    ag[0].endpoint_added(&a);
-    ag[1].endpoint_added(&b);
+    let ag = bed.agents(&faults, &[]);
+    let (a, b, _sb) = a_and_b(&bed, &ag);
     std::thread::sleep(Duration::from_millis(800));
     assert_eq!(
         events(&path, TruthKind::EndpointProgrammed, "uid-a").len(),
@@ -466,7 +312,7 @@ fn never_program_blocks_until_the_fault_is_cleared() {
 
 #[test]
 fn destroy_leaves_no_netns_and_no_processes() {
-    let bed = Bed::new("destroy", 3);
+    let bed = new_bed("destroy", 3);
     let p = bed
         .dp
         .add_pod("node-3", "default", "x", "uid-x")

@@ -1,216 +1,27 @@
 //! Every fault primitive of DESIGN §5 on real traffic between network namespaces, the
 //! Felix-compatible metrics page, and the SCENARIOS.md fault files. Needs root, `ip`,
 //! `nft` and (for `clock_skew`) Debian's `libfaketime`. Scenarios run one at a time (a
-//! static lock) in their own state dir and always tear down (drop guard).
+//! static lock) in their own state dir and always tear down (drop guard), checked to
+//! leave no netns behind; the harness is in `netns_support`.
+
+mod netns_support;
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use testbed::agent::Agent;
-use testbed::dataplane::{list_netns, Dataplane, PodNet};
+use netns_support::{dial, dial_within, first_success, rt, serve, Bed, Server};
+use testbed::dataplane::PodNet;
 use testbed::fault::{FaultFile, Faults};
 use testbed::felix::{bind_and_serve, FELIX_METRICS_PORT};
 use testbed::netns::{run_in_netns, NetnsThread};
-use testbed::plan::Plan;
-use testbed::truth::{read_truth, truth_ttfp, unix_now, Truth, TruthEvent, TruthKind};
+use testbed::truth::{read_truth, truth_ttfp, unix_now, TruthEvent, TruthKind};
 
-static SERIAL: Mutex<()> = Mutex::new(());
-
-const PORT: u16 = 8080;
-
-/// One scenario's testbed: state dir, plan, dataplane; destroyed on drop (even when the
-/// test panics), and checked to leave no netns behind.
-struct Bed {
-    plan: Plan,
-    dp: Arc<Dataplane>,
-    dir: PathBuf,
-    truth: Truth,
-    truth_path: PathBuf,
-    _serial: MutexGuard<'static, ()>,
-}
-
-impl Bed {
-    fn new(name: &str, nodes: usize) -> Bed {
-        let serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-        let dir = std::env::temp_dir().join(format!("fp-faults-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let plan = Plan::new(&dir, nodes).expect("plan");
-        let dp = Arc::new(Dataplane::create(&plan).expect("create dataplane"));
-        let truth_path = dir.join("truth.jsonl");
-        let truth = Truth::open(&truth_path).expect("truth");
-        Bed {
-            plan,
-            dp,
-            dir,
-            truth,
-            truth_path,
-            _serial: serial,
-        }
-    }
-
-    fn node_ns(&self, i: usize) -> String {
-        self.plan.nodes[i].netns.clone()
-    }
-
-    fn events(&self, kind: TruthKind) -> Vec<TruthEvent> {
-        read_truth(&self.truth_path)
-            .expect("read truth")
-            .into_iter()
-            .filter(|e| e.event == kind)
-            .collect()
-    }
-
-    fn pod_events(&self, kind: TruthKind, uid: &str) -> Vec<TruthEvent> {
-        self.events(kind)
-            .into_iter()
-            .filter(|e| e.uid.as_deref() == Some(uid))
-            .collect()
-    }
-
-    /// Agents for every node; `labels` by node name.
-    fn agents(&self, faults: &Faults, labels: &[(&str, &str, &str)]) -> Vec<Arc<Agent>> {
-        self.plan
-            .nodes
-            .iter()
-            .map(|n| {
-                let l: BTreeMap<String, String> = labels
-                    .iter()
-                    .filter(|(node, _, _)| *node == n.name)
-                    .map(|(_, k, v)| (k.to_string(), v.to_string()))
-                    .collect();
-                Arc::new(Agent::new(
-                    n.clone(),
-                    l,
-                    self.dp.clone(),
-                    self.truth.clone(),
-                    faults.clone(),
-                ))
-            })
-            .collect()
-    }
-
-    fn add(&self, agent: &Agent, node: usize, pod: &str) -> PodNet {
-        let net = self
-            .dp
-            .add_pod(
-                &self.plan.nodes[node].name,
-                "default",
-                pod,
-                &format!("uid-{pod}-{}", unix_now()),
-            )
-            .expect("add pod");
-        agent.endpoint_added(&net);
-        net
-    }
-
-    /// Waits (≤ `limit`) until `uid` has an `endpoint_programmed` event; returns its t.
-    fn wait_programmed(&self, uid: &str, limit: Duration) -> f64 {
-        let end = Instant::now() + limit;
-        loop {
-            if let Some(e) = self.pod_events(TruthKind::EndpointProgrammed, uid).first() {
-                return e.t;
-            }
-            assert!(Instant::now() < end, "{uid} never programmed");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-impl Drop for Bed {
-    fn drop(&mut self) {
-        if let Err(e) = Dataplane::destroy(&self.plan) {
-            eprintln!("destroy failed: {e}");
-        }
-        let left = list_netns(&self.plan.prefix);
-        let _ = std::fs::remove_dir_all(&self.dir);
-        if !std::thread::panicking() {
-            assert!(left.is_empty(), "netns left behind: {left:?}");
-        }
-    }
-}
-
-/// A tiny TCP server inside a pod netns: answers every connection with `<name>\n`.
-struct Server {
-    _thread: NetnsThread,
-}
-
-fn serve(netns: &str, name: &str) -> Server {
-    let thread = NetnsThread::spawn(netns).expect("netns thread");
-    let (tx, rx) = std::sync::mpsc::channel();
-    let reply = format!("{name}\n");
-    thread.handle().spawn(async move {
-        let l = match tokio::net::TcpListener::bind(("0.0.0.0", PORT)).await {
-            Ok(l) => {
-                let _ = tx.send(Ok(()));
-                l
-            }
-            Err(e) => {
-                let _ = tx.send(Err(e));
-                return;
-            }
-        };
-        loop {
-            if let Ok((mut s, _)) = l.accept().await {
-                let reply = reply.clone();
-                tokio::spawn(async move {
-                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                    let mut req = [0u8; 64];
-                    let _ = tokio::time::timeout(Duration::from_secs(1), s.read(&mut req)).await;
-                    let _ = s.write_all(reply.as_bytes()).await;
-                });
-            }
-        }
-    });
-    rx.recv_timeout(Duration::from_secs(5))
-        .expect("server start")
-        .expect("bind");
-    Server { _thread: thread }
-}
-
-/// One TCP exchange from inside netns `from` to `ip:8080`, `connect` budget (below the
-/// first SYN retransmit, so a dropped SYN is one failed connection).
-fn dial_within(from: &str, ip: Ipv4Addr, connect: Duration) -> Result<String, String> {
-    run_in_netns(from, || {
-        let addr = SocketAddr::from((ip, PORT));
-        let mut s = TcpStream::connect_timeout(&addr, connect).map_err(|e| e.to_string())?;
-        s.set_read_timeout(Some(Duration::from_millis(300)))
-            .map_err(|e| e.to_string())?;
-        let _ = s.write_all(b"hi\n");
-        let mut buf = String::new();
-        s.read_to_string(&mut buf).map_err(|e| e.to_string())?;
-        Ok(buf)
-    })
-    .map_err(|e| e.to_string())?
-}
-
-fn dial(from: &str, ip: Ipv4Addr) -> Result<String, String> {
-    dial_within(from, ip, Duration::from_millis(300))
-}
-
-/// Dials every `every` until success or `limit`; returns the Unix time the successful
-/// attempt was sent.
-fn first_success(from: &str, ip: Ipv4Addr, every: Duration, limit: Duration) -> Option<f64> {
-    let end = Instant::now() + limit;
-    while Instant::now() < end {
-        let sent = unix_now();
-        if dial_within(from, ip, Duration::from_millis(100)).is_ok() {
-            return Some(sent);
-        }
-        std::thread::sleep(every);
-    }
-    None
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
+/// One scenario's testbed with `nodes` nodes, checked on drop to leave no netns behind.
+fn new_bed(name: &str, nodes: usize) -> Bed {
+    Bed::new("fp-faults", name, nodes).checking_leftovers()
 }
 
 fn faults(yaml: &str) -> Faults {
@@ -230,7 +41,7 @@ fn scenario(name: &str) -> FaultFile {
 
 #[test]
 fn queue_programs_a_burst_one_after_another() {
-    let bed = Bed::new("queue", 2);
+    let bed = new_bed("queue", 2);
     let rt = rt();
     let _g = rt.enter();
     let f = faults("rules:\n- nodes: {names: [node-2]}\n  queue: {per_endpoint: 300ms}\n");
@@ -274,7 +85,7 @@ fn queue_programs_a_burst_one_after_another() {
 
 #[test]
 fn revoke_works_then_fails_at_the_configured_time() {
-    let bed = Bed::new("revoke", 2);
+    let bed = new_bed("revoke", 2);
     let rt = rt();
     let _g = rt.enter();
     let f = faults("rules:\n- nodes: {names: [node-2]}\n  revoke: {after: 1s}\n");
@@ -317,7 +128,7 @@ fn revoke_works_then_fails_at_the_configured_time() {
 #[test]
 fn name_reuse_race_leaves_recreated_same_name_pod_unreachable_for_good() {
     // SCENARIOS.md S3 with its own fault file.
-    let bed = Bed::new("reuse", 2);
+    let bed = new_bed("reuse", 2);
     let rt = rt();
     let _g = rt.enter();
     let f = Faults::new(scenario("s3-name-reuse.yaml"));
@@ -372,7 +183,7 @@ fn name_reuse_race_leaves_recreated_same_name_pod_unreachable_for_good() {
 
 #[test]
 fn first_connections_dropped_fails_first_n_then_all_succeed() {
-    let bed = Bed::new("fcd", 2);
+    let bed = new_bed("fcd", 2);
     let rt = rt();
     let _g = rt.enter();
     let f = faults("rules:\n- nodes: {names: [node-2]}\n  first_connections_dropped: 3\n");
@@ -407,7 +218,7 @@ fn first_connections_dropped_fails_first_n_then_all_succeed() {
 #[test]
 fn cross_node_breaks_cross_node_pairs_and_same_node_still_works() {
     // SCENARIOS.md S4 with its own fault file.
-    let bed = Bed::new("xnode", 2);
+    let bed = new_bed("xnode", 2);
     let rt = rt();
     let _g = rt.enter();
     let f = Faults::new(scenario("s4-cross-node.yaml"));
@@ -468,7 +279,7 @@ fn cross_node_breaks_cross_node_pairs_and_same_node_still_works() {
 
 #[test]
 fn cross_node_with_named_peers_breaks_only_those() {
-    let bed = Bed::new("xnames", 3);
+    let bed = new_bed("xnames", 3);
     let rt = rt();
     let _g = rt.enter();
     // In force only for the first 1.5 s after the file was applied.
@@ -509,7 +320,7 @@ fn cross_node_with_named_peers_breaks_only_those() {
 
 #[test]
 fn stale_routes_blackhole_a_new_pod_on_other_nodes_for_a_while() {
-    let bed = Bed::new("stale", 3);
+    let bed = new_bed("stale", 3);
     let rt = rt();
     let _g = rt.enter();
     let f = faults("rules:\n- nodes: {names: [node-2]}\n  stale_routes: {k: 2, for: 1500ms}\n");
@@ -568,7 +379,7 @@ fn clock_skew_shifts_the_wall_clock_of_pod_processes_on_that_node() {
         Path::new(testbed::fault::LIBFAKETIME_PATH).exists(),
         "clock_skew needs Debian's libfaketime (apt-get install libfaketime)"
     );
-    let bed = Bed::new("skew", 2);
+    let bed = new_bed("skew", 2);
     let rt = rt();
     let _g = rt.enter();
     let f = faults("rules:\n- nodes: {names: [node-2]}\n  clock_skew: +30s\n");
@@ -686,7 +497,7 @@ impl Page {
 
 #[test]
 fn s2_felix_apply_time_p99_is_high_on_slow_nodes_while_failures_stay_flat() {
-    let bed = Bed::new("s2", 2);
+    let bed = new_bed("s2", 2);
     let rt = rt();
     let _g = rt.enter();
     let f = Faults::new(scenario("s2-apply-loop.yaml"));
@@ -751,7 +562,7 @@ fn s2_felix_apply_time_p99_is_high_on_slow_nodes_while_failures_stay_flat() {
 
 #[test]
 fn agent_faults_show_in_readiness_restarts_and_felix_counters() {
-    let bed = Bed::new("agent", 2);
+    let bed = new_bed("agent", 2);
     let rt = rt();
     let _g = rt.enter();
     // S5's own file: node-1 is on the slower OS, with failures counted every second.

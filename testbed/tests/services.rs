@@ -2,115 +2,37 @@
 //! kind): a Service and its EndpointSlice in the store, the kube-proxy-like
 //! [`ServiceProxy`] on the client's node, a TCP server in a pod on another node.
 //! Needs root, `ip` and `nft`. Scenarios run one at a time (a static lock) in their own
-//! state dir and always tear down (drop guard).
+//! state dir and always tear down (drop guard); the harness is in `netns_support`.
 
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::path::PathBuf;
+mod netns_support;
+
+use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use netns_support::{dial_port, rt, serve, Bed, Server};
 use serde_json::json;
 use testbed::api::{service_cidr, Kind, Store};
-use testbed::dataplane::{Dataplane, PodNet};
-use testbed::netns::{run_in_netns, NetnsThread};
-use testbed::plan::Plan;
-use testbed::services::{ServiceProgrammed, ServiceProxy, ServiceProxyConfig, NFT_SVC_TABLE};
-
-static SERIAL: Mutex<()> = Mutex::new(());
+use testbed::dataplane::PodNet;
+use testbed::plan::Ipv4Cidr;
+use testbed::services::{
+    ProgrammedFn, ServiceProgrammed, ServiceProxy, ServiceProxyConfig, NFT_SVC_TABLE,
+};
 
 /// Container port of the pod's server; the Service maps port 80 to it.
-const TARGET_PORT: u16 = 8080;
+const TARGET_PORT: u16 = netns_support::PORT;
 const SERVICE_PORT: u16 = 80;
 
-/// One scenario's testbed: state dir, plan, dataplane; destroyed on drop (even when the
-/// test panics).
-struct Bed {
-    plan: Plan,
-    dp: Arc<Dataplane>,
-    dir: PathBuf,
-    _serial: MutexGuard<'static, ()>,
-}
-
-impl Bed {
-    fn new(name: &str, nodes: usize) -> Bed {
-        let serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-        let dir = std::env::temp_dir().join(format!("fp-svc-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let plan = Plan::new(&dir, nodes).expect("plan");
-        let dp = Arc::new(Dataplane::create(&plan).expect("create dataplane"));
-        Bed {
-            plan,
-            dp,
-            dir,
-            _serial: serial,
-        }
-    }
-}
-
-impl Drop for Bed {
-    fn drop(&mut self) {
-        if let Err(e) = Dataplane::destroy(&self.plan) {
-            eprintln!("destroy failed: {e}");
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// A tiny TCP server inside a pod netns answering `<name>\n`; stops when dropped.
-struct Server {
-    _thread: NetnsThread,
-}
-
-fn serve(netns: &str, name: &str) -> Server {
-    let thread = NetnsThread::spawn(netns).expect("netns thread");
-    let (tx, rx) = std::sync::mpsc::channel();
-    let reply = format!("{name}\n");
-    thread.handle().spawn(async move {
-        let l = match tokio::net::TcpListener::bind(("0.0.0.0", TARGET_PORT)).await {
-            Ok(l) => {
-                let _ = tx.send(Ok(()));
-                l
-            }
-            Err(e) => {
-                let _ = tx.send(Err(e));
-                return;
-            }
-        };
-        loop {
-            if let Ok((mut s, _)) = l.accept().await {
-                let reply = reply.clone();
-                tokio::spawn(async move {
-                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                    let mut req = [0u8; 64];
-                    let _ = tokio::time::timeout(Duration::from_secs(1), s.read(&mut req)).await;
-                    let _ = s.write_all(reply.as_bytes()).await;
-                });
-            }
-        }
-    });
-    rx.recv_timeout(Duration::from_secs(5))
-        .expect("server start")
-        .expect("bind");
-    Server { _thread: thread }
+/// One scenario's testbed with `nodes` nodes.
+fn new_bed(name: &str, nodes: usize) -> Bed {
+    Bed::new("fp-svc", name, nodes)
 }
 
 /// One TCP exchange from inside netns `from` to `ip:port` (100 ms connect budget, below
 /// the first SYN retransmit). Returns the peer's answer or the error text.
 fn dial(from: &str, ip: Ipv4Addr, port: u16) -> Result<String, String> {
-    run_in_netns(from, || {
-        let addr = SocketAddr::from((ip, port));
-        let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(100))
-            .map_err(|e| e.to_string())?;
-        s.set_read_timeout(Some(Duration::from_millis(300)))
-            .map_err(|e| e.to_string())?;
-        let _ = s.write_all(b"hi\n");
-        let mut buf = String::new();
-        s.read_to_string(&mut buf).map_err(|e| e.to_string())?;
-        Ok(buf)
-    })
-    .map_err(|e| e.to_string())?
+    dial_port(from, ip, port, Duration::from_millis(100))
 }
 
 /// Dials every 25 ms until success or `limit`; returns the `Instant` the successful
@@ -127,14 +49,6 @@ fn first_success(from: &str, ip: Ipv4Addr, port: u16, limit: Duration) -> Option
         std::thread::sleep(Duration::from_millis(25));
     }
     None
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
 }
 
 /// Creates the Pod object for a sandbox `net` with `labels`, bound and Running with
@@ -189,12 +103,50 @@ impl Record {
         None
     }
 
+    /// The proxy's `on_programmed` callback: records each report with its arrival.
+    fn recorder(self: &Arc<Self>) -> ProgrammedFn {
+        let rec = self.clone();
+        Arc::new(move |p| {
+            rec.programmed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((Instant::now(), p))
+        })
+    }
+
     fn programmed_len(&self) -> usize {
         self.programmed
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .len()
     }
+}
+
+/// A store with the plan's service CIDR and the controllers (EndpointSlices) running
+/// on `rt`; returns the store and the CIDR.
+fn store_with_controllers(rt: &tokio::runtime::Runtime, bed: &Bed) -> (Arc<Store>, Ipv4Cidr) {
+    let store = Store::new();
+    let cidr = service_cidr(bed.plan.index);
+    store.set_service_cidr(cidr);
+    rt.spawn(testbed::controllers::run(store.clone()));
+    (store, cidr)
+}
+
+/// Client pod `client` on node-1 and target pod `target` (serving `target\n`) on
+/// node-2, both allowed in the CNI dataplane.
+fn client_and_target(bed: &Bed) -> (PodNet, PodNet, Server) {
+    let c = bed
+        .dp
+        .add_pod("node-1", "default", "client", "uid-c")
+        .expect("add client");
+    let t = bed
+        .dp
+        .add_pod("node-2", "default", "target", "uid-t")
+        .expect("add target");
+    bed.dp.allow("node-1", c.ip).expect("allow client");
+    bed.dp.allow("node-2", t.ip).expect("allow target");
+    let server = serve(&t.netns, "target");
+    (c, t, server)
 }
 
 fn nft_tables(netns: &str) -> String {
@@ -207,26 +159,12 @@ fn nft_tables(netns: &str) -> String {
 
 #[test]
 fn cluster_ip_works_only_after_the_delayed_programming_and_stops_when_the_endpoint_goes() {
-    let bed = Bed::new("path", 2);
+    let bed = new_bed("path", 2);
     let rt = rt();
-    let store = Store::new();
-    let cidr = service_cidr(bed.plan.index);
-    store.set_service_cidr(cidr);
-    rt.spawn(testbed::controllers::run(store.clone()));
-
+    let (store, cidr) = store_with_controllers(&rt, &bed);
     // Client pod on node-1, target pod on node-2, both programmed in the CNI dataplane,
     // so only the service rules decide.
-    let c = bed
-        .dp
-        .add_pod("node-1", "default", "client", "uid-c")
-        .expect("add client");
-    let t = bed
-        .dp
-        .add_pod("node-2", "default", "target", "uid-t")
-        .expect("add target");
-    bed.dp.allow("node-1", c.ip).expect("allow client");
-    bed.dp.allow("node-2", t.ip).expect("allow target");
-    let _server = serve(&t.netns, "target");
+    let (c, t, _server) = client_and_target(&bed);
     assert_eq!(
         dial(&c.netns, t.ip, TARGET_PORT).as_deref(),
         Ok("target\n"),
@@ -250,15 +188,7 @@ fn cluster_ip_works_only_after_the_delayed_programming_and_stops_when_the_endpoi
                 Duration::from_millis(d.load(Ordering::SeqCst))
             })
         },
-        on_programmed: {
-            let rec = rec.clone();
-            Arc::new(move |p| {
-                rec.programmed
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push((Instant::now(), p))
-            })
-        },
+        on_programmed: rec.recorder(),
     };
     let proxy = rt
         .block_on(ServiceProxy::start(store.clone(), cfg))
@@ -386,23 +316,10 @@ fn cluster_ip_works_only_after_the_delayed_programming_and_stops_when_the_endpoi
 
 #[test]
 fn a_newer_change_supersedes_one_still_waiting_for_its_delay() {
-    let bed = Bed::new("supersede", 2);
+    let bed = new_bed("supersede", 2);
     let rt = rt();
-    let store = Store::new();
-    let cidr = service_cidr(bed.plan.index);
-    store.set_service_cidr(cidr);
-    rt.spawn(testbed::controllers::run(store.clone()));
-    let c = bed
-        .dp
-        .add_pod("node-1", "default", "client", "uid-c")
-        .expect("add client");
-    let t = bed
-        .dp
-        .add_pod("node-2", "default", "target", "uid-t")
-        .expect("add target");
-    bed.dp.allow("node-1", c.ip).expect("allow client");
-    bed.dp.allow("node-2", t.ip).expect("allow target");
-    let _server = serve(&t.netns, "target");
+    let (store, cidr) = store_with_controllers(&rt, &bed);
+    let (c, t, _server) = client_and_target(&bed);
 
     // Long delay for the first change (Ready), a short one for the second (not Ready):
     // the endpoint must never be programmed.
@@ -426,15 +343,7 @@ fn a_newer_change_supersedes_one_still_waiting_for_its_delay() {
                 }
             })
         },
-        on_programmed: {
-            let rec = rec.clone();
-            Arc::new(move |p| {
-                rec.programmed
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push((Instant::now(), p))
-            })
-        },
+        on_programmed: rec.recorder(),
     };
     // Service, then a Ready target, both before the proxy starts: one change (1.5 s).
     let svc = store
