@@ -12,8 +12,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("'{s}': {e}"))
 }
 
-/// Probe kinds (DESIGN §2 "Kinds"). `service` is accepted by the parser but rejected by
-/// [`check_kinds`] until the testbed has a Service dataplane.
+/// Probe kinds (DESIGN §2 "Kinds"; API-write budgets in `crate::probe` docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 #[value(rename_all = "snake_case")]
 pub enum ProbeKind {
@@ -51,7 +50,7 @@ pub enum LogFormat {
     Json,
 }
 
-/// How node-agent metrics are scraped (DESIGN §3). Accepted; not used yet.
+/// How node-agent metrics are scraped (DESIGN §3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum AgentScrape {
     /// `http://<hostIP>:<port>/metrics` (in-cluster).
@@ -169,7 +168,10 @@ pub struct ProbeArgs {
 
     /// Probe kinds, comma-separated: cross_node, same_node (control pair on one
     /// node), recreate (stable-name target deleted and recreated on its node), burst
-    /// (target created among --burst-size filler pods). `service` is not implemented yet.
+    /// (target created among --burst-size filler pods), service (through a per-probe
+    /// ClusterIP Service selecting only the fresh target: the source dials
+    /// <clusterIP>:80). API writes per probe: 4 for cross_node and same_node, 6 for
+    /// recreate and service, 4 + 2 × --burst-size for burst.
     #[arg(
         long,
         env = "FIRSTPACKET_KINDS",
@@ -207,7 +209,7 @@ pub struct ProbeArgs {
     #[arg(long, env = "FIRSTPACKET_GROUP_BY_LABEL", value_delimiter = ',')]
     pub group_by_label: Vec<String>,
 
-    /// How to scrape node agents' metrics (accepted; not used yet).
+    /// How to scrape node agents' metrics (DESIGN §3): direct, API-server proxy, or auto.
     #[arg(
         long,
         env = "FIRSTPACKET_AGENT_SCRAPE",
@@ -215,6 +217,12 @@ pub struct ProbeArgs {
         default_value = "auto"
     )]
     pub agent_scrape: AgentScrape,
+
+    /// Node-agent profiles file (YAML or JSON; adds, replaces or disables the built-in
+    /// calico-felix, cilium-agent, kube-proxy and aws-node profiles; schema in
+    /// `prober::agents::profiles`). Without it the built-ins are used.
+    #[arg(long, env = "FIRSTPACKET_AGENT_CONFIG")]
+    pub agent_config: Option<std::path::PathBuf>,
 
     /// Log format on stderr (filter with RUST_LOG, default info).
     #[arg(
@@ -301,19 +309,11 @@ pub struct RunArgs {
 /// Default `--hold` for the gate (DESIGN §2 step 7).
 pub const GATE_DEFAULT_HOLD: Duration = Duration::from_secs(5);
 
-/// Checks `--kinds`: duplicates removed (first occurrence kept), `service` rejected
-/// with [`crate::Error::NotImplemented`] (the testbed has no Service dataplane yet, so
-/// the path could not be tested; issue 5), an empty list rejected.
+/// Checks `--kinds`: duplicates removed (first occurrence kept), an empty list rejected
+/// ([`crate::Error::Config`]).
 pub fn check_kinds(kinds: &[ProbeKind]) -> Result<Vec<ProbeKind>, crate::Error> {
     let mut out: Vec<ProbeKind> = Vec::new();
     for k in kinds {
-        if *k == ProbeKind::Service {
-            return Err(crate::Error::NotImplemented(
-                "--kinds service (probes through a ClusterIP Service need the testbed's \
-                 Service dataplane; use cross_node, same_node, recreate, burst)"
-                    .into(),
-            ));
-        }
         if !out.contains(k) {
             out.push(*k);
         }
@@ -412,7 +412,7 @@ mod tests {
     }
 
     #[test]
-    fn kinds_are_deduplicated_and_service_is_rejected_with_a_reason() {
+    fn kinds_are_deduplicated_and_service_is_accepted() {
         let g = gate(&["--kinds", "same_node,cross_node,same_node,burst"]).expect("parse");
         assert_eq!(
             check_kinds(&g.probe.kinds).expect("ok"),
@@ -420,8 +420,10 @@ mod tests {
         );
         assert_eq!(g.probe.burst_size, 10);
         let g = gate(&["--kinds", "cross_node,service"]).expect("parse");
-        let err = check_kinds(&g.probe.kinds).expect_err("service rejected");
-        assert!(err.to_string().contains("service"), "{err}");
+        assert_eq!(
+            check_kinds(&g.probe.kinds).expect("service accepted"),
+            vec![ProbeKind::CrossNode, ProbeKind::Service]
+        );
         assert!(check_kinds(&[]).is_err());
         assert!(gate(&["--burst-size", "1000"]).is_err());
     }

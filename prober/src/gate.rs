@@ -611,6 +611,8 @@ pub fn render_text(report: &GateReport, group_by: &[String]) -> String {
         );
     }
 
+    out.push_str(&render_agent_findings(report));
+
     let mut header = vec!["NODE".to_string()];
     header.extend(group_by.iter().map(|k| k.to_uppercase()));
     header.extend(
@@ -659,6 +661,101 @@ pub fn render_text(report: &GateReport, group_by: &[String]) -> String {
     out
 }
 
+/// The key number(s) of an agent finding's evidence, as `name value` pairs joined by
+/// `, ` (the field names are those of `agents::correlate`): apply mean vs the healthy
+/// half / own history, failures per second, resyncs, route resync mean, restart
+/// markers, or the reason and message (with the profile's hint) of an unreachable /
+/// bad-metrics agent.
+pub fn evidence_line(evidence: &serde_json::Value) -> String {
+    const KEYS: &[&str] = &[
+        "apply_mean_seconds",
+        "healthy_half_apply_mean_seconds",
+        "own_history_apply_mean_seconds",
+        "failures_per_second",
+        "failures_in_window",
+        "healthy_half_failures_per_second",
+        "resyncs_in_window",
+        "route_resync_mean_seconds",
+        "healthy_half_route_resync_mean_seconds",
+        "restart_count_before",
+        "restart_count_after",
+        "pod_uid_changed",
+        "counter_decreased",
+        "window_seconds",
+        "reason",
+        "profile",
+        "seen_in_probes",
+        "message",
+    ];
+    let mut parts = Vec::new();
+    for k in KEYS {
+        match evidence.get(*k) {
+            None | Some(serde_json::Value::Null) => {}
+            Some(serde_json::Value::Number(n)) => match n.as_f64() {
+                Some(v) if v.fract() != 0.0 => parts.push(format!("{k} {v:.3}")),
+                _ => parts.push(format!("{k} {n}")),
+            },
+            Some(serde_json::Value::String(v)) => parts.push(format!("{k} {v}")),
+            Some(v) => parts.push(format!("{k} {v}")),
+        }
+    }
+    parts.join(", ")
+}
+
+/// The `suspects:` (per probe, slow/failed only) and `warnings:` sections of the text
+/// output: one line per finding naming node, role, signal and the key numbers
+/// ([`evidence_line`]). Empty when there are none.
+pub fn render_agent_findings(report: &GateReport) -> String {
+    let mut out = String::new();
+    let mut any = false;
+    for p in &report.probes {
+        for s in &p.suspects {
+            if !any {
+                out.push_str("\nsuspects (node agents, DESIGN §3):\n");
+                any = true;
+            }
+            let _ = writeln!(
+                out,
+                "  {:<14} {:<7} {:<25} probe {} ({} {}): {}",
+                s.node,
+                role_str(s.role),
+                signal_str(s.signal),
+                p.id,
+                p.result.as_str(),
+                fmt_secs(p.ttfp_seconds),
+                evidence_line(&s.evidence)
+            );
+        }
+    }
+    if !report.warnings.is_empty() {
+        out.push_str("\nwarnings (node agents; not a failure by themselves):\n");
+        for w in &report.warnings {
+            let _ = writeln!(
+                out,
+                "  {:<14} {:<25} {}",
+                w.node,
+                signal_str(w.signal),
+                evidence_line(&w.evidence)
+            );
+        }
+    }
+    out
+}
+
+fn signal_str(s: target_server::report::Signal) -> String {
+    serde_json::to_value(s)
+        .ok()
+        .and_then(|v| v.as_str().map(String::from))
+        .unwrap_or_default()
+}
+
+fn role_str(r: target_server::report::Role) -> String {
+    serde_json::to_value(r)
+        .ok()
+        .and_then(|v| v.as_str().map(String::from))
+        .unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -699,6 +796,7 @@ mod tests {
             api_writes: 4,
             recreate: None,
             burst: None,
+            service: None,
         }
     }
 
@@ -1013,5 +1111,74 @@ mod tests {
             progress_line(1, 2, &report.probes[0]),
             "[1/2] cross_node n1 → n2 success 0.31s"
         );
+    }
+
+    #[test]
+    fn text_lists_agent_suspects_and_warnings_with_their_key_numbers() {
+        use target_server::report::{Role, Signal, Suspect};
+        let mut slow = rec("n1", "n2", ProbeResult::Failed, None);
+        slow.suspects.push(Suspect {
+            node: "n2".into(),
+            role: Role::Target,
+            signal: Signal::DataplaneApplySlow,
+            evidence: serde_json::json!({
+                "apply_mean_seconds": 1.25,
+                "healthy_half_apply_mean_seconds": 0.004,
+                "profile": "calico-felix"
+            }),
+        });
+        let warning = Suspect {
+            node: "n3".into(),
+            role: Role::Source,
+            signal: Signal::AgentUnreachable,
+            evidence: serde_json::json!({"reason": "connect", "profile": "kube-proxy"}),
+        };
+        let report = build_report(
+            vec![slow],
+            &[],
+            vec![warning],
+            ReportInputs {
+                thresholds: th(),
+                instance: "gate-abcdefgh".into(),
+                started_at: "2026-01-01T00:00:00Z".into(),
+                finished_at: "2026-01-01T00:00:10Z".into(),
+                duration_seconds: 10.0,
+                errors: vec![],
+                group_by: vec![],
+                stopped_early: None,
+            },
+        );
+        let text = render_text(&report, &[]);
+        let line = text
+            .lines()
+            .find(|l| l.contains("dataplane_apply_slow"))
+            .expect("suspect line");
+        assert!(line.trim_start().starts_with("n2"), "{line}");
+        assert!(line.contains("target"), "{line}");
+        assert!(line.contains("apply_mean_seconds 1.250"), "{line}");
+        assert!(line.contains("healthy_half_apply_mean_seconds 0.004"), "{line}");
+        let w = text
+            .lines()
+            .find(|l| l.contains("agent_unreachable"))
+            .expect("warning line");
+        assert!(w.trim_start().starts_with("n3"), "{w}");
+        assert!(w.contains("reason connect"), "{w}");
+        assert!(text.contains("warnings (node agents"), "{text}");
+        let empty = build_report(
+            vec![rec("n1", "n2", ProbeResult::Success, Some(0.2))],
+            &[],
+            vec![],
+            ReportInputs {
+                thresholds: th(),
+                instance: "gate-abcdefgh".into(),
+                started_at: "2026-01-01T00:00:00Z".into(),
+                finished_at: "2026-01-01T00:00:10Z".into(),
+                duration_seconds: 10.0,
+                errors: vec![],
+                group_by: vec![],
+                stopped_early: None,
+            },
+        );
+        assert_eq!(render_agent_findings(&empty), "");
     }
 }

@@ -34,6 +34,10 @@ use tokio::task::JoinSet;
 /// How long the pod watch may take to deliver its initial list.
 pub const WATCH_READY_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long node-agent discovery may take to list the agent pods (10 s: one list per
+/// profile namespace; correlation works on what was found if it takes longer).
+pub const AGENT_SYNC_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// A random `[a-z0-9]{n}` string.
 pub fn random_suffix(n: usize) -> String {
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
@@ -370,6 +374,31 @@ pub async fn run_gate(args: GateArgs) -> Result<i32, Error> {
     let watch = Arc::new(PodWatch::start(pods.clone(), &instance_selector(&instance)));
     watch.wait_ready(WATCH_READY_TIMEOUT).await?;
 
+    // Node-agent correlation (DESIGN §3): discovery + a first scrape of the planned
+    // nodes, so the first probes have a cluster baseline.
+    let profiles = match &p.agent_config {
+        Some(path) => crate::agents::profiles::load_profiles_file(path).map_err(|e| {
+            Error::Config {
+                flag: "--agent-config",
+                message: e.to_string(),
+            }
+        })?,
+        None => crate::agents::profiles::builtin_profiles(),
+    };
+    let agents = crate::agents::scrape::AgentWatcher::start(
+        client.clone(),
+        profiles,
+        crate::agents::scrape::ScrapeSettings {
+            mode: p.agent_scrape.into(),
+            ..Default::default()
+        },
+        crate::agents::correlate::Params::default(),
+    );
+    if !agents.wait_synced(AGENT_SYNC_TIMEOUT).await {
+        tracing::warn!("agent discovery not synced; correlating on what was found");
+    }
+    agents.prime(&names).await;
+
     let (cancel_tx, cancel_rx) = watch::channel(false);
     let env = Arc::new(ProbeEnv {
         pods: pods.clone(),
@@ -382,6 +411,8 @@ pub async fn run_gate(args: GateArgs) -> Result<i32, Error> {
         fatal: Mutex::new(None),
         cancel: cancel_tx,
         recreate_slots: Mutex::new(Default::default()),
+        agents: Some(Arc::new(agents)),
+        agent_warnings: Mutex::new(Vec::new()),
     });
     // Early stop (gate::early_stop): cancels cross-node kinds only. The run-wide cancel
     // is forwarded to it, so those probes see one channel.
@@ -515,10 +546,11 @@ pub async fn run_gate(args: GateArgs) -> Result<i32, Error> {
     let probes: Vec<ProbeRecord> = records.into_iter().map(|(_, r)| r).collect();
     let n_probes = probes.len();
     let errors = lock(&run_errors).clone();
+    let agent_warnings = std::mem::take(&mut *lock(&env.agent_warnings));
     let report = build_report(
         probes,
         &eligible,
-        Vec::new(),
+        agent_warnings,
         ReportInputs {
             thresholds: Thresholds {
                 slow_threshold_seconds: p.slow_threshold.as_secs_f64(),
@@ -541,6 +573,11 @@ pub async fn run_gate(args: GateArgs) -> Result<i32, Error> {
         probes = n_probes,
         "API writes (creates + deletes)"
     );
+    if let Some(a) = &env.agents {
+        for ((profile, result), n) in a.scrape_counts() {
+            tracing::info!(profile = %profile, result = %result, scrapes = n, "agent scrapes");
+        }
+    }
     if let Some(path) = &args.report {
         let json = serde_json::to_string_pretty(&report).map_err(|e| Error::Output {
             path: path.display().to_string(),

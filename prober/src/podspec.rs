@@ -15,7 +15,7 @@ use crate::schedule::TolerationSpec;
 use k8s_openapi::api::core::v1::{
     Affinity, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, LocalObjectReference,
     NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector,
-    Pod, PodSpec, Probe,
+    Pod, PodSpec, Probe, Service, ServicePort, ServiceSpec,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -197,12 +197,20 @@ pub fn target_args() -> Vec<String> {
     ["serve", "--port", "8080"].map(String::from).to_vec()
 }
 
-/// Args of the source container (`target-server probe`, DESIGN §6 flags).
+/// Args of the source container (`target-server probe`, DESIGN §6 flags), dialing
+/// `<target_ip>:8080` ([`SERVER_PORT`]).
 pub fn source_args(cfg: &PodConfig, target_ip: &str, target_pod: &str) -> Vec<String> {
+    source_args_to(cfg, &format!("{target_ip}:{SERVER_PORT}"), target_pod)
+}
+
+/// Args of the source container dialing `target_addr` (`IP:port`, e.g. a ClusterIP
+/// and [`SERVICE_PORT`] for `service` probes); `--expect-pod target_pod` makes the
+/// source count only answers from that pod (DESIGN §6 target-server flags).
+pub fn source_args_to(cfg: &PodConfig, target_addr: &str, target_pod: &str) -> Vec<String> {
     vec![
         "probe".into(),
         "--target".into(),
-        format!("{target_ip}:{SERVER_PORT}"),
+        target_addr.into(),
         "--expect-pod".into(),
         target_pod.into(),
         "--interval".into(),
@@ -347,6 +355,59 @@ pub fn probe_pod_named(
     }
 }
 
+/// Port of a `service` probe's ClusterIP Service; it forwards to [`SERVER_PORT`] on the
+/// target (DESIGN §2 kinds, issue 5).
+pub const SERVICE_PORT: i32 = 80;
+
+/// `app.kubernetes.io/component` of a `service` probe's Service object.
+pub const SERVICE_COMPONENT: &str = "probe-service";
+
+/// Name of a `service` probe's ClusterIP Service: `fp-<probe id>-svc`.
+pub fn service_name(probe_id: &str) -> String {
+    format!("fp-{probe_id}-svc")
+}
+
+/// The ClusterIP Service of a `service` probe (DESIGN §2 kinds, issue 5): named
+/// [`service_name`], the five labels of DESIGN §6 (component [`SERVICE_COMPONENT`]),
+/// selector `firstpacket.io/instance`, `firstpacket.io/probe-id=<id>` and component
+/// `probe-target`, so it selects exactly this probe's fresh target T; one TCP port
+/// `http` 80 → targetPort 8080. `clusterIP` is left to the API server to allocate
+/// (<https://kubernetes.io/docs/concepts/services-networking/service/>).
+pub fn probe_service(cfg: &PodConfig, probe_id: &str, kind: &str) -> Service {
+    let mut labels = probe_labels(&cfg.instance, probe_id, kind, PodRole::Target);
+    labels.insert(LABEL_COMPONENT.into(), SERVICE_COMPONENT.into());
+    let selector: BTreeMap<String, String> = [
+        (LABEL_INSTANCE, cfg.instance.as_str()),
+        (LABEL_PROBE_ID, probe_id),
+        (LABEL_COMPONENT, PodRole::Target.component()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    Service {
+        metadata: ObjectMeta {
+            name: Some(service_name(probe_id)),
+            namespace: Some(cfg.namespace.clone()),
+            labels: Some(labels),
+            owner_references: cfg.owner.clone().map(|o| vec![o]),
+            ..Default::default()
+        },
+        spec: Some(ServiceSpec {
+            type_: Some("ClusterIP".into()),
+            selector: Some(selector),
+            ports: Some(vec![ServicePort {
+                name: Some("http".into()),
+                port: SERVICE_PORT,
+                target_port: Some(IntOrString::Int(SERVER_PORT)),
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
 /// The target pod T of a probe on `node`.
 pub fn target_pod(cfg: &PodConfig, probe_id: &str, kind: &str, node: &str) -> Pod {
     probe_pod(cfg, probe_id, kind, PodRole::Target, node, target_args())
@@ -383,6 +444,53 @@ pub fn filler_pod(cfg: &PodConfig, probe_id: &str, kind: &str, node: &str, i: u3
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn service_selects_only_this_probes_target_and_maps_80_to_8080() {
+        let cfg = cfg();
+        let svc = probe_service(&cfg, "ab12-3", "service");
+        assert_eq!(svc.metadata.name.as_deref(), Some("fp-ab12-3-svc"));
+        let labels = svc.metadata.labels.clone().expect("labels");
+        assert_eq!(labels[LABEL_COMPONENT], SERVICE_COMPONENT);
+        assert_eq!(labels[LABEL_KIND], "service");
+        assert_eq!(labels[LABEL_INSTANCE], cfg.instance);
+        let spec = svc.spec.expect("spec");
+        let sel = spec.selector.expect("selector");
+        let target = probe_pod(
+            &cfg,
+            "ab12-3",
+            "service",
+            PodRole::Target,
+            "n1",
+            target_args(),
+        );
+        let source = probe_pod(&cfg, "ab12-3", "service", PodRole::Source, "n1", vec![]);
+        let other = probe_pod(
+            &cfg,
+            "ab12-4",
+            "service",
+            PodRole::Target,
+            "n1",
+            target_args(),
+        );
+        let matches = |p: &Pod| {
+            let l = p.metadata.labels.clone().unwrap_or_default();
+            sel.iter().all(|(k, v)| l.get(k) == Some(v))
+        };
+        assert!(matches(&target));
+        assert!(!matches(&source), "the source must not be an endpoint");
+        assert!(
+            !matches(&other),
+            "another probe's target must not be an endpoint"
+        );
+        let ports = spec.ports.expect("ports");
+        assert_eq!(ports.len(), 1);
+        assert_eq!(ports[0].port, 80);
+        assert_eq!(ports[0].target_port, Some(IntOrString::Int(8080)));
+        let args = source_args_to(&cfg, "10.96.0.7:80", "fp-ab12-3-t");
+        assert_eq!(args[2], "10.96.0.7:80");
+        assert_eq!(args[4], "fp-ab12-3-t");
+    }
 
     #[test]
     fn recreate_name_is_stable_per_instance_and_node_and_fits_a_hostname() {

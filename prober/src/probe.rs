@@ -19,6 +19,18 @@
 //!   target, T is left running for it. Budget **6**: create T₀ + delete T₀ (or delete
 //!   of the kept incarnation: 1), create T, create S, delete S, delete T (skipped when
 //!   kept). Steady state (T kept between probes) is 4.
+//!   Every `recreate` record carries `recreate` (also failures). When an earlier probe
+//!   of the run failed and deleted its incarnation, the next probe's T₀ has the same
+//!   name on the same node: T₀ itself is then a recreate (the CNI reuses the interface
+//!   name, exactly the calico#11016 case), so the record says `iface_reused: true` with
+//!   the deleted incarnation as `previous_*`, and a T₀ that never turns Ready fails the
+//!   probe (`target_never_ready`, detail "first incarnation …").
+//! - `service`: S on node A, T on node B ≠ A, plus a per-probe ClusterIP Service
+//!   `fp-<id>-svc` ([`crate::podspec::probe_service`]) selecting only T, created before
+//!   T (so T joins it as a fresh endpoint, as a new pod joins a Deployment's Service).
+//!   S dials `<clusterIP>:80` (→ targetPort 8080) with `--expect-pod` T, so TTFP
+//!   includes the service proxy programming on A. The record keeps `service: {name,
+//!   cluster_ip}`. Budget **6**: Service create + delete, and the 4 of `cross_node`.
 //! - `burst`: T is created right after K filler pods (`--burst-size`, component
 //!   `probe-filler`, `target-server serve`) on T's node, so its endpoint is programmed
 //!   among K others; TTFP of T. Budget **4 + 2K** (K filler creates and deletes).
@@ -32,13 +44,14 @@
 use crate::config::ProbeKind;
 use crate::error::{kube_status_code, Error};
 use crate::podspec::{
-    calico_iface_name, filler_pod, filler_pod_name, pod_name, probe_pod_named,
-    recreate_target_name, source_args, target_args, PodConfig, PodRole, FIELD_MANAGER,
+    calico_iface_name, filler_pod, filler_pod_name, pod_name, probe_pod_named, probe_service,
+    recreate_target_name, service_name, source_args, source_args_to, target_args, PodConfig,
+    PodRole, FIELD_MANAGER, SERVICE_PORT,
 };
 use crate::podwatch::{PodWatch, Wait};
 use crate::record::{build_record, Ending, ProbeMeta};
 use crate::tracker::{PodState, ProblemKind};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, PostParams};
 use kube::Api;
@@ -46,7 +59,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use target_server::report::{BurstInfo, ProbeRecord, ProbeResult, Reason, RecreateInfo};
+use target_server::report::{
+    BurstInfo, ProbeRecord, ProbeResult, Reason, RecreateInfo, ServiceInfo,
+};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -58,7 +73,7 @@ pub const SOURCE_FINISH_MARGIN: Duration = Duration::from_secs(30);
 
 /// API-write budget of one probe of `kind` (module docs): 4 for `cross_node` and
 /// `same_node` (DESIGN §7), 6 for `recreate`, 4 + 2 × `burst_size` for `burst`.
-/// `service` (not implemented) would add a Service create + delete: 6.
+/// `service` adds a Service create + delete: 6.
 pub fn write_budget(kind: ProbeKind, burst_size: u32) -> u64 {
     match kind {
         ProbeKind::CrossNode | ProbeKind::SameNode => 4,
@@ -76,10 +91,14 @@ pub struct Incarnation {
     pub ip: Option<String>,
     /// Its node.
     pub node: String,
+    /// `None` while it is alive (kept for the next probe); the prober-clock time of its
+    /// delete call once a probe deleted it (the name has then been used on the node, so
+    /// the next incarnation reuses the interface name).
+    pub deleted_at: Option<std::time::Instant>,
 }
 
-/// Per stable name: the kept incarnation, behind an async lock that also serialises
-/// `recreate` probes of the same node.
+/// Per stable name: the latest incarnation (alive and kept, or deleted), behind an async
+/// lock that also serialises `recreate` probes of the same node.
 pub type RecreateSlots = Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<Incarnation>>>>>;
 
 /// What every probe of a run shares.
@@ -104,6 +123,11 @@ pub struct ProbeEnv {
     pub cancel: watch::Sender<bool>,
     /// Stable-name `recreate` targets kept alive between probes.
     pub recreate_slots: RecreateSlots,
+    /// Node-agent correlation (DESIGN §3); `None` turns it off.
+    pub agents: Option<Arc<crate::agents::scrape::AgentWatcher>>,
+    /// Agent findings on probes with normal TTFP (and every `agent_unreachable`), one
+    /// per (node, signal): the report's `warnings[]`.
+    pub agent_warnings: Mutex<Vec<target_server::report::Suspect>>,
 }
 
 impl ProbeEnv {
@@ -253,6 +277,8 @@ struct ProbeState {
     created: Vec<String>,
     recreate: Option<RecreateInfo>,
     burst: Option<BurstInfo>,
+    /// `service`: the Service once created (deleted at the end).
+    service: Option<ServiceInfo>,
 }
 
 impl ProbeState {
@@ -383,6 +409,92 @@ async fn wait_target_ready(
     }
 }
 
+fn services_api(env: &ProbeEnv) -> Api<Service> {
+    Api::namespaced(env.pods.clone().into_client(), &env.pod_config.namespace)
+}
+
+/// `service`: creates the probe's ClusterIP Service ([`probe_service`]) and keeps its
+/// name and the allocated `spec.clusterIP` in `st.service` (the create response carries
+/// it: the API server allocates it on create). Counted as one write; a 401/403 is
+/// run-fatal as for pods; a Service without a ClusterIP is an `api_error`.
+async fn create_service(
+    env: &ProbeEnv,
+    plan: &ProbePlan,
+    st: &mut ProbeState,
+) -> Result<(), Ending> {
+    let ns = env.pod_config.namespace.as_str();
+    let name = service_name(&plan.id);
+    let svc = probe_service(&env.pod_config, &plan.id, plan.kind.as_str());
+    let pp = PostParams {
+        dry_run: false,
+        field_manager: Some(FIELD_MANAGER.into()),
+    };
+    st.writes += 1;
+    env.writes.fetch_add(1, Ordering::Relaxed);
+    let created =
+        match tokio::time::timeout(API_CALL_TIMEOUT, services_api(env).create(&pp, &svc)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                let fatal = matches!(kube_status_code(&e), Some(401) | Some(403));
+                let err = Error::from_kube(e, &env.url, "create", format!("service {ns}/{name}"));
+                if fatal {
+                    env.set_fatal(err.to_string());
+                }
+                return Err(Ending::Aborted {
+                    reason: Reason::ApiError,
+                    detail: err.to_string(),
+                });
+            }
+            Err(_) => {
+                return Err(Ending::Aborted {
+                    reason: Reason::ApiError,
+                    detail: format!(
+                        "create service {ns}/{name} at {} timed out after {}s",
+                        env.url,
+                        API_CALL_TIMEOUT.as_secs()
+                    ),
+                })
+            }
+        };
+    let cluster_ip = created
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .filter(|ip| !ip.is_empty() && ip != "None");
+    st.service = Some(ServiceInfo {
+        name: name.clone(),
+        cluster_ip: cluster_ip.clone(),
+    });
+    if cluster_ip.is_none() {
+        return Err(Ending::Aborted {
+            reason: Reason::ApiError,
+            detail: format!("service {ns}/{name} was created without a clusterIP"),
+        });
+    }
+    Ok(())
+}
+
+/// Deletes a probe's Service (404 is fine); counted in the run's writes.
+async fn delete_service(env: &ProbeEnv, name: &str) -> Result<(), String> {
+    env.writes.fetch_add(1, Ordering::Relaxed);
+    match tokio::time::timeout(
+        API_CALL_TIMEOUT,
+        services_api(env).delete(name, &DeleteParams::default()),
+    )
+    .await
+    {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) if kube_status_code(&e) == Some(404) => Ok(()),
+        Ok(Err(e)) => Err(Error::from_kube(
+            e,
+            &env.url,
+            "delete",
+            format!("service {}/{name}", env.pod_config.namespace),
+        )
+        .to_string()),
+        Err(_) => Err(format!("delete service {name} timed out")),
+    }
+}
+
 /// `recreate`: makes sure a previous incarnation of the stable-name target exists
 /// (creating one if none is kept), deletes it, waits for its `DELETED`, and returns
 /// what the record keeps plus the prober-clock time of the delete call.
@@ -395,12 +507,36 @@ async fn retire_previous(
     st: &mut ProbeState,
 ) -> Result<(Incarnation, std::time::Instant), Ending> {
     let cfg = &env.pod_config;
+    let iface = calico_iface_name(&cfg.namespace, t_name);
+    st.recreate = Some(RecreateInfo {
+        iface: iface.clone(),
+        ..Default::default()
+    });
     let prev = match slot.take() {
-        Some(p) if p.node == plan.target_node => p,
+        Some(p) if p.node == plan.target_node && p.deleted_at.is_none() => p,
         other => {
+            let mut reused_from = None;
             if let Some(p) = other {
-                // A kept incarnation on another node cannot be reused by name: drop it.
-                tracing::warn!(pod = %t_name, node = %p.node, "kept recreate target on another node");
+                if p.node == plan.target_node {
+                    // An earlier probe deleted its incarnation: T₀ reuses the name.
+                    reused_from = Some(p);
+                } else {
+                    // An incarnation on another node cannot be reused by name: drop it.
+                    tracing::warn!(pod = %t_name, node = %p.node, "recreate target on another node");
+                }
+            }
+            if let Some(p) = &reused_from {
+                st.recreate = Some(RecreateInfo {
+                    previous_ip: p.ip.clone(),
+                    previous_uid: p.uid.clone(),
+                    iface,
+                    iface_reused: true,
+                    recreate_gap_seconds: p.deleted_at.map(|d| {
+                        std::time::Instant::now()
+                            .saturating_duration_since(d)
+                            .as_secs_f64()
+                    }),
+                });
             }
             let pod = probe_pod_named(
                 cfg,
@@ -417,7 +553,17 @@ async fn retire_previous(
                 .map_err(|e| match e {
                     Ending::Aborted { reason, detail } => Ending::Aborted {
                         reason,
-                        detail: format!("first incarnation of the recreate target: {detail}"),
+                        detail: match &reused_from {
+                            Some(p) => format!(
+                                "first incarnation of the recreate target (name and \
+                                 interface reused: an earlier probe deleted incarnation {}): \
+                                 {detail}",
+                                p.uid.as_deref().unwrap_or("?")
+                            ),
+                            None => {
+                                format!("first incarnation of the recreate target: {detail}")
+                            }
+                        },
                     },
                     other => other,
                 })?;
@@ -425,6 +571,7 @@ async fn retire_previous(
                 uid: env.watch.snapshot(t_name).and_then(|s| s.uid),
                 ip: Some(ip),
                 node: plan.target_node.clone(),
+                deleted_at: None,
             }
         }
     };
@@ -465,6 +612,11 @@ async fn retire_previous(
         }
     }
     env.watch.with_tracker(|t| t.forget(t_name));
+    // Until a new incarnation replaces it: the name has been used on this node.
+    *slot = Some(Incarnation {
+        deleted_at: Some(deleted_at),
+        ..prev.clone()
+    });
     Ok((prev, deleted_at))
 }
 
@@ -507,6 +659,11 @@ async fn lifecycle(
             fillers_created: created,
         });
     }
+    if plan.kind == ProbeKind::Service {
+        if let Err(e) = create_service(env, plan, st).await {
+            return e;
+        }
+    }
     let t_pod = probe_pod_named(
         cfg,
         t_name,
@@ -547,7 +704,12 @@ async fn lifecycle(
         kind,
         PodRole::Source,
         &plan.source_node,
-        source_args(cfg, &ip, t_name),
+        match st.service.as_ref().and_then(|s| s.cluster_ip.as_deref()) {
+            Some(cluster_ip) => {
+                source_args_to(cfg, &format!("{cluster_ip}:{SERVICE_PORT}"), t_name)
+            }
+            None => source_args(cfg, &ip, t_name),
+        },
     );
     if let Err(e) = create(env, st, &s_pod).await {
         return e;
@@ -599,6 +761,11 @@ pub async fn run_probe(
         dst_node = %plan.target_node
     );
     async move {
+        // Agent window: scraped before the target pod is created (DESIGN §3).
+        let agent_window = match &env.agents {
+            Some(a) => Some(a.probe_started(&plan.source_node, &plan.target_node).await),
+            None => None,
+        };
         let t_name = plan.target_name(&env.pod_config.instance);
         let meta = ProbeMeta {
             id: plan.id.clone(),
@@ -652,6 +819,7 @@ pub async fn run_probe(
                     uid: t.uid.clone(),
                     ip: t.ip.clone(),
                     node: plan.target_node.clone(),
+                    deleted_at: None,
                 });
             }
         }
@@ -680,11 +848,41 @@ pub async fn run_probe(
                     if let Some(s) = i.and_then(|i| states[i].as_mut()) {
                         s.deleted.get_or_insert(at);
                     }
+                    if *name == t_name {
+                        if let (Some(g), Some(t)) = (guard.as_deref_mut(), states[0].as_ref()) {
+                            // The name is now used on this node: the next probe's first
+                            // incarnation reuses it.
+                            *g = Some(Incarnation {
+                                uid: t.uid.clone(),
+                                ip: t.ip.clone(),
+                                node: plan.target_node.clone(),
+                                deleted_at: Some(at),
+                            });
+                            // Wait (bounded) for its DELETED event before the next probe
+                            // may create the same name: a late event of this UID would
+                            // otherwise land on the next incarnation's fresh tracker
+                            // entry (which has no UID yet) and mark it deleted.
+                            let uid = t.uid.clone();
+                            let deadline = Instant::now() + Duration::from_secs(10);
+                            let _ = env
+                                .watch
+                                .wait_for(&t_name, deadline, &mut cancel, |s| match s {
+                                    Some(s) if s.uid == uid && s.deleted.is_none() => None,
+                                    _ => Some(()),
+                                })
+                                .await;
+                        }
+                    }
                 }
                 Err(e) => tracing::warn!(pod = %name, error = %e, "delete failed"),
             }
         }
-        drop(guard);
+        if let Some(svc) = &st.service {
+            st.writes += 1;
+            if let Err(e) = delete_service(&env, &svc.name).await {
+                tracing::warn!(service = %svc.name, error = %e, "delete failed");
+            }
+        }
         let mut record = build_record(
             &meta,
             states[0].as_ref(),
@@ -696,6 +894,7 @@ pub async fn run_probe(
         record.api_writes = st.writes;
         record.recreate = st.recreate.take();
         record.burst = st.burst.take();
+        record.service = st.service.take();
         if record.result == ProbeResult::Failed {
             let mut nodes = vec![&plan.source_node, &plan.target_node];
             nodes.dedup();
@@ -712,6 +911,15 @@ pub async fn run_probe(
                 }
             }
         }
+        if let (Some(a), Some(w)) = (&env.agents, agent_window) {
+            let found = a.probe_finished(w, record.result).await;
+            record.suspects = found.suspects;
+            let mut warnings = env
+                .agent_warnings
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            crate::agents::correlate::merge_warnings(&mut warnings, found.warnings);
+        }
         env.watch.with_tracker(|t| {
             if !keep {
                 t.forget(&meta.target_pod);
@@ -721,6 +929,9 @@ pub async fn run_probe(
                 t.forget(&filler_pod_name(&plan.id, i));
             }
         });
+        // Only now may the next `recreate` probe of this name start: until the forget
+        // above, its T₀ (same name) would be forgotten by this probe's cleanup.
+        drop(guard);
         let budget = write_budget(plan.kind, plan.burst_size);
         if record.api_writes > budget {
             tracing::warn!(

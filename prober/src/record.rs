@@ -311,6 +311,7 @@ pub fn build_record(
         api_writes: 0,
         recreate: None,
         burst: None,
+        service: None,
     }
 }
 

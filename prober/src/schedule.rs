@@ -458,8 +458,7 @@ fn lap_order(count: usize, n: usize) -> Vec<usize> {
 ///
 /// Returns `None` when the kinds need more nodes than given: 1 for `same_node` alone,
 /// 2 as soon as any other kind is asked for. Duplicate kinds are planned once.
-/// `service` is planned like `cross_node` (callers reject it first; see
-/// `config::check_kinds`).
+/// `service` is planned like `cross_node` (a ring pair; its Service adds no node).
 pub fn plan_kinds(
     nodes: &[String],
     kinds: &[ProbeKind],

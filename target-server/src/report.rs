@@ -392,6 +392,21 @@ pub struct ProbeRecord {
     /// `burst` probes only: the filler pods created with the target.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub burst: Option<BurstInfo>,
+    /// `service` probes only: the per-probe ClusterIP Service the source dialed.
+    /// Added field (issue 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<ServiceInfo>,
+}
+
+/// The per-probe ClusterIP Service of a `service` probe (DESIGN §2 kinds): it selects
+/// only the probe's fresh target; the source dials `<cluster_ip>:80` (Service port 80 →
+/// targetPort 8080).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct ServiceInfo {
+    /// Service name, `fp-<probe id>-svc`.
+    pub name: String,
+    /// `spec.clusterIP` the API server allocated (null if the create failed).
+    pub cluster_ip: Option<String>,
 }
 
 /// What a `recreate` probe knows about the stable-name target it deleted and created

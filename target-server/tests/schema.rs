@@ -122,6 +122,7 @@ fn probe(id: &str, result: ProbeResult, reason: Option<Reason>) -> ProbeRecord {
         api_writes: 4,
         recreate: None,
         burst: None,
+        service: None,
     }
 }
 

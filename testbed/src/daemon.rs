@@ -265,6 +265,7 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
             &n.name,
             json!({"ip": n.ip.to_string()}),
         ));
+        register_node_events(&store, &n.name);
         tokio::spawn(agent_pod_loop(
             store.clone(),
             n.name.clone(),
@@ -661,5 +662,34 @@ async fn agent_pod_loop(store: Arc<Store>, node: String, node_ip: String, agent:
             last = Some(now);
         }
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+}
+
+/// The events a real kubelet records when it starts and its node turns Ready
+/// (`Starting`, `NodeReady`; core/v1 Events of cluster-scoped objects live in
+/// `default`), so `kubectl describe node` shows them.
+fn register_node_events(store: &Store, node: &str) {
+    let uid = store
+        .get(Kind::Node, None, node)
+        .ok()
+        .and_then(|n| n["metadata"]["uid"].as_str().map(str::to_owned))
+        .unwrap_or_default();
+    let now = crate::kubelet::now_rfc3339();
+    for (reason, message) in [
+        ("Starting", "Starting kubelet.".to_string()),
+        ("NodeReady", format!("Node {node} status is now: NodeReady")),
+    ] {
+        let ev = json!({
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": { "generateName": format!("{node}."), "namespace": "default" },
+            "involvedObject": { "kind": "Node", "name": node, "uid": uid, "apiVersion": "v1" },
+            "reason": reason, "message": message, "type": "Normal",
+            "source": { "component": "kubelet", "host": node },
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+            "reportingComponent": "kubelet", "reportingInstance": node,
+        });
+        if let Err(e) = store.create(Kind::Event, ev) {
+            tracing::warn!(node, error = %e.message, "record node event");
+        }
     }
 }

@@ -354,6 +354,7 @@ fn real_kubectl_works_against_the_testbed() {
     assert!(d.contains("Scheduled"), "describe pod shows the scheduler's event:\n{d}");
     let d = kubectl(&tb, &["describe", "node", &node]);
     assert!(d.contains("Ready") && d.contains("web"), "{d}");
+    assert!(d.contains("NodeReady"), "describe node shows the kubelet's events:\n{d}");
     let logs = kubectl(&tb, &["logs", "web"]);
     assert!(logs.contains("listening"), "logs: {logs:?}");
 
@@ -456,4 +457,108 @@ fn many_nodes_with_many_pods_come_up_serve_and_tear_down() {
         t_traffic.as_secs_f64(),
         t_down.as_secs_f64()
     );
+}
+
+/// A kube-rs watcher on the testbed (over its loopback kubeconfig) through
+/// `testbed api restart` and `testbed api expire-watches`: every pod created before,
+/// between and after is seen applied exactly once, no pod is seen deleted, and after the
+/// restart the watch resumes without a re-list (resourceVersions carry on).
+#[test]
+fn kube_rs_watcher_survives_api_restart_and_expired_watches() {
+    use futures::StreamExt;
+    use kube::runtime::watcher::{self, Event};
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let tb = Testbed::up("watch", 1, "rules: []\n", &[]);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let kubeconfig = tb.state.join("kubeconfig");
+    let create = |name: &str| {
+        let manifest = format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, labels: {{app: w}}}}\nspec:\n  nodeName: node-1\n  containers:\n  - {{name: c, image: target-server, args: [serve]}}\n"
+        );
+        let p = write_manifest(&tb, &format!("{name}.yaml"), &manifest);
+        kubectl(&tb, &["apply", "--validate=false", "-f", &p]);
+    };
+    let testbed_cmd = |args: &[&str]| {
+        let o = tb.cmd().args(args).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    let (all, after_restart) = rt.block_on(async {
+        let cfg = kube::Config::from_custom_kubeconfig(
+            kube::config::Kubeconfig::read_from(&kubeconfig).unwrap(),
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await
+        .unwrap();
+        let client = kube::Client::try_from(cfg).unwrap();
+        let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::namespaced(client, "default");
+        let stream = watcher::watcher(pods, watcher::Config::default().labels("app=w"));
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let task = tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(ev) = stream.next().await {
+                // name@resourceVersion: a repeated one is a duplicated event.
+                let name = |p: k8s_openapi::api::core::v1::Pod| {
+                    format!("{}@{}", p.metadata.name.unwrap_or_default(), p.metadata.resource_version.unwrap_or_default())
+                };
+                let line = match ev {
+                    Ok(Event::Apply(p)) => format!("apply {}", name(p)),
+                    Ok(Event::Delete(p)) => format!("delete {}", name(p)),
+                    Ok(Event::Init) => "init".to_string(),
+                    Ok(Event::InitApply(p)) => format!("initapply {}", name(p)),
+                    Ok(Event::InitDone) => "initdone".to_string(),
+                    Err(e) => format!("error {e}"),
+                };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        // Collects lines until one starting with `want` shows up (or 20 s pass).
+        async fn until(rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>, out: &mut Vec<String>, want: &str) {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+            while let Ok(Some(l)) = tokio::time::timeout_at(deadline, rx.recv()).await {
+                let done = l.starts_with(want);
+                out.push(l);
+                if done {
+                    return;
+                }
+            }
+            panic!("watcher never reported {want:?}; saw {out:#?}");
+        }
+        let mut out = Vec::new();
+        until(&mut rx, &mut out, "initdone").await;
+        tokio::task::block_in_place(|| create("w-a"));
+        until(&mut rx, &mut out, "apply w-a").await;
+        let mark = out.len();
+        tokio::task::block_in_place(|| {
+            testbed_cmd(&["api", "restart"]);
+            create("w-b");
+        });
+        until(&mut rx, &mut out, "apply w-b").await;
+        let after_restart: Vec<String> = out[mark..].to_vec();
+        tokio::task::block_in_place(|| {
+            testbed_cmd(&["api", "expire-watches"]);
+            create("w-c");
+        });
+        until(&mut rx, &mut out, "apply w-c").await;
+        task.abort();
+        (out, after_restart)
+    });
+    assert!(
+        !after_restart.iter().any(|l| l == "init" || l.starts_with("initapply")),
+        "the watch re-listed after `api restart` (resourceVersion lost?): {after_restart:#?}"
+    );
+    // Watch events (not re-list snapshots) never repeat a resourceVersion.
+    let applies: Vec<&String> = all.iter().filter(|l| l.starts_with("apply ")).collect();
+    let mut unique = applies.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), applies.len(), "a watch event was delivered twice: {all:#?}");
+    for name in ["w-a", "w-b", "w-c"] {
+        assert!(
+            all.iter().any(|l| l.starts_with(&format!("apply {name}@"))),
+            "{name} never seen: {all:#?}"
+        );
+    }
+    assert!(!all.iter().any(|l| l.starts_with("delete")), "spurious delete: {all:#?}");
 }

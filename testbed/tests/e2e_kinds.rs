@@ -13,7 +13,7 @@ use serde_json::Value;
 fn budget(kind: &str, burst_size: u64) -> u64 {
     match kind {
         "cross_node" | "same_node" => 4,
-        "recreate" => 6,
+        "recreate" | "service" => 6,
         "burst" => 4 + 2 * burst_size,
         other => panic!("unexpected kind {other}"),
     }
@@ -249,8 +249,15 @@ fn revoke_during_the_hold_is_lost_after_success_and_a_short_hold_misses_it() {
     assert_eq!(probes(&report)[0]["result"], "success", "{out}");
 }
 
+/// S3 (SCENARIOS.md). Two `recreate` probes target each node. On node-2 the first one's
+/// T₀ has a fresh name (never used there), so it turns Ready and only its recreated T
+/// loses its /32 route; that probe then deletes T. The second probe on node-2 creates
+/// its T₀ with the **same stable name on the same node**: the testbed's agent (and a
+/// Calico-like CNI) sees the interface name reused — it is a recreate (DESIGN §2
+/// "recreate": same name, same node, so the CNI reuses the interface name), so the race
+/// hits T₀ and the probe fails at its first incarnation. Both node-2 records say
+/// `iface_reused`, and the testbed's truth has a `route_removed` for each failed target.
 #[test]
-#[ignore = "S3 recreate: under investigation (the first incarnation on the racing node was seen never Ready in one run; the recreate record of a failed probe lacks `recreate`)"]
 fn s3_only_recreate_on_the_racing_node_fails_and_keeps_the_interface_name() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let fault = std::fs::read_to_string(concat!(
@@ -273,6 +280,7 @@ fn s3_only_recreate_on_the_racing_node_fails_and_keeps_the_interface_name() {
     ]);
     validate(&report);
     assert_eq!(code, 1, "{out}");
+    let truth = tb.truth();
     for p in probes(&report) {
         let kind = p["kind"].as_str().unwrap();
         assert!(
@@ -289,6 +297,13 @@ fn s3_only_recreate_on_the_racing_node_fails_and_keeps_the_interface_name() {
         if kind == "recreate" && p["target"]["node"] == "node-2" {
             assert_eq!(p["result"], "failed", "{p:#}\n{out}");
             assert_eq!(p["reason"], "target_never_ready", "{p:#}\n{out}");
+            let uid = p["target"]["uid"].as_str().unwrap();
+            assert!(
+                truth
+                    .iter()
+                    .any(|e| e["event"] == "route_removed" && e["uid"] == uid),
+                "no route_removed truth for the failed target {uid}: {p:#}"
+            );
         } else {
             assert_eq!(p["result"], "success", "{kind} {p:#}\n{out}");
         }
@@ -301,6 +316,129 @@ fn s3_only_recreate_on_the_racing_node_fails_and_keeps_the_interface_name() {
     names.sort();
     names.dedup();
     assert_eq!(names.len(), 3, "{names:?}");
+    // The second node-2 probe failed at its first incarnation (a reused name).
+    let node2: Vec<&Value> = of_kind(&report, "recreate")
+        .into_iter()
+        .filter(|p| p["target"]["node"] == "node-2")
+        .collect();
+    assert_eq!(node2.len(), 2, "{out}");
+    let at_first = node2
+        .iter()
+        .filter(|p| {
+            p["detail"]
+                .as_str()
+                .unwrap_or("")
+                .contains("first incarnation")
+        })
+        .count();
+    assert_eq!(at_first, 1, "{node2:#?}");
     assert_eq!(report["summary"]["diagnosis"], "node_local_broken", "{out}");
     assert!(tb.probe_pods().is_empty(), "probe pods left behind");
+}
+
+/// Truth TTFP of a `service` probe (DESIGN §6 truth, issue 5): max(`endpoint_programmed`
+/// of both pods, `service_programmed` on the source's node for the target as endpoint)
+/// − `readiness_ok` of the source, floored at 0.
+fn truth_service_ttfp(truth: &[Value], p: &Value) -> Option<f64> {
+    let src = p["source"]["uid"].as_str()?;
+    let dst = p["target"]["uid"].as_str()?;
+    let src_node = p["source"]["node"].as_str()?;
+    let svc = truth
+        .iter()
+        .find(|e| e["event"] == "service_programmed" && e["uid"] == dst && e["node"] == src_node)
+        .and_then(|e| e["t"].as_f64())?;
+    let pair = truth_ttfp(truth, src, dst)?;
+    let ready = truth
+        .iter()
+        .find(|e| e["event"] == "readiness_ok" && e["uid"] == src)
+        .and_then(|e| e["t"].as_f64())?;
+    Some(pair.max((svc - ready).max(0.0)))
+}
+
+#[test]
+fn service_ttfp_includes_late_service_rules_while_cross_node_stays_fast() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let tb = Testbed::up(
+        "svc",
+        3,
+        "rules:\n  - nodes: {all: true}\n    program_delay: {uniform: [100ms, 300ms]}\n    service_delay: 4s\n",
+        &[],
+    );
+    let (code, report, out) = tb.gate(&[
+        "--kinds",
+        "service,cross_node",
+        "--pairs",
+        "3",
+        "--hold",
+        "1s",
+        "--slow-threshold",
+        "30s",
+        "--max-ttfp",
+        "30s",
+    ]);
+    validate(&report);
+    assert_eq!(code, 0, "{out}");
+    let truth = tb.truth();
+    let interval = 0.1;
+    assert_eq!(of_kind(&report, "service").len(), 3, "{out}");
+    for p in probes(&report) {
+        let kind = p["kind"].as_str().unwrap();
+        assert_eq!(p["result"], "success", "{p:#}\n{out}");
+        assert!(
+            p["api_writes"].as_u64().unwrap() <= budget(kind, 0),
+            "{p:#}"
+        );
+        let ttfp = p["ttfp_seconds"].as_f64().unwrap();
+        if kind == "cross_node" {
+            assert!(p.get("service").is_none(), "{p:#}");
+            assert!(ttfp < 1.0, "cross_node TTFP {ttfp:.3}s\n{out}");
+            continue;
+        }
+        let svc = &p["service"];
+        assert!(svc["name"].as_str().unwrap().ends_with("-svc"), "{p:#}");
+        let cluster_ip = svc["cluster_ip"].as_str().unwrap();
+        assert!(
+            truth
+                .iter()
+                .any(|e| e["event"] == "service_programmed"
+                    && e["detail"]["cluster_ip"] == cluster_ip),
+            "no service_programmed truth for {cluster_ip}"
+        );
+        let want = truth_service_ttfp(&truth, p)
+            .unwrap_or_else(|| panic!("no truth for {}: {p:#}", p["id"]));
+        let err = ttfp - want;
+        assert!(
+            (-0.05..=interval + 0.05).contains(&err),
+            "service {}→{}: TTFP {ttfp:.3}s vs truth {want:.3}s",
+            p["source"]["node"],
+            p["target"]["node"]
+        );
+        // The service rules came ~4 s after the target's endpoint; the source became
+        // Ready ~1–2 s after the target was created, so the delay shows.
+        assert!(
+            ttfp > 1.5,
+            "service TTFP {ttfp:.3}s does not show the 4 s delay"
+        );
+    }
+    assert!(tb.probe_pods().is_empty(), "probe pods left behind");
+    let svcs = tb.exec(&[
+        "kubectl",
+        "get",
+        "services",
+        "-A",
+        "-l",
+        "app.kubernetes.io/name=firstpacket",
+        "-o",
+        "name",
+    ]);
+    assert!(
+        svcs.status.success(),
+        "{}",
+        String::from_utf8_lossy(&svcs.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&svcs.stdout).trim().is_empty(),
+        "probe services left behind: {}",
+        String::from_utf8_lossy(&svcs.stdout)
+    );
 }

@@ -109,23 +109,25 @@ pub fn target_from_pod(profile: &Profile, pod: &Pod) -> Option<AgentTarget> {
     })
 }
 
-/// Discovered agents by pod UID, with per-node lookups. Pure.
+/// Discovered agents by (profile, pod UID), with per-node lookups. Pure. Keyed by
+/// profile too: one pod may match two profiles (e.g. a config profile reading a second
+/// port of calico-node), and each is scraped on its own.
 #[derive(Debug, Clone, Default)]
 pub struct AgentIndex {
-    by_uid: HashMap<String, AgentTarget>,
+    by_uid: HashMap<(String, String), AgentTarget>,
     /// Profiles whose initial list is done.
     synced: HashMap<(String, String), bool>,
 }
 
 impl AgentIndex {
-    /// Adds or replaces an agent.
+    /// Adds or replaces an agent (of its profile).
     pub fn apply(&mut self, t: AgentTarget) {
-        self.by_uid.insert(t.uid.clone(), t);
+        self.by_uid.insert((t.profile.clone(), t.uid.clone()), t);
     }
 
-    /// Removes the agent with this UID.
-    pub fn delete(&mut self, uid: &str) {
-        self.by_uid.remove(uid);
+    /// Removes the agent of `profile` with this pod UID.
+    pub fn delete(&mut self, profile: &str, uid: &str) {
+        self.by_uid.remove(&(profile.to_owned(), uid.to_owned()));
     }
 
     /// Replaces every agent of `profile` in `namespace` by `targets` (a watch re-list).
@@ -215,7 +217,7 @@ pub async fn watch_agents(client: Client, profiles: Vec<Profile>, index: SharedI
                                     Some(t) => idx.apply(t),
                                     None => {
                                         if let Some(uid) = pod.metadata.uid.as_deref() {
-                                            idx.delete(uid);
+                                            idx.delete(&profile.name, uid);
                                         }
                                     }
                                 }
@@ -225,7 +227,7 @@ pub async fn watch_agents(client: Client, profiles: Vec<Profile>, index: SharedI
                             if let (Some(uid), Ok(mut idx)) =
                                 (pod.metadata.uid.as_deref(), index.write())
                             {
-                                idx.delete(uid);
+                                idx.delete(&profile.name, uid);
                             }
                         }
                         Err(e) => {
@@ -321,5 +323,22 @@ mod tests {
         idx.replace(CALICO_FELIX, "kube-system", Vec::new());
         assert!(idx.on_node("node-2").is_empty());
         assert_eq!(idx.synced_watches(), 1);
+    }
+
+    #[test]
+    fn one_pod_matching_two_profiles_is_indexed_under_each() {
+        let b = builtin_profiles();
+        let felix = find(&b, CALICO_FELIX).expect("felix");
+        let t = target_from_pod(felix, &calico(None, None)).expect("match");
+        let mut other = t.clone();
+        other.profile = "second-port".into();
+        let mut idx = AgentIndex::default();
+        idx.apply(t.clone());
+        idx.apply(other);
+        assert_eq!(idx.on_node("node-2").len(), 2);
+        idx.delete("second-port", &t.uid);
+        let left = idx.on_node("node-2");
+        assert_eq!(left.len(), 1);
+        assert_eq!(left[0].profile, CALICO_FELIX);
     }
 }

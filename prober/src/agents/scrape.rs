@@ -509,6 +509,7 @@ impl Scraper {
                 }
             }
         };
+        tracing::debug!(via = label, pod = %pod, port, node = %target.node, "agent scraped");
         read_page(profile, &format!("{label} {pod}:{port}{path}"), &body)
     }
 }
@@ -572,7 +573,17 @@ impl Inner {
                     uid: t.uid.clone(),
                     restart_count: t.restart_count,
                     ready: t.ready,
-                    outcome: outcome.map_err(|e| e.failure()),
+                    outcome: outcome.map_err(|e| {
+                        // Unreachable agents carry the profile's hint (how to turn the
+                        // metrics on) in the evidence message.
+                        let mut f = e.failure();
+                        if let (Signal::AgentUnreachable, Some(h)) =
+                            (f.signal, profile.unreachable_hint.as_deref())
+                        {
+                            f.message = format!("{} ({h})", f.message);
+                        }
+                        f
+                    }),
                 }
             })
         });

@@ -87,6 +87,20 @@ pub async fn serve_tls(
     accept_loop(router(store), listener, Some(cfg)).await
 }
 
+/// Binds with `bind`, retrying for up to 2 s while the address is still in use: an
+/// aborted accept task may drop its listening socket a moment after `stop` returns.
+fn bind_retrying(bind: &Binder, addr: SocketAddr) -> io::Result<std::net::TcpListener> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        match bind(addr) {
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse && std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            r => return r,
+        }
+    }
+}
+
 struct Endpoint {
     addr: SocketAddr,
     tls: Option<Arc<rustls::ServerConfig>>,
@@ -211,7 +225,7 @@ impl ApiServer {
                 continue;
             }
             let ep = &self.endpoints[i];
-            let listener = (ep.bind)(ep.addr)?;
+            let listener = bind_retrying(&ep.bind, ep.addr)?;
             let task = self.spawn(ep, listener)?;
             self.endpoints[i].task = Some(task);
         }

@@ -1,0 +1,320 @@
+//! Issue 4 acceptance: node-agent correlation end to end (DESIGN §3). `prober gate`
+//! against the testbed, whose simulated calico-node pods serve Felix-compatible
+//! `/metrics` on nodeIP:9091 from what the simulated agent really did (DESIGN §5).
+//!
+//! Scenarios: S2 (`faults/s2-apply-loop.yaml`: apply loop on the `os=debian13` nodes →
+//! `dataplane_apply_slow` on exactly those), the same through the API-server pod proxy,
+//! S5 (`faults/s5-slower-os.yaml`: `dataplane_apply_failures` on the `os=ubuntu2004`
+//! nodes only), a negative control (failures on one node, normal TTFP → a warning, exit
+//! 0), unreachable agents (a profile on a port nothing listens on → one
+//! `agent_unreachable` warning per node, exit 0) and agent restarts (`agent_restarted`,
+//! no negative numbers in any evidence).
+//!
+//! Build the binaries first (`cargo build --workspace --bins`); the tests run serially
+//! through `common::SERIAL`.
+
+mod common;
+
+use common::{validate, Testbed, SERIAL};
+use serde_json::Value;
+use std::collections::BTreeSet;
+
+/// Short probes: a 10 s give-up and 1 s hold keep each gate run under ~15 s while S2's
+/// 15–42 s program delay still fails every probe that touches a debian13 node.
+const QUICK: &[&str] = &["--give-up", "10s", "--hold", "1s"];
+
+fn lock() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Every probe suspect as (probe index, suspect).
+fn suspects(report: &Value) -> Vec<(usize, Value)> {
+    report["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .flat_map(|(i, p)| {
+            p["suspects"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(move |s| (i, s.clone()))
+        })
+        .collect()
+}
+
+fn warnings(report: &Value) -> Vec<Value> {
+    report["warnings"].as_array().unwrap().clone()
+}
+
+/// Nodes named by findings with `signal`.
+fn nodes_with(findings: &[Value], signal: &str) -> BTreeSet<String> {
+    findings
+        .iter()
+        .filter(|s| s["signal"] == signal)
+        .map(|s| s["node"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn set(nodes: &[&str]) -> BTreeSet<String> {
+    nodes.iter().map(|s| s.to_string()).collect()
+}
+
+/// Every number in `v`, recursively, with its path.
+fn numbers(v: &Value, path: &str, out: &mut Vec<(String, f64)>) {
+    match v {
+        Value::Number(n) => out.push((path.to_owned(), n.as_f64().unwrap())),
+        Value::Array(a) => {
+            for (i, x) in a.iter().enumerate() {
+                numbers(x, &format!("{path}[{i}]"), out);
+            }
+        }
+        Value::Object(m) => {
+            for (k, x) in m {
+                numbers(x, &format!("{path}.{k}"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// `prober gate` with `RUST_LOG` set (so the scrape path shows in stderr).
+fn gate_logged(tb: &Testbed, rust_log: &str, extra: &[&str]) -> (i32, Value, String) {
+    let report = tb
+        .state
+        .join(format!("report-{}.json", common::rand_suffix()));
+    let log = format!("RUST_LOG={rust_log}");
+    let mut args = vec![
+        "env",
+        log.as_str(),
+        "prober",
+        "gate",
+        "--report",
+        report.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let out = tb.exec(&args);
+    let all = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text =
+        std::fs::read_to_string(&report).unwrap_or_else(|e| panic!("no report ({e}):\n{all}"));
+    let _ = std::fs::remove_file(&report);
+    (
+        out.status.code().unwrap_or(-1),
+        serde_json::from_str(&text).unwrap(),
+        all,
+    )
+}
+
+/// S2 checks shared by the direct and the proxy run.
+fn check_s2(code: i32, report: &Value, text: &str) {
+    validate(report);
+    assert_eq!(code, 1, "S2 must fail the gate:\n{text}");
+    let s = suspects(report);
+    let all: Vec<Value> = s.iter().map(|(_, v)| v.clone()).collect();
+    assert_eq!(
+        nodes_with(&all, "dataplane_apply_slow"),
+        set(&["node-2", "node-3"]),
+        "{text}"
+    );
+    for (i, v) in &s {
+        let node = v["node"].as_str().unwrap();
+        assert!(
+            node == "node-2" || node == "node-3",
+            "suspect on a healthy node (probe {i}): {v}\n{text}"
+        );
+        if v["signal"] == "dataplane_apply_slow" {
+            let e = &v["evidence"];
+            let slow = e["apply_mean_seconds"].as_f64().expect("apply mean");
+            let healthy = e["healthy_half_apply_mean_seconds"]
+                .as_f64()
+                .expect("healthy-half apply mean");
+            // The fault floors apply time at 1 s on debian13; healthy nodes apply in ms.
+            assert!(slow >= 0.9, "{v}");
+            assert!(healthy < slow / 5.0, "{v}");
+        }
+    }
+    // Every slow/failed probe touching node-2/node-3 names the slow node it touched.
+    for (i, p) in report["probes"].as_array().unwrap().iter().enumerate() {
+        if p["result"] != "slow" && p["result"] != "failed" {
+            continue;
+        }
+        let touched: BTreeSet<String> = [&p["source"]["node"], &p["target"]["node"]]
+            .iter()
+            .filter_map(|n| n.as_str())
+            .filter(|n| *n == "node-2" || *n == "node-3")
+            .map(str::to_owned)
+            .collect();
+        let named: BTreeSet<String> = s
+            .iter()
+            .filter(|(j, v)| *j == i && v["signal"] == "dataplane_apply_slow")
+            .map(|(_, v)| v["node"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(named, touched, "probe {i}: {p}");
+    }
+    assert!(text.contains("suspects (node agents"), "{text}");
+    assert!(text.contains("dataplane_apply_slow"), "{text}");
+    assert!(text.contains("apply_mean_seconds"), "{text}");
+}
+
+#[test]
+fn s2_suspects_are_the_apply_loop_nodes_direct_and_through_the_proxy() {
+    let _g = lock();
+    let fault = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/faults/s2-apply-loop.yaml"
+    ))
+    .unwrap();
+    let tb = Testbed::up(
+        "agents-s2",
+        4,
+        &fault,
+        &["--node-labels", "node-2=os=debian13,node-3=os=debian13"],
+    );
+    let mut args = vec!["--group-by-label", "os", "--agent-scrape", "direct"];
+    args.extend_from_slice(QUICK);
+    let (code, report, text) = gate_logged(&tb, "info,prober::agents=debug", &args);
+    check_s2(code, &report, &text);
+    assert!(text.contains("via=\"direct\""), "{text}");
+    assert!(!text.contains("via=\"proxy\""), "{text}");
+
+    let mut args = vec!["--group-by-label", "os", "--agent-scrape", "proxy"];
+    args.extend_from_slice(QUICK);
+    let (code, report, text) = gate_logged(&tb, "info,prober::agents=debug", &args);
+    check_s2(code, &report, &text);
+    assert!(text.contains("via=\"proxy\""), "{text}");
+    assert!(!text.contains("via=\"direct\""), "{text}");
+}
+
+#[test]
+fn s5_apply_failures_are_blamed_on_the_ubuntu2004_nodes_only() {
+    let _g = lock();
+    let fault = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/faults/s5-slower-os.yaml"
+    ))
+    .unwrap();
+    let tb = Testbed::up(
+        "agents-s5",
+        4,
+        &fault,
+        &["--node-labels", "node-1=os=ubuntu2004,node-4=os=ubuntu2004"],
+    );
+    let mut args = vec!["--group-by-label", "os"];
+    args.extend_from_slice(&["--give-up", "15s", "--hold", "2s"]);
+    let (code, report, text) = tb.gate(&args);
+    validate(&report);
+    let mut all: Vec<Value> = suspects(&report).into_iter().map(|(_, v)| v).collect();
+    all.extend(warnings(&report));
+    assert_eq!(
+        nodes_with(&all, "dataplane_apply_failures"),
+        set(&["node-1", "node-4"]),
+        "{text}"
+    );
+    for f in all
+        .iter()
+        .filter(|f| f["signal"] == "dataplane_apply_failures")
+    {
+        let rate = f["evidence"]["failures_per_second"].as_f64().unwrap();
+        // The fault adds 1 failure/s; healthy agents count none.
+        assert!((0.3..=3.0).contains(&rate), "{f}");
+    }
+    // Slower, not broken: with the static 5 s threshold the gate passes (SCENARIOS S5).
+    assert_eq!(code, 0, "{text}");
+}
+
+#[test]
+fn agent_failures_with_normal_ttfp_are_a_warning_not_a_failure() {
+    let _g = lock();
+    let fault = "rules:\n  - nodes: {all: true}\n    program_delay: {uniform: [200ms, 600ms]}\n  - nodes: {names: [node-2]}\n    agent: {extra_failures_per_second: 5}\n";
+    let tb = Testbed::up("agents-neg", 3, fault, &[]);
+    let (code, report, text) = tb.gate(QUICK);
+    validate(&report);
+    assert_eq!(code, 0, "{text}");
+    assert!(suspects(&report).is_empty(), "{text}");
+    let w = warnings(&report);
+    assert_eq!(
+        nodes_with(&w, "dataplane_apply_failures"),
+        set(&["node-2"]),
+        "{text}"
+    );
+    let f = w
+        .iter()
+        .find(|f| f["signal"] == "dataplane_apply_failures")
+        .unwrap();
+    assert!(
+        f["evidence"]["failures_per_second"].as_f64().unwrap() >= 2.0,
+        "{f}"
+    );
+    assert!(text.contains("warnings (node agents"), "{text}");
+}
+
+#[test]
+fn unreachable_agents_give_one_warning_per_node_and_do_not_fail_the_gate() {
+    let _g = lock();
+    let fault = "rules:\n  - nodes: {all: true}\n    program_delay: {uniform: [200ms, 600ms]}\n";
+    let tb = Testbed::up("agents-unreach", 3, fault, &[]);
+    // A second profile on the calico-node pods, on a port nothing listens on.
+    let cfg = tb.state.join("agents.yaml");
+    std::fs::write(
+        &cfg,
+        "profiles:\n  - name: dead-agent\n    selector: k8s-app=calico-node\n    namespaces: [kube-system]\n    port: [{number: 1}]\n    unreachable_hint: enable dead-agent metrics\n",
+    )
+    .unwrap();
+    let mut args = vec!["--agent-config", cfg.to_str().unwrap()];
+    args.extend_from_slice(QUICK);
+    let (code, report, text) = tb.gate(&args);
+    validate(&report);
+    assert_eq!(code, 0, "{text}");
+    let w = warnings(&report);
+    let unreachable: Vec<&Value> = w
+        .iter()
+        .filter(|f| f["signal"] == "agent_unreachable")
+        .collect();
+    assert_eq!(unreachable.len(), 3, "one per node: {text}");
+    assert_eq!(
+        nodes_with(&w, "agent_unreachable"),
+        set(&["node-1", "node-2", "node-3"])
+    );
+    for f in &unreachable {
+        assert_eq!(f["evidence"]["profile"], "dead-agent", "{f}");
+        let msg = f["evidence"]["message"].as_str().unwrap_or("");
+        assert!(msg.contains("enable dead-agent metrics"), "{f}");
+    }
+    // The real Felix pages were still read: nothing else is flagged on a healthy run.
+    assert!(
+        w.iter().all(|f| f["signal"] == "agent_unreachable"),
+        "{text}"
+    );
+}
+
+#[test]
+fn agent_restart_mid_run_is_reported_without_negative_numbers() {
+    let _g = lock();
+    let fault = "rules:\n  - nodes: {all: true}\n    program_delay: {uniform: [200ms, 600ms]}\n  - nodes: {names: [node-1]}\n    agent: {restarts: {every: 2s}}\n";
+    let tb = Testbed::up("agents-restart", 3, fault, &[]);
+    let (_code, report, text) = tb.gate(&["--give-up", "10s", "--hold", "3s"]);
+    validate(&report);
+    let mut all: Vec<Value> = suspects(&report).into_iter().map(|(_, v)| v).collect();
+    all.extend(warnings(&report));
+    assert_eq!(
+        nodes_with(&all, "agent_restarted"),
+        set(&["node-1"]),
+        "{text}"
+    );
+    let mut nums = Vec::new();
+    for (i, f) in all.iter().enumerate() {
+        numbers(&f["evidence"], &format!("finding[{i}]"), &mut nums);
+    }
+    assert!(!nums.is_empty());
+    let negative: Vec<&(String, f64)> = nums.iter().filter(|(_, v)| *v < 0.0).collect();
+    assert!(negative.is_empty(), "{negative:?}\n{text}");
+    // A reset gives no rate: no apply/failure rate is computed across the restart.
+    for f in all.iter().filter(|f| f["node"] == "node-1") {
+        assert_ne!(f["signal"], "dataplane_apply_failures", "{f}");
+    }
+}
