@@ -1156,7 +1156,10 @@ mod tests {
         assert!(line.trim_start().starts_with("n2"), "{line}");
         assert!(line.contains("target"), "{line}");
         assert!(line.contains("apply_mean_seconds 1.250"), "{line}");
-        assert!(line.contains("healthy_half_apply_mean_seconds 0.004"), "{line}");
+        assert!(
+            line.contains("healthy_half_apply_mean_seconds 0.004"),
+            "{line}"
+        );
         let w = text
             .lines()
             .find(|l| l.contains("agent_unreachable"))

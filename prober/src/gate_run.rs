@@ -287,6 +287,16 @@ fn stops_early(kind: ProbeKind) -> bool {
 pub async fn run_gate(args: GateArgs) -> Result<i32, Error> {
     let p = &args.probe;
     let kinds = check_kinds(&p.kinds)?;
+    // Agent profiles first: a bad --agent-config fails before any API call.
+    let profiles = match &p.agent_config {
+        Some(path) => {
+            crate::agents::profiles::load_profiles_file(path).map_err(|e| Error::Config {
+                flag: "--agent-config",
+                message: e.to_string(),
+            })?
+        }
+        None => crate::agents::profiles::builtin_profiles(),
+    };
     for (flag, set) in [
         ("--junit", args.junit.is_some()),
         ("--save-baseline", args.save_baseline.is_some()),
@@ -376,15 +386,6 @@ pub async fn run_gate(args: GateArgs) -> Result<i32, Error> {
 
     // Node-agent correlation (DESIGN §3): discovery + a first scrape of the planned
     // nodes, so the first probes have a cluster baseline.
-    let profiles = match &p.agent_config {
-        Some(path) => crate::agents::profiles::load_profiles_file(path).map_err(|e| {
-            Error::Config {
-                flag: "--agent-config",
-                message: e.to_string(),
-            }
-        })?,
-        None => crate::agents::profiles::builtin_profiles(),
-    };
     let agents = crate::agents::scrape::AgentWatcher::start(
         client.clone(),
         profiles,

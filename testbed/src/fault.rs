@@ -1018,7 +1018,8 @@ impl Faults {
     pub fn service_delay(&self, node: &str, labels: &BTreeMap<String, String>) -> Duration {
         let a = self.current();
         let nf = a.file.for_node(node, labels, a.applied_at.elapsed());
-        nf.service_delay.map_or(Duration::ZERO, |d| d.sample(&mut rand::rng()))
+        nf.service_delay
+            .map_or(Duration::ZERO, |d| d.sample(&mut rand::rng()))
     }
 
     /// The file in force.
@@ -1155,9 +1156,14 @@ mod tests {
         );
         assert_eq!(
             f.for_node("node-2", &labels, Duration::ZERO).service_delay,
-            Some(DurationDist::Uniform(Duration::from_secs(1), Duration::from_secs(3)))
+            Some(DurationDist::Uniform(
+                Duration::from_secs(1),
+                Duration::from_secs(3)
+            ))
         );
-        assert!(err("rules:\n  - nodes: {all: true}\n    service_delay: later\n").contains("line 3"));
+        assert!(
+            err("rules:\n  - nodes: {all: true}\n    service_delay: later\n").contains("line 3")
+        );
     }
 
     #[test]

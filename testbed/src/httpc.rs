@@ -141,7 +141,11 @@ mod tests {
 
     #[test]
     fn parses_status_and_plain_body() {
-        let r = parse(addr(), b"HTTP/1.1 503 Service Unavailable\r\nA: b\r\n\r\nno").unwrap();
+        let r = parse(
+            addr(),
+            b"HTTP/1.1 503 Service Unavailable\r\nA: b\r\n\r\nno",
+        )
+        .unwrap();
         assert_eq!(r.status, 503);
         assert_eq!(r.body, b"no");
     }

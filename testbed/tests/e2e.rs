@@ -316,7 +316,12 @@ spec:
 #[test]
 fn real_kubectl_works_against_the_testbed() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let tb = Testbed::up("kubectl", 2, "rules:\n  - nodes: {all: true}\n    program_delay: 100ms\n", &[]);
+    let tb = Testbed::up(
+        "kubectl",
+        2,
+        "rules:\n  - nodes: {all: true}\n    program_delay: 100ms\n",
+        &[],
+    );
 
     // get -w streams changes: start it before the pod exists.
     let mut watch = tb
@@ -329,55 +334,131 @@ fn real_kubectl_works_against_the_testbed() {
     let watch_out = watch.stdout.take().unwrap();
     let lines = std::thread::spawn(move || {
         use std::io::BufRead;
-        std::io::BufReader::new(watch_out).lines().map_while(Result::ok).collect::<Vec<_>>()
+        std::io::BufReader::new(watch_out)
+            .lines()
+            .map_while(Result::ok)
+            .collect::<Vec<_>>()
     });
 
     // apply -f with default validation (needs OpenAPI), then create -f → AlreadyExists.
     let pod = write_manifest(&tb, "web.yaml", WEB_POD);
     assert!(kubectl(&tb, &["apply", "-f", &pod]).contains("pod/web created"));
     let out = tb.exec(&["kubectl", "create", "-f", &pod]);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("AlreadyExists"), "create -f of an existing pod");
-    let out = kubectl(&tb, &["wait", "--for=condition=Ready", "pod/web", "--timeout=20s"]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("AlreadyExists"),
+        "create -f of an existing pod"
+    );
+    let out = kubectl(
+        &tb,
+        &["wait", "--for=condition=Ready", "pod/web", "--timeout=20s"],
+    );
     assert!(out.contains("condition met"), "{out}");
 
     // Selectors.
     assert!(kubectl(&tb, &["get", "pods", "-l", "tier=front", "-o", "name"]).contains("pod/web"));
     assert!(!kubectl(&tb, &["get", "pods", "-l", "tier!=front", "-o", "name"]).contains("pod/web"));
-    let node = kubectl(&tb, &["get", "pod", "web", "-o", "jsonpath={.spec.nodeName}"]);
+    let node = kubectl(
+        &tb,
+        &["get", "pod", "web", "-o", "jsonpath={.spec.nodeName}"],
+    );
     let other = if node == "node-1" { "node-2" } else { "node-1" };
-    assert!(kubectl(&tb, &["get", "pods", "--field-selector", &format!("spec.nodeName={node}"), "-o", "name"]).contains("pod/web"));
-    assert!(!kubectl(&tb, &["get", "pods", "--field-selector", &format!("spec.nodeName={other}"), "-o", "name"]).contains("pod/web"));
+    assert!(kubectl(
+        &tb,
+        &[
+            "get",
+            "pods",
+            "--field-selector",
+            &format!("spec.nodeName={node}"),
+            "-o",
+            "name"
+        ]
+    )
+    .contains("pod/web"));
+    assert!(!kubectl(
+        &tb,
+        &[
+            "get",
+            "pods",
+            "--field-selector",
+            &format!("spec.nodeName={other}"),
+            "-o",
+            "name"
+        ]
+    )
+    .contains("pod/web"));
 
     // describe, logs.
     let d = kubectl(&tb, &["describe", "pod", "web"]);
-    assert!(d.contains("Status:") && d.contains("Running") && d.contains(&node), "{d}");
-    assert!(d.contains("Scheduled"), "describe pod shows the scheduler's event:\n{d}");
+    assert!(
+        d.contains("Status:") && d.contains("Running") && d.contains(&node),
+        "{d}"
+    );
+    assert!(
+        d.contains("Scheduled"),
+        "describe pod shows the scheduler's event:\n{d}"
+    );
     let d = kubectl(&tb, &["describe", "node", &node]);
     assert!(d.contains("Ready") && d.contains("web"), "{d}");
-    assert!(d.contains("NodeReady"), "describe node shows the kubelet's events:\n{d}");
+    assert!(
+        d.contains("NodeReady"),
+        "describe node shows the kubelet's events:\n{d}"
+    );
     let logs = kubectl(&tb, &["logs", "web"]);
     assert!(logs.contains("listening"), "logs: {logs:?}");
 
     // Agent metrics through the API server's pod proxy.
-    let page = kubectl(&tb, &["get", "--raw", "/api/v1/namespaces/kube-system/pods/calico-node-node-1:9091/proxy/metrics"]);
-    assert!(page.contains("# TYPE felix_int_dataplane_apply_time_seconds summary"), "{page}");
+    let page = kubectl(
+        &tb,
+        &[
+            "get",
+            "--raw",
+            "/api/v1/namespaces/kube-system/pods/calico-node-node-1:9091/proxy/metrics",
+        ],
+    );
+    assert!(
+        page.contains("# TYPE felix_int_dataplane_apply_time_seconds summary"),
+        "{page}"
+    );
 
     // delete --wait (graceful: the kubelet finishes it).
     assert!(kubectl(&tb, &["delete", "pod", "web"]).contains("deleted"));
-    assert!(kubectl(&tb, &["get", "pods", "-o", "name"]).trim().is_empty());
+    assert!(kubectl(&tb, &["get", "pods", "-o", "name"])
+        .trim()
+        .is_empty());
 
     // A Deployment reaches its ready replicas.
     let dep = write_manifest(&tb, "webd.yaml", WEB_DEPLOYMENT);
     kubectl(&tb, &["apply", "-f", &dep]);
-    let out = kubectl(&tb, &["rollout", "status", "deployment/webd", "--timeout=30s"]);
+    let out = kubectl(
+        &tb,
+        &["rollout", "status", "deployment/webd", "--timeout=30s"],
+    );
     assert!(out.contains("successfully rolled out"), "{out}");
-    let ready = kubectl(&tb, &["get", "deployment", "webd", "-o", "jsonpath={.status.readyReplicas}"]);
+    let ready = kubectl(
+        &tb,
+        &[
+            "get",
+            "deployment",
+            "webd",
+            "-o",
+            "jsonpath={.status.readyReplicas}",
+        ],
+    );
     assert_eq!(ready, "3");
 
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(watch.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(watch.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
     let _ = watch.wait();
     let lines = lines.join().unwrap();
-    assert!(lines.iter().any(|l| l.starts_with("web") && l.contains("Running")), "get -w printed: {lines:#?}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("web") && l.contains("Running")),
+        "get -w printed: {lines:#?}"
+    );
     assert!(lines.len() >= 3, "get -w streamed only {lines:#?}");
 }
 
@@ -394,7 +475,10 @@ fn a_pod_with_in_cluster_kube_rs_config_lists_nodes() {
     let start = Instant::now();
     let mut phase = String::new();
     while start.elapsed() < Duration::from_secs(30) {
-        phase = kubectl(&tb, &["get", "pod", "incluster", "-o", "jsonpath={.status.phase}"]);
+        phase = kubectl(
+            &tb,
+            &["get", "pod", "incluster", "-o", "jsonpath={.status.phase}"],
+        );
         if phase == "Succeeded" || phase == "Failed" {
             break;
         }
@@ -416,7 +500,12 @@ fn many_nodes_with_many_pods_come_up_serve_and_tear_down() {
     let long = std::env::var("FIRSTPACKET_LONG_TESTS").is_ok_and(|v| v == "1");
     let (nodes, per_node) = if long { (20, 10) } else { (4, 5) };
     let t0 = Instant::now();
-    let tb = Testbed::up("scale", nodes, "rules:\n  - nodes: {all: true}\n    program_delay: {uniform: [100ms, 300ms]}\n", &[]);
+    let tb = Testbed::up(
+        "scale",
+        nodes,
+        "rules:\n  - nodes: {all: true}\n    program_delay: {uniform: [100ms, 300ms]}\n",
+        &[],
+    );
     let t_up = t0.elapsed();
     let mut manifest = String::new();
     for n in 1..=nodes {
@@ -429,10 +518,30 @@ fn many_nodes_with_many_pods_come_up_serve_and_tear_down() {
     let path = write_manifest(&tb, "scale.yaml", &manifest);
     let t1 = Instant::now();
     kubectl(&tb, &["apply", "--validate=false", "-f", &path]);
-    let out = kubectl(&tb, &["wait", "--for=condition=Ready", "pods", "-l", "app=scale", "--timeout=120s"]);
+    let out = kubectl(
+        &tb,
+        &[
+            "wait",
+            "--for=condition=Ready",
+            "pods",
+            "-l",
+            "app=scale",
+            "--timeout=120s",
+        ],
+    );
     assert_eq!(out.lines().count(), nodes * per_node, "{out}");
     let t_ready = t1.elapsed();
-    let ips = kubectl(&tb, &["get", "pods", "-l", "app=scale", "-o", "jsonpath={range .items[*]}{.status.podIP}{\"\\n\"}{end}"]);
+    let ips = kubectl(
+        &tb,
+        &[
+            "get",
+            "pods",
+            "-l",
+            "app=scale",
+            "-o",
+            "jsonpath={range .items[*]}{.status.podIP}{\"\\n\"}{end}",
+        ],
+    );
     let ips: Vec<&str> = ips.lines().filter(|l| !l.is_empty()).collect();
     assert_eq!(ips.len(), nodes * per_node);
     let t2 = Instant::now();
@@ -441,13 +550,24 @@ fn many_nodes_with_many_pods_come_up_serve_and_tear_down() {
         script.push_str(&format!("curl -sf -m 3 -o /dev/null http://{ip}:8080/\n"));
     }
     let out = tb.exec(&["bash", "-c", &script]);
-    assert!(out.status.success(), "a pod did not answer: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "a pod did not answer: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let t_traffic = t2.elapsed();
     let prefix = tb.prefix();
     let t3 = Instant::now();
     drop(tb);
     let t_down = t3.elapsed();
-    let netns = String::from_utf8(Command::new("ip").args(["netns", "list"]).output().unwrap().stdout).unwrap();
+    let netns = String::from_utf8(
+        Command::new("ip")
+            .args(["netns", "list"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
     assert!(!netns.contains(&prefix), "netns left after down");
     println!(
         "scale: {nodes} nodes × {per_node} pods: up {:.1}s, all Ready {:.1}s, {} HTTP checks {:.1}s, down {:.1}s",
@@ -469,7 +589,11 @@ fn kube_rs_watcher_survives_api_restart_and_expired_watches() {
     use kube::runtime::watcher::{self, Event};
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let tb = Testbed::up("watch", 1, "rules: []\n", &[]);
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     let kubeconfig = tb.state.join("kubeconfig");
     let create = |name: &str| {
         let manifest = format!(
@@ -490,7 +614,8 @@ fn kube_rs_watcher_survives_api_restart_and_expired_watches() {
         .await
         .unwrap();
         let client = kube::Client::try_from(cfg).unwrap();
-        let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::namespaced(client, "default");
+        let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+            kube::Api::namespaced(client, "default");
         let stream = watcher::watcher(pods, watcher::Config::default().labels("app=w"));
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let task = tokio::spawn(async move {
@@ -498,7 +623,11 @@ fn kube_rs_watcher_survives_api_restart_and_expired_watches() {
             while let Some(ev) = stream.next().await {
                 // name@resourceVersion: a repeated one is a duplicated event.
                 let name = |p: k8s_openapi::api::core::v1::Pod| {
-                    format!("{}@{}", p.metadata.name.unwrap_or_default(), p.metadata.resource_version.unwrap_or_default())
+                    format!(
+                        "{}@{}",
+                        p.metadata.name.unwrap_or_default(),
+                        p.metadata.resource_version.unwrap_or_default()
+                    )
                 };
                 let line = match ev {
                     Ok(Event::Apply(p)) => format!("apply {}", name(p)),
@@ -514,7 +643,11 @@ fn kube_rs_watcher_survives_api_restart_and_expired_watches() {
             }
         });
         // Collects lines until one starting with `want` shows up (or 20 s pass).
-        async fn until(rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>, out: &mut Vec<String>, want: &str) {
+        async fn until(
+            rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+            out: &mut Vec<String>,
+            want: &str,
+        ) {
             let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
             while let Ok(Some(l)) = tokio::time::timeout_at(deadline, rx.recv()).await {
                 let done = l.starts_with(want);
@@ -545,7 +678,9 @@ fn kube_rs_watcher_survives_api_restart_and_expired_watches() {
         (out, after_restart)
     });
     assert!(
-        !after_restart.iter().any(|l| l == "init" || l.starts_with("initapply")),
+        !after_restart
+            .iter()
+            .any(|l| l == "init" || l.starts_with("initapply")),
         "the watch re-listed after `api restart` (resourceVersion lost?): {after_restart:#?}"
     );
     // Watch events (not re-list snapshots) never repeat a resourceVersion.
@@ -553,12 +688,19 @@ fn kube_rs_watcher_survives_api_restart_and_expired_watches() {
     let mut unique = applies.clone();
     unique.sort();
     unique.dedup();
-    assert_eq!(unique.len(), applies.len(), "a watch event was delivered twice: {all:#?}");
+    assert_eq!(
+        unique.len(),
+        applies.len(),
+        "a watch event was delivered twice: {all:#?}"
+    );
     for name in ["w-a", "w-b", "w-c"] {
         assert!(
             all.iter().any(|l| l.starts_with(&format!("apply {name}@"))),
             "{name} never seen: {all:#?}"
         );
     }
-    assert!(!all.iter().any(|l| l.starts_with("delete")), "spurious delete: {all:#?}");
+    assert!(
+        !all.iter().any(|l| l.starts_with("delete")),
+        "spurious delete: {all:#?}"
+    );
 }

@@ -93,7 +93,9 @@ fn bind_retrying(bind: &Binder, addr: SocketAddr) -> io::Result<std::net::TcpLis
     let deadline = std::time::Instant::now() + Duration::from_secs(2);
     loop {
         match bind(addr) {
-            Err(e) if e.kind() == io::ErrorKind::AddrInUse && std::time::Instant::now() < deadline => {
+            Err(e)
+                if e.kind() == io::ErrorKind::AddrInUse && std::time::Instant::now() < deadline =>
+            {
                 std::thread::sleep(Duration::from_millis(50));
             }
             r => return r,

@@ -812,10 +812,8 @@ mod tests {
     #[test]
     fn node_status_shows_scheduling_disabled_when_cordoned() {
         let now = crate::api::now();
-        let mut node: Value = serde_json::from_str(include_str!(
-            "../../tests/fixtures/k8s-node-ready.json"
-        ))
-        .unwrap();
+        let mut node: Value =
+            serde_json::from_str(include_str!("../../tests/fixtures/k8s-node-ready.json")).unwrap();
         assert_eq!(node_cells(&node, now)[1], "Ready");
         assert_eq!(node_cells(&node, now)[2], "control-plane,master");
         node["spec"]["unschedulable"] = json!(true);
