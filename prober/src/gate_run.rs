@@ -116,19 +116,30 @@ async fn ensure_namespace(client: &Client, url: &str, ns: &str) -> Result<(), Er
     }
 }
 
-/// Deletes every pod of `instance` (list by label, then one delete each, grace 0).
-/// Returns how many deletes were sent.
+/// Deletes every pod and Service of `instance` in `pods`' namespace (list by label, then
+/// one delete each, grace 0). Returns how many deletes were sent.
 pub async fn delete_instance_pods(pods: &Api<Pod>, instance: &str) -> Result<usize, kube::Error> {
-    let list = pods
+    let n = delete_labelled(pods, instance).await?;
+    let namespace = pods.namespace().map(str::to_owned).unwrap_or_default();
+    let services: Api<k8s_openapi::api::core::v1::Service> =
+        Api::namespaced(pods.clone().into_client(), &namespace);
+    Ok(n + delete_labelled(&services, instance).await?)
+}
+
+async fn delete_labelled<K>(api: &Api<K>, instance: &str) -> Result<usize, kube::Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let list = api
         .list(&ListParams::default().labels(&instance_selector(instance)))
         .await?;
     let mut n = 0;
-    for p in list.items {
-        let Some(name) = p.metadata.name else {
+    for obj in list.items {
+        let Some(name) = obj.meta().name.clone() else {
             continue;
         };
         n += 1;
-        match pods
+        match api
             .delete(&name, &DeleteParams::default().grace_period(0))
             .await
         {

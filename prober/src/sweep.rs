@@ -1,4 +1,4 @@
-//! Start-up sweep of leftover probe pods (DESIGN §6, binding).
+//! Start-up sweep of leftover probe pods and probe Services (DESIGN §6, binding).
 //!
 //! Lists pods labelled `app.kubernetes.io/name=firstpacket` in the namespace and deletes
 //! those whose `firstpacket.io/instance` is **not ours** and whose instance is provably
@@ -13,7 +13,8 @@
 
 use crate::error::{kube_status_code, Error};
 use crate::podspec::{APP_NAME, LABEL_INSTANCE, LABEL_NAME};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams};
 use kube::Api;
@@ -51,7 +52,12 @@ pub struct Candidate {
 impl Candidate {
     /// Extracts the facts from a pod, with `now` as the wall clock.
     pub fn from_pod(pod: &Pod, now: Timestamp) -> Self {
-        let md = &pod.metadata;
+        Candidate::from_meta(&pod.metadata, now)
+    }
+
+    /// Extracts the facts from any object's metadata (probe Services are swept by the
+    /// same rules as probe pods).
+    pub fn from_meta(md: &ObjectMeta, now: Timestamp) -> Self {
         Candidate {
             name: md.name.clone().unwrap_or_default(),
             instance: md
@@ -106,19 +112,34 @@ pub async fn sweep(
     our_instance: &str,
     max_age: Duration,
 ) -> Result<Vec<String>, Error> {
-    let resource = format!("pods in namespace {namespace}");
-    let list = pods
-        .list(&ListParams::default().labels(&format!("{LABEL_NAME}={APP_NAME}")))
+    let selector = ListParams::default().labels(&format!("{LABEL_NAME}={APP_NAME}"));
+    let services: Api<Service> = Api::namespaced(pods.clone().into_client(), namespace);
+    let pod_list = pods
+        .list(&selector)
         .await
-        .map_err(|e| Error::from_kube(e, url, "list", resource.clone()))?;
+        .map_err(|e| Error::from_kube(e, url, "list", format!("pods in namespace {namespace}")))?;
+    // Probe Services (kind `service`) follow the same rules; a cluster without the
+    // permission to list them still gets its pods swept.
+    let svc_list = match services.list(&selector).await {
+        Ok(l) => l.items,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list Services for the start-up sweep");
+            Vec::new()
+        }
+    };
     let now = Timestamp::now();
-    let candidates: Vec<Candidate> = list
+    let candidates: Vec<(bool, Candidate)> = pod_list
         .items
         .iter()
-        .map(|p| Candidate::from_pod(p, now))
+        .map(|p| (true, Candidate::from_pod(p, now)))
+        .chain(
+            svc_list
+                .iter()
+                .map(|s| (false, Candidate::from_meta(&s.metadata, now))),
+        )
         .collect();
     let mut owners: HashMap<String, Option<String>> = HashMap::new();
-    for c in &candidates {
+    for (_, c) in &candidates {
         if let Some((owner, _)) = &c.owner_pod {
             if owners.contains_key(owner) {
                 continue;
@@ -132,23 +153,27 @@ pub async fn sweep(
     }
     let alive = |name: &str, uid: &str| owners.get(name).is_some_and(|u| u.as_deref() == Some(uid));
     let mut deleted = Vec::new();
-    for c in &candidates {
+    for (is_pod, c) in &candidates {
         let Some(reason) = decide(c, our_instance, max_age, alive) else {
             continue;
         };
-        tracing::info!(pod = %c.name, ?reason, "sweeping leftover probe pod");
-        match pods
-            .delete(&c.name, &DeleteParams::default().grace_period(0))
-            .await
-        {
-            Ok(_) => deleted.push(c.name.clone()),
+        let what = if *is_pod { "pod" } else { "service" };
+        tracing::info!(name = %c.name, kind = what, ?reason, "sweeping leftover probe object");
+        let dp = DeleteParams::default().grace_period(0);
+        let r = if *is_pod {
+            pods.delete(&c.name, &dp).await.map(|_| ())
+        } else {
+            services.delete(&c.name, &dp).await.map(|_| ())
+        };
+        match r {
+            Ok(()) => deleted.push(format!("{what}/{}", c.name)),
             Err(e) if kube_status_code(&e) == Some(404) => {}
             Err(e) => {
                 return Err(Error::from_kube(
                     e,
                     url,
                     "delete",
-                    format!("pod {namespace}/{}", c.name),
+                    format!("{what} {namespace}/{}", c.name),
                 ))
             }
         }
