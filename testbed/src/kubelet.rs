@@ -401,129 +401,171 @@ impl PodWorker {
         self.k.agent.endpoint_added(&net);
         let pod_ip = net.ip.to_string();
 
-        // Container.
+        // Container, restarted per restartPolicy (Always; OnFailure on a non-zero exit)
+        // with the kubelet's back-off: 10 s doubling up to 5 min (Kubernetes docs, "Pod
+        // Lifecycle", container restart policy).
         let pod_dir = self.k.cfg.pods_dir.join(&self.uid);
-        let child = match self.start_container(&pod, &container, &binary, &net, &pod_dir) {
-            Ok(c) => c,
-            Err(msg) => {
-                self.update(|st| {
+        let mut restarts: u64 = 0;
+        let mut last_state = json!({});
+        let ended = loop {
+            let child = match self.start_container(&pod, &container, &binary, &net, &pod_dir) {
+                Ok(c) => c,
+                Err(msg) => {
+                    self.update(|st| {
+                        st["podIP"] = json!(pod_ip);
+                        st["podIPs"] = json!([{ "ip": pod_ip }]);
+                        st["containerStatuses"] = json!([waiting_status(
+                            &cname,
+                            &image,
+                            "CreateContainerError",
+                            Some(&msg)
+                        )]);
+                    });
+                    self.wait_for_deletion_only().await;
+                    self.finish(Some(&net)).await;
+                    return;
+                }
+            };
+            let pid = child.id().unwrap_or(0) as i32;
+            let _ = std::fs::write(pod_dir.join("pid"), pid.to_string());
+            let started_at = now_rfc3339();
+            let container_id = format!("testbed://{}-{pid}", self.uid);
+            let has_readiness = container["readinessProbe"].is_object();
+            {
+                let (cname, image, cid, sa, pod_ip) = (
+                    cname.clone(),
+                    image.clone(),
+                    container_id.clone(),
+                    started_at.clone(),
+                    pod_ip.clone(),
+                );
+                let last_state_now = last_state.clone();
+                self.update(move |st| {
+                    st["phase"] = json!("Running");
                     st["podIP"] = json!(pod_ip);
                     st["podIPs"] = json!([{ "ip": pod_ip }]);
-                    st["containerStatuses"] = json!([waiting_status(
-                        &cname,
-                        &image,
-                        "CreateContainerError",
-                        Some(&msg)
-                    )]);
+                    set_condition(st, "PodReadyToStartContainers", true, None, None);
+                    st["containerStatuses"] = json!([{
+                        "name": cname, "image": image, "imageID": format!("testbed://{image}"),
+                        "containerID": cid, "ready": !has_readiness, "started": true,
+                        "restartCount": restarts, "state": { "running": { "startedAt": sa } },
+                        "lastState": last_state_now,
+                    }]);
+                    if !has_readiness {
+                        set_condition(st, "Ready", true, None, None);
+                        set_condition(st, "ContainersReady", true, None, None);
+                    }
                 });
-                self.wait_for_deletion_only().await;
-                self.finish(Some(&net)).await;
-                return;
             }
-        };
-        let pid = child.id().unwrap_or(0) as i32;
-        let _ = std::fs::write(pod_dir.join("pid"), pid.to_string());
-        let started_at = now_rfc3339();
-        let container_id = format!("testbed://{}-{pid}", self.uid);
-        let has_readiness = container["readinessProbe"].is_object();
-        {
-            let (cname, image, cid, sa, pod_ip) = (
-                cname.clone(),
-                image.clone(),
-                container_id.clone(),
-                started_at.clone(),
-                pod_ip.clone(),
-            );
-            self.update(move |st| {
-                st["phase"] = json!("Running");
-                st["podIP"] = json!(pod_ip);
-                st["podIPs"] = json!([{ "ip": pod_ip }]);
-                set_condition(st, "PodReadyToStartContainers", true, None, None);
-                st["containerStatuses"] = json!([{
-                    "name": cname, "image": image, "imageID": format!("testbed://{image}"),
-                    "containerID": cid, "ready": !has_readiness, "started": true,
-                    "restartCount": 0, "state": { "running": { "startedAt": sa } },
-                }]);
-                if !has_readiness {
-                    set_condition(st, "Ready", true, None, None);
-                    set_condition(st, "ContainersReady", true, None, None);
-                }
-            });
-        }
-        if !has_readiness {
-            self.readiness_ok(&net);
-        }
+            if !has_readiness {
+                self.readiness_ok(&net);
+            }
 
-        // Readiness prober (runs on this node's runtime: packets leave the node netns).
-        let (stop_probe, stop_rx) = watch::channel(false);
-        let probe_task = if has_readiness {
-            Some(tokio::spawn(readiness_loop(
-                self.k.clone(),
-                self.ns.clone(),
-                self.name.clone(),
-                self.uid.clone(),
-                container["readinessProbe"].clone(),
-                net.clone(),
-                stop_rx,
-            )))
-        } else {
-            None
-        };
+            // Readiness prober (runs on this node's runtime: packets leave the node netns).
+            let (stop_probe, stop_rx) = watch::channel(false);
+            let probe_task = if has_readiness {
+                Some(tokio::spawn(readiness_loop(
+                    self.k.clone(),
+                    self.ns.clone(),
+                    self.name.clone(),
+                    self.uid.clone(),
+                    container["readinessProbe"].clone(),
+                    net.clone(),
+                    stop_rx,
+                )))
+            } else {
+                None
+            };
 
-        let ended = self.wait_container(child, pid, &spec).await;
-        let _ = stop_probe.send(true);
-        if let Some(t) = probe_task {
-            let _ = t.await;
-        }
-        let finished_at = now_rfc3339();
-        let policy = container["terminationMessagePolicy"]
-            .as_str()
-            .unwrap_or("File")
-            .to_owned();
-        let (exit_code, reason) = match &ended {
-            Ended::Exited(c) => (*c, if *c == 0 { "Completed" } else { "Error" }),
-            Ended::Deleted => (137, "Error"),
-            Ended::DeadlineExceeded => (137, "Error"),
-        };
-        let message = termination_message(&pod_dir, exit_code, &policy);
-        let restart_policy = spec["restartPolicy"]
-            .as_str()
-            .unwrap_or("Always")
-            .to_owned();
-        {
-            let (cname, image, cid) = (cname.clone(), image.clone(), container_id.clone());
-            let deadline = matches!(ended, Ended::DeadlineExceeded);
-            self.update(move |st| {
-                let mut term = json!({
-                    "exitCode": exit_code, "reason": reason,
-                    "startedAt": started_at, "finishedAt": finished_at, "containerID": cid,
+            let ended = self.wait_container(child, pid, &spec).await;
+            let _ = stop_probe.send(true);
+            if let Some(t) = probe_task {
+                let _ = t.await;
+            }
+            let finished_at = now_rfc3339();
+            let policy = container["terminationMessagePolicy"]
+                .as_str()
+                .unwrap_or("File")
+                .to_owned();
+            let (exit_code, reason) = match &ended {
+                Ended::Exited(c) => (*c, if *c == 0 { "Completed" } else { "Error" }),
+                Ended::Deleted => (137, "Error"),
+                Ended::DeadlineExceeded => (137, "Error"),
+            };
+            let message = termination_message(&pod_dir, exit_code, &policy);
+            let restart_policy = spec["restartPolicy"]
+                .as_str()
+                .unwrap_or("Always")
+                .to_owned();
+            let restart = matches!(ended, Ended::Exited(_))
+                && (restart_policy == "Always"
+                    || (restart_policy == "OnFailure" && exit_code != 0));
+            if restart {
+                let backoff = Duration::from_secs((10u64 << restarts.min(5)).min(300));
+                let term = json!({
+                    "exitCode": exit_code, "reason": reason, "message": message,
+                    "startedAt": started_at, "finishedAt": finished_at, "containerID": container_id,
                 });
-                if let Some(m) = message {
-                    term["message"] = json!(m);
-                }
+                restarts += 1;
+                last_state = json!({ "terminated": term });
+                let (cname, image, ls, n) =
+                    (cname.clone(), image.clone(), last_state.clone(), restarts);
+                let wait_msg = format!(
+                    "back-off {}s restarting failed container={cname} pod={}_{}({})",
+                    backoff.as_secs(),
+                    self.name,
+                    self.ns,
+                    self.uid
+                );
+                self.update(move |st| {
                 st["containerStatuses"] = json!([{
                     "name": cname, "image": image, "imageID": format!("testbed://{image}"),
-                    "containerID": cid, "ready": false, "started": false,
-                    "restartCount": 0, "state": { "terminated": term },
+                    "ready": false, "started": false, "restartCount": n,
+                    "state": { "waiting": { "reason": "CrashLoopBackOff", "message": wait_msg } },
+                    "lastState": ls,
                 }]);
-                set_condition(st, "Ready", false, Some("PodCompleted"), None);
-                set_condition(st, "ContainersReady", false, Some("PodCompleted"), None);
-                set_condition(st, "PodReadyToStartContainers", false, None, None);
-                if deadline {
-                    st["phase"] = json!("Failed");
-                    st["reason"] = json!("DeadlineExceeded");
-                    st["message"] =
-                        json!("Pod was active on the node longer than the specified deadline");
-                } else if exit_code == 0 {
-                    st["phase"] = json!("Succeeded");
-                } else {
-                    st["phase"] = json!("Failed");
-                }
+                set_condition(st, "Ready", false, Some("ContainersNotReady"), None);
+                set_condition(st, "ContainersReady", false, Some("ContainersNotReady"), None);
             });
-        }
-        if restart_policy != "Never" {
-            tracing::warn!(pod = %self.name, "restartPolicy {restart_policy} is treated as Never by this testbed version");
-        }
+                if self.sleep_unless_deleted(backoff).await {
+                    self.finish(Some(&net)).await;
+                    return;
+                }
+                continue;
+            }
+            {
+                let (cname, image, cid) = (cname.clone(), image.clone(), container_id.clone());
+                let deadline = matches!(ended, Ended::DeadlineExceeded);
+                self.update(move |st| {
+                    let mut term = json!({
+                        "exitCode": exit_code, "reason": reason,
+                        "startedAt": started_at, "finishedAt": finished_at, "containerID": cid,
+                    });
+                    if let Some(m) = message {
+                        term["message"] = json!(m);
+                    }
+                    st["containerStatuses"] = json!([{
+                        "name": cname, "image": image, "imageID": format!("testbed://{image}"),
+                        "containerID": cid, "ready": false, "started": false,
+                        "restartCount": restarts, "state": { "terminated": term },
+                    }]);
+                    set_condition(st, "Ready", false, Some("PodCompleted"), None);
+                    set_condition(st, "ContainersReady", false, Some("PodCompleted"), None);
+                    set_condition(st, "PodReadyToStartContainers", false, None, None);
+                    if deadline {
+                        st["phase"] = json!("Failed");
+                        st["reason"] = json!("DeadlineExceeded");
+                        st["message"] =
+                            json!("Pod was active on the node longer than the specified deadline");
+                    } else if exit_code == 0 {
+                        st["phase"] = json!("Succeeded");
+                    } else {
+                        st["phase"] = json!("Failed");
+                    }
+                });
+            }
+            break ended;
+        };
         // Terminal pods give their sandbox back (CNI DEL) but stay in the API until deleted.
         self.k.agent.endpoint_removed(&net);
         if let Err(e) = self.k.dataplane.remove_pod(&net) {
@@ -686,6 +728,20 @@ impl PodWorker {
             let _ = child.wait().await;
         }
         why
+    }
+
+    /// Sleeps `d` unless a deletion is requested first; true when it was.
+    async fn sleep_unless_deleted(&mut self, d: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + d;
+        loop {
+            if self.deletion_requested().is_some() {
+                return true;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => return false,
+                r = self.rx.changed() => if r.is_err() { return true },
+            }
+        }
     }
 
     async fn wait_for_deletion_only(&mut self) {

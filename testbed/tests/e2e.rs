@@ -704,3 +704,47 @@ fn kube_rs_watcher_survives_api_restart_and_expired_watches() {
         "spurious delete: {all:#?}"
     );
 }
+
+/// restartPolicy Always: a container that exits is restarted with back-off; the pod
+/// shows `CrashLoopBackOff`, a growing `restartCount` and the previous exit in
+/// `lastState`, as `kubectl get pods` users expect.
+#[test]
+fn restart_policy_always_restarts_an_exiting_container_with_back_off() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let tb = Testbed::up("restart", 1, "rules: []\n", &[]);
+    let manifest = write_manifest(
+        &tb,
+        "crash.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: crash}\nspec:\n  containers:\n  - name: c\n    image: target-server\n    args: [no-such-subcommand]\n",
+    );
+    kubectl(&tb, &["apply", "--validate=false", "-f", &manifest]);
+    let start = Instant::now();
+    let mut status = serde_json::Value::Null;
+    while start.elapsed() < Duration::from_secs(20) {
+        let out = kubectl(&tb, &["get", "pod", "crash", "-o", "json"]);
+        status = serde_json::from_str::<serde_json::Value>(&out).unwrap()["status"].clone();
+        if status["containerStatuses"][0]["restartCount"]
+            .as_u64()
+            .unwrap_or(0)
+            >= 1
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let cs = &status["containerStatuses"][0];
+    assert!(
+        cs["restartCount"].as_u64().unwrap_or(0) >= 1,
+        "never restarted: {status:#}"
+    );
+    assert_eq!(status["phase"], "Running", "{status:#}");
+    let last_exit = cs["lastState"]["terminated"]["exitCode"]
+        .as_i64()
+        .unwrap_or(0);
+    assert_ne!(last_exit, 0, "lastState keeps the failed exit: {status:#}");
+    let table = kubectl(&tb, &["get", "pod", "crash"]);
+    assert!(
+        table.contains("CrashLoopBackOff") || table.contains("Running"),
+        "{table}"
+    );
+}
