@@ -433,6 +433,8 @@ pub struct ReportInputs {
     pub group_by: Vec<String>,
     /// Why some probes were stopped early ([`early_stop`]), if they were.
     pub stopped_early: Option<String>,
+    /// Nodes left out of the plan, with the reason.
+    pub skipped_nodes: Vec<target_server::report::SkippedNode>,
 }
 
 /// Assembles the gate report (schema 1), computing summary, verdict and nodes.
@@ -461,6 +463,7 @@ pub fn build_report(
         duration_seconds: inputs.duration_seconds,
         errors: inputs.errors,
         stopped_early: inputs.stopped_early,
+        skipped_nodes: inputs.skipped_nodes,
     }
 }
 
@@ -601,6 +604,14 @@ pub fn render_text(report: &GateReport, group_by: &[String]) -> String {
     let _ = writeln!(out, "diagnosis: {diag}");
     if let Some(why) = &report.stopped_early {
         let _ = writeln!(out, "stopped early: {why}");
+    }
+    if !report.skipped_nodes.is_empty() {
+        let s: Vec<String> = report
+            .skipped_nodes
+            .iter()
+            .map(|n| format!("{} ({})", n.node, n.reason))
+            .collect();
+        let _ = writeln!(out, "nodes not probed: {}", s.join(", "));
     }
     let suspects = suspect_nodes(&report.probes);
     if !suspects.is_empty() && s.diagnosis != target_server::report::Diagnosis::Healthy {
@@ -1088,6 +1099,7 @@ mod tests {
                 errors: vec![],
                 group_by: vec![],
                 stopped_early: None,
+                skipped_nodes: Vec::new(),
             },
         );
         assert_eq!(report.exit_code, 1);
@@ -1146,6 +1158,7 @@ mod tests {
                 errors: vec![],
                 group_by: vec![],
                 stopped_early: None,
+                skipped_nodes: Vec::new(),
             },
         );
         let text = render_text(&report, &[]);
@@ -1180,6 +1193,7 @@ mod tests {
                 errors: vec![],
                 group_by: vec![],
                 stopped_early: None,
+                skipped_nodes: Vec::new(),
             },
         );
         assert_eq!(render_agent_findings(&empty), "");

@@ -287,6 +287,40 @@ pub fn not_started_record(plan: &ProbePlan, cfg: &PodConfig, why: &str) -> Probe
     build_record(&meta, None, None, &ending, Duration::ZERO, now)
 }
 
+/// Checks the settings the source pods and the report depend on before anything is
+/// created: dial spacing and attempt timeout ≥ 1 ms (target-server's own floor),
+/// a non-zero give-up, and a `--report`/`--save-baseline` directory that exists.
+fn check_settings(args: &GateArgs) -> Result<(), Error> {
+    let p = &args.probe;
+    let ms = Duration::from_millis(1);
+    let bad = |flag: &'static str, message: String| Err(Error::Config { flag, message });
+    if p.dial_interval < ms {
+        return bad(
+            "--dial-interval",
+            format!("{:?} is below 1ms", p.dial_interval),
+        );
+    }
+    if p.attempt_timeout < ms {
+        return bad(
+            "--attempt-timeout",
+            format!("{:?} is below 1ms", p.attempt_timeout),
+        );
+    }
+    if p.give_up.is_zero() {
+        return bad("--give-up", "must be more than 0s".into());
+    }
+    if let Some(report) = &args.report {
+        let dir = report.parent().filter(|d| !d.as_os_str().is_empty());
+        if dir.is_some_and(|d| !d.is_dir()) {
+            return bad(
+                "--report",
+                format!("directory of {} does not exist", report.display()),
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Kinds whose pairs cross nodes and are cut short by the early stop.
 fn stops_early(kind: ProbeKind) -> bool {
     kind != ProbeKind::SameNode
@@ -298,6 +332,7 @@ fn stops_early(kind: ProbeKind) -> bool {
 pub async fn run_gate(args: GateArgs) -> Result<i32, Error> {
     let p = &args.probe;
     let kinds = check_kinds(&p.kinds)?;
+    check_settings(&args)?;
     // Agent profiles first: a bad --agent-config fails before any API call.
     let profiles = match &p.agent_config {
         Some(path) => {
@@ -577,6 +612,13 @@ pub async fn run_gate(args: GateArgs) -> Result<i32, Error> {
             errors,
             group_by: p.group_by_label.clone(),
             stopped_early: lock(&stopped_early).clone(),
+            skipped_nodes: skipped
+                .iter()
+                .map(|(n, r)| target_server::report::SkippedNode {
+                    node: n.clone(),
+                    reason: r.to_string(),
+                })
+                .collect(),
         },
     );
     print!("{}", render_text(&report, &p.group_by_label));

@@ -47,12 +47,22 @@ pub struct Candidate {
     pub owner_pod: Option<(String, String)>,
     /// Age in seconds (API `creationTimestamp` vs. our wall clock), if known.
     pub age_seconds: Option<i64>,
+    /// The pod's own age limit, seconds: its `activeDeadlineSeconds` plus
+    /// [`SWEEP_GRACE`] (each run sets the deadline from its own flags, so another run's
+    /// pods are judged by theirs, not by ours).
+    pub age_limit_seconds: Option<i64>,
 }
 
 impl Candidate {
     /// Extracts the facts from a pod, with `now` as the wall clock.
     pub fn from_pod(pod: &Pod, now: Timestamp) -> Self {
-        Candidate::from_meta(&pod.metadata, now)
+        let mut c = Candidate::from_meta(&pod.metadata, now);
+        c.age_limit_seconds = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.active_deadline_seconds)
+            .map(|d| d + SWEEP_GRACE.as_secs() as i64);
+        c
     }
 
     /// Extracts the facts from any object's metadata (probe Services are swept by the
@@ -73,6 +83,7 @@ impl Candidate {
                 .creation_timestamp
                 .as_ref()
                 .map(|t| now.as_second() - t.0.as_second()),
+            age_limit_seconds: None,
         }
     }
 }
@@ -96,7 +107,8 @@ pub fn decide(
     }
     if instance.starts_with("gate-") {
         let age = c.age_seconds?;
-        let limit = i64::try_from(max_age.as_secs()).unwrap_or(i64::MAX);
+        let ours = i64::try_from(max_age.as_secs()).unwrap_or(i64::MAX);
+        let limit = c.age_limit_seconds.map_or(ours, |l| l.max(ours));
         return (age > limit).then_some(SweepReason::Expired { age_seconds: age });
     }
     None
@@ -152,8 +164,22 @@ pub async fn sweep(
         }
     }
     let alive = |name: &str, uid: &str| owners.get(name).is_some_and(|u| u.as_deref() == Some(uid));
+    // Instances that still have a pod the sweep keeps are live: keep their Services
+    // (a Service carries no deadline of its own).
+    let live_instances: std::collections::HashSet<&str> = candidates
+        .iter()
+        .filter(|(is_pod, c)| *is_pod && decide(c, our_instance, max_age, alive).is_none())
+        .filter_map(|(_, c)| c.instance.as_deref())
+        .collect();
     let mut deleted = Vec::new();
     for (is_pod, c) in &candidates {
+        if !is_pod
+            && c.instance
+                .as_deref()
+                .is_some_and(|i| live_instances.contains(i))
+        {
+            continue;
+        }
         let Some(reason) = decide(c, our_instance, max_age, alive) else {
             continue;
         };
@@ -191,7 +217,22 @@ mod tests {
             instance: instance.map(String::from),
             owner_pod: owner.map(|(a, b)| (a.to_string(), b.to_string())),
             age_seconds: age,
+            age_limit_seconds: None,
         }
+    }
+
+    #[test]
+    fn another_run_with_a_longer_give_up_is_judged_by_its_own_pod_deadline() {
+        let never = |_: &str, _: &str| false;
+        // Our limit is 185 s; the other gate's pod has activeDeadlineSeconds 261.
+        let mut c = cand(Some("gate-long"), None, Some(200));
+        c.age_limit_seconds = Some(261 + SWEEP_GRACE.as_secs() as i64);
+        assert_eq!(decide(&c, "gate-me", MAX, never), None);
+        c.age_seconds = Some(400);
+        assert_eq!(
+            decide(&c, "gate-me", MAX, never),
+            Some(SweepReason::Expired { age_seconds: 400 })
+        );
     }
 
     const MAX: Duration = Duration::from_secs(185);

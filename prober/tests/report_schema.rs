@@ -197,6 +197,10 @@ fn gate_report_with_every_result_class_matches_the_json_schema() {
             errors: vec!["interrupted by SIGINT".into()],
             group_by: vec!["zone".into()],
             stopped_early: Some("test".into()),
+            skipped_nodes: vec![target_server::report::SkippedNode {
+                node: "node-9".into(),
+                reason: "not Ready".into(),
+            }],
         },
     );
     assert_eq!(report.exit_code, 1);

@@ -80,6 +80,11 @@ pub struct ProbeArgs {
     /// Keep dialing this long after the first success, counting failures per second.
     #[arg(long, env = "FIRSTPACKET_HOLD", default_value = "5s", value_parser = humantime::parse_duration)]
     pub hold: Duration,
+    /// When dialing ends before the kubelet's first readiness probe was answered (a short
+    /// `--hold` after an early success), wait this long at most for it: TTFP needs
+    /// `ready_at`. 0 disables the wait.
+    #[arg(long, env = "FIRSTPACKET_READY_WAIT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub ready_wait: Duration,
     /// File the report line is written to (created/truncated). The kubelet turns it
     /// into the container's termination message (last 4096 bytes).
     #[arg(
@@ -126,6 +131,7 @@ impl ProbeArgs {
             attempt_timeout: self.attempt_timeout,
             give_up: self.give_up,
             hold: self.hold,
+            ready_wait: self.ready_wait,
             termination_log: self.termination_log.clone(),
         })
     }

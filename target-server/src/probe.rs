@@ -51,6 +51,8 @@ pub struct ProbeConfig {
     pub give_up: Duration,
     /// Keep dialing this long after the first success (`--hold`).
     pub hold: Duration,
+    /// Longest wait for `ready_at` after dialing ended (`--ready-wait`).
+    pub ready_wait: Duration,
     /// Where the report line is written (`--termination-log`).
     pub termination_log: PathBuf,
 }
@@ -81,7 +83,25 @@ pub async fn run(
     let (stop_tx, stop_rx) = watch::channel(false);
     let server = tokio::spawn(http::serve(listener, Arc::clone(&state), stop_rx));
 
-    let run = dial_loop(&config, origin, &mut termination).await;
+    let mut run = dial_loop(&config, origin, &mut termination).await;
+    if !run.terminated && state.ready_at().is_none() && !config.ready_wait.is_zero() {
+        // The dialing ended before the kubelet's first readiness probe (a short
+        // `--hold` after an early success): TTFP needs `ready_at`, so wait for it — the
+        // kubelet probes every `periodSeconds` (1 s for probe pods) — for at most
+        // `--ready-wait`. Without it the prober would call a healthy source "never Ready".
+        let mut ready = state.subscribe_ready_at();
+        let wait = async {
+            while ready.borrow_and_update().is_none() {
+                if ready.changed().await.is_err() {
+                    break;
+                }
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::timeout(config.ready_wait, wait) => {}
+            _ = termination.recv() => run.terminated = true,
+        }
+    }
     if run.terminated {
         state.set_not_ready();
         eprintln!("target-server: SIGTERM, /readyz now 503, dialing stopped");

@@ -547,4 +547,16 @@ pub struct GateReport {
     /// `interrupted`. Null when the whole plan ran. Added field.
     #[serde(default)]
     pub stopped_early: Option<String>,
+    /// Nodes the gate did not probe and why (`not Ready`, `cordoned`, selector or taint):
+    /// a NotReady node after an upgrade must not vanish from the report. Added field.
+    #[serde(default)]
+    pub skipped_nodes: Vec<SkippedNode>,
+}
+
+/// A node left out of the plan (DESIGN §2 step 1: Ready, schedulable, matching the
+/// selector, no untolerated taint).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SkippedNode {
+    pub node: String,
+    pub reason: String,
 }

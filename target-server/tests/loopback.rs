@@ -32,6 +32,8 @@ impl Proc {
             .env_remove("POD_NAMESPACE")
             .env_remove("POD_IP")
             .env_remove("NODE_NAME")
+            // No kubelet here: tests that want `ready_at` send the kube-probe themselves.
+            .env("FIRSTPACKET_READY_WAIT", "0s")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -627,4 +629,45 @@ fn a_non_200_answer_from_the_expected_pod_is_http_status() {
     assert_eq!(r["last_error"], "http_status");
     assert!(u(&r["errors"], "http_status") >= 3);
     assert!(r["first_success_sent"].is_null());
+}
+
+/// A hold shorter than the kubelet's first readiness probe must not lose `ready_at`:
+/// the source waits (`--ready-wait`) for the probe after dialing ends.
+#[test]
+fn a_short_hold_still_waits_for_the_kubelets_first_readiness_probe() {
+    let target = Proc::spawn(&["serve", "--port", "0"], &[("POD_NAME", "tgt-short")]);
+    let target_addr = format!("127.0.0.1:{}", target.port);
+    let src = Proc::spawn(
+        &[
+            "probe",
+            "--target",
+            &target_addr,
+            "--expect-pod",
+            "tgt-short",
+            "--port",
+            "0",
+            "--hold",
+            "0s",
+            "--give-up",
+            "10s",
+            "--termination-log",
+            "/dev/null",
+        ],
+        &[("POD_NAME", "src-short"), ("FIRSTPACKET_READY_WAIT", "5s")],
+    );
+    // Well after the success and the (empty) hold, the kubelet's first probe arrives.
+    thread::sleep(Duration::from_millis(800));
+    assert_eq!(kubelet_readyz(src.port), 200);
+    let (status, stdout) = src.finish(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(0));
+    let r = parse_report(&stdout);
+    assert_eq!(r["outcome"], "success");
+    let ready_at = f(&r, "ready_at");
+    assert!(
+        ready_at >= 0.7,
+        "ready_at {ready_at} should be the late kube-probe"
+    );
+    assert_eq!(f(&r, "ttfp_seconds"), 0.0, "success came before Ready");
+    target.sigterm();
+    let _ = target.finish(Duration::from_secs(5));
 }

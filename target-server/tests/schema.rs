@@ -185,6 +185,7 @@ fn gate_report() -> GateReport {
         duration_seconds: 60.0,
         errors: vec![],
         stopped_early: None,
+        skipped_nodes: Vec::new(),
     }
 }
 

@@ -318,3 +318,44 @@ fn agent_restart_mid_run_is_reported_without_negative_numbers() {
         assert_ne!(f["signal"], "dataplane_apply_failures", "{f}");
     }
 }
+
+/// An agent absent from one node (its calico-node pod deleted) → exactly one
+/// `agent_unreachable` warning, for that node; the gate passes on that alone.
+#[test]
+fn an_agent_absent_from_one_node_is_one_warning_for_that_node() {
+    let _g = lock();
+    let fault = "rules:\n  - nodes: {all: true}\n    program_delay: {uniform: [200ms, 600ms]}\n";
+    let tb = Testbed::up("agents-absent", 3, fault, &[]);
+    let out = tb.exec(&[
+        "kubectl",
+        "delete",
+        "pod",
+        "-n",
+        "kube-system",
+        "calico-node-node-2",
+        "--grace-period=0",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (code, report, text) = tb.gate(QUICK);
+    validate(&report);
+    assert_eq!(code, 0, "{text}");
+    let w = warnings(&report);
+    let unreachable: Vec<&Value> = w
+        .iter()
+        .filter(|f| f["signal"] == "agent_unreachable")
+        .collect();
+    assert_eq!(unreachable.len(), 1, "exactly one warning: {text}");
+    assert_eq!(
+        nodes_with(&w, "agent_unreachable"),
+        set(&["node-2"]),
+        "{text}"
+    );
+    assert!(
+        suspects(&report).is_empty(),
+        "no suspect on a healthy run: {text}"
+    );
+}
