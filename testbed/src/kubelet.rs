@@ -195,9 +195,20 @@ impl Kubelet {
     }
 
     fn observe(self: &Arc<Self>, pod: Arc<Value>, deleted: bool) {
-        if pod["spec"]["nodeName"].as_str() != Some(self.cfg.node.as_str())
-            || !pod["metadata"]["annotations"][SIMULATED_ANNOTATION].is_null()
-        {
+        if pod["spec"]["nodeName"].as_str() != Some(self.cfg.node.as_str()) {
+            return;
+        }
+        if !pod["metadata"]["annotations"][SIMULATED_ANNOTATION].is_null() {
+            // Simulated agent pods run no container: a graceful deletion ends at once.
+            if !deleted && !pod["metadata"]["deletionTimestamp"].is_null() {
+                if let (Some(ns), Some(name), Some(uid)) = (
+                    pod["metadata"]["namespace"].as_str(),
+                    pod["metadata"]["name"].as_str(),
+                    pod["metadata"]["uid"].as_str(),
+                ) {
+                    let _ = self.store.remove(Kind::Pod, Some(ns), name, uid);
+                }
+            }
             return;
         }
         let Some(uid) = pod["metadata"]["uid"].as_str().map(str::to_owned) else {
