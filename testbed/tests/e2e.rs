@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{truth_ttfp, validate, Testbed, SERIAL};
+use common::{assert_ttfp_near_truth, netns_list, validate, Testbed, SERIAL};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -27,25 +27,8 @@ fn gate_ttfp_matches_ground_truth_and_thresholds_set_the_exit_code() {
     let truth = tb.truth();
     let probes = report["probes"].as_array().unwrap();
     assert_eq!(probes.len(), 12, "{out}");
-    let interval = 0.1;
     for p in probes {
-        let ttfp = p["ttfp_seconds"]
-            .as_f64()
-            .unwrap_or_else(|| panic!("no TTFP: {p:#}\n{out}"));
-        let want = truth_ttfp(
-            &truth,
-            p["source"]["uid"].as_str().unwrap(),
-            p["target"]["uid"].as_str().unwrap(),
-        )
-        .unwrap_or_else(|| panic!("no truth for {}", p["id"]));
-        let err = ttfp - want;
-        assert!(
-            (-0.05..=interval + 0.05).contains(&err),
-            "probe {} {}→{}: TTFP {ttfp:.3}s vs truth {want:.3}s (error {err:+.3}s)",
-            p["id"],
-            p["source"]["node"],
-            p["target"]["node"]
-        );
+        let ttfp = assert_ttfp_near_truth(&truth, p, &out);
         let touches_slow = p["source"]["node"] == "node-2" || p["target"]["node"] == "node-2";
         if !touches_slow {
             assert!(
@@ -108,14 +91,7 @@ fn s1_healthy_cluster_passes_and_down_leaves_nothing() {
     let prefix = tb.prefix();
     let state = tb.state.clone();
     drop(tb);
-    let netns = String::from_utf8(
-        Command::new("ip")
-            .args(["netns", "list"])
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap();
+    let netns = netns_list();
     assert!(!netns.contains(&prefix), "netns left after down:\n{netns}");
     let procs = String::from_utf8(
         Command::new("ps")
@@ -560,14 +536,7 @@ fn many_nodes_with_many_pods_come_up_serve_and_tear_down() {
     let t3 = Instant::now();
     drop(tb);
     let t_down = t3.elapsed();
-    let netns = String::from_utf8(
-        Command::new("ip")
-            .args(["netns", "list"])
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap();
+    let netns = netns_list();
     assert!(!netns.contains(&prefix), "netns left after down");
     println!(
         "scale: {nodes} nodes × {per_node} pods: up {:.1}s, all Ready {:.1}s, {} HTTP checks {:.1}s, down {:.1}s",

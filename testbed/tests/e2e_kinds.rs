@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{truth_ttfp, validate, Testbed, SERIAL};
+use common::{assert_ttfp_near_truth, truth_ttfp, validate, Testbed, SERIAL};
 use serde_json::Value;
 
 /// API-write budget per probe kind (prober `probe` module docs; DESIGN §7).
@@ -121,7 +121,6 @@ fn burst_ttfp_grows_with_the_fillers_queued_ahead_of_the_target() {
     ]);
     validate(&report);
     let truth = tb.truth();
-    let interval = 0.1;
     let mut burst_on_node2 = 0;
     for p in probes(&report) {
         let kind = p["kind"].as_str().unwrap();
@@ -130,20 +129,7 @@ fn burst_ttfp_grows_with_the_fillers_queued_ahead_of_the_target() {
             p["api_writes"].as_u64().unwrap() <= budget(kind, k),
             "{p:#}"
         );
-        let ttfp = p["ttfp_seconds"].as_f64().unwrap();
-        let want = truth_ttfp(
-            &truth,
-            p["source"]["uid"].as_str().unwrap(),
-            p["target"]["uid"].as_str().unwrap(),
-        )
-        .unwrap_or_else(|| panic!("no truth for {}", p["id"]));
-        let err = ttfp - want;
-        assert!(
-            (-0.05..=interval + 0.05).contains(&err),
-            "{kind} {}→{}: TTFP {ttfp:.3}s vs truth {want:.3}s",
-            p["source"]["node"],
-            p["target"]["node"]
-        );
+        let ttfp = assert_ttfp_near_truth(&truth, p, &out);
         if kind == "burst" && p["target"]["node"] == "node-2" {
             burst_on_node2 += 1;
             assert_eq!(p["burst"]["fillers_created"], k, "{p:#}");
@@ -379,7 +365,7 @@ fn service_ttfp_includes_late_service_rules_while_cross_node_stays_fast() {
     validate(&report);
     assert_eq!(code, 0, "{out}");
     let truth = tb.truth();
-    let interval = 0.1;
+    let interval = common::DIAL_INTERVAL;
     assert_eq!(of_kind(&report, "service").len(), 3, "{out}");
     for p in probes(&report) {
         let kind = p["kind"].as_str().unwrap();

@@ -146,6 +146,45 @@ pub fn truth_ttfp(truth: &[Value], source_uid: &str, target_uid: &str) -> Option
     Some((prog - t("readiness_ok", source_uid)?).max(0.0))
 }
 
+/// The dial interval the gates in these tests use (the default, 100 ms).
+pub const DIAL_INTERVAL: f64 = 0.1;
+
+/// Asserts a probe's TTFP is within [−50 ms, dial interval + 50 ms] of the ground truth
+/// (DESIGN §7 accuracy target); returns the TTFP (seconds). `ctx` goes into messages.
+pub fn assert_ttfp_near_truth(truth: &[Value], p: &Value, ctx: &str) -> f64 {
+    let ttfp = p["ttfp_seconds"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no TTFP: {p:#}\n{ctx}"));
+    let want = truth_ttfp(
+        truth,
+        p["source"]["uid"].as_str().unwrap(),
+        p["target"]["uid"].as_str().unwrap(),
+    )
+    .unwrap_or_else(|| panic!("no truth for {}", p["id"]));
+    let err = ttfp - want;
+    assert!(
+        (-0.05..=DIAL_INTERVAL + 0.05).contains(&err),
+        "probe {} {} {}→{}: TTFP {ttfp:.3}s vs truth {want:.3}s (error {err:+.3}s)\n{ctx}",
+        p["id"],
+        p["kind"],
+        p["source"]["node"],
+        p["target"]["node"]
+    );
+    ttfp
+}
+
+/// `ip netns list` as text.
+pub fn netns_list() -> String {
+    String::from_utf8(
+        Command::new("ip")
+            .args(["netns", "list"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap()
+}
+
 pub fn validate(report: &Value) {
     let schema: Value = serde_json::from_str(target_server::GATE_REPORT_SCHEMA).unwrap();
     let v = jsonschema::validator_for(&schema).unwrap();
