@@ -72,10 +72,13 @@ pub enum Cmd {
         action: String,
         file: PathBuf,
     },
-    /// API server operations: `deny VERB RESOURCE` (answer 403 like missing RBAC),
-    /// `expire-watches` (the next watch resume gets 410 Gone), `restart`.
+    /// API server operations: `deny VERB RESOURCE` (answer 403 like missing RBAC; VERB
+    /// one of get, list, watch, create, update, patch, delete, deletecollection or `*`,
+    /// RESOURCE a plural like `pods` or `*`), `allow VERB RESOURCE` / `allow all` (undo),
+    /// `expire-watches` (the next watch resume gets 410 Gone), `restart`, `stop` (every
+    /// API connection refused; nodes, kubelets and pods keep running) and `start`.
     Api {
-        #[arg(value_parser = ["restart", "deny", "expire-watches"])]
+        #[arg(value_parser = ["restart", "deny", "allow", "expire-watches", "stop", "start"])]
         action: String,
         rest: Vec<String>,
     },
@@ -116,6 +119,12 @@ pub struct UpArgs {
     /// directory of this executable.
     #[arg(long)]
     pub bin_dir: Option<PathBuf>,
+    /// Where each node's kube-proxy serves its metrics (port 10249): `all` = every
+    /// address of the node (reachable at NODE_IP:10249, as clusters that scrape
+    /// kube-proxy configure it), `localhost` = 127.0.0.1 only (kube-proxy's own default
+    /// `metricsBindAddress`, unreachable from off the node), `none` = no kube-proxy pods.
+    #[arg(long, value_enum, default_value_t = crate::kube_proxy::MetricsBind::All)]
+    pub kube_proxy_metrics: crate::kube_proxy::MetricsBind,
     /// Seconds to wait for the cluster to be Ready.
     #[arg(long, default_value = "90s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
@@ -204,11 +213,21 @@ pub fn up(state: &Path, args: &UpArgs) -> Result<()> {
     if args.nodes < 1 {
         bail!("--nodes must be at least 1");
     }
-    parse_node_labels(&args.node_labels)?;
+    let nodes: Vec<String> = (1..=args.nodes).map(|i| format!("node-{i}")).collect();
+    if let Some(bad) = parse_node_labels(&args.node_labels)?
+        .keys()
+        .find(|n| !nodes.contains(n))
+    {
+        bail!(
+            "--node-labels: node {bad:?} is not in this cluster (nodes: {})",
+            nodes.join(", ")
+        );
+    }
     if let Some(f) = &args.fault {
         let text = std::fs::read_to_string(f)
             .with_context(|| format!("read fault file {}", f.display()))?;
         crate::fault::FaultFile::parse(&text)
+            .and_then(|ff| ff.check_nodes(&nodes))
             .map_err(|e| anyhow!("fault file {}: {e}", f.display()))?;
     }
     std::fs::create_dir_all(state)
@@ -254,6 +273,8 @@ pub fn up(state: &Path, args: &UpArgs) -> Result<()> {
     if !args.node_labels.is_empty() {
         cmd.arg("--node-labels").arg(args.node_labels.join(","));
     }
+    cmd.arg("--kube-proxy-metrics")
+        .arg(args.kube_proxy_metrics.as_arg());
     cmd.arg("--bin-dir")
         .arg(bin_dir.canonicalize().unwrap_or(bin_dir));
     use std::os::unix::process::CommandExt;
@@ -464,6 +485,31 @@ pub fn node_cordon(state: &Path, node: &str, cordon: bool) -> Result<()> {
     Ok(())
 }
 
+/// The verbs `testbed api deny|allow` accept (Kubernetes API request verbs, "Request
+/// verbs" in the Kubernetes authorization docs) and `*`.
+const API_VERBS: &[&str] = &[
+    "get",
+    "list",
+    "watch",
+    "create",
+    "update",
+    "patch",
+    "delete",
+    "deletecollection",
+    "*",
+];
+
+fn check_verb(verb: &str) -> Result<()> {
+    if API_VERBS.contains(&verb) {
+        Ok(())
+    } else {
+        bail!(
+            "unknown verb {verb:?}: one of {} (as in RBAC rules)",
+            API_VERBS.join(", ")
+        )
+    }
+}
+
 /// `testbed demo`: up → `prober gate` → report → down. Returns the gate's exit code.
 pub fn demo(state: &Path, args: &DemoArgs) -> Result<i32> {
     std::fs::create_dir_all(state)?;
@@ -474,6 +520,7 @@ pub fn demo(state: &Path, args: &DemoArgs) -> Result<i32> {
         fault: Some(fault),
         node_labels: vec![],
         bin_dir: None,
+        kube_proxy_metrics: Default::default(),
         timeout: Duration::from_secs(90),
     };
     up(state, &up_args)?;
@@ -531,6 +578,7 @@ pub fn main_with(cli: Cli) -> Result<i32> {
                 fault: a.fault,
                 node_labels,
                 bin_dir: a.bin_dir.unwrap_or(default_bin_dir()?),
+                kube_proxy_metrics: a.kube_proxy_metrics,
             })?;
             Ok(0)
         }
@@ -563,12 +611,37 @@ pub fn main_with(cli: Cli) -> Result<i32> {
         Cmd::Fault { file, .. } => fault_set(&state, &file).map(|_| 0),
         Cmd::Api { action, rest } => match (action.as_str(), rest.as_slice()) {
             ("deny", [verb, resource]) => {
+                check_verb(verb)?;
                 control(&state, &format!("api-deny {verb} {resource}"))?;
                 eprintln!("testbed: the API now answers {verb} {resource} with 403 Forbidden");
                 Ok(0)
             }
             ("deny", _) => {
                 bail!("usage: testbed api deny VERB RESOURCE (e.g. `testbed api deny create pods`)")
+            }
+            ("allow", [all]) if all == "all" => {
+                control(&state, "api-allow-all")?;
+                eprintln!("testbed: every denied verb is allowed again");
+                Ok(0)
+            }
+            ("allow", [verb, resource]) => {
+                check_verb(verb)?;
+                control(&state, &format!("api-allow {verb} {resource}"))?;
+                eprintln!("testbed: {verb} {resource} is allowed again");
+                Ok(0)
+            }
+            ("allow", _) => {
+                bail!("usage: testbed api allow VERB RESOURCE | testbed api allow all")
+            }
+            ("stop", []) => {
+                control(&state, "api-stop")?;
+                eprintln!("testbed: API server stopped (connections refused; the nodes keep running); `testbed api start` brings it back");
+                Ok(0)
+            }
+            ("start", []) => {
+                control(&state, "api-start")?;
+                eprintln!("testbed: API server started (same addresses, same store)");
+                Ok(0)
             }
             ("restart", []) => {
                 control(&state, "api-restart")?;
@@ -580,9 +653,7 @@ pub fn main_with(cli: Cli) -> Result<i32> {
                 eprintln!("testbed: watches expired; the next resume gets 410 Gone");
                 Ok(0)
             }
-            (other, _) => bail!(
-                "`testbed api {other}` is not implemented yet (testbed fidelity, issue 2 of 4)"
-            ),
+            (other, rest) => bail!("`testbed api {other}` takes no arguments (got {rest:?})"),
         },
         Cmd::Demo(a) => demo(&state, &a),
     }

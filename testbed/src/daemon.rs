@@ -42,6 +42,8 @@ pub struct DaemonArgs {
     pub node_labels: BTreeMap<String, BTreeMap<String, String>>,
     /// Directory holding the image binaries.
     pub bin_dir: PathBuf,
+    /// Where the simulated kube-proxy serves its metrics (`none`: no kube-proxy pods).
+    pub kube_proxy_metrics: crate::kube_proxy::MetricsBind,
 }
 
 /// Contents of `ready.json`.
@@ -143,6 +145,11 @@ pub fn run(args: DaemonArgs) -> Result<()> {
     result
 }
 
+/// The plan's node names (`node-1`…).
+fn node_names(plan: &Plan) -> Vec<String> {
+    plan.nodes.iter().map(|n| n.name.clone()).collect()
+}
+
 async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
     let state = &args.state_dir;
     std::fs::write(state.join("daemon.pid"), std::process::id().to_string())?;
@@ -151,8 +158,11 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
         Some(p) => {
             let text = std::fs::read_to_string(p)
                 .with_context(|| format!("read fault file {}", p.display()))?;
-            FaultFile::parse(&text)
-                .map_err(|e| anyhow::anyhow!("fault file {}: {e}", p.display()))?
+            let f = FaultFile::parse(&text)
+                .map_err(|e| anyhow::anyhow!("fault file {}: {e}", p.display()))?;
+            f.check_nodes(&node_names(plan))
+                .map_err(|e| anyhow::anyhow!("fault file {}: {e}", p.display()))?;
+            f
         }
         None => FaultFile::default(),
     };
@@ -272,7 +282,19 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
             n.ip.to_string(),
             agent.clone(),
         ));
-        // kube-proxy-like Service rules in the node netns, late by fault `service_delay`.
+        // kube-proxy-like Service rules in the node netns, late by fault `service_delay`,
+        // with kube-proxy's metrics page and pod (unless `--kube-proxy-metrics none`).
+        let kp_metrics = crate::kube_proxy::KubeProxyMetrics::new(crate::truth::unix_now());
+        if let Some(addr) = args.kube_proxy_metrics.addr() {
+            let m = kp_metrics.clone();
+            let node = n.name.clone();
+            thread.handle().spawn(async move {
+                if let Err(e) = crate::kube_proxy::bind_and_serve(m, addr).await {
+                    tracing::error!(node = %node, error = %e, "kube-proxy metrics server");
+                }
+            });
+            create_kube_proxy_pod(&store, &n.name, &n.ip.to_string());
+        }
         let proxy = crate::services::ServiceProxy::start(
             store.clone(),
             crate::services::ServiceProxyConfig {
@@ -291,6 +313,7 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
                         }
                     })
                 },
+                metrics: Some(kp_metrics),
             },
         )
         .await
@@ -324,7 +347,7 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
             _ = sigint.recv() => break,
             conn = control.accept() => {
                 let Ok((stream, _)) = conn else { continue };
-                if handle_control(stream, &mut Control { faults: &faults, truth: &truth, store: &store, kubelets: &kubelets, server: &mut server }).await {
+                if handle_control(stream, &mut Control { faults: &faults, truth: &truth, store: &store, kubelets: &kubelets, server: &mut server, nodes: node_names(plan) }).await {
                     break;
                 }
             }
@@ -344,6 +367,8 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
 /// What control commands act on.
 struct Control<'a> {
     server: &'a mut ApiServer,
+    /// The cluster's node names (fault files are checked against them).
+    nodes: Vec<String>,
     faults: &'a Faults,
     truth: &'a Truth,
     store: &'a Arc<Store>,
@@ -352,8 +377,9 @@ struct Control<'a> {
 
 /// Serves one control connection: one command line, one answer line (`ok …` or
 /// `error …`). Returns true on `shutdown`. Commands: `shutdown`, `fault-set PATH`,
-/// `node-stop NODE`, `node-start NODE`, `api-deny VERB RESOURCE`, `api-allow-all`,
-/// `api-expire-watches`, `api-restart`.
+/// `node-stop NODE`, `node-start NODE`, `api-deny VERB RESOURCE`, `api-allow VERB
+/// RESOURCE`, `api-allow-all`, `api-expire-watches`, `api-restart`, `api-stop`,
+/// `api-start`.
 async fn handle_control(stream: tokio::net::UnixStream, c: &mut Control<'_>) -> bool {
     let (r, mut w) = stream.into_split();
     let mut lines = tokio::io::BufReader::new(r).lines();
@@ -363,17 +389,35 @@ async fn handle_control(stream: tokio::net::UnixStream, c: &mut Control<'_>) -> 
     let words: Vec<&str> = line.split_whitespace().collect();
     let (answer, stop) = match words.as_slice() {
         ["shutdown"] => ("ok".to_string(), true),
-        ["fault-set", path] => (apply_fault(Path::new(path), c.faults, c.truth), false),
+        ["fault-set", path] => (
+            apply_fault(Path::new(path), c.faults, c.truth, &c.nodes),
+            false,
+        ),
         ["node-stop", node] => (set_node_stopped(c, node, true), false),
         ["node-start", node] => (set_node_stopped(c, node, false), false),
         ["api-deny", verb, resource] => {
             c.store.deny(verb, resource);
             ("ok".to_string(), false)
         }
+        ["api-allow", verb, resource] => {
+            if c.store.allow(verb, resource) {
+                ("ok".to_string(), false)
+            } else {
+                (format!("error {verb} {resource} was not denied"), false)
+            }
+        }
         ["api-allow-all"] => {
             c.store.allow_all();
             ("ok".to_string(), false)
         }
+        ["api-stop"] => {
+            c.server.stop().await;
+            ("ok".to_string(), false)
+        }
+        ["api-start"] => match c.server.start() {
+            Ok(()) => ("ok".to_string(), false),
+            Err(e) => (format!("error start the API server: {e}"), false),
+        },
         ["api-restart"] => match c.server.restart().await {
             Ok(()) => ("ok".to_string(), false),
             Err(e) => (format!("error restart the API server: {e}"), false),
@@ -478,12 +522,12 @@ fn set_node_stopped(c: &Control<'_>, node: &str, stopped: bool) -> String {
     "ok".to_string()
 }
 
-fn apply_fault(path: &Path, faults: &Faults, truth: &Truth) -> String {
+fn apply_fault(path: &Path, faults: &Faults, truth: &Truth, nodes: &[String]) -> String {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) => return format!("error read {}: {e}", path.display()),
     };
-    match FaultFile::parse(&text) {
+    match FaultFile::parse(&text).and_then(|f| f.check_nodes(nodes).map(|()| f)) {
         Ok(f) => {
             faults.set_and_record(f, truth);
             "ok".to_string()
@@ -596,32 +640,102 @@ impl LogSource for PodLogs {
     }
 }
 
-/// The calico-node pod of one node (kube-system, hostNetwork, `k8s-app=calico-node`):
-/// created once, then its status follows the simulated agent every second — Ready as
-/// the agent is, `restartCount` its restarts. The kubelet does not run it (annotation
-/// [`crate::kubelet::SIMULATED_ANNOTATION`]).
-async fn agent_pod_loop(store: Arc<Store>, node: String, node_ip: String, agent: Arc<Agent>) {
-    let name = format!("calico-node-{node}");
-    let pod = json!({
+/// Image of the simulated calico-node pods (the Calico release whose Felix page the
+/// testbed's metrics mirror, `shared/fixtures/felix-3.20-1.prom`).
+const CALICO_NODE_IMAGE: &str = "docker.io/calico/node:v3.20.0";
+
+/// Image of the simulated kube-proxy pods.
+const KUBE_PROXY_IMAGE: &str = "registry.k8s.io/kube-proxy:v1.32.0";
+
+/// A node-agent pod the daemon simulates (kube-system, hostNetwork, one per node, as a
+/// DaemonSet would run it): `name` on `node`, labelled `k8s-app=<app>`, with one
+/// container. The kubelet leaves it alone ([`crate::kubelet::SIMULATED_ANNOTATION`]);
+/// its status is written by [`set_agent_pod_status`].
+fn agent_pod(
+    name: &str,
+    node: &str,
+    app: &str,
+    annotations: serde_json::Value,
+    container: serde_json::Value,
+) -> serde_json::Value {
+    let mut ann = json!({ crate::kubelet::SIMULATED_ANNOTATION: app });
+    if let (Some(a), Some(extra)) = (ann.as_object_mut(), annotations.as_object()) {
+        a.extend(extra.clone());
+    }
+    json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {
             "name": name, "namespace": "kube-system",
-            "labels": { "k8s-app": "calico-node" },
-            "annotations": { crate::kubelet::SIMULATED_ANNOTATION: "calico-node", "prometheus.io/scrape": "true", "prometheus.io/port": "9091" },
+            "labels": { "k8s-app": app },
+            "annotations": ann,
         },
         "spec": {
             "nodeName": node, "hostNetwork": true, "priorityClassName": "system-node-critical",
             "tolerations": [{ "operator": "Exists" }],
-            "containers": [{
-                "name": "calico-node", "image": "docker.io/calico/node:v3.20.0",
-                "env": [
-                    { "name": "FELIX_PROMETHEUSMETRICSENABLED", "value": "true" },
-                    { "name": "FELIX_PROMETHEUSMETRICSPORT", "value": crate::felix::FELIX_METRICS_PORT.to_string() },
-                ],
-                "ports": [{ "name": "http-metrics", "containerPort": crate::felix::FELIX_METRICS_PORT, "hostPort": crate::felix::FELIX_METRICS_PORT, "protocol": "TCP" }],
-            }],
+            "containers": [container],
         },
-    });
+    })
+}
+
+/// Writes a simulated agent pod's status: Running on the node's IP (hostNetwork), Ready
+/// as `ready`, `restartCount` `restarts`. Errors: the store's (e.g. the pod is gone).
+fn set_agent_pod_status(
+    store: &Store,
+    name: &str,
+    (container, image): (&str, &str),
+    node_ip: &str,
+    started: &str,
+    (ready, restarts): (bool, u64),
+) -> Result<(), ApiError> {
+    let ts = crate::kubelet::now_rfc3339();
+    let (ip, started) = (node_ip.to_owned(), started.to_owned());
+    let (container, image) = (container.to_owned(), image.to_owned());
+    store
+        .modify(Kind::Pod, Some("kube-system"), name, move |p| {
+            let st = &mut p["status"];
+            st["phase"] = json!("Running");
+            st["podIP"] = json!(ip);
+            st["podIPs"] = json!([{ "ip": ip }]);
+            st["hostIP"] = json!(ip);
+            st["hostIPs"] = json!([{ "ip": ip }]);
+            st["startTime"] = json!(started);
+            let r = if ready { "True" } else { "False" };
+            st["conditions"] = json!([
+                { "type": "PodScheduled", "status": "True", "lastTransitionTime": started },
+                { "type": "Initialized", "status": "True", "lastTransitionTime": started },
+                { "type": "ContainersReady", "status": r, "lastTransitionTime": ts },
+                { "type": "Ready", "status": r, "lastTransitionTime": ts },
+            ]);
+            st["containerStatuses"] = json!([{
+                "name": container, "image": image, "imageID": "",
+                "containerID": format!("testbed://{container}-{restarts}"), "ready": ready, "started": true,
+                "restartCount": restarts, "state": { "running": { "startedAt": ts } },
+            }]);
+            Ok(())
+        })
+        .map(|_| ())
+}
+
+/// The calico-node pod of one node (`k8s-app=calico-node`): created once, then its
+/// status follows the simulated agent every second — Ready as the agent is,
+/// `restartCount` its restarts.
+async fn agent_pod_loop(store: Arc<Store>, node: String, node_ip: String, agent: Arc<Agent>) {
+    let name = format!("calico-node-{node}");
+    let port = crate::felix::FELIX_METRICS_PORT;
+    let pod = agent_pod(
+        &name,
+        &node,
+        "calico-node",
+        json!({ "prometheus.io/scrape": "true", "prometheus.io/port": port.to_string() }),
+        json!({
+            "name": "calico-node", "image": CALICO_NODE_IMAGE,
+            "env": [
+                { "name": "FELIX_PROMETHEUSMETRICSENABLED", "value": "true" },
+                { "name": "FELIX_PROMETHEUSMETRICSPORT", "value": port.to_string() },
+            ],
+            "ports": [{ "name": "http-metrics", "containerPort": port, "hostPort": port, "protocol": "TCP" }],
+        }),
+    );
     if let Err(e) = store.create(Kind::Pod, pod) {
         tracing::warn!(node = %node, error = %e.message, "create calico-node pod");
         return;
@@ -631,37 +745,40 @@ async fn agent_pod_loop(store: Arc<Store>, node: String, node_ip: String, agent:
     loop {
         let now = (agent.is_ready(), agent.restart_count());
         if last != Some(now) {
-            let (ready, restarts) = now;
-            let ts = crate::kubelet::now_rfc3339();
-            let (ip, started) = (node_ip.clone(), started.clone());
-            let r = store.modify(Kind::Pod, Some("kube-system"), &name, move |p| {
-                let st = &mut p["status"];
-                st["phase"] = json!("Running");
-                st["podIP"] = json!(ip);
-                st["podIPs"] = json!([{ "ip": ip }]);
-                st["hostIP"] = json!(ip);
-                st["hostIPs"] = json!([{ "ip": ip }]);
-                st["startTime"] = json!(started);
-                let r = if ready { "True" } else { "False" };
-                st["conditions"] = json!([
-                    { "type": "PodScheduled", "status": "True", "lastTransitionTime": started },
-                    { "type": "Initialized", "status": "True", "lastTransitionTime": started },
-                    { "type": "ContainersReady", "status": r, "lastTransitionTime": ts },
-                    { "type": "Ready", "status": r, "lastTransitionTime": ts },
-                ]);
-                st["containerStatuses"] = json!([{
-                    "name": "calico-node", "image": "docker.io/calico/node:v3.20.0", "imageID": "",
-                    "containerID": format!("testbed://calico-node-{restarts}"), "ready": ready, "started": true,
-                    "restartCount": restarts, "state": { "running": { "startedAt": ts } },
-                }]);
-                Ok(())
-            });
-            if r.is_err() {
+            let container = ("calico-node", CALICO_NODE_IMAGE);
+            if set_agent_pod_status(&store, &name, container, &node_ip, &started, now).is_err() {
                 return; // deleted: the cluster is going down
             }
             last = Some(now);
         }
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+}
+
+/// The kube-proxy pod of one node (`k8s-app=kube-proxy`, Running and Ready): it stands
+/// for the node's [`crate::services::ServiceProxy`]. Its container runs kube-proxy the
+/// way kubeadm's DaemonSet does (`--config`, `--hostname-override`); where the metrics
+/// listen is in the daemon's `--kube-proxy-metrics` ([`crate::kube_proxy`]).
+fn create_kube_proxy_pod(store: &Store, node: &str, node_ip: &str) {
+    let name = format!("kube-proxy-{node}");
+    let pod = agent_pod(
+        &name,
+        node,
+        "kube-proxy",
+        json!({}),
+        json!({
+            "name": "kube-proxy", "image": KUBE_PROXY_IMAGE,
+            "command": ["/usr/local/bin/kube-proxy", "--config=/var/lib/kube-proxy/config.conf", "--hostname-override=$(NODE_NAME)"],
+            "env": [{ "name": "NODE_NAME", "valueFrom": { "fieldRef": { "apiVersion": "v1", "fieldPath": "spec.nodeName" } } }],
+        }),
+    );
+    let started = crate::kubelet::now_rfc3339();
+    let r = store.create(Kind::Pod, pod).and_then(|_| {
+        let container = ("kube-proxy", KUBE_PROXY_IMAGE);
+        set_agent_pod_status(store, &name, container, node_ip, &started, (true, 0))
+    });
+    if let Err(e) = r {
+        tracing::warn!(node, error = %e.message, "create kube-proxy pod");
     }
 }
 

@@ -64,6 +64,18 @@ pub enum FaultError {
         /// 1-based line, when known.
         line: Option<usize>,
     },
+    /// A rule names a node the cluster does not have (in `nodes.names` or
+    /// `cross_node.broken_peers`): almost always a typo, which would otherwise select
+    /// nothing without a word.
+    #[error("fault file: rule {rule} names node {name:?}, which is not in this cluster (nodes: {known})")]
+    UnknownNode {
+        /// 1-based rule number.
+        rule: usize,
+        /// The unknown name.
+        name: String,
+        /// The cluster's nodes, comma-separated.
+        known: String,
+    },
 }
 
 impl FaultError {
@@ -909,6 +921,33 @@ impl FaultFile {
         serde_yaml_ng::from_str(yaml).map_err(|e| FaultError::from_yaml(e, yaml))
     }
 
+    /// Checks that every node a rule names (`nodes: {names}`, `cross_node.broken_peers`
+    /// lists) is one of `nodes`. Errors: [`FaultError::UnknownNode`] for the first one
+    /// that is not. Label selectors are not checked (they may select nothing on
+    /// purpose).
+    pub fn check_nodes(&self, nodes: &[String]) -> Result<(), FaultError> {
+        for (i, r) in self.rules.iter().enumerate() {
+            let mut named: Vec<&String> = Vec::new();
+            if let NodeSelector::Names(n) = &r.nodes {
+                named.extend(n);
+            }
+            if let Some(CrossNode {
+                broken_peers: BrokenPeers::Names(n),
+            }) = &r.cross_node
+            {
+                named.extend(n);
+            }
+            if let Some(bad) = named.into_iter().find(|n| !nodes.contains(n)) {
+                return Err(FaultError::UnknownNode {
+                    rule: i + 1,
+                    name: bad.clone(),
+                    known: nodes.join(", "),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Resolves the faults for node `node` with `labels` at `since_applied` after the
     /// file was applied (for per-endpoint primitives: when the endpoint was added):
     /// every rule that selects the node and whose `[from, until)` contains
@@ -1435,5 +1474,28 @@ mod tests {
         assert_eq!(a.generation, 1);
         assert!(rx.has_changed().unwrap());
         assert_eq!(f.current().file.rules.len(), 1);
+    }
+
+    #[test]
+    fn rules_naming_nodes_the_cluster_lacks_are_rejected() {
+        let nodes: Vec<String> = (1..=3).map(|i| format!("node-{i}")).collect();
+        let ok = FaultFile::parse(
+            "rules:\n  - nodes: {names: [node-3]}\n    cross_node: {broken_peers: [node-1]}\n  - nodes: {labels: {os: none}}\n    program_delay: 1s\n",
+        )
+        .unwrap();
+        assert!(ok.check_nodes(&nodes).is_ok());
+        let typo = FaultFile::parse("rules:\n  - nodes: {all: true}\n    program_delay: 1s\n  - nodes: {names: [node-2, nod-3]}\n    program_delay: 2s\n").unwrap();
+        let e = typo.check_nodes(&nodes).unwrap_err().to_string();
+        assert!(e.contains("rule 2 names node \"nod-3\""), "{e}");
+        assert!(e.contains("node-1, node-2, node-3"), "{e}");
+        let peer = FaultFile::parse(
+            "rules:\n  - nodes: {all: true}\n    cross_node: {broken_peers: [node-4]}\n",
+        )
+        .unwrap();
+        assert!(peer
+            .check_nodes(&nodes)
+            .unwrap_err()
+            .to_string()
+            .contains("node-4"));
     }
 }

@@ -193,7 +193,7 @@ impl FelixMetrics {
     }
 }
 
-fn fmt_value(v: f64) -> String {
+pub(crate) fn fmt_value(v: f64) -> String {
     if v.is_nan() {
         "NaN".to_owned()
     } else if v == f64::INFINITY {
@@ -205,7 +205,7 @@ fn fmt_value(v: f64) -> String {
     }
 }
 
-fn header(out: &mut String, name: &str, help: &str, kind: &str) {
+pub(crate) fn header(out: &mut String, name: &str, help: &str, kind: &str) {
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} {kind}");
 }

@@ -14,6 +14,7 @@ pub mod dataplane;
 pub mod fault;
 pub mod felix;
 pub mod httpc;
+pub mod kube_proxy;
 pub mod kubelet;
 pub mod netns;
 pub mod plan;

@@ -443,6 +443,8 @@ pub struct ServiceProxyConfig {
     pub delay: DelayFn,
     /// Called after each table write per changed Service.
     pub on_programmed: ProgrammedFn,
+    /// kube-proxy metrics fed by every table write (`None`: not recorded).
+    pub metrics: Option<crate::kube_proxy::KubeProxyMetrics>,
 }
 
 impl std::fmt::Debug for ServiceProxyConfig {
@@ -635,7 +637,12 @@ impl Proxy {
             return;
         }
         let script = render_ruleset(self.cfg.service_cidr, &self.target);
-        if let Err(e) = nft_apply(&self.cfg.netns, &script).await {
+        let started = Instant::now();
+        let written = nft_apply(&self.cfg.netns, &script).await;
+        if let Some(m) = &self.cfg.metrics {
+            m.record_sync(started.elapsed(), written.is_ok());
+        }
+        if let Err(e) = written {
             tracing::warn!(node = %self.cfg.node, error = %e, "service rules not written; retrying");
             self.retry_at = Some(Instant::now() + RETRY);
             return;
@@ -690,6 +697,9 @@ impl Proxy {
                 delay,
             };
             tracing::debug!(node = %ev.node, service = %format!("{}/{}", ev.namespace, ev.service), endpoints = ev.endpoints.len(), "service rules programmed");
+            if let (Some(m), true) = (&self.cfg.metrics, seen_unix > 0.0) {
+                m.record_programmed(unix_now() - seen_unix);
+            }
             (self.cfg.on_programmed)(ev);
         }
         self.written = self.target.clone();

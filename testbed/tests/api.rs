@@ -211,6 +211,10 @@ async fn kube_client_creates_gets_lists_with_selectors_and_deletes() {
         other => panic!("expected 403, got {other:?}"),
     }
     assert!(pods.get("dup").await.is_ok());
+    // `testbed api allow VERB RESOURCE` lifts exactly that deny.
+    assert!(store.allow("list", "pods"));
+    assert!(!store.allow("list", "pods"), "nothing left to lift");
+    assert!(pods.list(&ListParams::default()).await.is_ok());
 }
 
 async fn next_ok(

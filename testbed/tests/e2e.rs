@@ -717,3 +717,101 @@ fn restart_policy_always_restarts_an_exiting_container_with_back_off() {
         "{table}"
     );
 }
+
+/// `testbed api stop|start|deny|allow` through the CLI: a stopped API refuses kubectl
+/// while the nodes keep running; start brings it back with the same objects; a deny is
+/// a 403 for that verb only and `allow` lifts it. Typos are errors, not silent no-ops:
+/// an unknown verb, a fault rule or `--node-labels` naming a node the cluster lacks.
+#[test]
+fn api_and_fault_commands_work_through_the_cli_and_reject_typos() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let tb = Testbed::up("apicli", 1, "rules: []\n", &[]);
+    let api = |args: &[&str]| {
+        let mut c = tb.cmd();
+        c.arg("api").args(args);
+        common::output_within(c, common::command_timeout())
+    };
+    let before = kubectl(&tb, &["get", "pods", "-A", "-o", "name"]);
+    assert!(before.contains("calico-node-node-1"), "{before}");
+
+    assert!(api(&["stop"]).status.success());
+    let out = tb.exec(&["kubectl", "get", "nodes", "--request-timeout=5s"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "kubectl must fail while the API is stopped"
+    );
+    assert!(err.contains("refused"), "{err}");
+    // The node's agent keeps running: its metrics answer without the API.
+    let plan: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(tb.state.join("plan.json")).unwrap())
+            .unwrap();
+    let ip = plan["nodes"][0]["ip"].as_str().unwrap();
+    let metrics = tb.exec(&[
+        "curl",
+        "-sS",
+        "--max-time",
+        "3",
+        &format!("http://{ip}:9091/metrics"),
+    ]);
+    assert!(
+        String::from_utf8_lossy(&metrics.stdout).contains("felix_int_dataplane_apply_time_seconds")
+    );
+
+    assert!(api(&["start"]).status.success());
+    assert_eq!(kubectl(&tb, &["get", "pods", "-A", "-o", "name"]), before);
+
+    assert!(api(&["deny", "list", "nodes"]).status.success());
+    let out = tb.exec(&["kubectl", "get", "nodes"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Forbidden"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    kubectl(&tb, &["get", "pods", "-A"]);
+    assert!(api(&["allow", "list", "nodes"]).status.success());
+    assert!(kubectl(&tb, &["get", "nodes"]).contains("node-1"));
+    let again = api(&["allow", "list", "nodes"]);
+    assert!(!again.status.success(), "nothing was denied");
+    assert!(String::from_utf8_lossy(&again.stderr).contains("was not denied"));
+    let typo = api(&["deny", "lst", "nodes"]);
+    assert!(!typo.status.success());
+    assert!(String::from_utf8_lossy(&typo.stderr).contains("unknown verb"));
+    assert!(api(&["deny", "*", "pods"]).status.success());
+    assert!(api(&["allow", "all"]).status.success());
+    kubectl(&tb, &["get", "pods", "-A"]);
+
+    let fault = tb.state.join("typo.yaml");
+    std::fs::write(
+        &fault,
+        "rules:\n  - nodes: {names: [node-7]}\n    program_delay: 1s\n",
+    )
+    .unwrap();
+    let mut set = tb.cmd();
+    set.args(["fault", "set"]).arg(&fault);
+    let out = common::output_within(set, common::command_timeout());
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("\"node-7\", which is not in this cluster"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let other = std::env::temp_dir().join(format!("fp-e2e-labels-{}", std::process::id()));
+    let mut up = std::process::Command::new(env!("CARGO_BIN_EXE_testbed"));
+    up.arg("--state-dir").arg(&other).args([
+        "up",
+        "--nodes",
+        "2",
+        "--node-labels",
+        "node-3=os=debian13",
+    ]);
+    let out = common::output_within(up, common::command_timeout());
+    let _ = std::fs::remove_dir_all(&other);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("node \"node-3\" is not in this cluster"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -7,7 +7,9 @@
 //! S5 (`faults/s5-slower-os.yaml`: `dataplane_apply_failures` on the `os=ubuntu2004`
 //! nodes only), a negative control (failures on one node, normal TTFP → a warning, exit
 //! 0), unreachable agents (a profile on a port nothing listens on → one
-//! `agent_unreachable` warning per node, exit 0) and agent restarts (`agent_restarted`,
+//! `agent_unreachable` warning per node, exit 0), kube-proxy bound to 127.0.0.1 (one
+//! `agent_unreachable` warning per node, direct and through the proxy), kube-proxy read
+//! on the node IP without warnings, and agent restarts (`agent_restarted`,
 //! no negative numbers in any evidence).
 //!
 //! Build the binaries first (`cargo build --workspace --bins`); the tests run serially
@@ -358,4 +360,154 @@ fn an_agent_absent_from_one_node_is_one_warning_for_that_node() {
         suspects(&report).is_empty(),
         "no suspect on a healthy run: {text}"
     );
+}
+
+/// kube-proxy with its default `metricsBindAddress` (127.0.0.1:10249): the page exists
+/// on every node but only the node itself can read it. Direct scrapes are refused and
+/// the API server's pod proxy (which dials the pod IP = node IP) fails the same way, so
+/// each node gives exactly one `agent_unreachable` warning for the kube-proxy profile,
+/// with the hint how to fix it; Felix is still read and the gate passes.
+#[test]
+fn kube_proxy_bound_to_localhost_is_one_warning_per_node_direct_and_through_the_proxy() {
+    let _g = lock();
+    let fault = "rules:\n  - nodes: {all: true}\n    program_delay: {uniform: [200ms, 600ms]}\n";
+    let tb = Testbed::up(
+        "agents-kp-local",
+        3,
+        fault,
+        &["--kube-proxy-metrics", "localhost"],
+    );
+    // The kube-proxy pods are there (as a DaemonSet's would be) and their page is real,
+    // on the node's loopback only.
+    let out = tb.exec(&[
+        "kubectl",
+        "get",
+        "pods",
+        "-n",
+        "kube-system",
+        "-l",
+        "k8s-app=kube-proxy",
+        "-o",
+        "jsonpath={range .items[*]}{.spec.nodeName} {.status.phase}{\"\\n\"}{end}",
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "node-1 Running\nnode-2 Running\nnode-3 Running",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plan: Value =
+        serde_json::from_str(&std::fs::read_to_string(tb.state.join("plan.json")).unwrap())
+            .unwrap();
+    let node1 = &plan["nodes"][0];
+    let netns = node1["netns"].as_str().unwrap();
+    let curl = |url: &str| {
+        std::process::Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                netns,
+                "curl",
+                "-sS",
+                "--max-time",
+                "3",
+                url,
+            ])
+            .output()
+            .unwrap()
+    };
+    let local = curl("http://127.0.0.1:10249/metrics");
+    assert!(
+        String::from_utf8_lossy(&local.stdout)
+            .contains("kubeproxy_sync_proxy_rules_duration_seconds_bucket"),
+        "the page is served on the node's loopback: {}",
+        String::from_utf8_lossy(&local.stderr)
+    );
+    let node_ip = node1["ip"].as_str().unwrap();
+    let remote = curl(&format!("http://{node_ip}:10249/metrics"));
+    assert!(!remote.status.success(), "not on the node IP");
+
+    for mode in ["auto", "proxy"] {
+        let mut args = vec!["--agent-scrape", mode];
+        args.extend_from_slice(QUICK);
+        let (code, report, text) = tb.gate(&args);
+        validate(&report);
+        assert_eq!(
+            code, 0,
+            "{mode}: agent trouble alone never fails the gate\n{text}"
+        );
+        let w = warnings(&report);
+        let unreachable: Vec<&Value> = w
+            .iter()
+            .filter(|f| f["signal"] == "agent_unreachable")
+            .collect();
+        assert_eq!(unreachable.len(), 3, "{mode}: one per node\n{text}");
+        assert_eq!(
+            nodes_with(&w, "agent_unreachable"),
+            set(&["node-1", "node-2", "node-3"]),
+            "{mode}"
+        );
+        for f in &unreachable {
+            assert_eq!(f["evidence"]["profile"], "kube-proxy", "{mode}: {f}");
+            let msg = f["evidence"]["message"].as_str().unwrap_or("");
+            assert!(
+                msg.contains("metricsBindAddress"),
+                "{mode}: the fix is named: {f}"
+            );
+        }
+        // Felix answered: nothing else is flagged on this healthy run.
+        assert!(
+            w.iter().all(|f| f["signal"] == "agent_unreachable"),
+            "{mode}: {text}"
+        );
+        assert!(suspects(&report).is_empty(), "{mode}: {text}");
+    }
+}
+
+/// The testbed's default kube-proxy (metrics on every node address) is read like any
+/// agent: no kube-proxy warning on a healthy run, and the page counts the Service
+/// table writes the node really made.
+#[test]
+fn kube_proxy_metrics_on_the_node_ip_are_read_without_warnings() {
+    let _g = lock();
+    let fault = "rules:\n  - nodes: {all: true}\n    program_delay: {uniform: [200ms, 600ms]}\n";
+    let tb = Testbed::up("agents-kp-all", 2, fault, &[]);
+    let (code, report, text) = tb.gate(&[
+        "--kinds",
+        "cross_node,service",
+        "--pairs",
+        "2",
+        "--give-up",
+        "10s",
+        "--hold",
+        "1s",
+    ]);
+    validate(&report);
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        warnings(&report)
+            .iter()
+            .all(|f| f["evidence"]["profile"] != "kube-proxy"),
+        "{text}"
+    );
+    let plan: Value =
+        serde_json::from_str(&std::fs::read_to_string(tb.state.join("plan.json")).unwrap())
+            .unwrap();
+    let ip = plan["nodes"][0]["ip"].as_str().unwrap();
+    let out = tb.exec(&[
+        "curl",
+        "-sS",
+        "--max-time",
+        "3",
+        &format!("http://{ip}:10249/metrics"),
+    ]);
+    let page = String::from_utf8_lossy(&out.stdout);
+    let count: f64 = page
+        .lines()
+        .find_map(|l| l.strip_prefix("kubeproxy_sync_proxy_rules_duration_seconds_count "))
+        .unwrap_or_else(|| panic!("no sync count: {page}"))
+        .parse()
+        .unwrap();
+    // The gate's probe Services were added and removed again: ≥ 2 writes besides start-up.
+    assert!(count >= 2.0, "{page}");
 }

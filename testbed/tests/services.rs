@@ -173,6 +173,7 @@ fn cluster_ip_works_only_after_the_delayed_programming_and_stops_when_the_endpoi
 
     let delay_ms = Arc::new(AtomicU64::new(0));
     let rec = Arc::new(Record::default());
+    let kp_metrics = testbed::kube_proxy::KubeProxyMetrics::new(testbed::truth::unix_now());
     let cfg = ServiceProxyConfig {
         node: "node-1".into(),
         netns: bed.plan.nodes[0].netns.clone(),
@@ -189,6 +190,7 @@ fn cluster_ip_works_only_after_the_delayed_programming_and_stops_when_the_endpoi
             })
         },
         on_programmed: rec.recorder(),
+        metrics: Some(kp_metrics.clone()),
     };
     let proxy = rt
         .block_on(ServiceProxy::start(store.clone(), cfg))
@@ -312,6 +314,28 @@ fn cluster_ip_works_only_after_the_delayed_programming_and_stops_when_the_endpoi
         .expect("removal of the Service reported");
     rt.block_on(proxy.shutdown()).expect("shutdown");
     assert!(!nft_tables(&bed.plan.nodes[0].netns).contains(NFT_SVC_TABLE));
+
+    // kube-proxy's page counted the writes, and the 2 s programming shows in
+    // kubeproxy_network_programming_duration_seconds (above the 1 s bucket).
+    let page = kp_metrics.render();
+    let scrape = prometheus_parse::Scrape::parse(page.lines().map(|l| Ok(l.to_owned())))
+        .expect("kube-proxy page parses");
+    let histogram = |name: &str| match scrape.samples.iter().find(|s| s.metric == name) {
+        Some(prometheus_parse::Sample {
+            value: prometheus_parse::Value::Histogram(h),
+            ..
+        }) => h.clone(),
+        other => panic!("{name}: {other:?}\n{page}"),
+    };
+    let syncs = histogram("kubeproxy_sync_proxy_rules_duration_seconds");
+    assert!(
+        syncs.last().unwrap().count >= 4.0,
+        "≥ 4 table writes (added, endpoint, removed, deleted): {page}"
+    );
+    let prog = histogram("kubeproxy_network_programming_duration_seconds");
+    let le = |b: f64| prog.iter().find(|x| x.less_than == b).unwrap().count;
+    assert!(le(f64::INFINITY) - le(1.0) >= 1.0, "{page}");
+    assert!(le(f64::INFINITY) - le(3.0) == 0.0, "{page}");
 }
 
 #[test]
@@ -344,6 +368,7 @@ fn a_newer_change_supersedes_one_still_waiting_for_its_delay() {
             })
         },
         on_programmed: rec.recorder(),
+        metrics: None,
     };
     // Service, then a Ready target, both before the proxy starts: one change (1.5 s).
     let svc = store

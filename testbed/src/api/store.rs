@@ -1586,6 +1586,15 @@ impl Store {
             .insert((verb.to_string(), resource.to_string()));
     }
 
+    /// Lifts one [`Store::deny`] (the same `verb` and `resource` strings); true when it
+    /// was in force.
+    pub fn allow(&self, verb: &str, resource: &str) -> bool {
+        self.denied
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(verb.to_string(), resource.to_string()))
+    }
+
     /// Lifts every [`Store::deny`].
     pub fn allow_all(&self) {
         self.denied
