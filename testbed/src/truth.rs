@@ -317,6 +317,37 @@ pub fn truth_ttfp(
     None
 }
 
+/// Truth TTFP of a `service` probe (DESIGN §2 kind `service`, §6 truth; issue 5): the
+/// pair's [`truth_ttfp`], or later if the source's node programmed the Service rule with
+/// the target as an endpoint later — `max(pair, service_programmed on source_node naming
+/// the target pod's uid − readiness_ok of the source)`, floored at 0. Seconds.
+///
+/// Returns `None` when [`truth_ttfp`] does, or when `source_node` never programmed the
+/// target as an endpoint.
+pub fn truth_service_ttfp(
+    events: &[TruthEvent],
+    source_pod_uid: &str,
+    target_pod_uid: &str,
+    source_node: &str,
+) -> Option<f64> {
+    let pair = truth_ttfp(events, source_pod_uid, target_pod_uid)?;
+    let first = |kind: TruthKind, uid: &str, node: Option<&str>| {
+        events
+            .iter()
+            .filter(|e| e.event == kind && e.uid.as_deref() == Some(uid))
+            .filter(|e| node.is_none_or(|n| e.node.as_deref() == Some(n)))
+            .map(|e| e.t)
+            .reduce(f64::min)
+    };
+    let ready = first(TruthKind::ReadinessOk, source_pod_uid, None)?;
+    let rule = first(
+        TruthKind::ServiceProgrammed,
+        target_pod_uid,
+        Some(source_node),
+    )?;
+    Some(pair.max((rule - ready).max(0.0)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -455,5 +486,26 @@ mod tests {
         assert_eq!(back[1].event, TruthKind::FaultChanged);
         assert!(back[1].t >= back[0].t);
         let _ = std::fs::remove_file(&d);
+    }
+
+    #[test]
+    fn service_truth_waits_for_the_rule_on_the_source_node_only() {
+        let evs = vec![
+            ev(10.0, TruthKind::EndpointAdded, Some("s"), "node-1"),
+            ev(10.0, TruthKind::EndpointAdded, Some("t"), "node-2"),
+            ev(10.5, TruthKind::EndpointProgrammed, Some("s"), "node-1"),
+            ev(10.6, TruthKind::EndpointProgrammed, Some("t"), "node-2"),
+            ev(11.0, TruthKind::ReadinessOk, Some("s"), "node-1"),
+            ev(12.0, TruthKind::ServiceProgrammed, Some("t"), "node-2"),
+            ev(15.0, TruthKind::ServiceProgrammed, Some("t"), "node-1"),
+            ev(10.8, TruthKind::ServiceProgrammed, Some("t"), "node-3"),
+        ];
+        assert_eq!(truth_ttfp(&evs, "s", "t"), Some(0.0));
+        assert_eq!(truth_service_ttfp(&evs, "s", "t", "node-1"), Some(4.0));
+        // Each node's own rule counts; one programmed before Ready adds nothing; no rule
+        // on the node → None.
+        assert_eq!(truth_service_ttfp(&evs, "s", "t", "node-2"), Some(1.0));
+        assert_eq!(truth_service_ttfp(&evs, "s", "t", "node-3"), Some(0.0));
+        assert_eq!(truth_service_ttfp(&evs, "s", "t", "node-4"), None);
     }
 }

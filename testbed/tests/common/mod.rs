@@ -5,8 +5,10 @@
 
 use serde_json::Value;
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use testbed::truth::TruthEvent;
 
 pub static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -35,13 +37,11 @@ impl Testbed {
             std::env::temp_dir().join(format!("fp-e2e-{name}-{}.yaml", std::process::id()));
         std::fs::write(&fault_path, fault).unwrap();
         let tb = Testbed { state };
-        let out = tb
-            .cmd()
-            .args(["up", "--nodes", &nodes.to_string(), "--fault"])
+        let mut up = tb.cmd();
+        up.args(["up", "--nodes", &nodes.to_string(), "--fault"])
             .arg(&fault_path)
-            .args(extra)
-            .output()
-            .unwrap();
+            .args(extra);
+        let out = output_within(up, command_timeout());
         let _ = std::fs::remove_file(&fault_path);
         assert!(
             out.status.success(),
@@ -57,13 +57,12 @@ impl Testbed {
         c
     }
 
+    /// `testbed exec -- ARGS…`, killed (with everything it started) after
+    /// [`command_timeout`] so a hang fails the test instead of blocking CI.
     pub fn exec(&self, args: &[&str]) -> Output {
-        self.cmd()
-            .arg("exec")
-            .arg("--")
-            .args(args)
-            .output()
-            .unwrap()
+        let mut c = self.cmd();
+        c.arg("exec").arg("--").args(args);
+        output_within(c, command_timeout())
     }
 
     pub fn gate(&self, extra: &[&str]) -> (i32, Value, String) {
@@ -83,12 +82,15 @@ impl Testbed {
         )
     }
 
-    pub fn truth(&self) -> Vec<Value> {
-        let out = self.cmd().arg("truth").output().unwrap();
+    /// The truth log (`testbed truth`), parsed.
+    pub fn truth(&self) -> Vec<TruthEvent> {
+        let mut c = self.cmd();
+        c.arg("truth");
+        let out = output_within(c, command_timeout());
         assert!(out.status.success());
         String::from_utf8_lossy(&out.stdout)
             .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("truth line {l:?}: {e}")))
             .collect()
     }
 
@@ -123,8 +125,15 @@ impl Testbed {
 }
 
 impl Drop for Testbed {
+    /// `testbed down`, then the test's own leftovers in the state dir (reports,
+    /// manifests) — only when down succeeded, so a failed teardown stays inspectable.
     fn drop(&mut self) {
-        let _ = self.cmd().arg("down").status();
+        let mut down = self.cmd();
+        down.arg("down");
+        let ok = down.status().is_ok_and(|s| s.success());
+        if ok && !self.state.join("daemon.pid").exists() {
+            let _ = std::fs::remove_dir_all(&self.state);
+        }
     }
 }
 
@@ -133,17 +142,61 @@ pub fn rand_suffix() -> usize {
     N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
-/// Truth TTFP of a pair (DESIGN §6): max(endpoint_programmed of both pods) −
-/// readiness_ok of the source, floored at 0.
-pub fn truth_ttfp(truth: &[Value], source_uid: &str, target_uid: &str) -> Option<f64> {
-    let t = |event: &str, uid: &str| {
-        truth
-            .iter()
-            .find(|e| e["event"] == event && e["uid"] == uid)
-            .and_then(|e| e["t"].as_f64())
+/// How long one harness command (`testbed up`, `testbed exec …`, `testbed truth`) may
+/// take: `FP_E2E_COMMAND_TIMEOUT` (humantime), default 300 s — longer than any gate
+/// these tests run, far shorter than CI's limit.
+pub fn command_timeout() -> Duration {
+    std::env::var("FP_E2E_COMMAND_TIMEOUT")
+        .ok()
+        .and_then(|v| humantime::parse_duration(&v).ok())
+        .unwrap_or(Duration::from_secs(300))
+}
+
+/// Runs `cmd` in its own process group with stdout/stderr captured; after `timeout`
+/// kills the whole group (SIGKILL) and panics with what it printed so far.
+pub fn output_within(mut cmd: Command, timeout: Duration) -> Output {
+    use std::io::Read;
+    use std::os::unix::process::CommandExt;
+    let shown = format!("{cmd:?}");
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {shown}: {e}"));
+    let reader = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = r.read_to_end(&mut buf);
+            buf
+        })
     };
-    let prog = t("endpoint_programmed", source_uid)?.max(t("endpoint_programmed", target_uid)?);
-    Some((prog - t("readiness_ok", source_uid)?).max(0.0))
+    let out = reader(Box::new(child.stdout.take().unwrap()));
+    let err = reader(Box::new(child.stderr.take().unwrap()));
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if start.elapsed() > timeout {
+            let pgid = nix::unistd::Pid::from_raw(child.id() as i32);
+            let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
+            let _ = child.wait();
+            let (o, e) = (out.join().unwrap(), err.join().unwrap());
+            panic!(
+                "{shown} still running after {timeout:?}: killed\nstdout:\n{}\nstderr:\n{}",
+                String::from_utf8_lossy(&o),
+                String::from_utf8_lossy(&e)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    Output {
+        status,
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+    }
 }
 
 /// The dial interval the gates in these tests use (the default, 100 ms).
@@ -151,11 +204,11 @@ pub const DIAL_INTERVAL: f64 = 0.1;
 
 /// Asserts a probe's TTFP is within [−50 ms, dial interval + 50 ms] of the ground truth
 /// (DESIGN §7 accuracy target); returns the TTFP (seconds). `ctx` goes into messages.
-pub fn assert_ttfp_near_truth(truth: &[Value], p: &Value, ctx: &str) -> f64 {
+pub fn assert_ttfp_near_truth(truth: &[TruthEvent], p: &Value, ctx: &str) -> f64 {
     let ttfp = p["ttfp_seconds"]
         .as_f64()
         .unwrap_or_else(|| panic!("no TTFP: {p:#}\n{ctx}"));
-    let want = truth_ttfp(
+    let want = testbed::truth::truth_ttfp(
         truth,
         p["source"]["uid"].as_str().unwrap(),
         p["target"]["uid"].as_str().unwrap(),
