@@ -272,26 +272,38 @@ fn unreachable_agents_give_one_warning_per_node_and_do_not_fail_the_gate() {
     let (code, report, text) = tb.gate(&args);
     validate(&report);
     assert_eq!(code, 0, "{text}");
-    let w = warnings(&report);
+    // The real Felix pages were still read: nothing else is flagged on a healthy run.
+    assert_one_unreachable_warning_per_node(
+        &report,
+        &["node-1", "node-2", "node-3"],
+        "dead-agent",
+        "enable dead-agent metrics",
+        &text,
+    );
+}
+
+/// Exactly one `agent_unreachable` warning per node of `nodes`, each for `profile` with
+/// `hint` in its message, and no other warning (the other agents were read fine).
+fn assert_one_unreachable_warning_per_node(
+    report: &Value,
+    nodes: &[&str],
+    profile: &str,
+    hint: &str,
+    ctx: &str,
+) {
+    let w = warnings(report);
     let unreachable: Vec<&Value> = w
         .iter()
         .filter(|f| f["signal"] == "agent_unreachable")
         .collect();
-    assert_eq!(unreachable.len(), 3, "one per node: {text}");
-    assert_eq!(
-        nodes_with(&w, "agent_unreachable"),
-        set(&["node-1", "node-2", "node-3"])
-    );
+    assert_eq!(unreachable.len(), nodes.len(), "one per node: {ctx}");
+    assert_eq!(nodes_with(&w, "agent_unreachable"), set(nodes), "{ctx}");
     for f in &unreachable {
-        assert_eq!(f["evidence"]["profile"], "dead-agent", "{f}");
+        assert_eq!(f["evidence"]["profile"], profile, "{f}\n{ctx}");
         let msg = f["evidence"]["message"].as_str().unwrap_or("");
-        assert!(msg.contains("enable dead-agent metrics"), "{f}");
+        assert!(msg.contains(hint), "the fix is named: {f}\n{ctx}");
     }
-    // The real Felix pages were still read: nothing else is flagged on a healthy run.
-    assert!(
-        w.iter().all(|f| f["signal"] == "agent_unreachable"),
-        "{text}"
-    );
+    assert_eq!(unreachable.len(), w.len(), "no other warning: {ctx}");
 }
 
 #[test]
@@ -436,29 +448,14 @@ fn kube_proxy_bound_to_localhost_is_one_warning_per_node_direct_and_through_the_
             code, 0,
             "{mode}: agent trouble alone never fails the gate\n{text}"
         );
-        let w = warnings(&report);
-        let unreachable: Vec<&Value> = w
-            .iter()
-            .filter(|f| f["signal"] == "agent_unreachable")
-            .collect();
-        assert_eq!(unreachable.len(), 3, "{mode}: one per node\n{text}");
-        assert_eq!(
-            nodes_with(&w, "agent_unreachable"),
-            set(&["node-1", "node-2", "node-3"]),
-            "{mode}"
-        );
-        for f in &unreachable {
-            assert_eq!(f["evidence"]["profile"], "kube-proxy", "{mode}: {f}");
-            let msg = f["evidence"]["message"].as_str().unwrap_or("");
-            assert!(
-                msg.contains("metricsBindAddress"),
-                "{mode}: the fix is named: {f}"
-            );
-        }
         // Felix answered: nothing else is flagged on this healthy run.
-        assert!(
-            w.iter().all(|f| f["signal"] == "agent_unreachable"),
-            "{mode}: {text}"
+        let ctx = format!("{mode}:\n{text}");
+        assert_one_unreachable_warning_per_node(
+            &report,
+            &["node-1", "node-2", "node-3"],
+            "kube-proxy",
+            "metricsBindAddress",
+            &ctx,
         );
         assert!(suspects(&report).is_empty(), "{mode}: {text}");
     }
