@@ -116,7 +116,8 @@ Exit codes:
   1  fail: conclusive probes breached a threshold (TTFP p95 > --max-ttfp, or more
      failed probes than --max-failures)
   2  inconclusive: too many inconclusive probes (> --max-inconclusive), the run was
-     interrupted or hit --timeout, or an error (API unreachable/forbidden, < 2 nodes)
+     interrupted or hit --timeout, or an error (API unreachable/forbidden, < 2 nodes);
+     --report is still written (verdict inconclusive, the cause in errors[])
 
 Examples:
   prober gate                                   # one probe per node, defaults
@@ -224,7 +225,9 @@ pub struct ProbeArgs {
     #[arg(long, env = "FIRSTPACKET_AGENT_CONFIG")]
     pub agent_config: Option<std::path::PathBuf>,
 
-    /// Log format on stderr (filter with RUST_LOG, default info).
+    /// Log format on stderr (filter with RUST_LOG, default info): plain lines, or one JSON
+    /// object per line for everything on stderr (seed, progress, notices, errors).
+    /// stdout keeps the human result table either way.
     #[arg(
         long,
         env = "FIRSTPACKET_LOG_FORMAT",
@@ -265,7 +268,9 @@ pub struct GateArgs {
     #[arg(long, env = "FIRSTPACKET_TIMEOUT", default_value = "10m", value_parser = parse_duration)]
     pub timeout: Duration,
 
-    /// Write the JSON report (schema 1) here.
+    /// Write the JSON report (schema 1) here. Also written when the run fails at
+    /// start-up (API unreachable, RBAC forbids a list, …): verdict inconclusive, exit
+    /// code 2, the cause in errors[], no probes.
     #[arg(long, env = "FIRSTPACKET_REPORT")]
     pub report: Option<PathBuf>,
 

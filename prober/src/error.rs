@@ -146,6 +146,31 @@ pub fn error_chain(err: &dyn std::error::Error) -> String {
     out
 }
 
+/// One line for a kube client error: `HTTP 403 Forbidden: <Status.message>` for an API
+/// `Status` (instead of its `Debug` dump), else the error chain ([`error_chain`]).
+pub fn kube_error_text(err: &kube::Error) -> String {
+    match err {
+        kube::Error::Api(s) => format!("HTTP {} {}: {}", s.code, s.reason, s.message),
+        other => error_chain(other),
+    }
+}
+
+/// One line for a pod-watch error (kube-runtime `watcher::Error`): what failed (initial
+/// list, watch start, watch stream, an error event) and [`kube_error_text`] of the cause.
+pub fn watcher_error_text(err: &kube::runtime::watcher::Error) -> String {
+    use kube::runtime::watcher::Error as W;
+    match err {
+        W::InitialListFailed(e) => format!("initial list failed: {}", kube_error_text(e)),
+        W::WatchStartFailed(e) => format!("watch start failed: {}", kube_error_text(e)),
+        W::WatchFailed(e) => format!("watch stream failed: {}", kube_error_text(e)),
+        W::WatchError(s) => format!(
+            "watch error event: HTTP {} {}: {}",
+            s.code, s.reason, s.message
+        ),
+        other => error_chain(other),
+    }
+}
+
 /// HTTP code of a kube error if it is an API `Status` (e.g. 404, 409).
 pub fn kube_status_code(err: &kube::Error) -> Option<u16> {
     match err {

@@ -11,7 +11,10 @@
 //! - Diagnosis (first rule that applies; "passed" = `success` or `slow`, a "cross-node
 //!   pair" = source node ≠ target node, whatever the kind):
 //!   1. no conclusive probe → `inconclusive`;
-//!   2. no `slow`/`failed` probe → `healthy`;
+//!   2. no `slow`/`failed` probe → `healthy`, unless most probes (more than half) were
+//!      inconclusive → `inconclusive`: a few passing probes among many that measured
+//!      nothing do not show a healthy dataplane (the text and `verdict_reasons` name the
+//!      dominant inconclusive reason, [`dominant_inconclusive_reason`]);
 //!   3. any `target_never_ready`/`source_never_ready` → `node_local_broken` (target-server's
 //!      `/readyz` only fails when the kubelet cannot reach the pod: the node-local path);
 //!   4. any `same_node` control probe `failed` → `node_local_broken` (two pods on one
@@ -125,6 +128,10 @@ pub fn diagnose(probes: &[ProbeRecord]) -> Diagnosis {
         .filter(|p| matches!(p.result, ProbeResult::Slow | ProbeResult::Failed))
         .collect();
     if bad.is_empty() {
+        let inconclusive = probes.len() - conclusive.len();
+        if inconclusive > conclusive.len() {
+            return Diagnosis::Inconclusive;
+        }
         return Diagnosis::Healthy;
     }
     if bad.iter().any(|p| {
@@ -179,6 +186,42 @@ pub fn diagnose(probes: &[ProbeRecord]) -> Diagnosis {
         return Diagnosis::SlowNodes;
     }
     Diagnosis::ScatteredFailures
+}
+
+/// The most frequent reason among `inconclusive` probes and its count (ties: the reason
+/// declared first in [`Reason::ALL`]). `None` without inconclusive probes.
+pub fn dominant_inconclusive_reason(probes: &[ProbeRecord]) -> Option<(Reason, u64)> {
+    let mut counts: BTreeMap<usize, u64> = BTreeMap::new();
+    for p in probes
+        .iter()
+        .filter(|p| p.result == ProbeResult::Inconclusive)
+    {
+        if let Some(i) = p
+            .reason
+            .and_then(|r| Reason::ALL.iter().position(|x| *x == r))
+        {
+            *counts.entry(i).or_default() += 1;
+        }
+    }
+    let best = counts.values().copied().max()?;
+    counts
+        .into_iter()
+        .find(|(_, n)| *n == best)
+        .map(|(i, n)| (Reason::ALL[i], n))
+}
+
+/// `dominant reason api_error: 3 of 4 probes` when the diagnosis is `inconclusive` and
+/// some probes were inconclusive; `None` otherwise.
+pub fn inconclusive_note(probes: &[ProbeRecord], diagnosis: Diagnosis) -> Option<String> {
+    if diagnosis != Diagnosis::Inconclusive {
+        return None;
+    }
+    let (reason, n) = dominant_inconclusive_reason(probes)?;
+    Some(format!(
+        "dominant reason {}: {n} of {} probes",
+        reason.as_str(),
+        probes.len()
+    ))
 }
 
 /// Whether `prober gate` may stop starting (and cut short) its remaining cross-node
@@ -445,8 +488,13 @@ pub fn build_report(
     inputs: ReportInputs,
 ) -> GateReport {
     let summary = summarize(&probes);
-    let (verdict, exit_code, verdict_reasons) =
+    let (verdict, exit_code, mut verdict_reasons) =
         verdict(&summary, &inputs.thresholds, &inputs.errors);
+    if verdict != Verdict::Pass {
+        if let Some(note) = inconclusive_note(&probes, summary.diagnosis) {
+            verdict_reasons.push(format!("diagnosis inconclusive: {note}"));
+        }
+    }
     GateReport {
         schema: SCHEMA_VERSION,
         verdict,
@@ -601,7 +649,14 @@ pub fn render_text(report: &GateReport, group_by: &[String]) -> String {
             s.first_attempt_failures
         );
     }
-    let _ = writeln!(out, "diagnosis: {diag}");
+    match inconclusive_note(&report.probes, s.diagnosis) {
+        Some(note) => {
+            let _ = writeln!(out, "diagnosis: {diag} ({note})");
+        }
+        None => {
+            let _ = writeln!(out, "diagnosis: {diag}");
+        }
+    }
     if let Some(why) = &report.stopped_early {
         let _ = writeln!(out, "stopped early: {why}");
     }
@@ -974,6 +1029,65 @@ mod tests {
             ok("c", "b"),
         ];
         assert_eq!(diagnose(&scattered), Diagnosis::ScatteredFailures);
+    }
+
+    #[test]
+    fn mostly_inconclusive_run_is_not_called_healthy() {
+        use ProbeResult::*;
+        let ok = |a: &str, b: &str| rec(a, b, Success, Some(0.2));
+        let api = |a: &str, b: &str| {
+            let mut r = rec(a, b, Inconclusive, None);
+            r.reason = Some(Reason::ApiError);
+            r
+        };
+        // 1 pass, 3 inconclusive (2 api_error, 1 image_pull): not healthy.
+        let mostly = vec![
+            ok("a", "b"),
+            api("b", "c"),
+            api("c", "d"),
+            rec("d", "a", Inconclusive, None),
+        ];
+        assert_eq!(diagnose(&mostly), Diagnosis::Inconclusive);
+        assert_eq!(
+            dominant_inconclusive_reason(&mostly),
+            Some((Reason::ApiError, 2))
+        );
+        // Half inconclusive, every conclusive probe passed: still healthy.
+        assert_eq!(
+            diagnose(&[ok("a", "b"), ok("b", "c"), api("c", "d"), api("d", "a")]),
+            Diagnosis::Healthy
+        );
+        let report = build_report(
+            mostly,
+            &[],
+            vec![],
+            ReportInputs {
+                thresholds: th(),
+                instance: "gate-abcdefgh".into(),
+                started_at: "2026-01-01T00:00:00Z".into(),
+                finished_at: "2026-01-01T00:00:10Z".into(),
+                duration_seconds: 10.0,
+                errors: vec![],
+                group_by: vec![],
+                stopped_early: None,
+                skipped_nodes: Vec::new(),
+            },
+        );
+        assert_eq!(report.verdict, Verdict::Inconclusive);
+        assert_eq!(report.summary.diagnosis, Diagnosis::Inconclusive);
+        assert!(
+            report
+                .verdict_reasons
+                .iter()
+                .any(|r| r.contains("dominant reason api_error: 2 of 4 probes")),
+            "{:?}",
+            report.verdict_reasons
+        );
+        let text = render_text(&report, &[]);
+        assert!(
+            text.contains("diagnosis: inconclusive (dominant reason api_error: 2 of 4 probes)"),
+            "{text}"
+        );
     }
 
     #[test]

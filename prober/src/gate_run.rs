@@ -2,13 +2,20 @@
 //! with the Kubernetes API: client → node list → plan → namespace → start-up sweep →
 //! shared pod watch → probes under a semaphore → cleanup → table, report, exit code.
 //!
+//! A run that fails before its probes (API unreachable, RBAC forbids the first list,
+//! < 2 nodes, pod watch never ready) still writes its `--report`
+//! ([`startup_failure_report`]) and exits 2. When the API fails mid-run, probes whose
+//! waits ran out end `inconclusive`/`api_error` (`crate::probe`), the final cleanup is
+//! retried for [`FINAL_CLEANUP_DEADLINE`], and the report is written.
+//!
 //! Signals: the first SIGINT/SIGTERM stops starting probes, turns running ones into
 //! `interrupted` (their pods are deleted), writes the report and exits 2; a second
 //! signal deletes the instance's pods best-effort (5 s) and exits 2 at once.
 
 use crate::config::{check_kinds, GateArgs, ProbeKind, GATE_DEFAULT_HOLD};
-use crate::error::{error_chain, kube_status_code, Error};
-use crate::gate::{build_report, early_stop, progress_line, render_text, ReportInputs};
+use crate::console::Console;
+use crate::error::{error_chain, kube_error_text, kube_status_code, Error};
+use crate::gate::{build_report, early_stop, render_text, ReportInputs};
 use crate::podspec::{
     active_deadline_seconds, instance_selector, pod_name, source_args, target_args, PodConfig,
     PodRole, FIELD_MANAGER,
@@ -27,7 +34,7 @@ use rand::RngExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use target_server::report::{ProbeRecord, Reason, Thresholds};
+use target_server::report::{GateReport, ProbeRecord, Reason, Thresholds};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
@@ -151,6 +158,43 @@ where
     Ok(n)
 }
 
+/// How long the gate keeps retrying its final cleanup while the API fails (30 s: a
+/// restarting API server is normally back well within it; after that the pods end by
+/// their own `activeDeadlineSeconds` and the next run's start-up sweep).
+pub const FINAL_CLEANUP_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Pause between final-cleanup attempts.
+pub const FINAL_CLEANUP_RETRY: Duration = Duration::from_secs(2);
+
+/// Deletes what is left of `instance` ([`delete_instance_pods`]), each attempt bounded
+/// by [`API_CALL_TIMEOUT`] and the time left, retrying every [`FINAL_CLEANUP_RETRY`] until
+/// [`FINAL_CLEANUP_DEADLINE`]. Returns the number of deletes sent, or the run error
+/// text naming the API URL, the last cause and what becomes of the leftovers.
+pub async fn final_cleanup(pods: &Api<Pod>, instance: &str, url: &str) -> Result<usize, String> {
+    let deadline = Instant::now() + FINAL_CLEANUP_DEADLINE;
+    let mut attempts = 0u32;
+    loop {
+        attempts += 1;
+        let bound = deadline
+            .saturating_duration_since(Instant::now())
+            .clamp(Duration::from_secs(1), API_CALL_TIMEOUT);
+        let last = match tokio::time::timeout(bound, delete_instance_pods(pods, instance)).await {
+            Ok(Ok(n)) => return Ok(n),
+            Ok(Err(e)) => kube_error_text(&e),
+            Err(_) => format!("no answer within {}s", bound.as_secs()),
+        };
+        if Instant::now() + FINAL_CLEANUP_RETRY >= deadline {
+            return Err(format!(
+                "final cleanup at {url} gave up after {attempts} attempt(s): {last}; leftover \
+                 probe pods (label firstpacket.io/instance={instance}) end by their \
+                 activeDeadlineSeconds and are removed by the next run's start-up sweep"
+            ));
+        }
+        tracing::warn!(attempt = attempts, error = %last, "final cleanup failed; retrying");
+        tokio::time::sleep(FINAL_CLEANUP_RETRY).await;
+    }
+}
+
 /// The `--dry-run` text: plan (kind, nodes, pod names, write budget) and the key
 /// pod-spec fields.
 pub fn render_plan(
@@ -218,7 +262,12 @@ pub fn render_plan(
     out
 }
 
-fn spawn_signal_handler(env: Arc<ProbeEnv>, instance: String, errors: Arc<Mutex<Vec<String>>>) {
+fn spawn_signal_handler(
+    env: Arc<ProbeEnv>,
+    instance: String,
+    errors: Arc<Mutex<Vec<String>>>,
+    console: Console,
+) {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut int), Ok(mut term)) = (
         signal(SignalKind::interrupt()),
@@ -233,13 +282,13 @@ fn spawn_signal_handler(env: Arc<ProbeEnv>, instance: String, errors: Arc<Mutex<
             _ = term.recv() => "SIGTERM",
         };
         lock(&errors).push(format!("interrupted by {name}"));
-        eprintln!("{name}: stopping, deleting in-flight probe pods (signal again to exit at once)");
+        console.signal(name);
         env.cancel.send_replace(true);
         tokio::select! {
             _ = int.recv() => {},
             _ = term.recv() => {},
         }
-        eprintln!("second signal: deleting probe pods (best effort) and exiting");
+        console.second_signal();
         let _ = tokio::time::timeout(
             Duration::from_secs(5),
             delete_instance_pods(&env.pods, &instance),
@@ -326,13 +375,150 @@ fn stops_early(kind: ProbeKind) -> bool {
     kind != ProbeKind::SameNode
 }
 
+/// What the run learned before it failed, for the start-up failure report
+/// ([`startup_failure_report`]).
+#[derive(Debug, Clone)]
+pub struct RunStart {
+    /// Gate instance id.
+    pub instance: String,
+    /// RFC 3339 wall time of the start (display only).
+    pub started_at: String,
+    /// Prober-clock start.
+    pub started: Instant,
+    /// API server URL, once the client configuration was loaded.
+    pub url: Option<String>,
+    /// Eligible nodes, once listed.
+    pub eligible: Vec<NodeInfo>,
+    /// Nodes left out of the plan, once listed.
+    pub skipped: Vec<(String, crate::schedule::SkipReason)>,
+}
+
+impl RunStart {
+    /// A fresh start: new instance id, now.
+    pub fn new() -> Self {
+        RunStart {
+            instance: new_gate_instance(),
+            started_at: Timestamp::now().to_string(),
+            started: Instant::now(),
+            url: None,
+            eligible: Vec::new(),
+            skipped: Vec::new(),
+        }
+    }
+}
+
+impl Default for RunStart {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Thresholds in force (`--slow-threshold`, `--max-ttfp`, `--max-failures`,
+/// `--max-inconclusive`), as the report states them.
+pub fn thresholds(args: &GateArgs) -> Thresholds {
+    Thresholds {
+        slow_threshold_seconds: args.probe.slow_threshold.as_secs_f64(),
+        max_ttfp_seconds: args.max_ttfp.as_secs_f64(),
+        max_failures: args.max_failures,
+        max_inconclusive: args.max_inconclusive,
+    }
+}
+
+/// The report of a run that failed before (or while) starting its probes: verdict
+/// `inconclusive`, exit code 2, no probes, and `errors[]` = the error text (which names
+/// the API URL, verb and resource for API errors; the URL is appended when the error
+/// text does not carry it). CI pipelines get their artifact even when the API is
+/// unreachable or RBAC forbids the first list.
+pub fn startup_failure_report(start: &RunStart, args: &GateArgs, err: &Error) -> GateReport {
+    let mut msg = err.to_string();
+    if let Some(url) = &start.url {
+        if !msg.contains(url.as_str()) {
+            msg = format!("{msg} (Kubernetes API {url})");
+        }
+    }
+    build_report(
+        Vec::new(),
+        &start.eligible,
+        Vec::new(),
+        ReportInputs {
+            thresholds: thresholds(args),
+            instance: start.instance.clone(),
+            started_at: start.started_at.clone(),
+            finished_at: Timestamp::now().to_string(),
+            duration_seconds: start.started.elapsed().as_secs_f64(),
+            errors: vec![msg],
+            group_by: args.probe.group_by_label.clone(),
+            stopped_early: None,
+            skipped_nodes: start
+                .skipped
+                .iter()
+                .map(|(n, r)| target_server::report::SkippedNode {
+                    node: n.clone(),
+                    reason: r.to_string(),
+                })
+                .collect(),
+        },
+    )
+}
+
+/// Whether a failed run still gets its `--report`: every error except those about the
+/// report file itself (its directory is missing, or writing it failed).
+fn report_on_error(err: &Error) -> bool {
+    !matches!(
+        err,
+        Error::Output { .. }
+            | Error::Config {
+                flag: "--report",
+                ..
+            }
+    )
+}
+
+/// Writes `report` as pretty JSON plus a newline to `path`.
+pub fn write_report(path: &std::path::Path, report: &GateReport) -> Result<(), Error> {
+    let json = serde_json::to_string_pretty(report).map_err(|e| Error::Output {
+        path: path.display().to_string(),
+        source: std::io::Error::other(e),
+    })?;
+    std::fs::write(path, json + "\n").map_err(|e| Error::Output {
+        path: path.display().to_string(),
+        source: e,
+    })
+}
+
 /// Runs `prober gate`. Returns the process exit code (0 pass, 1 fail, 2 inconclusive);
-/// errors before any probe ran (config, API unreachable/forbidden, < 2 nodes) are
-/// returned as [`Error`] (exit 2 in `main`).
+/// errors that stop the run before its probes (config, API unreachable/forbidden,
+/// < 2 nodes, pod watch never ready) are returned as [`Error`] (exit 2 in `main`), after
+/// writing the `--report` of [`startup_failure_report`] (not with `--dry-run`, and not
+/// when the error is about the report file itself).
 pub async fn run_gate(args: GateArgs) -> Result<i32, Error> {
+    let console = Console::new(args.probe.log_format);
+    let mut start = RunStart::new();
+    match run_gate_inner(&args, console, &mut start).await {
+        Ok(code) => Ok(code),
+        Err(e) => {
+            if let (Some(path), false) = (&args.report, args.dry_run) {
+                if report_on_error(&e) {
+                    let report = startup_failure_report(&start, &args, &e);
+                    match write_report(path, &report) {
+                        Ok(()) => console.report_written(path),
+                        Err(w) => console.error(Some(w.reason()), &w.to_string()),
+                    }
+                }
+            }
+            Err(e)
+        }
+    }
+}
+
+async fn run_gate_inner(
+    args: &GateArgs,
+    console: Console,
+    start: &mut RunStart,
+) -> Result<i32, Error> {
     let p = &args.probe;
     let kinds = check_kinds(&p.kinds)?;
-    check_settings(&args)?;
+    check_settings(args)?;
     // Agent profiles first: a bad --agent-config fails before any API call.
     let profiles = match &p.agent_config {
         Some(path) => {
@@ -354,15 +540,16 @@ pub async fn run_gate(args: GateArgs) -> Result<i32, Error> {
     }
     let hold = p.hold_or(GATE_DEFAULT_HOLD);
     let seed = args.seed.unwrap_or_else(|| rand::rng().random());
-    let instance = new_gate_instance();
-    let run_start = Instant::now();
-    let started_at = Timestamp::now().to_string();
-    eprintln!("firstpacket gate {instance}: seed {seed} (repeat the plan with --seed {seed})");
+    let instance = start.instance.clone();
+    let run_start = start.started;
+    let started_at = start.started_at.clone();
+    console.seed(&instance, seed);
 
     let config = kube::Config::infer()
         .await
         .map_err(|e| Error::ClientConfig(error_chain(&e)))?;
     let url = config.cluster_url.to_string();
+    start.url = Some(url.clone());
     let client = Client::try_from(config).map_err(|e| Error::ClientConfig(error_chain(&e)))?;
 
     let nodes_api: Api<Node> = Api::all(client.clone());
@@ -376,6 +563,8 @@ pub async fn run_gate(args: GateArgs) -> Result<i32, Error> {
     .await?;
     let all_nodes: Vec<NodeInfo> = node_list.items.iter().map(NodeInfo::from_node).collect();
     let (eligible, skipped) = filter_nodes(&all_nodes, &p.node_selector, &p.toleration);
+    start.eligible = eligible.clone();
+    start.skipped = skipped.clone();
     for (n, r) in &skipped {
         tracing::info!(node = %n, reason = %r, "node skipped");
     }
@@ -424,7 +613,7 @@ pub async fn run_gate(args: GateArgs) -> Result<i32, Error> {
     let max_age = p.give_up * 2 + hold + SWEEP_GRACE;
     let swept = sweep(&pods, &url, &p.namespace, &instance, max_age).await?;
     if !swept.is_empty() {
-        eprintln!("swept {} leftover probe pod(s)", swept.len());
+        console.swept(swept.len());
     }
 
     let watch = Arc::new(PodWatch::start(pods.clone(), &instance_selector(&instance)));
@@ -477,7 +666,7 @@ pub async fn run_gate(args: GateArgs) -> Result<i32, Error> {
     let finished: Arc<Mutex<Vec<ProbeRecord>>> = Arc::new(Mutex::new(Vec::new()));
     let stopped_early: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
     let run_errors = Arc::new(Mutex::new(Vec::<String>::new()));
-    spawn_signal_handler(env.clone(), instance.clone(), run_errors.clone());
+    spawn_signal_handler(env.clone(), instance.clone(), run_errors.clone(), console);
     {
         let env = env.clone();
         let errors = run_errors.clone();
@@ -543,7 +732,7 @@ pub async fn run_gate(args: GateArgs) -> Result<i32, Error> {
                 let mut st = lock(&stopped);
                 if st.is_none() {
                     if let Some(why) = early_stop(&done, max_failures) {
-                        eprintln!("stopping cross-node probes early: {why}");
+                        console.early_stop(&why);
                         *st = Some(why);
                         cross_tx.send_replace(true);
                     }
@@ -558,27 +747,22 @@ pub async fn run_gate(args: GateArgs) -> Result<i32, Error> {
     while let Some(res) = set.join_next().await {
         match res {
             Ok((i, Some(rec))) => {
-                eprintln!("{}", progress_line(records.len() + 1, total, &rec));
+                console.progress(records.len() + 1, total, &rec);
                 records.push((i, rec));
             }
             Ok((_, None)) => not_started += 1,
             Err(e) => lock(&run_errors).push(format!("probe task failed: {e}")),
         }
     }
-    // Leftovers (a probe cut short mid-create, or a failed delete).
-    match tokio::time::timeout(
-        Duration::from_secs(15),
-        delete_instance_pods(&pods, &instance),
-    )
-    .await
-    {
-        Ok(Ok(n)) if n > 0 => {
+    // Leftovers (a probe cut short mid-create, or a delete that failed while the API
+    // was away): retried until FINAL_CLEANUP_DEADLINE, then given up on.
+    match final_cleanup(&pods, &instance, &url).await {
+        Ok(n) if n > 0 => {
             env.writes.fetch_add(n as u64, Ordering::Relaxed);
             tracing::info!(deleted = n, "deleted leftover probe pods");
         }
-        Ok(Err(e)) => lock(&run_errors).push(format!("final cleanup: {}", error_chain(&e))),
-        Err(_) => lock(&run_errors).push("final cleanup timed out".into()),
-        _ => {}
+        Ok(_) => {}
+        Err(e) => lock(&run_errors).push(e),
     }
     if not_started > 0 {
         lock(&run_errors).push(format!(
@@ -586,7 +770,7 @@ pub async fn run_gate(args: GateArgs) -> Result<i32, Error> {
         ));
     }
     if let Some(f) = lock(&env.fatal).clone() {
-        eprintln!("error: {f}");
+        console.error(None, &f);
         lock(&run_errors).insert(0, f);
     }
     records.sort_by_key(|(i, _)| *i);
@@ -599,12 +783,7 @@ pub async fn run_gate(args: GateArgs) -> Result<i32, Error> {
         &eligible,
         agent_warnings,
         ReportInputs {
-            thresholds: Thresholds {
-                slow_threshold_seconds: p.slow_threshold.as_secs_f64(),
-                max_ttfp_seconds: args.max_ttfp.as_secs_f64(),
-                max_failures: args.max_failures,
-                max_inconclusive: args.max_inconclusive,
-            },
+            thresholds: thresholds(args),
             instance: instance.clone(),
             started_at,
             finished_at: Timestamp::now().to_string(),
@@ -633,15 +812,8 @@ pub async fn run_gate(args: GateArgs) -> Result<i32, Error> {
         }
     }
     if let Some(path) = &args.report {
-        let json = serde_json::to_string_pretty(&report).map_err(|e| Error::Output {
-            path: path.display().to_string(),
-            source: std::io::Error::other(e),
-        })?;
-        std::fs::write(path, json + "\n").map_err(|e| Error::Output {
-            path: path.display().to_string(),
-            source: e,
-        })?;
-        eprintln!("report written to {}", path.display());
+        write_report(path, &report)?;
+        console.report_written(path);
     }
     Ok(report.exit_code)
 }

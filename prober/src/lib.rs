@@ -4,10 +4,11 @@
 //! Pure modules (tested without I/O): [`config`], [`schedule`], [`podspec`],
 //! [`tracker`], [`record`], [`gate`], the decision half of [`sweep`] and [`probe`].
 //! I/O: [`podwatch`] (the shared pod watch), [`probe`] (one probe's lifecycle),
-//! [`gate_run`] (`prober gate`). [`agents`]: node-agent metrics (another helper).
+//! [`gate_run`] (`prober gate`), [`console`] (stderr notices, plain or JSON). [`agents`]: node-agent metrics (another helper).
 
 pub mod agents;
 pub mod config;
+pub mod console;
 pub mod error;
 pub mod gate;
 pub mod gate_run;

@@ -1,26 +1,39 @@
 //! `prober`: thin binary over the `prober` library (parse args, init tracing, run).
+//!
+//! stdout carries the result (the gate's table); stderr the log. An error that stops the
+//! run is one `error: …` line on stderr (one JSON object with `--log-format json`) and
+//! exit code 2 (DESIGN §4: "the run errored").
 
 use clap::Parser;
 use prober::config::{Cli, Command};
+use prober::console::Console;
 use std::process::ExitCode;
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result: anyhow::Result<i32> = match cli.command {
+    let (console, result): (Console, Result<i32, prober::Error>) = match cli.command {
         Command::Gate(args) => {
             prober::init_tracing(args.probe.log_format);
-            prober::gate_run::run_gate(args).await.map_err(Into::into)
+            (
+                Console::new(args.probe.log_format),
+                prober::gate_run::run_gate(args).await,
+            )
         }
         Command::Run(args) => {
             prober::init_tracing(args.probe.log_format);
-            Err(prober::Error::NotImplemented("prober run (continuous mode)".into()).into())
+            (
+                Console::new(args.probe.log_format),
+                Err(prober::Error::NotImplemented(
+                    "prober run (continuous mode)".into(),
+                )),
+            )
         }
     };
     match result {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(2)),
         Err(e) => {
-            eprintln!("error: {e}");
+            console.error(Some(e.reason()), &e.to_string());
             ExitCode::from(2)
         }
     }

@@ -6,8 +6,14 @@
 //! [`Tracker`](crate::tracker::Tracker), stamping it with the prober clock. Probes wait
 //! on a `tokio::sync::watch` generation counter with [`PodWatch::wait_for`], always with
 //! a deadline.
+//!
+//! Watch trouble (list/watch failing: connection refused, 5xx, 403, timeouts — anything
+//! but a `410 Gone`, which is the API server's normal "resourceVersion too old" and is
+//! followed by a re-list) is stamped, so a probe whose wait ran out while the watch was
+//! failing knows its view is incomplete ([`PodWatch::trouble_since`]) and ends as
+//! `inconclusive`/`api_error` instead of blaming the pods.
 
-use crate::error::{error_chain, Error};
+use crate::error::{watcher_error_text, Error};
 use crate::tracker::{PodState, Tracker};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
@@ -36,6 +42,22 @@ struct Shared {
     generation: watch::Sender<u64>,
     ready: watch::Sender<bool>,
     last_error: Mutex<Option<String>>,
+    /// Prober-clock time and text of the last watch error that is trouble
+    /// ([`is_watch_trouble`]).
+    trouble: Mutex<Option<(std::time::Instant, String)>>,
+}
+
+/// How often [`PodWatch::wait_for`] re-evaluates its predicate without a watch event, so
+/// predicates that depend on elapsed time (e.g. the unschedulable grace,
+/// `crate::probe::UNSCHEDULABLE_GRACE`) fire even when the pod does not change.
+pub const RECHECK_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Whether a watcher error means the API failed us. A `410 Gone` watch event is the API
+/// server's normal answer to an expired resourceVersion (kube-runtime re-lists at once;
+/// Kubernetes API concepts, "Efficient detection of changes"): not trouble. Everything
+/// else (list/watch start failed, stream failed, other error events) is.
+pub fn is_watch_trouble(err: &watcher::Error) -> bool {
+    !matches!(err, watcher::Error::WatchError(s) if s.code == 410)
 }
 
 /// Handle on the running pod watch. Dropping it stops the watch task.
@@ -65,6 +87,7 @@ impl PodWatch {
             generation,
             ready,
             last_error: Mutex::new(None),
+            trouble: Mutex::new(None),
         });
         let cfg = watcher::Config::default().labels(label_selector);
         let s = shared.clone();
@@ -83,8 +106,11 @@ impl PodWatch {
                         true
                     }
                     Err(e) => {
-                        let msg = error_chain(&e);
+                        let msg = watcher_error_text(&e);
                         tracing::warn!(error = %msg, "pod watch error (retrying with backoff)");
+                        if is_watch_trouble(&e) {
+                            *lock(&s.trouble) = Some((now, msg.clone()));
+                        }
                         *lock(&s.last_error) = Some(msg);
                         false
                     }
@@ -121,6 +147,16 @@ impl PodWatch {
         lock(&self.shared.last_error).clone()
     }
 
+    /// The last watch error if it was trouble ([`is_watch_trouble`]) and happened at or
+    /// after `since` (prober clock): the watch may have missed this pod's updates since
+    /// then.
+    pub fn trouble_since(&self, since: std::time::Instant) -> Option<String> {
+        lock(&self.shared.trouble)
+            .as_ref()
+            .filter(|(at, _)| *at >= since)
+            .map(|(_, msg)| msg.clone())
+    }
+
     /// Runs `f` on the tracker (e.g. `note_created`, `forget`) and wakes waiters.
     pub fn with_tracker<R>(&self, f: impl FnOnce(&mut Tracker) -> R) -> R {
         let r = f(&mut lock(&self.shared.tracker));
@@ -134,7 +170,8 @@ impl PodWatch {
     }
 
     /// Waits until `f(state)` returns `Some`, the `deadline` passes, or `cancel` turns
-    /// true (or its sender is dropped). `f` sees `None` while the pod is not yet known.
+    /// true (or its sender is dropped). `f` sees `None` while the pod is not yet known;
+    /// it runs on every change and at least every [`RECHECK_INTERVAL`].
     pub async fn wait_for<T>(
         &self,
         name: &str,
@@ -162,6 +199,7 @@ impl PodWatch {
                         return Wait::Cancelled;
                     }
                 }
+                _ = tokio::time::sleep(RECHECK_INTERVAL) => {}
                 _ = tokio::time::sleep_until(deadline) => {
                     // One last look: the change may have landed just now.
                     if let Some(v) = f(lock(&self.shared.tracker).get(name)) {
@@ -171,5 +209,22 @@ impl PodWatch {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::core::Status;
+
+    fn status(code: u16) -> Box<Status> {
+        Box::new(Status::failure("x", "y").with_code(code))
+    }
+
+    #[test]
+    fn only_410_gone_is_not_watch_trouble() {
+        assert!(!is_watch_trouble(&watcher::Error::WatchError(status(410))));
+        assert!(is_watch_trouble(&watcher::Error::WatchError(status(500))));
+        assert!(is_watch_trouble(&watcher::Error::NoResourceVersion));
     }
 }

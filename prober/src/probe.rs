@@ -38,8 +38,14 @@
 //! Every probe counts its own writes ([`ProbeRecord::api_writes`]) and logs a warning
 //! when it exceeds [`write_budget`]. Every wait runs on the shared [`PodWatch`] under a
 //! deadline; cancellation (signal, `--timeout`, the gate's early stop) turns the probe
-//! into `inconclusive`/`interrupted` and still deletes its pods. The decisions
-//! themselves are pure ([`timeout_ending`], [`crate::record::build_record`]).
+//! into `inconclusive`/`interrupted` and still deletes its pods. A pod that stays
+//! `Unschedulable` for [`UNSCHEDULABLE_GRACE`] ends the probe as
+//! `inconclusive`/`unschedulable`. When a wait runs out, the probe GETs the pod once (an
+//! update the watch missed still counts); if that GET fails or the pod watch failed
+//! during the wait, the probe is `inconclusive`/`api_error` ([`api_trouble_ending`]):
+//! with the API away, no stage of the pods can be blamed. The decisions themselves are
+//! pure ([`timeout_ending`], [`api_trouble_ending`], [`unschedulable_ending`],
+//! [`crate::record::build_record`]).
 
 use crate::config::ProbeKind;
 use crate::error::{kube_status_code, Error};
@@ -70,6 +76,23 @@ use tracing::Instrument;
 pub const API_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Extra time the source gets beyond give-up + hold to start and report.
 pub const SOURCE_FINISH_MARGIN: Duration = Duration::from_secs(30);
+
+/// How long a probe pod may stay `PodScheduled=False` / `Unschedulable` before the probe
+/// is recorded `inconclusive`/`unschedulable` (source and target alike), instead of
+/// waiting out give-up (+ hold + margin for the source).
+///
+/// 10 s: the scheduler retries an unschedulable pod when a cluster event may make it fit
+/// (node added/updated, pod deleted), after its per-pod backoff, which grows from
+/// `podInitialBackoffSeconds` (1 s) to `podMaxBackoffSeconds` (10 s) by default
+/// (kube-scheduler configuration, `KubeSchedulerConfiguration` v1). A condition that
+/// flips within one maximum backoff (e.g. a node that just turned Ready or was
+/// uncordoned) does not cost the probe; one that holds longer is not going to be
+/// measured within a useful time.
+pub const UNSCHEDULABLE_GRACE: Duration = Duration::from_secs(10);
+
+/// Timeout of the single GET a probe makes on its pod when a wait ran out, to read the
+/// pod's real state past a watch that may have missed updates.
+pub const FINAL_GET_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// API-write budget of one probe of `kind` (module docs): 4 for `cross_node` and
 /// `same_node` (DESIGN §7), 6 for `recreate`, 4 + 2 × `burst_size` for `burst`.
@@ -190,7 +213,8 @@ pub fn problem_ending(role: PodRole, s: &PodState) -> Option<Ending> {
     if let Some(p) = &s.problem {
         let reason = match p.kind {
             ProblemKind::ImagePull => Reason::ImagePull,
-            ProblemKind::ContainerFailed | ProblemKind::Unschedulable => Reason::ContainerFailed,
+            ProblemKind::ContainerFailed => Reason::ContainerFailed,
+            ProblemKind::Unschedulable => Reason::Unschedulable,
         };
         return Some(Ending::Aborted {
             reason,
@@ -204,6 +228,66 @@ pub fn problem_ending(role: PodRole, s: &PodState) -> Option<Ending> {
         });
     }
     None
+}
+
+/// Ending for a pod that has been `PodScheduled=False` with reason `Unschedulable` for
+/// at least `grace` at `now` (pure; [`UNSCHEDULABLE_GRACE`] in the probes):
+/// `inconclusive`/`unschedulable` with the scheduler's message. `None` while it is
+/// scheduled, not (yet) unschedulable, or within the grace (the scheduler retries and
+/// the condition can flip).
+pub fn unschedulable_ending(
+    role: PodRole,
+    s: &PodState,
+    now: std::time::Instant,
+    grace: Duration,
+) -> Option<Ending> {
+    if s.scheduled.is_some() {
+        return None;
+    }
+    let u = s.unschedulable.as_ref()?;
+    let pending = now.saturating_duration_since(u.since);
+    (pending >= grace).then(|| Ending::Aborted {
+        reason: Reason::Unschedulable,
+        detail: format!(
+            "{} pod {} unschedulable for {:.0}s (grace {:.0}s): {}",
+            role_name(role),
+            s.name,
+            pending.as_secs_f64(),
+            grace.as_secs_f64(),
+            u.message
+        ),
+    })
+}
+
+/// Ending for a pod problem seen while waiting: [`problem_ending`] (image pull,
+/// container start, deleted) or [`unschedulable_ending`] after [`UNSCHEDULABLE_GRACE`].
+pub fn pod_ending(role: PodRole, s: &PodState, now: std::time::Instant) -> Option<Ending> {
+    problem_ending(role, s).or_else(|| unschedulable_ending(role, s, now, UNSCHEDULABLE_GRACE))
+}
+
+/// Ending when a wait for `role` ran out of time while the API failed us (`trouble`: the
+/// pod watch reported errors during the wait, or the final GET of the pod failed):
+/// `inconclusive`/`api_error` (DESIGN §2 "Results": not the network's fault). The pods
+/// may well have progressed — in a real cluster the kubelet reports status through the
+/// same API server — so no stage is blamed; the last state the prober saw is in the
+/// detail. Pure.
+pub fn api_trouble_ending(
+    role: PodRole,
+    s: Option<&PodState>,
+    waited: Duration,
+    trouble: &str,
+) -> Ending {
+    let seen = match timeout_ending(role, s, waited) {
+        Ending::Aborted { detail, .. } => detail,
+        Ending::SourceTerminated => String::new(),
+    };
+    Ending::Aborted {
+        reason: Reason::ApiError,
+        detail: format!(
+            "Kubernetes API failed while waiting for the {} pod: {trouble}; last state seen: {seen}",
+            role_name(role)
+        ),
+    }
 }
 
 /// Ending when a wait for `role` ran out of time (pure; rules of DESIGN §2 "Results"):
@@ -376,37 +460,105 @@ async fn wait_target_ready(
     cancel: &mut watch::Receiver<bool>,
 ) -> Result<String, Ending> {
     let waited = env.pod_config.give_up;
+    let started = std::time::Instant::now();
     let deadline = Instant::now() + waited;
     match env
         .watch
-        .wait_for(name, deadline, cancel, |s| {
-            let s = s?;
-            if let (Some(_), Some(ip)) = (s.ready, &s.ip) {
-                return Some(Ok(ip.clone()));
-            }
-            if let Some(e) = problem_ending(PodRole::Target, s) {
-                return Some(Err(e));
-            }
-            s.terminated.as_ref().map(|t| {
-                Err(Ending::Aborted {
-                    reason: Reason::ContainerFailed,
-                    detail: format!(
-                        "target pod {} exited (code {}) before it was Ready",
-                        s.name, t.exit_code
-                    ),
-                })
-            })
-        })
+        .wait_for(name, deadline, cancel, target_ready_check)
         .await
     {
         Wait::Done(r) => r,
         Wait::Cancelled => Err(interrupted("waiting for the target to be Ready")),
-        Wait::TimedOut => Err(timeout_ending(
+        Wait::TimedOut => settle_timeout(
+            env,
             PodRole::Target,
-            env.watch.snapshot(name).as_ref(),
+            name,
+            started,
             waited,
-        )),
+            target_ready_check,
+        )
+        .await
+        .and_then(|r| r),
     }
+}
+
+/// What ends the wait for a target: Ready with an IP (`Ok(ip)`), or a problem
+/// ([`pod_ending`]) or an exit before Ready (`Err`). `None`: keep waiting.
+fn target_ready_check(s: Option<&PodState>) -> Option<Result<String, Ending>> {
+    let s = s?;
+    if let (Some(_), Some(ip)) = (s.ready, &s.ip) {
+        return Some(Ok(ip.clone()));
+    }
+    if let Some(e) = pod_ending(PodRole::Target, s, std::time::Instant::now()) {
+        return Some(Err(e));
+    }
+    s.terminated.as_ref().map(|t| {
+        Err(Ending::Aborted {
+            reason: Reason::ContainerFailed,
+            detail: format!(
+                "target pod {} exited (code {}) before it was Ready",
+                s.name, t.exit_code
+            ),
+        })
+    })
+}
+
+/// What ends the wait for a source: its termination, or a problem ([`pod_ending`]).
+fn source_done_check(s: Option<&PodState>) -> Option<Ending> {
+    let s = s?;
+    if s.terminated.is_some() {
+        return Some(Ending::SourceTerminated);
+    }
+    pod_ending(PodRole::Source, s, std::time::Instant::now())
+}
+
+/// After a wait on `name` ran out of time: one GET of the pod (bounded by
+/// [`FINAL_GET_TIMEOUT`]) is fed into the tracker, so an update the watch missed still
+/// counts, and `check` decides again. Otherwise the ending is [`api_trouble_ending`]
+/// when the GET failed or the watch reported trouble since `started`
+/// ([`PodWatch::trouble_since`]), else [`timeout_ending`]. Returns `Ok(value)` when
+/// `check` decided, `Err(ending)` otherwise.
+async fn settle_timeout<T>(
+    env: &ProbeEnv,
+    role: PodRole,
+    name: &str,
+    started: std::time::Instant,
+    waited: Duration,
+    mut check: impl FnMut(Option<&PodState>) -> Option<T>,
+) -> Result<T, Ending> {
+    let mut trouble = None;
+    match tokio::time::timeout(FINAL_GET_TIMEOUT, env.pods.get_opt(name)).await {
+        Ok(Ok(Some(pod))) => {
+            let now = std::time::Instant::now();
+            env.watch.with_tracker(|t| t.apply(&pod, now));
+        }
+        Ok(Ok(None)) => {}
+        Ok(Err(e)) => {
+            let ns = &env.pod_config.namespace;
+            trouble =
+                Some(Error::from_kube(e, &env.url, "get", format!("pod {ns}/{name}")).to_string());
+        }
+        Err(_) => {
+            trouble = Some(format!(
+                "get pod {name} at {} timed out after {}s",
+                env.url,
+                FINAL_GET_TIMEOUT.as_secs()
+            ))
+        }
+    }
+    let state = env.watch.snapshot(name);
+    if let Some(v) = check(state.as_ref()) {
+        return Ok(v);
+    }
+    let trouble = trouble.or_else(|| {
+        env.watch
+            .trouble_since(started)
+            .map(|e| format!("pod watch failed: {e}"))
+    });
+    Err(match trouble {
+        Some(t) => api_trouble_ending(role, state.as_ref(), waited, &t),
+        None => timeout_ending(role, state.as_ref(), waited),
+    })
 }
 
 fn services_api(env: &ProbeEnv) -> Api<Service> {
@@ -715,25 +867,29 @@ async fn lifecycle(
         return e;
     }
     let waited = cfg.give_up + cfg.hold + SOURCE_FINISH_MARGIN;
+    let started = std::time::Instant::now();
     let deadline = Instant::now() + waited;
     match env
         .watch
-        .wait_for(&s_name, deadline, cancel, |s| {
-            let s = s?;
-            if s.terminated.is_some() {
-                return Some(Ending::SourceTerminated);
-            }
-            problem_ending(PodRole::Source, s)
-        })
+        .wait_for(&s_name, deadline, cancel, source_done_check)
         .await
     {
         Wait::Done(e) => e,
         Wait::Cancelled => interrupted("the source was measuring"),
-        Wait::TimedOut => timeout_ending(
-            PodRole::Source,
-            env.watch.snapshot(&s_name).as_ref(),
-            waited,
-        ),
+        Wait::TimedOut => {
+            match settle_timeout(
+                env,
+                PodRole::Source,
+                &s_name,
+                started,
+                waited,
+                source_done_check,
+            )
+            .await
+            {
+                Ok(e) | Err(e) => e,
+            }
+        }
     }
 }
 
@@ -1009,6 +1165,101 @@ mod tests {
             reason(&timeout_ending(PodRole::Target, None, d)),
             Some(Reason::ApiError)
         );
+    }
+
+    fn unschedulable_since(since: std::time::Instant) -> PodState {
+        state(|s| {
+            s.unschedulable = Some(Problem {
+                kind: ProblemKind::Unschedulable,
+                reason: "Unschedulable".into(),
+                message: "0/3 nodes are available: 3 node(s) were unschedulable".into(),
+                since,
+            })
+        })
+    }
+
+    #[test]
+    fn unschedulable_pod_is_recorded_after_the_grace_not_after_give_up() {
+        let t0 = std::time::Instant::now();
+        let grace = UNSCHEDULABLE_GRACE;
+        for role in [PodRole::Target, PodRole::Source] {
+            let s = unschedulable_since(t0);
+            // Within the grace the scheduler may still place it.
+            assert_eq!(unschedulable_ending(role, &s, t0 + grace / 2, grace), None);
+            let e = unschedulable_ending(role, &s, t0 + grace, grace).expect("after grace");
+            assert_eq!(reason(&e), Some(Reason::Unschedulable));
+            assert!(
+                matches!(&e, Ending::Aborted { detail, .. } if detail.contains("3 node(s) were unschedulable")),
+                "{e:?}"
+            );
+            // The condition flipped: scheduled now.
+            let mut placed = s.clone();
+            placed.scheduled = Some(t0 + grace / 2);
+            assert_eq!(
+                unschedulable_ending(role, &placed, t0 + grace * 2, grace),
+                None
+            );
+        }
+        // The grace is what the waits use: far below the default give-up (60 s).
+        assert!(UNSCHEDULABLE_GRACE <= Duration::from_secs(10));
+        let old = unschedulable_since(t0);
+        assert_eq!(
+            pod_ending(PodRole::Source, &old, t0 + UNSCHEDULABLE_GRACE)
+                .as_ref()
+                .and_then(reason),
+            Some(Reason::Unschedulable)
+        );
+        assert_eq!(
+            pod_ending(PodRole::Source, &unschedulable_since(t0), t0),
+            None
+        );
+        // An Unschedulable problem is never a container failure.
+        let mut p = state(|_| {});
+        p.problem = old.unschedulable.clone();
+        assert_eq!(
+            problem_ending(PodRole::Target, &p)
+                .as_ref()
+                .and_then(reason),
+            Some(Reason::Unschedulable)
+        );
+    }
+
+    #[test]
+    fn timeouts_while_the_api_failed_are_api_errors_not_pod_failures() {
+        let now = std::time::Instant::now();
+        let d = Duration::from_secs(41);
+        let trouble =
+            "cannot reach the Kubernetes API at https://10.0.0.1:6443/: connection refused";
+        let ready = state(|s| {
+            s.scheduled = Some(now);
+            s.running = Some(now);
+            s.ready = Some(now);
+        });
+        let running = state(|s| {
+            s.scheduled = Some(now);
+            s.running = Some(now);
+        });
+        let creating = state(|s| s.scheduled = Some(now));
+        // Without trouble these blame the pods…
+        assert_eq!(
+            reason(&timeout_ending(PodRole::Source, Some(&ready), d)),
+            Some(Reason::ContainerFailed)
+        );
+        // …with trouble every stage is an API error, keeping what was seen.
+        for (role, s) in [
+            (PodRole::Source, Some(&ready)),
+            (PodRole::Source, Some(&creating)),
+            (PodRole::Target, Some(&running)),
+            (PodRole::Target, None),
+        ] {
+            let e = api_trouble_ending(role, s, d, trouble);
+            assert_eq!(reason(&e), Some(Reason::ApiError), "{role:?} {s:?}");
+            assert!(
+                matches!(&e, Ending::Aborted { detail, .. } if detail.contains("connection refused") && detail.contains("last state seen")),
+                "{e:?}"
+            );
+        }
+        assert_eq!(Reason::ApiError.result(), ProbeResult::Inconclusive);
     }
 
     #[test]

@@ -1,0 +1,306 @@
+//! End-to-end robustness of `prober gate` on the testbed (real processes in netns):
+//! `--log-format json` on a real run (every stderr line one JSON object, progress
+//! events with structured fields), and the Kubernetes API failing the prober mid-run
+//! (`testbed api deny …` + `testbed api restart`, which breaks the running watch):
+//! probes in flight end `inconclusive`/`api_error` (not `container_failed`), or recover
+//! their real result when the pod itself is still readable, and the report is written.
+//!
+//! Needs root and the workspace binaries (`cargo build --workspace --bins`).
+
+mod common;
+
+use common::{Testbed, SERIAL};
+use serde_json::Value;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+use testbed::truth::TruthKind;
+
+/// Healthy dataplane (endpoints programmed after 100 ms).
+const FAULT: &str = "rules:\n  - nodes: {all: true}\n    program_delay: 100ms\n";
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn report_path(tb: &Testbed, name: &str) -> std::path::PathBuf {
+    tb.state.join(format!("robustness-{name}.json"))
+}
+
+/// `testbed exec -- prober gate ARGS…` as a child with piped output.
+fn spawn_gate(tb: &Testbed, args: &[&str]) -> Child {
+    let mut c: Command = tb.cmd();
+    c.arg("exec").arg("--").arg("prober").arg("gate").args(args);
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    c.spawn().expect("spawn the gate")
+}
+
+fn testbed_ok(tb: &Testbed, args: &[&str]) {
+    let out = tb.cmd().args(args).output().expect("testbed");
+    assert!(
+        out.status.success(),
+        "testbed {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Waits (≤ 30 s) until `n` probe source pods exist, so the gate is mid-run.
+fn wait_for_sources(tb: &Testbed, n: usize) {
+    let start = Instant::now();
+    loop {
+        let out = tb.exec(&[
+            "kubectl",
+            "get",
+            "pods",
+            "-n",
+            "firstpacket",
+            "-l",
+            "app.kubernetes.io/component=probe-source",
+            "-o",
+            "name",
+        ]);
+        let found = String::from_utf8_lossy(&out.stdout).lines().count();
+        if found >= n {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "only {found} of {n} source pods after 30s: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Denies the prober `verbs` on pods and restarts the API server, which ends the running
+/// watches: the prober's pod watch cannot come back.
+fn break_pod_watch(tb: &Testbed, verbs: &[&str]) {
+    for v in verbs {
+        testbed_ok(tb, &["api", "deny", v, "pods"]);
+    }
+    testbed_ok(tb, &["api", "restart"]);
+}
+
+fn finish(child: Child) -> Output {
+    child.wait_with_output().expect("gate output")
+}
+
+fn read_report(path: &std::path::Path, out: &Output) -> Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| {
+        panic!(
+            "no report ({e}); stdout:\n{}\nstderr:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    let value: Value = serde_json::from_str(&text).expect("report JSON");
+    let schema: Value =
+        serde_json::from_str(target_server::GATE_REPORT_SCHEMA).expect("schema json");
+    let validator = jsonschema::validator_for(&schema).expect("schema compiles");
+    let errors: Vec<String> = validator
+        .iter_errors(&value)
+        .map(|e| format!("{} at {}", e, e.instance_path()))
+        .collect();
+    assert!(errors.is_empty(), "schema violations: {errors:#?}");
+    value
+}
+
+fn probes(report: &Value) -> Vec<Value> {
+    report["probes"].as_array().cloned().unwrap_or_default()
+}
+
+#[test]
+fn json_log_format_makes_every_stderr_line_json_on_a_real_run() {
+    let _g = serial();
+    let tb = Testbed::up("robust-json", 3, FAULT, &[]);
+    let report = report_path(&tb, "json");
+    let out = tb.exec(&[
+        "prober",
+        "gate",
+        "--pairs",
+        "3",
+        "--hold",
+        "1s",
+        "--log-format",
+        "json",
+        "--report",
+        report.to_str().expect("path"),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    let lines: Vec<Value> = stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l:?}")))
+        .collect();
+    let done: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["fields"]["message"] == "probe done")
+        .collect();
+    assert_eq!(done.len(), 3, "{stderr}");
+    for d in &done {
+        let f = &d["fields"];
+        assert_eq!(f["result"], "success", "{d}");
+        assert!(
+            f["probe_id"].is_string() && f["src_node"].is_string(),
+            "{d}"
+        );
+        assert!(f["ttfp_seconds"].is_number(), "{d}");
+    }
+    assert!(lines.iter().any(|l| l["fields"]["seed"].is_number()));
+    assert!(lines
+        .iter()
+        .any(|l| l["fields"]["message"] == "report written"));
+    // The result stays human on stdout.
+    assert!(stdout.contains("verdict: PASS (exit 0)"), "{stdout}");
+    read_report(&report, &out);
+}
+
+#[test]
+fn api_gone_mid_run_ends_probes_as_api_error_and_still_reports() {
+    let _g = serial();
+    let tb = Testbed::up("robust-api", 3, FAULT, &[]);
+    let report = report_path(&tb, "api");
+    let child = spawn_gate(
+        &tb,
+        &[
+            "--pairs",
+            "3",
+            "--concurrency",
+            "3",
+            "--give-up",
+            "10s",
+            "--hold",
+            "8s",
+            "--timeout",
+            "3m",
+            "--report",
+            report.to_str().expect("path"),
+        ],
+    );
+    wait_for_sources(&tb, 3);
+    // The prober can neither watch, list nor read pods any more (deletes still work).
+    break_pod_watch(&tb, &["watch", "list", "get"]);
+    let out = finish(child);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(2), "{stdout}");
+    let v = read_report(&report, &out);
+    assert_eq!(v["verdict"], "inconclusive");
+    let ps = probes(&v);
+    assert_eq!(ps.len(), 3, "{stdout}");
+    for p in &ps {
+        assert_eq!(p["result"], "inconclusive", "{p}");
+        assert_eq!(p["reason"], "api_error", "{p}");
+        let detail = p["detail"].as_str().unwrap_or_default();
+        assert!(detail.contains("Kubernetes API failed"), "{detail}");
+        assert!(detail.contains("403"), "{detail}");
+    }
+    assert_eq!(v["summary"]["diagnosis"], "inconclusive");
+    let errors = v["errors"].to_string();
+    assert!(errors.contains("final cleanup"), "{errors}");
+    // Each probe still deleted its own pods (delete was not denied).
+    let truth = tb.truth();
+    for p in &ps {
+        for pod in [&p["source"]["pod"], &p["target"]["pod"]] {
+            let pod = pod.as_str().expect("pod name");
+            assert!(
+                truth
+                    .iter()
+                    .any(|e| e.event == TruthKind::PodDeleted && e.pod.as_deref() == Some(pod)),
+                "{pod} not deleted"
+            );
+        }
+    }
+}
+
+#[test]
+fn lost_watch_with_readable_pods_still_recovers_the_measurement() {
+    let _g = serial();
+    let tb = Testbed::up("robust-get", 3, FAULT, &[]);
+    let report = report_path(&tb, "get");
+    let child = spawn_gate(
+        &tb,
+        &[
+            "--pairs",
+            "3",
+            "--concurrency",
+            "3",
+            "--give-up",
+            "10s",
+            "--hold",
+            "8s",
+            "--timeout",
+            "3m",
+            "--report",
+            report.to_str().expect("path"),
+        ],
+    );
+    wait_for_sources(&tb, 3);
+    // The watch is gone for good, but a GET of a pod still works: at the deadline the
+    // prober reads the source's termination message itself.
+    break_pod_watch(&tb, &["watch", "list"]);
+    let out = finish(child);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let v = read_report(&report, &out);
+    let ps = probes(&v);
+    assert_eq!(ps.len(), 3, "{stdout}");
+    for p in &ps {
+        assert_eq!(p["result"], "success", "{p}");
+        assert!(p["ttfp_seconds"].is_number(), "{p}");
+    }
+    // The final cleanup could not list pods: a run error, so exit 2 (not a pass).
+    assert_eq!(out.status.code(), Some(2), "{stdout}");
+    assert!(v["errors"].to_string().contains("final cleanup"));
+}
+
+#[test]
+fn unschedulable_target_is_recorded_after_the_grace_not_after_give_up() {
+    let _g = serial();
+    let tb = Testbed::up("robust-unsched", 3, FAULT, &[]);
+    let report = report_path(&tb, "unsched");
+    let started = Instant::now();
+    let child = spawn_gate(
+        &tb,
+        &[
+            "--pairs",
+            "3",
+            "--concurrency",
+            "1",
+            "--hold",
+            "3s",
+            "--give-up",
+            "60s",
+            "--timeout",
+            "3m",
+            "--report",
+            report.to_str().expect("path"),
+        ],
+    );
+    // The first probe is under way; every later target finds all nodes cordoned
+    // (PodScheduled=False, Unschedulable).
+    wait_for_sources(&tb, 1);
+    for n in ["node-1", "node-2", "node-3"] {
+        testbed_ok(&tb, &["node", "cordon", n]);
+    }
+    let out = finish(child);
+    let elapsed = started.elapsed();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let v = read_report(&report, &out);
+    let ps = probes(&v);
+    let unsched: Vec<&Value> = ps
+        .iter()
+        .filter(|p| p["reason"] == "unschedulable")
+        .collect();
+    assert!(!unsched.is_empty(), "{stdout}");
+    for p in &unsched {
+        assert_eq!(p["result"], "inconclusive");
+        let detail = p["detail"].as_str().unwrap_or_default();
+        assert!(detail.contains("grace"), "{detail}");
+    }
+    // Each unschedulable probe took about the 10 s grace, not the 60 s give-up.
+    assert!(
+        elapsed < Duration::from_secs(55),
+        "run took {elapsed:?}:\n{stdout}"
+    );
+    // One probe passed, the rest measured nothing: not a healthy diagnosis.
+    assert_ne!(v["summary"]["diagnosis"], "healthy", "{stdout}");
+}
