@@ -72,14 +72,17 @@ pub enum Cmd {
         action: String,
         file: PathBuf,
     },
-    /// API server operations: `deny VERB RESOURCE` (answer 403 like missing RBAC; VERB
-    /// one of get, list, watch, create, update, patch, delete, deletecollection or `*`,
-    /// RESOURCE a plural like `pods` or `*`), `allow VERB RESOURCE` / `allow all` (undo),
+    /// API server operations: `deny VERB RESOURCE [-n NAMESPACE]` (answer 403 like
+    /// missing RBAC; VERB one of get, list, watch, create, update, patch, delete,
+    /// deletecollection or `*`; RESOURCE a plural like `pods`, a subresource like
+    /// `pods/proxy`, or `*`; without -n everywhere), `allow VERB RESOURCE [-n NAMESPACE]`
+    /// / `allow all` (undo),
     /// `expire-watches` (the next watch resume gets 410 Gone), `restart`, `stop` (every
     /// API connection refused; nodes, kubelets and pods keep running) and `start`.
     Api {
         #[arg(value_parser = ["restart", "deny", "allow", "expire-watches", "stop", "start"])]
         action: String,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         rest: Vec<String>,
     },
     /// Up (3 nodes, healthy profile) → `prober gate` → report → down.
@@ -125,7 +128,7 @@ pub struct UpArgs {
     /// `metricsBindAddress`, unreachable from off the node), `none` = no kube-proxy pods.
     #[arg(long, value_enum, default_value_t = crate::kube_proxy::MetricsBind::All)]
     pub kube_proxy_metrics: crate::kube_proxy::MetricsBind,
-    /// Seconds to wait for the cluster to be Ready.
+    /// How long to wait for every node to be Ready (humantime: `90s`, `2m`).
     #[arg(long, default_value = "90s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
 }
@@ -499,6 +502,23 @@ const API_VERBS: &[&str] = &[
     "*",
 ];
 
+/// `VERB RESOURCE [-n|--namespace NAMESPACE]` of `testbed api deny|allow`.
+fn parse_deny_args<'a>(
+    action: &str,
+    rest: &'a [String],
+) -> Result<(&'a str, &'a str, Option<&'a str>)> {
+    let (verb, resource, ns) = match rest {
+        [v, r] => (v, r, None),
+        [v, r, flag, ns] if flag == "-n" || flag == "--namespace" => (v, r, Some(ns.as_str())),
+        _ => bail!(
+            "usage: testbed api {action} VERB RESOURCE [-n NAMESPACE] (e.g. `testbed api {action} list pods -n kube-system`){}",
+            if action == "allow" { " | testbed api allow all" } else { "" }
+        ),
+    };
+    check_verb(verb)?;
+    Ok((verb.as_str(), resource.as_str(), ns))
+}
+
 fn check_verb(verb: &str) -> Result<()> {
     if API_VERBS.contains(&verb) {
         Ok(())
@@ -610,28 +630,24 @@ pub fn main_with(cli: Cli) -> Result<i32> {
         },
         Cmd::Fault { file, .. } => fault_set(&state, &file).map(|_| 0),
         Cmd::Api { action, rest } => match (action.as_str(), rest.as_slice()) {
-            ("deny", [verb, resource]) => {
-                check_verb(verb)?;
-                control(&state, &format!("api-deny {verb} {resource}"))?;
-                eprintln!("testbed: the API now answers {verb} {resource} with 403 Forbidden");
-                Ok(0)
-            }
-            ("deny", _) => {
-                bail!("usage: testbed api deny VERB RESOURCE (e.g. `testbed api deny create pods`)")
-            }
             ("allow", [all]) if all == "all" => {
                 control(&state, "api-allow-all")?;
                 eprintln!("testbed: every denied verb is allowed again");
                 Ok(0)
             }
-            ("allow", [verb, resource]) => {
-                check_verb(verb)?;
-                control(&state, &format!("api-allow {verb} {resource}"))?;
-                eprintln!("testbed: {verb} {resource} is allowed again");
+            (action @ ("deny" | "allow"), rest) => {
+                let (verb, resource, ns) = parse_deny_args(action, rest)?;
+                let scope = ns.map(|n| format!(" in namespace {n}")).unwrap_or_default();
+                let line = format!("api-{action} {verb} {resource} {}", ns.unwrap_or_default());
+                control(&state, line.trim_end())?;
+                if action == "deny" {
+                    eprintln!(
+                        "testbed: the API now answers {verb} {resource}{scope} with 403 Forbidden"
+                    );
+                } else {
+                    eprintln!("testbed: {verb} {resource}{scope} is allowed again");
+                }
                 Ok(0)
-            }
-            ("allow", _) => {
-                bail!("usage: testbed api allow VERB RESOURCE | testbed api allow all")
             }
             ("stop", []) => {
                 control(&state, "api-stop")?;

@@ -377,8 +377,8 @@ struct Control<'a> {
 
 /// Serves one control connection: one command line, one answer line (`ok …` or
 /// `error …`). Returns true on `shutdown`. Commands: `shutdown`, `fault-set PATH`,
-/// `node-stop NODE`, `node-start NODE`, `api-deny VERB RESOURCE`, `api-allow VERB
-/// RESOURCE`, `api-allow-all`, `api-expire-watches`, `api-restart`, `api-stop`,
+/// `node-stop NODE`, `node-start NODE`, `api-deny VERB RESOURCE [NAMESPACE]`,
+/// `api-allow VERB RESOURCE [NAMESPACE]`, `api-allow-all`, `api-expire-watches`, `api-restart`, `api-stop`,
 /// `api-start`.
 async fn handle_control(stream: tokio::net::UnixStream, c: &mut Control<'_>) -> bool {
     let (r, mut w) = stream.into_split();
@@ -395,15 +395,22 @@ async fn handle_control(stream: tokio::net::UnixStream, c: &mut Control<'_>) -> 
         ),
         ["node-stop", node] => (set_node_stopped(c, node, true), false),
         ["node-start", node] => (set_node_stopped(c, node, false), false),
-        ["api-deny", verb, resource] => {
-            c.store.deny(verb, resource);
+        ["api-deny", verb, resource, ns @ ..] if ns.len() <= 1 => {
+            c.store.deny_in(verb, resource, ns.first().copied());
             ("ok".to_string(), false)
         }
-        ["api-allow", verb, resource] => {
-            if c.store.allow(verb, resource) {
+        ["api-allow", verb, resource, ns @ ..] if ns.len() <= 1 => {
+            if c.store.allow_in(verb, resource, ns.first().copied()) {
                 ("ok".to_string(), false)
             } else {
-                (format!("error {verb} {resource} was not denied"), false)
+                let scope = ns
+                    .first()
+                    .map(|n| format!(" in namespace {n}"))
+                    .unwrap_or_default();
+                (
+                    format!("error {verb} {resource}{scope} was not denied"),
+                    false,
+                )
             }
         }
         ["api-allow-all"] => {

@@ -781,6 +781,38 @@ fn api_and_fault_commands_work_through_the_cli_and_reject_typos() {
     assert!(api(&["deny", "*", "pods"]).status.success());
     assert!(api(&["allow", "all"]).status.success());
     kubectl(&tb, &["get", "pods", "-A"]);
+    // A RoleBinding's reach: denied in kube-system only.
+    assert!(api(&["deny", "list", "pods", "-n", "kube-system"])
+        .status
+        .success());
+    let out = tb.exec(&["kubectl", "get", "pods", "-n", "kube-system"]);
+    assert!(!out.status.success());
+    kubectl(&tb, &["get", "pods", "-n", "default"]);
+    assert!(api(&["allow", "list", "pods", "-n", "kube-system"])
+        .status
+        .success());
+    kubectl(&tb, &["get", "pods", "-n", "kube-system"]);
+    // As in RBAC, a subresource is its own resource.
+    assert!(api(&["deny", "get", "pods/proxy"]).status.success());
+    let raw = "/api/v1/namespaces/kube-system/pods/calico-node-node-1:9091/proxy/metrics";
+    let out = tb.exec(&["kubectl", "get", "--raw", raw]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("Forbidden"), "{err}");
+    kubectl(
+        &tb,
+        &["get", "pod", "-n", "kube-system", "calico-node-node-1"],
+    );
+    assert!(api(&["allow", "get", "pods/proxy"]).status.success());
+    assert!(kubectl(&tb, &["get", "--raw", raw]).contains("felix_int_dataplane_failures"));
+    // Selectors a real API server rejects are rejected.
+    let out = tb.exec(&["kubectl", "get", "pods", "-A", "-l", "a=b=c"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("unable to parse requirement"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     let fault = tb.state.join("typo.yaml");
     std::fs::write(

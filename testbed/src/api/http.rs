@@ -174,7 +174,9 @@ fn verb_of(method: &Method, target: &Target, params: &Params) -> &'static str {
     }
 }
 
-fn forbidden(kind: Kind, name: &str, verb: &str, ns: Option<&str>) -> ApiError {
+/// 403 as kube-apiserver's RBAC authorizer words it (`resource` is the plural or
+/// `plural/subresource`, e.g. `pods/proxy`).
+fn forbidden(kind: Kind, name: &str, verb: &str, resource: &str, ns: Option<&str>) -> ApiError {
     let scope = match ns {
         Some(ns) => format!("in the namespace \"{ns}\""),
         None => "at the cluster scope".to_string(),
@@ -183,8 +185,7 @@ fn forbidden(kind: Kind, name: &str, verb: &str, ns: Option<&str>) -> ApiError {
         kind,
         name,
         &format!(
-            "User \"system:anonymous\" cannot {verb} resource \"{}\" in API group \"{}\" {scope}",
-            kind.plural(),
+            "User \"system:anonymous\" cannot {verb} resource \"{resource}\" in API group \"{}\" {scope}",
             kind.group()
         ),
     )
@@ -253,8 +254,8 @@ async fn handle(
             .map(|v| json_response(200, &v))
             .ok_or_else(ApiError::no_route),
         Target::Collection { kind, ns } => {
-            if store.is_denied(verb, kind.plural()) {
-                return Err(forbidden(*kind, "", verb, ns.as_deref()));
+            if store.is_denied(verb, kind.plural(), ns.as_deref()) {
+                return Err(forbidden(*kind, "", verb, kind.plural(), ns.as_deref()));
             }
             match *method {
                 Method::GET => {
@@ -275,8 +276,8 @@ async fn handle(
                 Some(s) => format!("{}/{s}", kind.plural()),
                 None => kind.plural().to_string(),
             };
-            if store.is_denied(verb, &resource) || store.is_denied(verb, kind.plural()) {
-                return Err(forbidden(*kind, name, verb, ns.as_deref()));
+            if store.is_denied(verb, &resource, ns.as_deref()) {
+                return Err(forbidden(*kind, name, verb, &resource, ns.as_deref()));
             }
             let ns = ns.as_deref();
             match (sub.as_deref(), method) {

@@ -63,10 +63,85 @@ fn parse_set(rest: &str, whole: &str) -> Result<Vec<String>, ApiError> {
         .collect())
 }
 
+/// Whether `s` is a label name part: 1–63 characters, alphanumerics, `-`, `_`, `.`,
+/// starting and ending with an alphanumeric (apimachinery `validation.IsQualifiedName`).
+fn is_name_part(s: &str) -> bool {
+    let ok_ends = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    !s.is_empty()
+        && s.len() <= 63
+        && ok_ends(s.chars().next())
+        && ok_ends(s.chars().last())
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+}
+
+/// Whether `s` is a DNS-1123 subdomain (a label key's optional prefix): ≤ 253
+/// characters, lowercase alphanumerics, `-` and `.`, alphanumeric at both ends.
+fn is_dns_subdomain(s: &str) -> bool {
+    let ok_ends = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    !s.is_empty()
+        && s.len() <= 253
+        && ok_ends(s.chars().next())
+        && ok_ends(s.chars().last())
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "-.".contains(c))
+}
+
+/// Checks a label key (`[prefix/]name`) as kube-apiserver does; the error text follows
+/// apimachinery's `validation.IsQualifiedName` messages.
+fn check_key(whole: &str, key: &str) -> Result<(), ApiError> {
+    let (prefix, name) = match key.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    if prefix.is_some_and(|p| !is_dns_subdomain(p)) {
+        return Err(bad_label(
+            whole,
+            &format!("key: Invalid value: \"{key}\": prefix part a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"),
+        ));
+    }
+    if !is_name_part(name) {
+        return Err(bad_label(
+            whole,
+            &format!("key: Invalid value: \"{key}\": name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a label value (empty, or a name part) as kube-apiserver does
+/// (apimachinery `validation.IsValidLabelValue`).
+fn check_value(whole: &str, key: &str, i: usize, value: &str) -> Result<(), ApiError> {
+    if value.is_empty() || is_name_part(value) {
+        return Ok(());
+    }
+    Err(bad_label(
+        whole,
+        &format!("values[{i}][{key}]: Invalid value: \"{value}\": a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')"),
+    ))
+}
+
 impl LabelSelector {
     /// Parses `labelSelector` syntax: comma-joined `k=v`, `k==v`, `k!=v`,
-    /// `k in (a,b)`, `k notin (a,b)`, `k`, `!k`. Errors: 400 BadRequest.
+    /// `k in (a,b)`, `k notin (a,b)`, `k`, `!k`; keys and values must be valid label
+    /// syntax. Errors: 400 BadRequest ("unable to parse requirement: …").
     pub fn parse(s: &str) -> Result<LabelSelector, ApiError> {
+        let sel = Self::parse_terms(s)?;
+        for r in &sel.0 {
+            match r {
+                LabelReq::In(k, vs) | LabelReq::NotIn(k, vs) => {
+                    check_key(s, k)?;
+                    for (i, v) in vs.iter().enumerate() {
+                        check_value(s, k, i, v)?;
+                    }
+                }
+                LabelReq::Exists(k) | LabelReq::DoesNotExist(k) => check_key(s, k)?,
+            }
+        }
+        Ok(sel)
+    }
+
+    fn parse_terms(s: &str) -> Result<LabelSelector, ApiError> {
         let mut reqs = Vec::new();
         if s.trim().is_empty() {
             return Ok(LabelSelector(reqs));
@@ -325,5 +400,47 @@ mod tests {
         let e = FieldSelector::parse("spec.foo=1", Kind::Pod).unwrap_err();
         assert_eq!(e.code, 400);
         assert!(e.message.contains("field label not supported: spec.foo"));
+    }
+
+    #[test]
+    fn label_selectors_with_invalid_keys_or_values_are_rejected_like_the_apiserver() {
+        for bad in [
+            "a=b=c",
+            "!!x",
+            "-a=b",
+            "a=b-",
+            "Foo/bar=x",
+            &format!("k={}", "v".repeat(64)),
+        ] {
+            let e = LabelSelector::parse(bad).unwrap_err();
+            assert_eq!(e.code, 400, "{bad}");
+            assert!(
+                e.message.starts_with("unable to parse requirement: "),
+                "{bad}: {}",
+                e.message
+            );
+        }
+        let e = LabelSelector::parse("a=b=c").unwrap_err();
+        assert!(
+            e.message.contains("values[0][a]: Invalid value: \"b=c\""),
+            "{}",
+            e.message
+        );
+        let e = LabelSelector::parse("!!x").unwrap_err();
+        assert!(
+            e.message.contains("key: Invalid value: \"!x\""),
+            "{}",
+            e.message
+        );
+        for good in [
+            "app.kubernetes.io/name=firstpacket",
+            "k8s-app",
+            "!k8s-app",
+            "a in (x, y_z)",
+            "a=",
+            "tier notin (a.b)",
+        ] {
+            assert!(LabelSelector::parse(good).is_ok(), "{good}");
+        }
     }
 }

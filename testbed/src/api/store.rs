@@ -297,7 +297,8 @@ pub struct Store {
     tx: broadcast::Sender<StoreEvent>,
     history_cap: usize,
     expire: tokio::sync::watch::Sender<u64>,
-    denied: Mutex<HashSet<(String, String)>>,
+    /// (verb, resource, namespace or "" for everywhere) of [`Store::deny_in`].
+    denied: Mutex<HashSet<(String, String, String)>>,
     log_source: RwLock<Option<Arc<dyn LogSource>>>,
     proxy_source: RwLock<Option<Arc<dyn ProxySource>>>,
     service_cidr: RwLock<crate::plan::Ipv4Cidr>,
@@ -1577,22 +1578,37 @@ impl Store {
     }
 
     /// Makes the HTTP front end answer `verb` (`get`, `list`, `watch`, `create`,
-    /// `update`, `patch`, `delete`) on `resource` (plural, e.g. `pods`; `*` for all)
-    /// with 403 Forbidden, like missing RBAC (`testbed api deny VERB RESOURCE`).
+    /// `update`, `patch`, `delete`, `deletecollection`; `*` for all) on `resource`
+    /// (plural, e.g. `pods`, or a subresource such as `pods/proxy`; `*` for all) with 403
+    /// Forbidden, like missing RBAC (`testbed api deny VERB RESOURCE`), in every
+    /// namespace and at the cluster scope. As in RBAC, `pods` does not cover `pods/proxy`
+    /// or `pods/log`: each subresource is its own resource.
     pub fn deny(&self, verb: &str, resource: &str) {
+        self.deny_in(verb, resource, None);
+    }
+
+    /// [`Store::deny`] limited to `namespace` when given (a RoleBinding's reach; `None`:
+    /// everywhere, a ClusterRoleBinding's).
+    pub fn deny_in(&self, verb: &str, resource: &str, namespace: Option<&str>) {
         self.denied
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert((verb.to_string(), resource.to_string()));
+            .insert(deny_key(verb, resource, namespace));
     }
 
     /// Lifts one [`Store::deny`] (the same `verb` and `resource` strings); true when it
     /// was in force.
     pub fn allow(&self, verb: &str, resource: &str) -> bool {
+        self.allow_in(verb, resource, None)
+    }
+
+    /// Lifts one [`Store::deny_in`] (the same strings and namespace); true when it was in
+    /// force.
+    pub fn allow_in(&self, verb: &str, resource: &str, namespace: Option<&str>) -> bool {
         self.denied
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(&(verb.to_string(), resource.to_string()))
+            .remove(&deny_key(verb, resource, namespace))
     }
 
     /// Lifts every [`Store::deny`].
@@ -1603,12 +1619,20 @@ impl Store {
             .clear();
     }
 
-    /// Whether `verb` on `resource` is denied.
-    pub fn is_denied(&self, verb: &str, resource: &str) -> bool {
+    /// Whether `verb` on `resource` (exactly: `pods/proxy` is not `pods`) is denied in
+    /// `namespace` (`None`: a cluster-scoped request or one across all namespaces, which
+    /// only an everywhere-deny covers).
+    pub fn is_denied(&self, verb: &str, resource: &str, namespace: Option<&str>) -> bool {
         let d = self.denied.lock().unwrap_or_else(|e| e.into_inner());
-        d.contains(&(verb.to_string(), resource.to_string()))
-            || d.contains(&(verb.to_string(), "*".to_string()))
-            || d.contains(&("*".to_string(), resource.to_string()))
+        let scopes: &[Option<&str>] = match namespace {
+            Some(ns) => &[None, Some(ns)],
+            None => &[None],
+        };
+        scopes.iter().any(|&ns| {
+            [(verb, resource), (verb, "*"), ("*", resource), ("*", "*")]
+                .iter()
+                .any(|(v, r)| d.contains(&deny_key(v, r, ns)))
+        })
     }
 
     /// Registers the source of `pods/NAME/log`.
@@ -1665,6 +1689,15 @@ fn events_since_locked(g: &Inner, since: u64) -> Result<Vec<StoreEvent>, ApiErro
         ));
     }
     Ok(g.history.iter().filter(|e| e.rv > since).cloned().collect())
+}
+
+/// Key of one deny: (verb, resource, namespace or "" for everywhere).
+fn deny_key(verb: &str, resource: &str, namespace: Option<&str>) -> (String, String, String) {
+    (
+        verb.to_owned(),
+        resource.to_owned(),
+        namespace.unwrap_or_default().to_owned(),
+    )
 }
 
 #[cfg(test)]
