@@ -57,8 +57,20 @@ pub enum AgentScrape {
     Direct,
     /// Through the API server's pod proxy.
     Proxy,
-    /// Direct when in-cluster, else proxy.
+    /// Direct first; per node and agent profile, the API server's pod proxy once the
+    /// direct path fails (remembered for the rest of the run).
     Auto,
+}
+
+impl AgentScrape {
+    /// The flag value, also the report's `agents.scrape_mode`: `direct`, `proxy`, `auto`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentScrape::Direct => "direct",
+            AgentScrape::Proxy => "proxy",
+            AgentScrape::Auto => "auto",
+        }
+    }
 }
 
 const ABOUT: &str = "firstpacket prober: time to first packet (TTFP) between brand-new pods";
@@ -108,7 +120,14 @@ far got no answer while the same_node controls passed (diagnosis cross_node_brok
 
 Results: success (TTFP <= --slow-threshold), slow, failed (network: no success, lost
 after success, never Ready, wrong peer) and inconclusive (not the network's fault:
-unschedulable, image pull, container failed, API error, interrupted).";
+unschedulable, image pull, container failed, API error, interrupted).
+
+Node-agent correlation: the metrics of the node agents (Calico Felix, Cilium,
+kube-proxy, aws-node; --agent-config, --agent-scrape) on the probes' nodes are scraped
+before and after each probe. Findings appear as suspects on slow/failed probes and as
+warnings otherwise; agent trouble alone never fails the gate. The report's agents
+object and the \"node agents\" line of the output say which agents were found and
+scraped (or that correlation is off).";
 
 const GATE_AFTER_HELP: &str = "\
 Exit codes:
@@ -210,7 +229,11 @@ pub struct ProbeArgs {
     #[arg(long, env = "FIRSTPACKET_GROUP_BY_LABEL", value_delimiter = ',')]
     pub group_by_label: Vec<String>,
 
-    /// How to scrape node agents' metrics (DESIGN §3): direct, API-server proxy, or auto.
+    /// How to scrape node agents' metrics (DESIGN §3): direct = GET
+    /// http://<hostIP>:<port>/metrics (needs the pod network, e.g. in-cluster); proxy =
+    /// through the API server's pod proxy (/api/v1/namespaces/NS/pods/NAME:PORT/proxy/metrics);
+    /// auto = direct first and, per node and agent profile, the proxy once the direct path
+    /// fails (remembered for the rest of the run).
     #[arg(
         long,
         env = "FIRSTPACKET_AGENT_SCRAPE",
@@ -219,14 +242,16 @@ pub struct ProbeArgs {
     )]
     pub agent_scrape: AgentScrape,
 
-    /// Node-agent profiles file (YAML or JSON; adds, replaces or disables the built-in
-    /// calico-felix, cilium-agent, kube-proxy and aws-node profiles; schema in
-    /// `prober::agents::profiles`). Without it the built-ins are used.
+    /// Node-agent profiles file (YAML or JSON: `profiles:` adds or replaces, `disable:`
+    /// drops the built-in calico-felix, cilium-agent, kube-proxy and aws-node profiles;
+    /// schema in prober/src/agents/profiles.rs and the README section "Node-agent
+    /// metrics"). Without it the built-ins are used.
     #[arg(long, env = "FIRSTPACKET_AGENT_CONFIG")]
     pub agent_config: Option<std::path::PathBuf>,
 
-    /// Log format on stderr (filter with RUST_LOG, default info): plain lines, or one JSON
-    /// object per line for everything on stderr (seed, progress, notices, errors).
+    /// Log format on stderr: plain lines (progress, notices, warnings), or one JSON
+    /// object per line for everything on stderr (seed, progress, notices, errors, info
+    /// events). Filter with RUST_LOG (e.g. `RUST_LOG=info` for plain info events).
     /// stdout keeps the human result table either way.
     #[arg(
         long,
@@ -244,7 +269,8 @@ pub struct GateArgs {
     #[command(flatten)]
     pub probe: ProbeArgs,
 
-    /// Number of probes [default: one per eligible node].
+    /// Probes per kind: N probes of each kind in --kinds (--kinds a,b → 2N probes)
+    /// [default: one per eligible node, per kind].
     #[arg(long, env = "FIRSTPACKET_PAIRS", value_parser = clap::value_parser!(u32).range(1..))]
     pub pairs: Option<u32>,
 
@@ -441,5 +467,40 @@ mod tests {
         assert!(help.contains("TTFP"));
         assert!(help.contains("Exit codes"));
         assert!(help.contains("FIRSTPACKET_MAX_TTFP"));
+    }
+
+    /// Findings of a new-user test: the help must say what the flags really do.
+    #[test]
+    fn gate_help_describes_agent_scrape_fallback_pairs_per_kind_and_correlation() {
+        let mut cmd = Cli::command();
+        let gate = cmd.find_subcommand_mut("gate").expect("gate");
+        // Collapse clap's line wrapping so phrases can be matched.
+        let help = gate
+            .render_long_help()
+            .to_string()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert!(!help.contains("in-cluster, else proxy"), "{help}");
+        assert!(help.contains("per node and agent profile"), "{help}");
+        assert!(
+            help.contains("remembered for the rest of the run"),
+            "{help}"
+        );
+        assert!(help.contains("Probes per kind"), "{help}");
+        assert!(help.contains("2N probes"), "{help}");
+        assert!(help.contains("prober/src/agents/profiles.rs"), "{help}");
+        assert!(help.contains("Node-agent metrics"), "{help}");
+        assert!(!help.contains("prober::agents::profiles"), "{help}");
+        assert!(help.contains("Node-agent correlation"), "{help}");
+        assert!(help.contains("suspects on slow/failed probes"), "{help}");
+        assert!(help.contains("never fails the gate"), "{help}");
+    }
+
+    #[test]
+    fn agent_scrape_modes_have_report_strings() {
+        assert_eq!(AgentScrape::Auto.as_str(), "auto");
+        assert_eq!(AgentScrape::Direct.as_str(), "direct");
+        assert_eq!(AgentScrape::Proxy.as_str(), "proxy");
     }
 }

@@ -512,7 +512,145 @@ pub fn build_report(
         errors: inputs.errors,
         stopped_early: inputs.stopped_early,
         skipped_nodes: inputs.skipped_nodes,
+        agents: None,
     }
+}
+
+/// What a gate run knows about its node-agent scrapes at the end, gathered from the
+/// `crate::agents::scrape::AgentWatcher` (discovery index, scrape counts, observation
+/// history, proxy fallbacks). Input of [`agents_report`]; plain data so the summary is
+/// tested without I/O.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AgentScrapeFacts {
+    /// `--agent-scrape` as given (`auto`, `direct`, `proxy`).
+    pub scrape_mode: String,
+    /// Enabled profiles, in configuration order (empty: correlation off).
+    pub profiles: Vec<String>,
+    /// Discovered agent pods as (profile, node).
+    pub agents: Vec<(String, String)>,
+    /// Scrapes by (profile, result) for the whole run; `result` is `ok` or a failure
+    /// reason (`AgentWatcher::scrape_counts`).
+    pub counts: BTreeMap<(String, String), u64>,
+    /// Per (profile, node) in the kept observation history: (successful, failed) scrapes.
+    pub node_outcomes: BTreeMap<(String, String), (u64, u64)>,
+    /// (profile, node) pairs that went over to the API server's pod proxy (auto mode).
+    pub via_proxy: Vec<(String, String)>,
+}
+
+/// The report's `agents` object from [`AgentScrapeFacts`] (pure). One entry per enabled
+/// profile (and any other profile that shows up in the facts), with zero counts for a
+/// profile whose agent was not found.
+pub fn agents_report(f: &AgentScrapeFacts) -> target_server::report::AgentsReport {
+    use target_server::report::{AgentProfileReport, AgentsReport};
+    let mut profiles: BTreeMap<String, AgentProfileReport> = f
+        .profiles
+        .iter()
+        .map(|p| (p.clone(), AgentProfileReport::default()))
+        .collect();
+    let mut nodes: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for (p, n) in &f.agents {
+        nodes.entry(p.as_str()).or_default().insert(n.as_str());
+        profiles.entry(p.clone()).or_default();
+    }
+    for (p, set) in &nodes {
+        if let Some(r) = profiles.get_mut(*p) {
+            r.nodes_with_agent = set.len() as u64;
+        }
+    }
+    for ((p, result), n) in &f.counts {
+        let r = profiles.entry(p.clone()).or_default();
+        if result == "ok" {
+            r.scrapes_ok += n;
+        } else {
+            r.scrapes_failed += n;
+            *r.failures.entry(result.clone()).or_default() += n;
+        }
+    }
+    for ((p, _node), (ok, failed)) in &f.node_outcomes {
+        let r = profiles.entry(p.clone()).or_default();
+        if ok + failed > 0 {
+            r.nodes_scraped += 1;
+        }
+        if *ok > 0 {
+            r.nodes_ok += 1;
+        }
+    }
+    let proxied: BTreeSet<&(String, String)> = f.via_proxy.iter().collect();
+    for (p, _node) in proxied {
+        profiles.entry(p.clone()).or_default().nodes_via_proxy += 1;
+    }
+    AgentsReport {
+        scrape_mode: f.scrape_mode.clone(),
+        profiles,
+    }
+}
+
+/// Whether a scrape failure reason means an unreadable page (`agent_bad_metrics`) rather
+/// than an unreachable agent; the same split as `crate::agents::scrape::ScrapeError::signal`.
+fn is_bad_metrics_reason(reason: &str) -> bool {
+    matches!(
+        reason,
+        "too_large" | "not_utf8" | "parse" | "no_signal_metrics"
+    )
+}
+
+/// The one-line text summary of the report's `agents` object, printed after the
+/// warnings, e.g. `node agents (scrape auto): calico-felix 3/3 nodes scraped ok;
+/// kube-proxy 0/3 nodes scraped ok (6 failed scrapes: unreachable: connect); not found:
+/// aws-node, cilium-agent`. `x/y` = nodes with a successful scrape / nodes scraped.
+pub fn agents_line(r: &target_server::report::AgentsReport) -> String {
+    let head = format!("node agents (scrape {})", r.scrape_mode);
+    if r.profiles.is_empty() {
+        return format!("{head}: correlation off (every agent profile disabled)");
+    }
+    let mut parts = Vec::new();
+    let mut not_found = Vec::new();
+    for (name, p) in &r.profiles {
+        if p.nodes_with_agent == 0 && p.scrapes_ok + p.scrapes_failed == 0 {
+            not_found.push(name.as_str());
+            continue;
+        }
+        let mut s = format!("{name} {}/{} nodes scraped ok", p.nodes_ok, p.nodes_scraped);
+        if p.nodes_with_agent > p.nodes_scraped {
+            let _ = write!(
+                s,
+                ", {} other node(s) with an agent not scraped",
+                p.nodes_with_agent - p.nodes_scraped
+            );
+        }
+        if p.nodes_via_proxy > 0 {
+            let _ = write!(s, ", {} via the API server's pod proxy", p.nodes_via_proxy);
+        }
+        if p.scrapes_failed > 0 {
+            let (bad, unreachable): (Vec<&String>, Vec<&String>) =
+                p.failures.keys().partition(|k| is_bad_metrics_reason(k));
+            let mut kinds = Vec::new();
+            for (label, reasons) in [("unreachable", unreachable), ("bad metrics", bad)] {
+                if !reasons.is_empty() {
+                    let rs: Vec<&str> = reasons.iter().map(|r| r.as_str()).collect();
+                    kinds.push(format!("{label}: {}", rs.join(", ")));
+                }
+            }
+            let _ = write!(
+                s,
+                " ({} failed scrape(s): {})",
+                p.scrapes_failed,
+                kinds.join("; ")
+            );
+        }
+        parts.push(s);
+    }
+    if parts.is_empty() {
+        return format!(
+            "{head}: no agent pods found (searched {})",
+            not_found.join(", ")
+        );
+    }
+    let mut line = format!("{head}: {}", parts.join("; "));
+    if !not_found.is_empty() {
+        let _ = write!(line, "; not found: {}", not_found.join(", "));
+    }
+    line
 }
 
 /// `0.31s`, or `-` when absent.
@@ -678,6 +816,9 @@ pub fn render_text(report: &GateReport, group_by: &[String]) -> String {
     }
 
     out.push_str(&render_agent_findings(report));
+    if let Some(a) = &report.agents {
+        let _ = writeln!(out, "\n{}", agents_line(a));
+    }
 
     let mut header = vec!["NODE".to_string()];
     header.extend(group_by.iter().map(|k| k.to_uppercase()));
@@ -748,8 +889,11 @@ pub fn evidence_line(evidence: &serde_json::Value) -> String {
         "pod_uid_changed",
         "counter_decreased",
         "window_seconds",
+        "seconds_since_last_scrape",
         "reason",
         "profile",
+        "profiles",
+        "scrape_path",
         "seen_in_probes",
         "message",
     ];
@@ -803,6 +947,14 @@ pub fn render_agent_findings(report: &GateReport) -> String {
                 signal_str(w.signal),
                 evidence_line(&w.evidence)
             );
+            // A warning merged over several agent profiles: each profile's own story.
+            if let Some(by) = w.evidence.get("by_profile").and_then(|b| b.as_object()) {
+                if by.len() > 1 {
+                    for (profile, ev) in by {
+                        let _ = writeln!(out, "      {profile}: {}", evidence_line(ev));
+                    }
+                }
+            }
         }
     }
     out
@@ -1311,5 +1463,190 @@ mod tests {
             },
         );
         assert_eq!(render_agent_findings(&empty), "");
+    }
+
+    fn facts() -> AgentScrapeFacts {
+        let pn = |p: &str, n: &str| (p.to_string(), n.to_string());
+        let mut counts = BTreeMap::new();
+        counts.insert(pn("calico-felix", "ok"), 9);
+        counts.insert(pn("kube-proxy", "connect"), 6);
+        counts.insert(pn("kube-proxy", "parse"), 1);
+        let mut node_outcomes = BTreeMap::new();
+        for n in ["n1", "n2", "n3"] {
+            node_outcomes.insert(pn("calico-felix", n), (3, 0));
+        }
+        node_outcomes.insert(pn("kube-proxy", "n1"), (0, 3));
+        node_outcomes.insert(pn("kube-proxy", "n2"), (0, 4));
+        AgentScrapeFacts {
+            scrape_mode: "auto".into(),
+            profiles: ["calico-felix", "cilium-agent", "kube-proxy", "aws-node"]
+                .map(String::from)
+                .to_vec(),
+            agents: vec![
+                pn("calico-felix", "n1"),
+                pn("calico-felix", "n2"),
+                pn("calico-felix", "n3"),
+                pn("kube-proxy", "n1"),
+                pn("kube-proxy", "n2"),
+                pn("kube-proxy", "n3"),
+                pn("kube-proxy", "n3"),
+            ],
+            counts,
+            node_outcomes,
+            via_proxy: vec![pn("calico-felix", "n2"), pn("calico-felix", "n2")],
+        }
+    }
+
+    #[test]
+    fn agents_report_counts_nodes_scrapes_and_failures_per_profile() {
+        let r = agents_report(&facts());
+        assert_eq!(r.scrape_mode, "auto");
+        assert_eq!(
+            r.profiles.keys().collect::<Vec<_>>(),
+            vec!["aws-node", "calico-felix", "cilium-agent", "kube-proxy"]
+        );
+        let felix = &r.profiles["calico-felix"];
+        assert_eq!(
+            (
+                felix.nodes_with_agent,
+                felix.scrapes_ok,
+                felix.scrapes_failed
+            ),
+            (3, 9, 0)
+        );
+        assert_eq!((felix.nodes_scraped, felix.nodes_ok), (3, 3));
+        assert_eq!(felix.nodes_via_proxy, 1, "one node counted once");
+        let kp = &r.profiles["kube-proxy"];
+        // Two pods of one profile on n3 still count one node.
+        assert_eq!(
+            (kp.nodes_with_agent, kp.scrapes_ok, kp.scrapes_failed),
+            (3, 0, 7)
+        );
+        assert_eq!((kp.nodes_scraped, kp.nodes_ok), (2, 0));
+        assert_eq!(kp.failures.get("connect"), Some(&6));
+        assert_eq!(kp.failures.get("parse"), Some(&1));
+        let aws = &r.profiles["aws-node"];
+        assert_eq!(aws, &target_server::report::AgentProfileReport::default());
+    }
+
+    #[test]
+    fn agents_line_names_each_profile_its_failures_and_the_missing_ones() {
+        let line = agents_line(&agents_report(&facts()));
+        assert!(line.starts_with("node agents (scrape auto): "), "{line}");
+        assert!(line.contains("calico-felix 3/3 nodes scraped ok"), "{line}");
+        assert!(line.contains("1 via the API server's pod proxy"), "{line}");
+        assert!(
+            line.contains(
+                "kube-proxy 0/2 nodes scraped ok, 1 other node(s) with an agent not scraped"
+            ),
+            "{line}"
+        );
+        assert!(
+            line.contains("7 failed scrape(s): unreachable: connect; bad metrics: parse"),
+            "{line}"
+        );
+        assert!(
+            line.ends_with("not found: aws-node, cilium-agent"),
+            "{line}"
+        );
+        assert!(!line.contains('\n'), "one line: {line}");
+    }
+
+    #[test]
+    fn agents_line_says_when_correlation_is_off_or_nothing_was_found() {
+        let off = agents_report(&AgentScrapeFacts {
+            scrape_mode: "direct".into(),
+            ..Default::default()
+        });
+        assert!(off.profiles.is_empty());
+        let json = serde_json::to_value(&off).expect("json");
+        assert_eq!(json["profiles"], serde_json::json!({}));
+        assert_eq!(json["scrape_mode"], "direct");
+        assert!(agents_line(&off).contains("correlation off"));
+        let none = agents_report(&AgentScrapeFacts {
+            scrape_mode: "proxy".into(),
+            profiles: vec!["calico-felix".into(), "aws-node".into()],
+            ..Default::default()
+        });
+        assert_eq!(
+            agents_line(&none),
+            "node agents (scrape proxy): no agent pods found (searched aws-node, calico-felix)"
+        );
+    }
+
+    #[test]
+    fn text_output_prints_the_agents_line_after_the_warnings_only_when_known() {
+        let mk = || {
+            build_report(
+                vec![rec("n1", "n2", ProbeResult::Success, Some(0.2))],
+                &[],
+                vec![Suspect {
+                    node: "n3".into(),
+                    role: target_server::report::Role::Source,
+                    signal: target_server::report::Signal::AgentUnreachable,
+                    evidence: serde_json::json!({"reason": "connect"}),
+                }],
+                ReportInputs {
+                    thresholds: th(),
+                    instance: "gate-abcdefgh".into(),
+                    started_at: "2026-01-01T00:00:00Z".into(),
+                    finished_at: "2026-01-01T00:00:10Z".into(),
+                    duration_seconds: 10.0,
+                    errors: vec![],
+                    group_by: vec![],
+                    stopped_early: None,
+                    skipped_nodes: Vec::new(),
+                },
+            )
+        };
+        let without = render_text(&mk(), &[]);
+        assert!(!without.contains("node agents ("), "{without}");
+        let mut report = mk();
+        report.agents = Some(agents_report(&facts()));
+        let text = render_text(&report, &[]);
+        let warn = text.find("warnings (node agents").expect("warnings");
+        let line = text.find("node agents (scrape auto)").expect("agents line");
+        assert!(line > warn, "{text}");
+    }
+
+    #[test]
+    fn a_warning_merged_over_two_profiles_prints_each_profile() {
+        let mut r = build_report(
+            vec![rec("n1", "n2", ProbeResult::Success, Some(0.2))],
+            &[],
+            vec![],
+            ReportInputs {
+                thresholds: th(),
+                instance: "gate-abcdefgh".into(),
+                started_at: "2026-01-01T00:00:00Z".into(),
+                finished_at: "2026-01-01T00:00:10Z".into(),
+                duration_seconds: 10.0,
+                errors: vec![],
+                group_by: vec![],
+                stopped_early: None,
+                skipped_nodes: Vec::new(),
+            },
+        );
+        r.warnings.push(Suspect {
+            node: "node-2".into(),
+            role: target_server::report::Role::Source,
+            signal: target_server::report::Signal::AgentUnreachable,
+            evidence: serde_json::json!({
+                "reason": "refused", "profiles": ["calico-felix", "kube-proxy"],
+                "by_profile": {
+                    "calico-felix": {"reason": "timeout", "scrape_path": "direct"},
+                    "kube-proxy": {"reason": "refused", "scrape_path": "proxy"},
+                },
+            }),
+        });
+        let text = render_agent_findings(&r);
+        assert!(
+            text.contains("      calico-felix: reason timeout, scrape_path direct"),
+            "{text}"
+        );
+        assert!(
+            text.contains("      kube-proxy: reason refused, scrape_path proxy"),
+            "{text}"
+        );
     }
 }

@@ -2,9 +2,13 @@
 //! with the Kubernetes API: client → node list → plan → namespace → start-up sweep →
 //! shared pod watch → probes under a semaphore → cleanup → table, report, exit code.
 //!
-//! A run that fails before its probes (API unreachable, RBAC forbids the first list,
-//! < 2 nodes, pod watch never ready) still writes its `--report`
-//! ([`startup_failure_report`]) and exits 2. When the API fails mid-run, probes whose
+//! A run that fails before its probes (API unreachable, RBAC forbids the first list or
+//! the pod watch ([`check_watch_allowed`]), < 2 nodes, pod watch never ready) still
+//! writes its `--report` ([`startup_failure_report`]) and exits 2. A 401/403 later on —
+//! creating or deleting a probe object, or the pod watch before it ever delivered an
+//! event (`crate::podwatch::WatchForbidden`) — is run-fatal: the run stops at once, the
+//! pods created so far are deleted where RBAC allows it (a forbidden delete is reported
+//! as "cleanup cannot work"), the 403 is first in `errors[]`, exit 2. When the API fails mid-run, probes whose
 //! waits ran out end `inconclusive`/`api_error` (`crate::probe`), the final cleanup is
 //! retried for [`FINAL_CLEANUP_DEADLINE`], and the report is written.
 //!
@@ -124,22 +128,36 @@ async fn ensure_namespace(client: &Client, url: &str, ns: &str) -> Result<(), Er
 }
 
 /// Deletes every pod and Service of `instance` in `pods`' namespace (list by label, then
-/// one delete each, grace 0). Returns how many deletes were sent.
-pub async fn delete_instance_pods(pods: &Api<Pod>, instance: &str) -> Result<usize, kube::Error> {
-    let n = delete_labelled(pods, instance).await?;
+/// one delete each, grace 0). Returns how many deletes were sent; errors name the verb
+/// (`list`/`delete`), the object and `url` ([`Error::from_kube`]).
+pub async fn delete_instance_pods(
+    pods: &Api<Pod>,
+    instance: &str,
+    url: &str,
+) -> Result<usize, Error> {
     let namespace = pods.namespace().map(str::to_owned).unwrap_or_default();
+    let n = delete_labelled(pods, instance, url, "pod", &namespace).await?;
     let services: Api<k8s_openapi::api::core::v1::Service> =
         Api::namespaced(pods.clone().into_client(), &namespace);
-    Ok(n + delete_labelled(&services, instance).await?)
+    Ok(n + delete_labelled(&services, instance, url, "service", &namespace).await?)
 }
 
-async fn delete_labelled<K>(api: &Api<K>, instance: &str) -> Result<usize, kube::Error>
+async fn delete_labelled<K>(
+    api: &Api<K>,
+    instance: &str,
+    url: &str,
+    what: &str,
+    namespace: &str,
+) -> Result<usize, Error>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
     let list = api
         .list(&ListParams::default().labels(&instance_selector(instance)))
-        .await?;
+        .await
+        .map_err(|e| {
+            Error::from_kube(e, url, "list", format!("{what}s in namespace {namespace}"))
+        })?;
     let mut n = 0;
     for obj in list.items {
         let Some(name) = obj.meta().name.clone() else {
@@ -152,10 +170,28 @@ where
         {
             Ok(_) => {}
             Err(e) if kube_status_code(&e) == Some(404) => {}
-            Err(e) => return Err(e),
+            Err(e) => {
+                return Err(Error::from_kube(
+                    e,
+                    url,
+                    "delete",
+                    format!("{what} {namespace}/{name}"),
+                ))
+            }
         }
     }
     Ok(n)
+}
+
+/// Whether a cleanup error is RBAC/authentication (`401`/`403`): retrying cannot help.
+fn is_forbidden(err: &Error) -> bool {
+    matches!(
+        err,
+        Error::Api {
+            code: 401 | 403,
+            ..
+        }
+    )
 }
 
 /// How long the gate keeps retrying its final cleanup while the API fails (30 s: a
@@ -168,8 +204,9 @@ pub const FINAL_CLEANUP_RETRY: Duration = Duration::from_secs(2);
 
 /// Deletes what is left of `instance` ([`delete_instance_pods`]), each attempt bounded
 /// by [`API_CALL_TIMEOUT`] and the time left, retrying every [`FINAL_CLEANUP_RETRY`] until
-/// [`FINAL_CLEANUP_DEADLINE`]. Returns the number of deletes sent, or the run error
-/// text naming the API URL, the last cause and what becomes of the leftovers.
+/// [`FINAL_CLEANUP_DEADLINE`]. A `401`/`403` (RBAC forbids listing or deleting) is not
+/// retried: it cannot heal within the run. Returns the number of deletes sent, or the
+/// run error text naming the API URL, the last cause and what becomes of the leftovers.
 pub async fn final_cleanup(pods: &Api<Pod>, instance: &str, url: &str) -> Result<usize, String> {
     let deadline = Instant::now() + FINAL_CLEANUP_DEADLINE;
     let mut attempts = 0u32;
@@ -178,11 +215,20 @@ pub async fn final_cleanup(pods: &Api<Pod>, instance: &str, url: &str) -> Result
         let bound = deadline
             .saturating_duration_since(Instant::now())
             .clamp(Duration::from_secs(1), API_CALL_TIMEOUT);
-        let last = match tokio::time::timeout(bound, delete_instance_pods(pods, instance)).await {
-            Ok(Ok(n)) => return Ok(n),
-            Ok(Err(e)) => kube_error_text(&e),
-            Err(_) => format!("no answer within {}s", bound.as_secs()),
-        };
+        let last =
+            match tokio::time::timeout(bound, delete_instance_pods(pods, instance, url)).await {
+                Ok(Ok(n)) => return Ok(n),
+                Ok(Err(e)) if is_forbidden(&e) => {
+                    return Err(format!(
+                        "final cleanup cannot work: {e} (not retried); leftover probe pods \
+                     (label firstpacket.io/instance={instance}) end by their \
+                     activeDeadlineSeconds; the next run's start-up sweep needs the same \
+                     permission"
+                    ))
+                }
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => format!("no answer within {}s", bound.as_secs()),
+            };
         if Instant::now() + FINAL_CLEANUP_RETRY >= deadline {
             return Err(format!(
                 "final cleanup at {url} gave up after {attempts} attempt(s): {last}; leftover \
@@ -291,7 +337,7 @@ fn spawn_signal_handler(
         console.second_signal();
         let _ = tokio::time::timeout(
             Duration::from_secs(5),
-            delete_instance_pods(&env.pods, &instance),
+            delete_instance_pods(&env.pods, &instance, &env.url),
         )
         .await;
         std::process::exit(2);
@@ -474,6 +520,82 @@ fn report_on_error(err: &Error) -> bool {
     )
 }
 
+/// One `watch` request on the probe pods (`timeoutSeconds=1`, dropped as soon as the
+/// API server accepted it): a `401`/`403` is returned as [`Error::Api`] with verb
+/// `watch`, resource `pods in namespace NS` and `url` — the run cannot see its pods, so
+/// it stops at start-up (exit 2) instead of waiting for `--timeout`. Any other failure
+/// is left to the pod watch's own retries (logged).
+pub async fn check_watch_allowed(
+    pods: &Api<Pod>,
+    url: &str,
+    namespace: &str,
+    selector: &str,
+) -> Result<(), Error> {
+    let wp = kube::api::WatchParams::default()
+        .labels(selector)
+        .timeout(1);
+    match tokio::time::timeout(API_CALL_TIMEOUT, pods.watch(&wp, "0")).await {
+        Ok(Ok(stream)) => {
+            drop(stream);
+            Ok(())
+        }
+        Ok(Err(e)) if matches!(kube_status_code(&e), Some(401) | Some(403)) => Err(
+            Error::from_kube(e, url, "watch", format!("pods in namespace {namespace}")),
+        ),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %kube_error_text(&e), "pod watch check failed; the watch retries");
+            Ok(())
+        }
+        Err(_) => {
+            tracing::warn!("pod watch check got no answer; the watch retries");
+            Ok(())
+        }
+    }
+}
+
+/// What the [`AgentWatcher`](crate::agents::scrape::AgentWatcher) knows at the end of the
+/// run, as [`crate::gate::AgentScrapeFacts`]: discovered agents, scrape counts, per-node
+/// outcomes in the kept history, proxy fallbacks. `profiles` = the enabled profiles.
+pub fn agent_facts(
+    a: &crate::agents::scrape::AgentWatcher,
+    mode: crate::config::AgentScrape,
+    profiles: &[String],
+) -> crate::gate::AgentScrapeFacts {
+    let agents: Vec<(String, String)> = a
+        .index()
+        .read()
+        .map(|i| i.all().into_iter().map(|t| (t.profile, t.node)).collect())
+        .unwrap_or_default();
+    let history = a.history();
+    let mut names: Vec<String> = profiles.to_vec();
+    names.extend(agents.iter().map(|(p, _)| p.clone()));
+    names.sort();
+    names.dedup();
+    let mut node_outcomes = std::collections::BTreeMap::new();
+    for p in &names {
+        for n in history.nodes_with(p) {
+            let (ok, failed) = history.ring(&n, p).map_or((0, 0), |r| {
+                let ok = r.iter().filter(|o| o.outcome.is_ok()).count() as u64;
+                (ok, r.len() as u64 - ok)
+            });
+            node_outcomes.insert((p.clone(), n), (ok, failed));
+        }
+    }
+    let via_proxy = agents
+        .iter()
+        .filter(|(p, n)| a.uses_proxy(n, p))
+        .cloned()
+        .collect();
+    crate::gate::AgentScrapeFacts {
+        scrape_mode: mode.as_str().to_owned(),
+        profiles: profiles.to_vec(),
+        agents,
+        counts: a.scrape_counts(),
+        node_outcomes,
+        via_proxy,
+    }
+}
+
 /// Writes `report` as pretty JSON plus a newline to `path`.
 pub fn write_report(path: &std::path::Path, report: &GateReport) -> Result<(), Error> {
     let json = serde_json::to_string_pretty(report).map_err(|e| Error::Output {
@@ -550,6 +672,10 @@ async fn run_gate_inner(
         .map_err(|e| Error::ClientConfig(error_chain(&e)))?;
     let url = config.cluster_url.to_string();
     start.url = Some(url.clone());
+    // Agent scrapes through the pod proxy go out once, without kube's retry of 503s: the
+    // API server's answer (e.g. "connection refused") is the result.
+    let scrape_client = crate::agents::scrape::no_retry_client(config.clone())
+        .map_err(|e| Error::ClientConfig(error_chain(&e)))?;
     let client = Client::try_from(config).map_err(|e| Error::ClientConfig(error_chain(&e)))?;
 
     let nodes_api: Api<Node> = Api::all(client.clone());
@@ -617,12 +743,17 @@ async fn run_gate_inner(
     }
 
     let watch = Arc::new(PodWatch::start(pods.clone(), &instance_selector(&instance)));
-    watch.wait_ready(WATCH_READY_TIMEOUT).await?;
+    watch.wait_ready(&url, WATCH_READY_TIMEOUT).await?;
+    // RBAC may allow the list but not the watch: without the watch no probe can ever
+    // see its pods Ready, so fail now instead of at --timeout.
+    check_watch_allowed(&pods, &url, &p.namespace, &instance_selector(&instance)).await?;
 
     // Node-agent correlation (DESIGN §3): discovery + a first scrape of the planned
     // nodes, so the first probes have a cluster baseline.
-    let agents = crate::agents::scrape::AgentWatcher::start(
+    let profile_names: Vec<String> = profiles.iter().map(|p| p.name.clone()).collect();
+    let agents = crate::agents::scrape::AgentWatcher::start_with_scrape_client(
         client.clone(),
+        scrape_client,
         profiles,
         crate::agents::scrape::ScrapeSettings {
             mode: p.agent_scrape.into(),
@@ -667,6 +798,16 @@ async fn run_gate_inner(
     let stopped_early: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
     let run_errors = Arc::new(Mutex::new(Vec::<String>::new()));
     spawn_signal_handler(env.clone(), instance.clone(), run_errors.clone(), console);
+    // The pod watch forbidden before it ever worked (e.g. RBAC changed right after the
+    // start-up check): run-fatal, like a forbidden create.
+    {
+        let env = env.clone();
+        let watch = watch.clone();
+        tokio::spawn(async move {
+            let f = watch.wait_forbidden().await;
+            env.set_fatal(f.to_error(&env.url, watch.namespace()).to_string());
+        });
+    }
     {
         let env = env.clone();
         let errors = run_errors.clone();
@@ -778,7 +919,7 @@ async fn run_gate_inner(
     let n_probes = probes.len();
     let errors = lock(&run_errors).clone();
     let agent_warnings = std::mem::take(&mut *lock(&env.agent_warnings));
-    let report = build_report(
+    let mut report = build_report(
         probes,
         &eligible,
         agent_warnings,
@@ -800,6 +941,10 @@ async fn run_gate_inner(
                 .collect(),
         },
     );
+    report.agents = env
+        .agents
+        .as_deref()
+        .map(|a| crate::gate::agents_report(&agent_facts(a, p.agent_scrape, &profile_names)));
     print!("{}", render_text(&report, &p.group_by_label));
     tracing::info!(
         api_writes = env.writes.load(Ordering::Relaxed),

@@ -12,6 +12,14 @@
 //! followed by a re-list) is stamped, so a probe whose wait ran out while the watch was
 //! failing knows its view is incomplete ([`PodWatch::trouble_since`]) and ends as
 //! `inconclusive`/`api_error` instead of blaming the pods.
+//!
+//! A `401`/`403` on the watch's list or watch calls **before the watch has delivered
+//! any event** is different: RBAC does not let this prober watch its pods at all, and
+//! no probe can ever see its pods turn Ready. It is recorded as [`WatchForbidden`]
+//! ([`PodWatch::forbidden`], [`PodWatch::wait_forbidden`]); [`PodWatch::wait_ready`]
+//! fails with it at once, and the gate stops the run with it (exit 2) instead of
+//! waiting for `--timeout`. Once the watch has worked, a later 403 (RBAC changed
+//! mid-run, API server restarted) stays ordinary trouble as above.
 
 use crate::error::{watcher_error_text, Error};
 use crate::tracker::{PodState, Tracker};
@@ -37,10 +45,64 @@ pub enum Wait<T> {
     Cancelled,
 }
 
+/// RBAC (or authentication) forbids the pod watch: a `401`/`403` on its list or watch
+/// call before the watch ever delivered an event. Carries what the API server said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchForbidden {
+    /// The refused verb: `list` (initial list) or `watch`.
+    pub verb: &'static str,
+    /// HTTP status code (401 or 403).
+    pub code: u16,
+    /// `Status.reason` (e.g. `Forbidden`).
+    pub reason: String,
+    /// `Status.message`.
+    pub message: String,
+}
+
+impl WatchForbidden {
+    /// The run error naming the API URL, verb, resource (`pods in namespace NS`) and the
+    /// API server's answer ([`Error::Api`]).
+    pub fn to_error(&self, url: &str, namespace: &str) -> Error {
+        Error::Api {
+            url: url.to_string(),
+            verb: self.verb,
+            resource: format!("pods in namespace {namespace}"),
+            code: self.code,
+            reason: self.reason.clone(),
+            message: self.message.clone(),
+        }
+    }
+}
+
+/// The [`WatchForbidden`] in a watcher error, if it is a `401`/`403` (pure). `None` for
+/// every other error and whenever the watch has already delivered events (`established`):
+/// then it is trouble ([`is_watch_trouble`]), not a start-up failure. A `410 Gone` or
+/// any other code is never forbidden.
+pub fn forbidden(err: &watcher::Error, established: bool) -> Option<WatchForbidden> {
+    if established {
+        return None;
+    }
+    let (verb, status) = match err {
+        watcher::Error::InitialListFailed(kube::Error::Api(s)) => ("list", s),
+        watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => ("watch", s),
+        watcher::Error::WatchError(s) => ("watch", s),
+        _ => return None,
+    };
+    matches!(status.code, 401 | 403).then(|| WatchForbidden {
+        verb,
+        code: status.code,
+        reason: status.reason.clone(),
+        message: status.message.clone(),
+    })
+}
+
 struct Shared {
     tracker: Mutex<Tracker>,
     generation: watch::Sender<u64>,
     ready: watch::Sender<bool>,
+    /// Set by the first [`forbidden`] error; never cleared (RBAC does not heal itself).
+    forbidden: watch::Sender<Option<WatchForbidden>>,
     last_error: Mutex<Option<String>>,
     /// Prober-clock time and text of the last watch error that is trouble
     /// ([`is_watch_trouble`]).
@@ -64,6 +126,7 @@ pub fn is_watch_trouble(err: &watcher::Error) -> bool {
 pub struct PodWatch {
     shared: Arc<Shared>,
     task: JoinHandle<()>,
+    namespace: String,
 }
 
 impl Drop for PodWatch {
@@ -82,10 +145,13 @@ impl PodWatch {
     pub fn start(api: Api<Pod>, label_selector: &str) -> Self {
         let (generation, _) = watch::channel(0u64);
         let (ready, _) = watch::channel(false);
+        let (forbidden_tx, _) = watch::channel(None);
+        let namespace = api.namespace().unwrap_or_default().to_string();
         let shared = Arc::new(Shared {
             tracker: Mutex::new(Tracker::new()),
             generation,
             ready,
+            forbidden: forbidden_tx,
             last_error: Mutex::new(None),
             trouble: Mutex::new(None),
         });
@@ -93,13 +159,20 @@ impl PodWatch {
         let s = shared.clone();
         let task = tokio::spawn(async move {
             let mut stream = watcher::watcher(api, cfg).default_backoff().boxed();
+            // A live watch delivered an event: RBAC lets us watch.
+            let mut established = false;
             while let Some(ev) = stream.next().await {
                 let now = std::time::Instant::now();
                 let changed = match ev {
-                    Ok(Event::Apply(p)) | Ok(Event::InitApply(p)) => {
+                    Ok(Event::Apply(p)) => {
+                        established = true;
                         lock(&s.tracker).apply(&p, now)
                     }
-                    Ok(Event::Delete(p)) => lock(&s.tracker).delete(&p, now),
+                    Ok(Event::InitApply(p)) => lock(&s.tracker).apply(&p, now),
+                    Ok(Event::Delete(p)) => {
+                        established = true;
+                        lock(&s.tracker).delete(&p, now)
+                    }
                     Ok(Event::Init) => false,
                     Ok(Event::InitDone) => {
                         s.ready.send_replace(true);
@@ -111,6 +184,15 @@ impl PodWatch {
                         if is_watch_trouble(&e) {
                             *lock(&s.trouble) = Some((now, msg.clone()));
                         }
+                        if let Some(f) = forbidden(&e, established) {
+                            s.forbidden.send_if_modified(|cur| {
+                                let first = cur.is_none();
+                                if first {
+                                    *cur = Some(f);
+                                }
+                                first
+                            });
+                        }
                         *lock(&s.last_error) = Some(msg);
                         false
                     }
@@ -120,17 +202,27 @@ impl PodWatch {
                 }
             }
         });
-        PodWatch { shared, task }
+        PodWatch {
+            shared,
+            task,
+            namespace,
+        }
     }
 
     /// Waits until the watch delivered its initial list (so no event can be missed and
-    /// API errors surface early). Errors after `timeout` with the last watch error.
-    pub async fn wait_ready(&self, timeout: Duration) -> Result<(), Error> {
+    /// API errors surface early). Errors after `timeout` with the last watch error, or
+    /// at once with [`Error::Api`] (verb `list`/`watch`, `url` named) when the watch is
+    /// [forbidden](WatchForbidden).
+    pub async fn wait_ready(&self, url: &str, timeout: Duration) -> Result<(), Error> {
         let mut rx = self.shared.ready.subscribe();
-        let ok = matches!(
-            tokio::time::timeout(timeout, rx.wait_for(|r| *r)).await,
-            Ok(Ok(_))
-        );
+        let mut fb = self.shared.forbidden.subscribe();
+        let ok = tokio::select! {
+            r = tokio::time::timeout(timeout, rx.wait_for(|r| *r)) => matches!(r, Ok(Ok(_))),
+            f = fb.wait_for(|f| f.is_some()) => match f.ok().and_then(|f| f.clone()) {
+                Some(f) => return Err(f.to_error(url, &self.namespace)),
+                None => false,
+            },
+        };
         match ok {
             true => Ok(()),
             false => Err(Error::WatchNotReady {
@@ -140,6 +232,30 @@ impl PodWatch {
                     .unwrap_or_else(|| "no error reported".into()),
             }),
         }
+    }
+
+    /// The [`WatchForbidden`] seen so far, if any.
+    pub fn forbidden(&self) -> Option<WatchForbidden> {
+        self.shared.forbidden.borrow().clone()
+    }
+
+    /// Resolves once the watch is [forbidden](WatchForbidden) (at once if it already
+    /// is); pending forever otherwise. The gate races it against the run.
+    pub async fn wait_forbidden(&self) -> WatchForbidden {
+        let mut rx = self.shared.forbidden.subscribe();
+        loop {
+            if let Some(f) = rx.borrow_and_update().clone() {
+                return f;
+            }
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// The namespace watched.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
     }
 
     /// The last watch error, if any.
@@ -226,5 +342,36 @@ mod tests {
         assert!(!is_watch_trouble(&watcher::Error::WatchError(status(410))));
         assert!(is_watch_trouble(&watcher::Error::WatchError(status(500))));
         assert!(is_watch_trouble(&watcher::Error::NoResourceVersion));
+    }
+
+    fn api(code: u16) -> kube::Error {
+        kube::Error::Api(status(code))
+    }
+
+    #[test]
+    fn forbidden_watch_or_list_before_any_event_is_a_start_up_failure() {
+        let f = forbidden(&watcher::Error::WatchStartFailed(api(403)), false).expect("403");
+        assert_eq!((f.verb, f.code), ("watch", 403));
+        let f = forbidden(&watcher::Error::InitialListFailed(api(401)), false).expect("401");
+        assert_eq!((f.verb, f.code), ("list", 401));
+        let f = forbidden(&watcher::Error::WatchError(status(403)), false).expect("event");
+        assert_eq!(f.verb, "watch");
+        let e = f
+            .to_error("https://10.0.0.1:6443", "firstpacket")
+            .to_string();
+        assert!(
+            e.contains("refused watch pods in namespace firstpacket"),
+            "{e}"
+        );
+        assert!(e.contains("HTTP 403"), "{e}");
+        assert!(e.contains("https://10.0.0.1:6443"), "{e}");
+    }
+
+    #[test]
+    fn other_errors_and_403_after_the_watch_worked_are_not_start_up_failures() {
+        assert!(forbidden(&watcher::Error::WatchStartFailed(api(403)), true).is_none());
+        assert!(forbidden(&watcher::Error::WatchStartFailed(api(500)), false).is_none());
+        assert!(forbidden(&watcher::Error::WatchError(status(410)), false).is_none());
+        assert!(forbidden(&watcher::Error::NoResourceVersion, false).is_none());
     }
 }

@@ -153,8 +153,24 @@ pub struct ProbeEnv {
     pub agent_warnings: Mutex<Vec<target_server::report::Suspect>>,
 }
 
+/// The run-fatal error text for a `401`/`403` on deleting a probe object: the error
+/// (verb, resource, URL, the API server's message) and what it means — the gate cannot
+/// clean up, so it stops; leftovers end by `activeDeadlineSeconds` (give-up + hold +
+/// margin, [`crate::podspec::active_deadline_seconds`]) and the next run's start-up
+/// sweep (which needs the same permission).
+pub fn delete_forbidden_text(err: &Error, instance: &str) -> String {
+    format!(
+        "{err}; cleanup cannot work: the gate stops, and probe pods it cannot delete \
+         (label firstpacket.io/instance={instance}) end by their activeDeadlineSeconds; \
+         grant delete on pods (and services) in the probe namespace"
+    )
+}
+
 impl ProbeEnv {
-    fn set_fatal(&self, msg: String) {
+    /// Records a run-fatal error (the first one wins) and cancels the run: no new probe
+    /// starts, running ones end `inconclusive`/`interrupted` and delete their pods. The
+    /// gate puts the text first in the report's `errors[]` and exits 2.
+    pub fn set_fatal(&self, msg: String) {
         let mut f = self.fatal.lock().unwrap_or_else(|p| p.into_inner());
         if f.is_none() {
             *f = Some(msg);
@@ -441,13 +457,19 @@ async fn delete_pod_with(
     match tokio::time::timeout(API_CALL_TIMEOUT, env.pods.delete(name, &dp)).await {
         Ok(Ok(_)) => Ok(std::time::Instant::now()),
         Ok(Err(e)) if kube_status_code(&e) == Some(404) => Ok(std::time::Instant::now()),
-        Ok(Err(e)) => Err(Error::from_kube(
-            e,
-            &env.url,
-            "delete",
-            format!("pod {}/{name}", env.pod_config.namespace),
-        )
-        .to_string()),
+        Ok(Err(e)) => {
+            let fatal = matches!(kube_status_code(&e), Some(401) | Some(403));
+            let err = Error::from_kube(
+                e,
+                &env.url,
+                "delete",
+                format!("pod {}/{name}", env.pod_config.namespace),
+            );
+            if fatal {
+                env.set_fatal(delete_forbidden_text(&err, &env.pod_config.instance));
+            }
+            Err(err.to_string())
+        }
         Err(_) => Err(format!("delete pod {name} timed out")),
     }
 }
@@ -636,13 +658,19 @@ async fn delete_service(env: &ProbeEnv, name: &str) -> Result<(), String> {
     {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(e)) if kube_status_code(&e) == Some(404) => Ok(()),
-        Ok(Err(e)) => Err(Error::from_kube(
-            e,
-            &env.url,
-            "delete",
-            format!("service {}/{name}", env.pod_config.namespace),
-        )
-        .to_string()),
+        Ok(Err(e)) => {
+            let fatal = matches!(kube_status_code(&e), Some(401) | Some(403));
+            let err = Error::from_kube(
+                e,
+                &env.url,
+                "delete",
+                format!("service {}/{name}", env.pod_config.namespace),
+            );
+            if fatal {
+                env.set_fatal(delete_forbidden_text(&err, &env.pod_config.instance));
+            }
+            Err(err.to_string())
+        }
         Err(_) => Err(format!("delete service {name} timed out")),
     }
 }
@@ -1222,6 +1250,22 @@ mod tests {
                 .and_then(reason),
             Some(Reason::Unschedulable)
         );
+    }
+
+    #[test]
+    fn forbidden_delete_text_names_the_403_the_instance_and_that_cleanup_cannot_work() {
+        let err = Error::Api {
+            url: "https://10.0.0.1:6443".into(),
+            verb: "delete",
+            resource: "pod firstpacket/fp-ab-0-s".into(),
+            code: 403,
+            reason: "Forbidden".into(),
+            message: "no".into(),
+        };
+        let t = delete_forbidden_text(&err, "gate-abcdefgh");
+        assert!(t.starts_with("Kubernetes API at https://10.0.0.1:6443 refused delete pod firstpacket/fp-ab-0-s: HTTP 403"), "{t}");
+        assert!(t.contains("cleanup cannot work"), "{t}");
+        assert!(t.contains("firstpacket.io/instance=gate-abcdefgh"), "{t}");
     }
 
     #[test]

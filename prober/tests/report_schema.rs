@@ -179,7 +179,7 @@ fn gate_report_with_every_result_class_matches_the_json_schema() {
             taints: vec![],
         })
         .collect();
-    let report = build_report(
+    let mut report = build_report(
         probes,
         &nodes,
         vec![],
@@ -204,7 +204,32 @@ fn gate_report_with_every_result_class_matches_the_json_schema() {
         },
     );
     assert_eq!(report.exit_code, 1);
+    let pn = |p: &str, n: &str| (p.to_string(), n.to_string());
+    report.agents = Some(prober::gate::agents_report(
+        &prober::gate::AgentScrapeFacts {
+            scrape_mode: "auto".into(),
+            profiles: vec!["calico-felix".into(), "kube-proxy".into()],
+            agents: vec![pn("calico-felix", "node-1"), pn("kube-proxy", "node-1")],
+            counts: [
+                (pn("calico-felix", "ok"), 4),
+                (pn("kube-proxy", "connect"), 4),
+            ]
+            .into_iter()
+            .collect(),
+            node_outcomes: [
+                (pn("calico-felix", "node-1"), (4, 0)),
+                (pn("kube-proxy", "node-1"), (0, 4)),
+            ]
+            .into_iter()
+            .collect(),
+            via_proxy: vec![],
+        },
+    ));
     let value = serde_json::to_value(&report).expect("report json");
+    assert_eq!(
+        value["agents"]["profiles"]["kube-proxy"]["scrapes_failed"],
+        4
+    );
     let schema: serde_json::Value =
         serde_json::from_str(target_server::GATE_REPORT_SCHEMA).expect("schema json");
     let validator = jsonschema::validator_for(&schema).expect("schema compiles");
@@ -229,6 +254,21 @@ fn gate_report_with_every_result_class_matches_the_json_schema() {
     broken["summary"]["by_kind"]["mesh"] = broken["summary"]["by_kind"]["burst"].clone();
     assert!(!validator.is_valid(&broken), "by_kind keys are probe kinds");
     assert!(value["summary"]["by_kind"]["recreate"]["total"] == 1);
+    let mut broken = value.clone();
+    broken["agents"]["scrape_mode"] = "sometimes".into();
+    assert!(
+        !validator.is_valid(&broken),
+        "agents.scrape_mode is a flag value"
+    );
+    let mut broken = value.clone();
+    broken["agents"]["profiles"]["calico-felix"]["scrapes_ok"] = (-1).into();
+    assert!(!validator.is_valid(&broken), "scrape counts are counts");
+    let mut off = value.clone();
+    off["agents"] = serde_json::json!({"scrape_mode": "proxy", "profiles": {}});
+    assert!(validator.is_valid(&off), "correlation off: profiles {{}}");
+    let mut absent = value.clone();
+    absent.as_object_mut().expect("object").remove("agents");
+    assert!(validator.is_valid(&absent), "agents is optional");
     let back: GateReport = serde_json::from_value(value).expect("round trip");
     assert_eq!(back, report);
     let by: BTreeMap<_, _> = back.summary.by_result.into_iter().collect();

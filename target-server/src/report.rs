@@ -551,6 +551,46 @@ pub struct GateReport {
     /// a NotReady node after an upgrade must not vanish from the report. Added field.
     #[serde(default)]
     pub skipped_nodes: Vec<SkippedNode>,
+    /// Node-agent correlation in this run (DESIGN §3): scrape mode and per-profile scrape
+    /// counts, so a reader can tell that correlation ran (and on what). `None` (absent in
+    /// JSON) when the run stopped before correlation started. Added field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agents: Option<AgentsReport>,
+}
+
+/// The report's `agents` object: how node agents were scraped in a gate run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentsReport {
+    /// `--agent-scrape`: `auto`, `direct` or `proxy`.
+    pub scrape_mode: String,
+    /// Per enabled profile (`calico-felix`, `cilium-agent`, `kube-proxy`, `aws-node`, or
+    /// one from `--agent-config`). Empty when every profile is disabled (correlation off).
+    pub profiles: BTreeMap<String, AgentProfileReport>,
+}
+
+/// One profile's line of [`AgentsReport`]. Counts are for the whole run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AgentProfileReport {
+    /// Nodes with a discovered agent pod of this profile (0: not this cluster's agent).
+    pub nodes_with_agent: u64,
+    /// Scrapes that gave a reading.
+    pub scrapes_ok: u64,
+    /// Scrapes that failed (unreachable or unreadable page).
+    pub scrapes_failed: u64,
+    /// Nodes whose agent was scraped at least once (in the kept history).
+    #[serde(default)]
+    pub nodes_scraped: u64,
+    /// Nodes with at least one successful scrape (in the kept history).
+    #[serde(default)]
+    pub nodes_ok: u64,
+    /// Nodes scraped through the API server's pod proxy after the direct path failed
+    /// (`--agent-scrape auto`).
+    #[serde(default)]
+    pub nodes_via_proxy: u64,
+    /// Failed scrapes by reason (`connect`, `timeout`, `http_status`, `parse`,
+    /// `no_signal_metrics`, …; the `result` label of `firstpacket_agent_scrapes_total`).
+    #[serde(default)]
+    pub failures: BTreeMap<String, u64>,
 }
 
 /// A node left out of the plan (DESIGN §2 step 1: Ready, schedulable, matching the

@@ -186,6 +186,7 @@ fn gate_report() -> GateReport {
         errors: vec![],
         stopped_early: None,
         skipped_nodes: Vec::new(),
+        agents: None,
     }
 }
 

@@ -442,7 +442,9 @@ fn kube_proxy_bound_to_localhost_is_one_warning_per_node_direct_and_through_the_
     for mode in ["auto", "proxy"] {
         let mut args = vec!["--agent-scrape", mode];
         args.extend_from_slice(QUICK);
-        let (code, report, text) = tb.gate(&args);
+        let started = std::time::Instant::now();
+        let (code, report, text) = gate_logged(&tb, "info,kube_client=debug", &args);
+        let took = started.elapsed();
         validate(&report);
         assert_eq!(
             code, 0,
@@ -458,7 +460,94 @@ fn kube_proxy_bound_to_localhost_is_one_warning_per_node_direct_and_through_the_
             &ctx,
         );
         assert!(suspects(&report).is_empty(), "{mode}: {text}");
+        // The API server's 503 "connection refused" is the answer, at once: one request
+        // per scrape (no retries until the scrape timeout), reason `refused`.
+        for f in warnings(&report) {
+            assert_eq!(f["evidence"]["reason"], "refused", "{mode}: {f}");
+            assert_eq!(f["evidence"]["scrape_path"], "proxy", "{mode}: {f}");
+        }
+        let scrapes = scrape_count(&text, "kube-proxy");
+        let requests = text
+            .lines()
+            .filter(|l| l.contains("requesting") && l.contains("/pods/kube-proxy-node-"))
+            .count();
+        assert!(scrapes >= 3, "{mode}: kube-proxy scrapes {scrapes}\n{text}");
+        assert_eq!(
+            requests, scrapes,
+            "{mode}: one proxy request per kube-proxy scrape\n{text}"
+        );
+        assert!(
+            !text.contains("result=timeout"),
+            "{mode}: no scrape times out\n{text}"
+        );
+        assert!(
+            took < std::time::Duration::from_secs(30),
+            "{mode}: {took:?}"
+        );
     }
+}
+
+/// Σ of the `agent scrapes` counts the prober logs at the end for `profile`.
+fn scrape_count(text: &str, profile: &str) -> usize {
+    text.lines()
+        .filter(|l| l.contains("agent scrapes") && l.contains(&format!("profile={profile} ")))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix("scrapes="))
+                .and_then(|n| n.parse::<usize>().ok())
+        })
+        .sum()
+}
+
+/// An agent pod deleted while the gate runs (tester's report: 4 slow probes on the
+/// node, no suspect, no warning) → an `agent_unreachable` warning for that node with
+/// reason `agent_pod_gone` (nothing replaced the pod).
+#[test]
+fn an_agent_pod_deleted_mid_gate_leaves_a_warning_for_its_node() {
+    let _g = lock();
+    let fault = "rules:\n  - nodes: {all: true}\n    program_delay: {uniform: [200ms, 600ms]}\n  - nodes: {names: [node-2]}\n    program_delay: 8s\n";
+    let tb = Testbed::up("agents-gone", 3, fault, &[]);
+    let (code, report, text) = std::thread::scope(|s| {
+        let gate = s.spawn(|| {
+            gate_logged(
+                &tb,
+                "info",
+                &["--pairs", "6", "--give-up", "15s", "--hold", "1s"],
+            )
+        });
+        std::thread::sleep(std::time::Duration::from_secs(3));
+        let out = tb.exec(&[
+            "kubectl",
+            "delete",
+            "pod",
+            "-n",
+            "kube-system",
+            "calico-node-node-2",
+            "--grace-period=0",
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        gate.join().unwrap()
+    });
+    validate(&report);
+    let w = warnings(&report);
+    let gone: Vec<&Value> = w
+        .iter()
+        .filter(|f| f["signal"] == "agent_unreachable" && f["node"] == "node-2")
+        .collect();
+    assert_eq!(gone.len(), 1, "exit {code}: {text}");
+    assert_eq!(gone[0]["evidence"]["reason"], "agent_pod_gone", "{text}");
+    assert_eq!(
+        gone[0]["evidence"]["agent_pod"], "calico-node-node-2",
+        "{text}"
+    );
+    assert!(
+        nodes_with(&w, "agent_unreachable") == set(&["node-2"]),
+        "only node-2 lost its agent: {text}"
+    );
 }
 
 /// The testbed's default kube-proxy (metrics on every node address) is read like any

@@ -4,6 +4,9 @@
 //! (`testbed api deny …` + `testbed api restart`, which breaks the running watch):
 //! probes in flight end `inconclusive`/`api_error` (not `container_failed`), or recover
 //! their real result when the pod itself is still readable, and the report is written.
+//! RBAC denials at start (`watch`, `create`, `delete` pods) stop the gate at once with the
+//! 403 in `errors[]`, and the report's `agents` object shows which node agents were
+//! scraped (or that correlation is off).
 //!
 //! Needs root and the workspace binaries (`cargo build --workspace --bins`).
 
@@ -303,4 +306,146 @@ fn unschedulable_target_is_recorded_after_the_grace_not_after_give_up() {
     );
     // One probe passed, the rest measured nothing: not a healthy diagnosis.
     assert_ne!(v["summary"]["diagnosis"], "healthy", "{stdout}");
+}
+
+/// `tb.gate(ARGS)` timed: (exit code, report, stdout + stderr, wall time). The report is
+/// validated against the JSON Schema.
+fn timed_gate(tb: &Testbed, args: &[&str]) -> (i32, Value, String, Duration) {
+    let started = Instant::now();
+    let (code, report, out) = tb.gate(args);
+    let took = started.elapsed();
+    common::validate(&report);
+    (code, report, out, took)
+}
+
+/// RBAC denials found by a new-user test: a gate that may not watch, create or delete
+/// its pods must stop at once with exit 2 and the API server's 403 (verb, resource,
+/// namespace) in the report's `errors[]` — never wait for `--timeout` (default 10 min).
+/// One testbed, three phases (each denial lifted before the next).
+#[test]
+fn forbidden_watch_create_or_delete_of_pods_stops_the_gate_at_once_with_the_403() {
+    let _g = serial();
+    let tb = Testbed::up("robust-rbac", 3, FAULT, &[]);
+    let give_up = Duration::from_secs(10);
+    let args = [
+        "--pairs",
+        "3",
+        "--concurrency",
+        "1",
+        "--give-up",
+        "10s",
+        "--hold",
+        "1s",
+        "--timeout",
+        "40s",
+    ];
+
+    // 1. watch pods forbidden: the list works, the watch never could.
+    testbed_ok(&tb, &["api", "deny", "watch", "pods"]);
+    let (code, v, out, took) = timed_gate(&tb, &args);
+    assert_eq!(code, 2, "{out}");
+    assert!(took < give_up * 2, "deny watch: took {took:?}\n{out}");
+    assert_eq!(v["verdict"], "inconclusive", "{out}");
+    let errors = v["errors"].to_string();
+    assert!(
+        errors.contains("refused watch pods in namespace firstpacket"),
+        "{errors}"
+    );
+    assert!(errors.contains("403"), "{errors}");
+    assert!(!errors.contains("--timeout"), "{errors}");
+    assert!(out.contains("Forbidden"), "{out}");
+    assert!(
+        tb.probe_pods().is_empty(),
+        "probe pods left: {:?}",
+        tb.probe_pods()
+    );
+    testbed_ok(&tb, &["api", "allow", "watch", "pods"]);
+
+    // 2. create pods forbidden: the first create stops the run.
+    testbed_ok(&tb, &["api", "deny", "create", "pods"]);
+    let (code, v, out, took) = timed_gate(&tb, &args);
+    assert_eq!(code, 2, "{out}");
+    assert!(took < give_up * 2, "deny create: took {took:?}\n{out}");
+    let first_error = v["errors"][0].as_str().unwrap_or_default().to_owned();
+    assert!(
+        first_error.contains("refused create pod firstpacket/"),
+        "{v:#}"
+    );
+    assert!(first_error.contains("403"), "{first_error}");
+    assert!(!v["errors"].to_string().contains("--timeout"), "{v:#}");
+    assert!(tb.probe_pods().is_empty(), "{:?}", tb.probe_pods());
+    testbed_ok(&tb, &["api", "allow", "create", "pods"]);
+
+    // 3. delete pods forbidden: the first probe measures, its cleanup fails, the run
+    // stops (no more leaked pairs) and says that cleanup cannot work.
+    testbed_ok(&tb, &["api", "deny", "delete", "pods"]);
+    let (code, v, out, took) = timed_gate(&tb, &args);
+    assert_eq!(code, 2, "{out}");
+    assert!(took < give_up * 4, "deny delete: took {took:?}\n{out}");
+    let errors = v["errors"].to_string();
+    assert!(
+        v["errors"][0]
+            .as_str()
+            .unwrap_or_default()
+            .contains("refused delete pod firstpacket/"),
+        "{v:#}"
+    );
+    assert!(errors.contains("cleanup cannot work"), "{errors}");
+    assert!(errors.contains("final cleanup cannot work"), "{errors}");
+    assert!(!errors.contains("--timeout"), "{errors}");
+    let ps = probes(&v);
+    assert!(
+        ps.iter().any(|p| p["result"] == "success"),
+        "the first probe still measured: {v:#}"
+    );
+    // The pods it could not delete are still there (they end by activeDeadlineSeconds).
+    assert!(!tb.probe_pods().is_empty(), "{out}");
+    testbed_ok(&tb, &["api", "allow", "delete", "pods"]);
+}
+
+/// The report shows that node-agent correlation ran: `agents` with the scrape mode and
+/// per-profile counts (the testbed runs a Felix-compatible calico-node per node), and the
+/// text output has the one-line summary.
+#[test]
+fn report_shows_which_node_agents_were_scraped() {
+    let _g = serial();
+    let tb = Testbed::up("robust-agents", 3, FAULT, &[]);
+    let (code, v, out, _) = timed_gate(&tb, &["--pairs", "3", "--hold", "1s"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(v["agents"]["scrape_mode"], "auto", "{:#}", v["agents"]);
+    let felix = &v["agents"]["profiles"]["calico-felix"];
+    assert_eq!(felix["nodes_with_agent"], 3, "{:#}", v["agents"]);
+    assert!(felix["scrapes_ok"].as_u64().unwrap_or(0) >= 3, "{felix:#}");
+    assert_eq!(felix["nodes_ok"], 3, "{felix:#}");
+    assert_eq!(
+        v["agents"]["profiles"]["aws-node"]["nodes_with_agent"], 0,
+        "{:#}",
+        v["agents"]
+    );
+    assert!(
+        out.contains("node agents (scrape auto): calico-felix 3/3 nodes scraped ok"),
+        "{out}"
+    );
+
+    // Every profile disabled: correlation off, and the report says so.
+    let cfg = tb.state.join("agents-off.yaml");
+    std::fs::write(
+        &cfg,
+        "disable: [calico-felix, cilium-agent, kube-proxy, aws-node]\n",
+    )
+    .expect("write agent config");
+    let (code, v, out, _) = timed_gate(
+        &tb,
+        &[
+            "--pairs",
+            "2",
+            "--hold",
+            "1s",
+            "--agent-config",
+            cfg.to_str().expect("path"),
+        ],
+    );
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(v["agents"]["profiles"], serde_json::json!({}), "{v:#}");
+    assert!(out.contains("correlation off"), "{out}");
 }

@@ -39,13 +39,28 @@
 //!    `route_resync_slow`.
 //! 7. **Readiness / reachability**: an agent reading with Ready false in the window →
 //!    `agent_not_ready`; the scrape at the end failed → its signal (`agent_unreachable`
-//!    for connect/timeout/HTTP errors, `agent_bad_metrics` for unreadable pages); a
+//!    for refused/connect/timeout/HTTP errors, `agent_bad_metrics` for unreadable
+//!    pages; the message is one bounded line, with the profile's hint only where it is
+//!    the likely fix — see `ScrapeError::hint`); a
 //!    profile present in the cluster but absent on the node, or no agent found at all
 //!    → `agent_unreachable`.
 //!
+//! 8. **Gone**: a profile read on the node before but whose agent pod discovery no longer
+//!    lists there (deleted mid-run, no replacement) → `agent_unreachable` with reason
+//!    `agent_pod_gone`. A replacement pod (new UID) is read instead and gives
+//!    `agent_restarted` (`pod_uid_changed`).
+//! 9. With no profile searched at all (every built-in disabled by `--agent-config`),
+//!    correlation is off: no findings.
+//!
 //! [`split_findings`] puts findings under the probe's `suspects` (slow / failed) or the
 //! report's `warnings` (normal TTFP; `agent_unreachable` always), and
-//! [`merge_warnings`] keeps one warning per (node, signal).
+//! [`merge_warnings`] keeps one warning per (node, signal), counting distinct probes and
+//! listing every profile.
+//!
+//! Evidence numbers: durations and rates with 7 significant digits; timestamps and large
+//! counters (≥ 10⁵) to the millisecond. Rates over readings spanning less than
+//! [`Params::min_rate_span_seconds`] are `null`. Every finding of a scraped agent carries
+//! `scrape_path` (`direct` or `proxy`).
 //!
 //! [`AgentWatcher`]: super::scrape::AgentWatcher
 
@@ -87,6 +102,12 @@ pub struct Params {
     /// Other nodes needed for a cluster baseline (2: with one, "the healthiest half" is
     /// a single node).
     pub min_cluster_nodes: usize,
+    /// Least span, seconds, of the readings a baseline *rate* (own-history or another
+    /// node's failures per second) is computed over; below it the rate is `null` in
+    /// evidence and not used (5 s: one hot re-scrape interval,
+    /// `ScrapeSettings::hot_interval`; two scrapes a fraction of a second apart give a
+    /// rate of 0 or a spike that means nothing).
+    pub min_rate_span_seconds: f64,
 }
 
 impl Default for Params {
@@ -101,6 +122,7 @@ impl Default for Params {
             route_floor_seconds: 1.0,
             lookback_seconds: 600.0,
             min_cluster_nodes: 2,
+            min_rate_span_seconds: 5.0,
         }
     }
 }
@@ -110,11 +132,52 @@ impl Default for Params {
 pub struct ScrapeFailure {
     /// `AgentUnreachable` or `AgentBadMetrics`.
     pub signal: Signal,
-    /// Short static reason (`connect`, `timeout`, `http_status`, `too_large`, `parse`,
-    /// `no_signal_metrics`, `no_port`, …), also a metric label.
+    /// Short static reason ([`super::scrape::ScrapeError::reason`]: `refused`,
+    /// `connect`, `timeout`, `http`, `http_status`, `no_address`, `too_large`,
+    /// `not_utf8`, `parse`, `no_signal_metrics`, `no_client`), also a metric label.
     pub reason: &'static str,
-    /// Human detail (URL, error text).
+    /// Human detail (URL, error text, and the profile's hint where it is the likely
+    /// fix): one line, at most [`MESSAGE_MAX_CHARS`] characters before the hint
+    /// ([`one_line`]).
     pub message: String,
+}
+
+/// Longest error text kept in evidence `message`s, characters (an agent's HTML error
+/// page must not flood the report or the terminal).
+pub const MESSAGE_MAX_CHARS: usize = 200;
+
+/// `s` as one bounded line: every run of whitespace (newlines included) becomes one
+/// space, other control characters are dropped, and text beyond `max` characters is cut
+/// with `…`.
+pub fn one_line(s: &str, max: usize) -> String {
+    let mut out = String::new();
+    let mut chars = 0usize;
+    let mut space = false;
+    for c in s.chars() {
+        if c.is_whitespace() {
+            space = !out.is_empty();
+            continue;
+        }
+        if c.is_control() {
+            continue;
+        }
+        if space {
+            if chars + 1 >= max {
+                out.push('…');
+                return out;
+            }
+            out.push(' ');
+            chars += 1;
+            space = false;
+        }
+        if chars >= max {
+            out.push('…');
+            return out;
+        }
+        out.push(c);
+        chars += 1;
+    }
+    out
 }
 
 /// One scrape of one agent.
@@ -134,6 +197,9 @@ pub struct Observation {
     pub restart_count: u32,
     /// The agent pod's Ready condition.
     pub ready: bool,
+    /// How the page was fetched: `direct` or `proxy` (`None` when no request was made,
+    /// e.g. no address).
+    pub scrape_path: Option<&'static str>,
     /// The reading, or why there is none.
     pub outcome: Result<AgentReading, ScrapeFailure>,
 }
@@ -331,7 +397,11 @@ fn own_history(
     let apply = delta_mean(a, b, apply_of).map(|(m, _)| m);
     let route = delta_mean(a, b, route_of).map(|(m, _)| m);
     let rate = match (a.failures, b.failures) {
-        (Some(x), Some(y)) if dt > 0.0 && y >= x => Some((y - x) / dt),
+        (Some(x), Some(y))
+            if dt >= params.min_rate_span_seconds.max(f64::MIN_POSITIVE) && y >= x =>
+        {
+            Some((y - x) / dt)
+        }
         _ => None,
     };
     (apply, route, rate)
@@ -378,7 +448,7 @@ fn cluster_values(
         }
         let dt = last.at - s.first().map_or(last.at, |o| o.at);
         if let (Some(x), Some(y)) = (first.failures, lr.failures) {
-            if dt > 0.0 && y >= x {
+            if dt >= params.min_rate_span_seconds.max(f64::MIN_POSITIVE) && y >= x {
                 rates.push((y - x) / dt);
             }
         }
@@ -403,13 +473,25 @@ pub fn healthy_half_median(values: &[f64], min: usize) -> Option<f64> {
     })
 }
 
-/// Rounds for evidence (6 significant digits keeps JSON short and stable).
+/// Rounds for evidence: 7 significant digits (`{:.6e}`) keep JSON short and stable for
+/// durations and rates; values of 10⁵ and more (Unix timestamps such as
+/// `process_start_time_seconds`, large counters) keep every digit down to the
+/// millisecond — rounding 1796002000 and 1796002004 to 7 digits made two different
+/// process starts look equal.
 fn r(x: f64) -> Value {
     if !x.is_finite() {
         return Value::Null;
     }
+    if x.abs() >= 1e5 {
+        return json!((x * 1000.0).round() / 1000.0);
+    }
     let s = format!("{x:.6e}");
     s.parse::<f64>().map_or(Value::Null, |v| json!(v))
+}
+
+/// [`r`], public for tests of the evidence rounding.
+pub fn evidence_number(x: f64) -> Value {
+    r(x)
 }
 
 fn opt(x: Option<f64>) -> Value {
@@ -444,6 +526,10 @@ fn node_findings(
     params: &Params,
 ) -> Vec<Suspect> {
     let mut out = Vec::new();
+    if cluster.searched_profiles.is_empty() {
+        // Every profile disabled: correlation is off, nothing to report.
+        return out;
+    }
     let on_node = cluster
         .agents_on_node
         .get(node)
@@ -478,7 +564,33 @@ fn node_findings(
         let base = |e: &mut Map<String, Value>, o: &Observation| {
             e.insert("profile".into(), json!(profile));
             e.insert("agent_pod".into(), json!(o.pod));
+            if let Some(p) = o.scrape_path {
+                e.insert("scrape_path".into(), json!(p));
+            }
         };
+        // The agent pod went away (deleted, evicted) and no pod of the profile took
+        // over on this node: its last reading is history, the node is unobserved now.
+        if !on_node.contains(profile) {
+            if let Some(last) = ring.back() {
+                let mut e = Map::new();
+                e.insert("profile".into(), json!(profile));
+                e.insert("agent_pod".into(), json!(last.pod));
+                e.insert("reason".into(), json!("agent_pod_gone"));
+                e.insert(
+                    "seconds_since_last_scrape".into(),
+                    r((window.end.max(window.start) - last.at).max(0.0)),
+                );
+                e.insert(
+                    "message".into(),
+                    json!(format!(
+                        "agent pod {} is gone from node {node} and no {profile} pod replaced it",
+                        last.pod
+                    )),
+                );
+                out.push(suspect(node, role, Signal::AgentUnreachable, e));
+                continue;
+            }
+        }
         // Reachability at the end of the window: the latest observation.
         if let Some(last) = ring.back().filter(|o| o.at >= window.start) {
             if let Err(f) = &last.outcome {
@@ -538,6 +650,10 @@ fn node_findings(
             e.insert("restart_count_after".into(), json!(after.restart_count));
             e.insert("process_start_before".into(), opt(rb.process_start));
             e.insert("process_start_after".into(), opt(ra.process_start));
+            e.insert(
+                "restart_span".into(),
+                json!("before: the last reading at or before the probe window start; after: the first at or after its end"),
+            );
             if let Some((name, x, y)) = dec {
                 e.insert("counter_decreased".into(), json!(name));
                 e.insert("value_before".into(), r(x));
@@ -673,27 +789,114 @@ pub fn split_findings(findings: Vec<Suspect>, result: ProbeResult) -> (Vec<Suspe
         .partition(|s| blame && s.signal != Signal::AgentUnreachable)
 }
 
-/// Adds `new` warnings to `into`, keeping one per (node, signal): the first seen keeps
-/// its evidence and gains `"seen_in_probes": n`.
+/// Evidence keys of an `agent_restarted` finding that describe the *end* of its span;
+/// a merged warning takes them from the latest probe (the others from the first).
+const RESTART_AFTER_KEYS: &[&str] = &[
+    "restart_count_after",
+    "process_start_after",
+    "pod_uid_changed",
+    "agent_pod",
+];
+
+/// Adds one probe's warnings (`new`) to the run's `into`, keeping one warning per
+/// (node, signal). Call once per probe: `seen_in_probes` counts calls (distinct
+/// probes) that had the (node, signal), however many profiles it came from.
+///
+/// The first warning seen keeps its evidence (its `profile`, `reason`, `message` stay
+/// at the top level) and gains `seen_in_probes` and `profiles` (every profile seen with
+/// this (node, signal), in order of appearance); with more than one profile,
+/// `by_profile` maps each profile to its own first evidence (so a kube-proxy problem on
+/// the node of a Felix problem stays visible). For `agent_restarted`, the `…_before`
+/// numbers are those of the first probe and the `…_after` numbers those of the latest
+/// one (`restart_span` says so), so the restart count covers the whole run.
 pub fn merge_warnings(into: &mut Vec<Suspect>, new: Vec<Suspect>) {
+    let mut counted: BTreeSet<(String, Signal)> = BTreeSet::new();
     for w in new {
+        let key = (w.node.clone(), w.signal);
+        let first_in_call = counted.insert(key);
+        let profile = w
+            .evidence
+            .get("profile")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
         match into
             .iter_mut()
             .find(|x| x.node == w.node && x.signal == w.signal)
         {
             Some(existing) => {
-                if let Value::Object(m) = &mut existing.evidence {
+                let Value::Object(m) = &mut existing.evidence else {
+                    continue;
+                };
+                if first_in_call {
                     let n = m.get("seen_in_probes").and_then(Value::as_u64).unwrap_or(1);
                     m.insert("seen_in_probes".into(), json!(n + 1));
+                }
+                if w.signal == Signal::AgentRestarted {
+                    for k in RESTART_AFTER_KEYS {
+                        if let Some(v) = w.evidence.get(*k) {
+                            m.insert((*k).into(), v.clone());
+                        }
+                    }
+                    m.insert(
+                        "restart_span".into(),
+                        json!("before: the first probe window of the run with this finding; after: the latest"),
+                    );
+                }
+                if let Some(p) = profile {
+                    let mut profiles: Vec<Value> = m
+                        .get("profiles")
+                        .and_then(Value::as_array)
+                        .cloned()
+                        .unwrap_or_default();
+                    if !profiles.iter().any(|x| x.as_str() == Some(p.as_str())) {
+                        profiles.push(json!(p));
+                        let mut by: Map<String, Value> = m
+                            .get("by_profile")
+                            .and_then(Value::as_object)
+                            .cloned()
+                            .unwrap_or_else(|| {
+                                // The first profile's own evidence, as it was.
+                                let mut by = Map::new();
+                                if let Some(first) = m.get("profile").and_then(Value::as_str) {
+                                    by.insert(first.to_owned(), profile_evidence(m));
+                                }
+                                by
+                            });
+                        if let Value::Object(wm) = &w.evidence {
+                            by.insert(p.clone(), profile_evidence(wm));
+                        }
+                        m.insert("profiles".into(), Value::Array(profiles));
+                        m.insert("by_profile".into(), Value::Object(by));
+                    }
                 }
             }
             None => {
                 let mut w = w;
                 if let Value::Object(m) = &mut w.evidence {
                     m.insert("seen_in_probes".into(), json!(1));
+                    m.insert(
+                        "profiles".into(),
+                        json!(profile.map(|p| vec![p]).unwrap_or_default()),
+                    );
                 }
                 into.push(w);
             }
         }
     }
+}
+
+/// One profile's evidence inside `by_profile`: the evidence without the merge's own
+/// keys.
+fn profile_evidence(m: &Map<String, Value>) -> Value {
+    let mut e = m.clone();
+    for k in [
+        "seen_in_probes",
+        "profiles",
+        "by_profile",
+        "profile",
+        "restart_span",
+    ] {
+        e.remove(k);
+    }
+    Value::Object(e)
 }

@@ -35,6 +35,28 @@ pub struct AgentTarget {
     pub port: Option<u16>,
     /// The pod's `Ready` condition is `True`.
     pub ready: bool,
+    /// `metadata.deletionTimestamp` is set (the pod is going away, e.g. the old pod of
+    /// a DaemonSet rollout).
+    pub terminating: bool,
+    /// `status.startTime`, else `metadata.creationTimestamp`, Unix milliseconds (orders
+    /// overlapping pods of one agent: the newest wins among equals).
+    pub started_ms: Option<i64>,
+}
+
+impl AgentTarget {
+    /// Preference among several pods of one profile on one node (higher wins): not
+    /// terminating, then Ready, then the newest start, then the pod name (so the choice
+    /// is deterministic). In a DaemonSet rollout the old and the new pod overlap; this
+    /// keeps the old one until the new one is Ready (or the old one terminates) and
+    /// then switches once — one hand-over, one `agent_restarted`, no flip-flop.
+    fn preference(&self) -> (bool, bool, i64, &str) {
+        (
+            !self.terminating,
+            self.ready,
+            self.started_ms.unwrap_or(i64::MIN),
+            self.pod.as_str(),
+        )
+    }
 }
 
 /// Resolves the metrics port of `pod` by `profile.port`'s rules, in order. Env values and
@@ -106,6 +128,11 @@ pub fn target_from_pod(profile: &Profile, pod: &Pod) -> Option<AgentTarget> {
         host_ip: status.and_then(|s| s.host_ip.clone()),
         port: resolve_port(profile, pod),
         ready,
+        terminating: pod.metadata.deletion_timestamp.is_some(),
+        started_ms: status
+            .and_then(|s| s.start_time.as_ref())
+            .or(pod.metadata.creation_timestamp.as_ref())
+            .map(|t| t.0.as_millisecond()),
     })
 }
 
@@ -141,16 +168,20 @@ impl AgentIndex {
             .insert((profile.to_owned(), namespace.to_owned()), true);
     }
 
-    /// Agents on `node`, sorted by profile then pod name.
+    /// The agents to scrape on `node`: one pod per profile, the most preferred when
+    /// several match (not terminating > Ready > newest start > name; see
+    /// `AgentTarget::preference`), sorted by profile.
     pub fn on_node(&self, node: &str) -> Vec<AgentTarget> {
-        let mut v: Vec<AgentTarget> = self
-            .by_uid
-            .values()
-            .filter(|t| t.node == node)
-            .cloned()
-            .collect();
-        v.sort_by(|a, b| (&a.profile, &a.pod).cmp(&(&b.profile, &b.pod)));
-        v
+        let mut best: BTreeMap<&str, &AgentTarget> = BTreeMap::new();
+        for t in self.by_uid.values().filter(|t| t.node == node) {
+            match best.get(t.profile.as_str()) {
+                Some(b) if b.preference() >= t.preference() => {}
+                _ => {
+                    best.insert(t.profile.as_str(), t);
+                }
+            }
+        }
+        best.into_values().cloned().collect()
     }
 
     /// Profiles with at least one agent anywhere in the cluster (a profile with none is
@@ -340,5 +371,62 @@ mod tests {
         let left = idx.on_node("node-2");
         assert_eq!(left.len(), 1);
         assert_eq!(left[0].profile, CALICO_FELIX);
+    }
+
+    fn overlapping(uid: &str, ready: bool, terminating: bool, started_ms: i64) -> AgentTarget {
+        AgentTarget {
+            profile: CALICO_FELIX.into(),
+            node: "node-2".into(),
+            namespace: "kube-system".into(),
+            pod: format!("calico-node-{uid}"),
+            uid: uid.into(),
+            restart_count: 0,
+            host_ip: Some("10.0.0.2".into()),
+            port: Some(9091),
+            ready,
+            terminating,
+            started_ms: Some(started_ms),
+        }
+    }
+
+    #[test]
+    fn two_pods_of_one_profile_on_a_node_yield_one_deterministic_choice() {
+        // DaemonSet rollout: the old pod Ready, the new one starting.
+        let mut idx = AgentIndex::default();
+        idx.apply(overlapping("old", true, false, 1_000));
+        idx.apply(overlapping("new", false, false, 2_000));
+        let pick = |idx: &AgentIndex| {
+            let v = idx.on_node("node-2");
+            assert_eq!(v.len(), 1, "{v:?}");
+            v[0].uid.clone()
+        };
+        assert_eq!(pick(&idx), "old", "Ready beats newer");
+        // The new pod becomes Ready: the newest Ready pod wins, from now on.
+        idx.apply(overlapping("new", true, false, 2_000));
+        assert_eq!(pick(&idx), "new");
+        // The old pod terminates: still the new one (no flip back).
+        idx.apply(overlapping("old", true, true, 1_000));
+        assert_eq!(pick(&idx), "new");
+        // A terminating pod loses even against a not-Ready one.
+        let mut idx = AgentIndex::default();
+        idx.apply(overlapping("old", true, true, 1_000));
+        idx.apply(overlapping("new", false, false, 2_000));
+        assert_eq!(pick(&idx), "new");
+    }
+
+    #[test]
+    fn terminating_and_start_time_come_from_the_pod() {
+        let b = builtin_profiles();
+        let felix = find(&b, CALICO_FELIX).expect("felix");
+        let mut p = calico(None, None);
+        p.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            "2026-01-01T00:00:10Z".parse().expect("ts"),
+        ));
+        p.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            "2026-01-01T00:00:00Z".parse().expect("ts"),
+        ));
+        let t = target_from_pod(felix, &p).expect("match");
+        assert!(t.terminating);
+        assert_eq!(t.started_ms, Some(1_767_225_600_000));
     }
 }

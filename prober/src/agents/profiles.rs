@@ -91,6 +91,20 @@ impl TryFrom<PortRuleSpec> for PortRule {
     }
 }
 
+impl PortRule {
+    /// Why this rule gave no port on a pod, for the `no_address` evidence: e.g.
+    /// `no env FELIX_PROMETHEUSMETRICSPORT with a port number`, `no container port named
+    /// "metrics"`.
+    pub fn miss(&self) -> String {
+        match self {
+            PortRule::Env(n) => format!("no env {n} with a port number"),
+            PortRule::Annotation(k) => format!("no annotation {k} with a port number"),
+            PortRule::ContainerPortName(n) => format!("no container port named {n:?}"),
+            PortRule::Number(n) => format!("port {n}"),
+        }
+    }
+}
+
 /// One metric to read: a family name plus an optional label filter (labels absent on a
 /// sample count as `""`, as in PromQL) and a factor to base units (e.g. `0.001` for a
 /// `_ms` metric).
@@ -330,10 +344,15 @@ struct ConfigFile {
 
 /// Reads a profiles document (YAML or JSON; see the module doc) and merges it over the
 /// built-ins: a profile with a built-in's name replaces it, names in `disable` drop
-/// built-ins, the rest are added. `origin` names the source in errors.
+/// built-ins, the rest are added. `origin` names the source in errors. Disabling every
+/// built-in without adding a profile is valid and yields an empty list (correlation
+/// off).
 ///
 /// Errors: [`ProfileError::Invalid`] for syntax errors, unknown keys, a profile without
-/// a port rule or namespace, a bad selector, or two profiles with one name.
+/// a port rule or namespace, an empty or invalid selector ([`parse_selector`]), a `path`
+/// not starting with `/`, a metric `scale` that is not a finite number > 0, a `disable`
+/// entry that names no built-in profile (the message lists the built-ins), or two
+/// profiles with one name.
 pub fn parse_profiles(text: &str, origin: &str) -> Result<Vec<Profile>, ProfileError> {
     let invalid = |message: String| ProfileError::Invalid {
         path: origin.to_owned(),
@@ -356,14 +375,54 @@ pub fn parse_profiles(text: &str, origin: &str) -> Result<Vec<Profile>, ProfileE
         }
         parse_selector(&p.selector)
             .map_err(|m| invalid(format!("profile {:?}: selector: {m}", p.name)))?;
+        if !p.path.starts_with('/') {
+            return Err(invalid(format!(
+                "profile {:?}: path {:?} must start with \"/\" (e.g. \"/{}\")",
+                p.name, p.path, p.path
+            )));
+        }
+        validate_scales(&p.metrics).map_err(|m| invalid(format!("profile {:?}: {m}", p.name)))?;
     }
-    let mut out: Vec<Profile> = builtin_profiles()
+    let builtins = builtin_profiles();
+    for d in &file.disable {
+        if !builtins.iter().any(|b| &b.name == d) {
+            let known: Vec<&str> = builtins.iter().map(|b| b.name.as_str()).collect();
+            return Err(invalid(format!(
+                "disable: unknown profile {d:?} (built-in profiles: {})",
+                known.join(", ")
+            )));
+        }
+    }
+    let mut out: Vec<Profile> = builtins
         .into_iter()
         .filter(|b| !file.disable.contains(&b.name))
         .filter(|b| !file.profiles.iter().any(|p| p.name == b.name))
         .collect();
     out.extend(file.profiles);
     Ok(out)
+}
+
+/// Every `scale` of `m` must be finite and > 0 (a factor to base units; 0, negative or
+/// NaN would turn every reading into nonsense silently).
+fn validate_scales(m: &SignalMetrics) -> Result<(), String> {
+    let groups: [(&str, &[MetricRef]); 5] = [
+        ("apply_time", &m.apply_time),
+        ("failures", &m.failures),
+        ("resyncs", &m.resyncs),
+        ("route_resync", &m.route_resync),
+        ("process_start", &m.process_start),
+    ];
+    for (group, refs) in groups {
+        for r in refs {
+            if !(r.scale.is_finite() && r.scale > 0.0) {
+                return Err(format!(
+                    "metrics.{group}: {}: scale {} must be a finite number > 0",
+                    r.name, r.scale
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// [`parse_profiles`] on the contents of `path`.
@@ -389,41 +448,116 @@ pub enum SelectorTerm {
 }
 
 /// Parses an equality-based selector (`k=v,k2!=v2,k3,!k4`; Kubernetes "Labels and
-/// Selectors", equality-based requirements). Set-based terms (`in`, `notin`) are
-/// rejected with a message.
+/// Selectors", equality-based requirements; whitespace around keys and values is
+/// ignored, as by `kubectl -l`).
+///
+/// Errors (messages name the whole selector or the offending term): an empty selector
+/// (it would select every pod in the namespaces), set-based requirements (`in`,
+/// `notin`, parentheses), an empty term, and keys or values that are not Kubernetes
+/// label syntax ([`check_label_key`], [`check_label_value`]) — so `a=b=c` (value `b=c`)
+/// and `!!x` (key `!x`) are rejected.
 pub fn parse_selector(s: &str) -> Result<Vec<SelectorTerm>, String> {
+    if s.trim().is_empty() {
+        return Err("empty selector would match every pod: name the agent's labels, e.g. k8s-app=calico-node".to_owned());
+    }
+    let words: Vec<&str> = s
+        .split(|c: char| c.is_whitespace() || c == '(' || c == ')')
+        .collect();
+    if s.contains('(') || s.contains(')') || words.iter().any(|w| *w == "in" || *w == "notin") {
+        return Err(format!(
+            "{s:?}: set-based requirements (in, notin) are not supported; use equality-based terms (k=v, k!=v, k, !k)"
+        ));
+    }
     let mut out = Vec::new();
     for raw in s.split(',') {
         let t = raw.trim();
         if t.is_empty() {
-            continue;
-        }
-        if t.contains('(') || t.contains(' ') {
-            return Err(format!("{t:?}: only equality-based terms are supported"));
+            return Err(format!("{s:?}: empty term"));
         }
         let term = if let Some((k, v)) = t.split_once("!=") {
-            SelectorTerm::Ne(k.to_owned(), v.to_owned())
+            SelectorTerm::Ne(k.trim().to_owned(), v.trim().to_owned())
         } else if let Some((k, v)) = t.split_once("==") {
-            SelectorTerm::Eq(k.to_owned(), v.to_owned())
+            SelectorTerm::Eq(k.trim().to_owned(), v.trim().to_owned())
         } else if let Some((k, v)) = t.split_once('=') {
-            SelectorTerm::Eq(k.to_owned(), v.to_owned())
+            SelectorTerm::Eq(k.trim().to_owned(), v.trim().to_owned())
         } else if let Some(k) = t.strip_prefix('!') {
-            SelectorTerm::NotExists(k.to_owned())
+            SelectorTerm::NotExists(k.trim().to_owned())
         } else {
             SelectorTerm::Exists(t.to_owned())
         };
-        let key = match &term {
-            SelectorTerm::Eq(k, _)
-            | SelectorTerm::Ne(k, _)
-            | SelectorTerm::Exists(k)
-            | SelectorTerm::NotExists(k) => k,
+        let (key, value) = match &term {
+            SelectorTerm::Eq(k, v) | SelectorTerm::Ne(k, v) => (k, Some(v)),
+            SelectorTerm::Exists(k) | SelectorTerm::NotExists(k) => (k, None),
         };
-        if key.is_empty() {
-            return Err(format!("{t:?}: empty label key"));
+        check_label_key(key).map_err(|m| format!("{t:?}: {m}"))?;
+        if let Some(v) = value {
+            check_label_value(v).map_err(|m| format!("{t:?}: {m}"))?;
         }
         out.push(term);
     }
     Ok(out)
+}
+
+/// A label name segment: ≤ 63 characters, `[A-Za-z0-9]` at both ends, `-`, `_`, `.`
+/// and alphanumerics between (Kubernetes "Labels and Selectors", syntax and character
+/// set; apimachinery `validation.IsQualifiedName`).
+fn is_label_name(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+}
+
+/// A DNS-1123 subdomain (label key prefix): ≤ 253 characters, lowercase alphanumerics,
+/// `-` and `.`, alphanumeric at both ends (apimachinery `IsDNS1123Subdomain`).
+fn is_dns_subdomain(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 253
+        && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
+        && (b[b.len() - 1].is_ascii_lowercase() || b[b.len() - 1].is_ascii_digit())
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'-' | b'.'))
+}
+
+/// Checks a label key: `[prefix/]name`, the prefix a DNS subdomain, the name as in
+/// [`is_label_name`] (Kubernetes "Labels and Selectors", syntax and character set).
+pub fn check_label_key(k: &str) -> Result<(), String> {
+    let (prefix, name) = match k.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, k),
+    };
+    if k.is_empty() {
+        return Err("empty label key".to_owned());
+    }
+    if let Some(p) = prefix {
+        if !is_dns_subdomain(p) {
+            return Err(format!(
+                "label key {k:?}: prefix {p:?} is not a DNS subdomain (lowercase letters, digits, '-', '.')"
+            ));
+        }
+    }
+    if !is_label_name(name) {
+        return Err(format!(
+            "label key {k:?} is not valid (at most 63 characters: letters, digits, '-', '_', '.', starting and ending with a letter or digit, optionally after a DNS-subdomain prefix and '/')"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a label value: empty, or as [`is_label_name`] (Kubernetes "Labels and
+/// Selectors", syntax and character set).
+pub fn check_label_value(v: &str) -> Result<(), String> {
+    if v.is_empty() || is_label_name(v) {
+        Ok(())
+    } else {
+        Err(format!(
+            "label value {v:?} is not valid (at most 63 characters: letters, digits, '-', '_', '.', starting and ending with a letter or digit)"
+        ))
+    }
 }
 
 /// Whether `labels` satisfy every term of `terms`.
@@ -607,5 +741,121 @@ disable: [aws-node]
         l.insert("tier".to_owned(), "x".to_owned());
         assert!(!selector_matches(&t, &l));
         assert!(parse_selector("a in (b)").is_err());
+    }
+
+    /// A one-profile config whose `key: value` line replaces the selector line, or is
+    /// added, for the validation tests below.
+    fn one_profile(selector: &str, extra: &str) -> String {
+        format!(
+            "profiles:\n  - name: x\n    selector: {selector}\n    namespaces: [n]\n    port: [{{number: 1}}]\n{extra}"
+        )
+    }
+
+    fn config_error(yaml: &str) -> String {
+        parse_profiles(yaml, "t.yaml")
+            .expect_err("must be rejected")
+            .to_string()
+    }
+
+    #[test]
+    fn empty_selector_is_rejected_because_it_matches_every_pod() {
+        assert_eq!(
+            config_error(&one_profile("\"\"", "")),
+            "invalid agent config t.yaml: profile \"x\": selector: empty selector would match every pod: name the agent's labels, e.g. k8s-app=calico-node"
+        );
+    }
+
+    #[test]
+    fn selector_with_a_value_containing_equals_is_rejected() {
+        assert_eq!(
+            config_error(&one_profile("a=b=c", "")),
+            "invalid agent config t.yaml: profile \"x\": selector: \"a=b=c\": label value \"b=c\" is not valid (at most 63 characters: letters, digits, '-', '_', '.', starting and ending with a letter or digit)"
+        );
+    }
+
+    #[test]
+    fn selector_with_a_double_negation_is_rejected() {
+        assert_eq!(
+            config_error(&one_profile("\"!!x\"", "")),
+            "invalid agent config t.yaml: profile \"x\": selector: \"!!x\": label key \"!x\" is not valid (at most 63 characters: letters, digits, '-', '_', '.', starting and ending with a letter or digit, optionally after a DNS-subdomain prefix and '/')"
+        );
+    }
+
+    #[test]
+    fn set_based_selector_error_shows_the_whole_selector() {
+        assert_eq!(
+            config_error(&one_profile("\"app in (a,b)\"", "")),
+            "invalid agent config t.yaml: profile \"x\": selector: \"app in (a,b)\": set-based requirements (in, notin) are not supported; use equality-based terms (k=v, k!=v, k, !k)"
+        );
+    }
+
+    #[test]
+    fn prefixed_keys_and_spaced_terms_are_valid_selectors() {
+        let t = parse_selector("app.kubernetes.io/name = cilium-agent, !tier").expect("valid");
+        assert_eq!(
+            t,
+            [
+                SelectorTerm::Eq("app.kubernetes.io/name".into(), "cilium-agent".into()),
+                SelectorTerm::NotExists("tier".into())
+            ]
+        );
+        assert!(parse_selector("Bad_Prefix/x=y").is_err());
+    }
+
+    #[test]
+    fn path_without_leading_slash_is_rejected() {
+        assert_eq!(
+            config_error(&one_profile("a=b", "    path: metrics\n")),
+            "invalid agent config t.yaml: profile \"x\": path \"metrics\" must start with \"/\" (e.g. \"/metrics\")"
+        );
+    }
+
+    #[test]
+    fn negative_or_nan_scale_is_rejected() {
+        let m = |scale: &str| {
+            one_profile(
+                "a=b",
+                &format!("    metrics:\n      failures: [{{name: errs_total, scale: {scale}}}]\n"),
+            )
+        };
+        assert_eq!(
+            config_error(&m("-1")),
+            "invalid agent config t.yaml: profile \"x\": metrics.failures: errs_total: scale -1 must be a finite number > 0"
+        );
+        assert_eq!(
+            config_error(&m(".nan")),
+            "invalid agent config t.yaml: profile \"x\": metrics.failures: errs_total: scale NaN must be a finite number > 0"
+        );
+        assert!(parse_profiles(&m("0.001"), "t.yaml").is_ok());
+    }
+
+    #[test]
+    fn disabling_an_unknown_profile_names_the_known_ones() {
+        assert_eq!(
+            config_error("disable: [cilium, nosuch]\n"),
+            "invalid agent config t.yaml: disable: unknown profile \"cilium\" (built-in profiles: calico-felix, cilium-agent, kube-proxy, aws-node)"
+        );
+    }
+
+    #[test]
+    fn disabling_every_builtin_gives_no_profiles() {
+        let p = parse_profiles(
+            "disable: [calico-felix, cilium-agent, kube-proxy, aws-node]\n",
+            "t.yaml",
+        )
+        .expect("valid");
+        assert!(p.is_empty());
+    }
+
+    #[test]
+    fn port_rule_misses_name_the_rule() {
+        assert_eq!(
+            PortRule::ContainerPortName("nosuchport".into()).miss(),
+            "no container port named \"nosuchport\""
+        );
+        assert_eq!(
+            PortRule::Env("FELIX_PROMETHEUSMETRICSPORT".into()).miss(),
+            "no env FELIX_PROMETHEUSMETRICSPORT with a port number"
+        );
     }
 }

@@ -7,10 +7,20 @@
 //!   provider (`shared/notes/pitfalls.md`).
 //! - **proxy**: `GET /api/v1/namespaces/NS/pods/NAME:PORT/proxy<path>` through the API
 //!   server with the kube [`Client`] (for a prober outside the pod network).
-//! - **auto**: direct first; on a connect error or connect timeout, the proxy, and that
-//!   (node, profile) stays on the proxy for the rest of the run. (Remembered per node
-//!   *and profile*, not per node only: a kube-proxy bound to 127.0.0.1 refuses direct
-//!   connections on a node whose Felix answers them.)
+//!   One attempt per scrape: the proxy client has no retry layer ([`no_retry_client`];
+//!   kube's default policy retries 429/503/504 with backoff, which turned an agent's
+//!   instant "connection refused" into a 2 s timeout and dozens of requests), and the
+//!   API server's Status comes back as [`ScrapeError::Status`].
+//! - **auto**: direct first; on any direct failure except a page-content problem (body
+//!   too large, not UTF-8, not exposition text, none of the profile's metrics — the
+//!   agent answered, the proxy would fetch the same page), the proxy; and from then on
+//!   that (node, profile) uses only the proxy for the rest of the run, whether the proxy
+//!   worked or not (remembered per node *and profile*: a kube-proxy bound to 127.0.0.1
+//!   refuses direct connections on a node whose Felix answers them). Without a
+//!   Kubernetes client, auto is direct only.
+//!
+//! Every finding of a scraped agent names the path used in its evidence
+//! (`scrape_path: direct|proxy`).
 //!
 //! Every request sends `Accept: text/plain;version=0.0.4` (DESIGN §3), runs under one
 //! timeout (connect + headers + body), reads at most the body limit, and waits for a
@@ -25,8 +35,8 @@
 //!   number of scrapes per tick whatever the node count.
 
 use super::correlate::{
-    correlate, split_findings, ClusterView, History, Observation, Params, ProbeWindow,
-    ScrapeFailure,
+    correlate, one_line, split_findings, ClusterView, History, Observation, Params, ProbeWindow,
+    ScrapeFailure, MESSAGE_MAX_CHARS,
 };
 use super::discover::{watch_agents, AgentIndex, AgentTarget, SharedIndex};
 use super::expo::{self, ParseError};
@@ -52,7 +62,8 @@ pub enum ScrapeMode {
     Direct,
     /// API server pod proxy.
     Proxy,
-    /// Direct, falling back to the proxy on connect errors (remembered).
+    /// Direct, falling back to the proxy on any direct failure but a page-content
+    /// problem (remembered per node and profile).
     Auto,
 }
 
@@ -116,8 +127,9 @@ pub enum ScrapeError {
     NoAddress {
         /// `namespace/name`.
         pod: String,
-        /// `hostIP` or `port`.
-        what: &'static str,
+        /// `no status.hostIP`, or `no metrics port: ` and every port rule tried (e.g.
+        /// `no container port named "metrics", no env X with a port number`).
+        what: String,
     },
     /// TCP connect failed (refused, unreachable) or timed out.
     #[error("connect {url}: {message}")]
@@ -126,6 +138,9 @@ pub enum ScrapeError {
         url: String,
         /// The error text.
         message: String,
+        /// The connection was refused (nothing listens on that address: metrics off,
+        /// or bound to another address such as 127.0.0.1).
+        refused: bool,
     },
     /// No complete answer within the timeout.
     #[error("{url}: no complete answer within {seconds}s")]
@@ -143,16 +158,19 @@ pub enum ScrapeError {
         /// The error text.
         message: String,
     },
-    /// A non-200 answer (for the proxy: the API server's Status, e.g. 503 when it
-    /// cannot reach the pod's port).
+    /// A non-200 answer (for the proxy: the API server's Status, e.g. 503 "connection
+    /// refused" when nothing listens on the pod's port, 403 without `get` on
+    /// `pods/proxy`).
     #[error("{url}: HTTP {status}: {message}")]
     Status {
         /// The URL.
         url: String,
         /// HTTP status code.
         status: u16,
-        /// Status message or body start.
+        /// Status message or body start, one line, bounded ([`one_line`]).
         message: String,
+        /// The answer came from the API server's pod proxy.
+        proxy: bool,
     },
     /// The body exceeded the limit.
     #[error("{url}: page larger than {limit} bytes")]
@@ -203,8 +221,29 @@ impl ScrapeError {
         }
     }
 
-    /// Short static reason (metric label `result` of `firstpacket_agent_scrapes_total`).
+    /// Whether the agent's address refused the connection, directly or as relayed by
+    /// the API server's pod proxy (503 whose message says `connection refused`, any
+    /// case: kube-apiserver relays Go's `connect: connection refused`, other servers
+    /// the OS text `Connection refused (os error 111)`).
+    pub fn refused(&self) -> bool {
+        match self {
+            ScrapeError::Connect { refused, .. } => *refused,
+            ScrapeError::Status {
+                status: 503,
+                message,
+                ..
+            } => message.to_ascii_lowercase().contains("connection refused"),
+            _ => false,
+        }
+    }
+
+    /// Short static reason (metric label `result` of `firstpacket_agent_scrapes_total`):
+    /// `refused` when the agent refused the connection ([`ScrapeError::refused`]),
+    /// else one per variant.
     pub fn reason(&self) -> &'static str {
+        if self.refused() {
+            return "refused";
+        }
         match self {
             ScrapeError::NoAddress { .. } => "no_address",
             ScrapeError::Connect { .. } => "connect",
@@ -219,14 +258,65 @@ impl ScrapeError {
         }
     }
 
-    /// As stored in an [`Observation`].
-    pub fn failure(&self) -> ScrapeFailure {
+    /// The likely fix, only where it is the likely cause: the profile's
+    /// `unreachable_hint` (how to turn the metrics on) when the agent refused the
+    /// connection or its page has none of the profile's metrics; the RBAC needed when
+    /// the pod proxy answered 403. `None` otherwise (timeouts, 404, other errors).
+    pub fn hint(&self, profile: &Profile) -> Option<String> {
+        match self {
+            ScrapeError::Status {
+                status: 403,
+                proxy: true,
+                ..
+            } => Some(format!(
+                "the prober needs `get` on `pods/proxy` in the agents' namespaces ({})",
+                profile.namespaces.join(", ")
+            )),
+            ScrapeError::NoSignal { .. } => profile.unreachable_hint.clone(),
+            e if e.refused() => profile.unreachable_hint.clone(),
+            _ => None,
+        }
+    }
+
+    /// As stored in an [`Observation`]: the message is one line of at most
+    /// [`MESSAGE_MAX_CHARS`] characters, followed by the [`ScrapeError::hint`] for
+    /// `profile` in parentheses when there is one.
+    pub fn failure(&self, profile: &Profile) -> ScrapeFailure {
+        let mut message = one_line(&self.to_string(), MESSAGE_MAX_CHARS);
+        if let Some(h) = self.hint(profile) {
+            message = format!("{message} ({})", one_line(&h, MESSAGE_MAX_CHARS));
+        }
         ScrapeFailure {
             signal: self.signal(),
             reason: self.reason(),
-            message: self.to_string(),
+            message,
         }
     }
+
+    /// A page-content problem: the agent answered, but the page is unusable (too
+    /// large, not UTF-8, not exposition text, none of the profile's metrics). The auto
+    /// mode does not fall back to the proxy on these.
+    pub fn is_page_problem(&self) -> bool {
+        matches!(
+            self,
+            ScrapeError::TooLarge { .. }
+                | ScrapeError::NotUtf8 { .. }
+                | ScrapeError::Parse { .. }
+                | ScrapeError::NoSignal { .. }
+        )
+    }
+}
+
+/// A Kubernetes client for pod-proxy scrapes: `config` with kube's default retry layer
+/// off (`Config::default_retry = false`; kube 5 `Config` docs: "Whether to enable
+/// default retrying requests on transient failures (429, 503, 504)"). A scrape is one
+/// attempt under its own timeout; the API server's answer is the result.
+///
+/// Errors: as [`Client::try_from`] (TLS or auth setup).
+pub fn no_retry_client(config: kube::Config) -> Result<Client, kube::Error> {
+    let mut config = config;
+    config.default_retry = false;
+    Client::try_from(config)
 }
 
 fn host_port(host: &str, port: u16) -> String {
@@ -240,9 +330,10 @@ fn host_port(host: &str, port: u16) -> String {
 /// `GET http://host:port<path>` with [`ACCEPT`], the whole exchange under `timeout`,
 /// at most `limit` body bytes. Returns the body as text.
 ///
-/// Errors: [`ScrapeError::Connect`] (connect failed or timed out — the auto mode's
-/// fallback trigger), [`ScrapeError::Timeout`] (after connecting), `Http`, `Status`,
-/// `TooLarge`, `NotUtf8`.
+/// Errors: [`ScrapeError::Connect`] (connect refused, failed or timed out),
+/// [`ScrapeError::Timeout`] (after connecting), `Http`, `Status` (body start as one
+/// bounded line), `TooLarge`, `NotUtf8`. In auto mode all but `TooLarge` / `NotUtf8`
+/// send the scrape to the proxy.
 pub async fn fetch_direct(
     host: &str,
     port: u16,
@@ -258,6 +349,7 @@ pub async fn fetch_direct(
         Ok(Err(e)) => {
             return Err(ScrapeError::Connect {
                 url,
+                refused: e.kind() == std::io::ErrorKind::ConnectionRefused,
                 message: e.to_string(),
             })
         }
@@ -265,6 +357,7 @@ pub async fn fetch_direct(
             return Err(ScrapeError::Connect {
                 url,
                 message: format!("connect timed out after {}s", timeout.as_secs_f64()),
+                refused: false,
             })
         }
     };
@@ -318,7 +411,11 @@ pub async fn fetch_direct(
             return Err(ScrapeError::Status {
                 url: url.clone(),
                 status,
-                message: String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned(),
+                message: one_line(
+                    &String::from_utf8_lossy(&body[..body.len().min(4 * MESSAGE_MAX_CHARS)]),
+                    MESSAGE_MAX_CHARS,
+                ),
+                proxy: false,
             });
         }
         String::from_utf8(body.to_vec()).map_err(|_| ScrapeError::NotUtf8 { url: url.clone() })
@@ -335,6 +432,9 @@ pub async fn fetch_direct(
 /// `GET /api/v1/namespaces/NS/pods/NAME:PORT/proxy<path>` through the API server, under
 /// `timeout`, at most `limit` bytes. Errors: `Status` (the API server's Status, e.g. 503
 /// when it cannot reach the port), `Http` (transport), `Timeout`, `TooLarge`, `NotUtf8`.
+///
+/// `client` should come from [`no_retry_client`]: with kube's default retry layer a
+/// 503 is retried with backoff until `timeout` ends it as `Timeout`.
 pub async fn fetch_proxy(
     client: &Client,
     namespace: &str,
@@ -358,7 +458,8 @@ pub async fn fetch_proxy(
             kube::Error::Api(s) => ScrapeError::Status {
                 url: url.clone(),
                 status: s.code,
-                message: s.message.clone(),
+                message: one_line(&s.message, MESSAGE_MAX_CHARS),
+                proxy: true,
             },
             other => ScrapeError::Http {
                 url: url.clone(),
@@ -408,17 +509,39 @@ pub fn read_page(profile: &Profile, url: &str, body: &str) -> Result<AgentReadin
     Ok(reading)
 }
 
+/// Where the proxy path gets its client.
+enum ProxyClient {
+    /// No client: direct only (proxy scrapes fail with [`ScrapeError::NoClient`]).
+    None,
+    /// A client used as given (callers build it with [`no_retry_client`]).
+    Given(Client),
+    /// Built on first use from `kube::Config::infer()` by [`no_retry_client`] (the
+    /// gate's own client comes from the same inference); when that fails, `fallback`.
+    Infer {
+        fallback: Client,
+        cell: tokio::sync::OnceCell<Client>,
+    },
+}
+
 /// Scrapes agents by the configured path, limits and concurrency.
 pub struct Scraper {
-    client: Option<Client>,
+    client: ProxyClient,
     settings: ScrapeSettings,
     permits: Arc<Semaphore>,
     via_proxy: Mutex<HashSet<(String, String)>>,
 }
 
 impl Scraper {
-    /// A scraper; `client` is needed for the proxy and auto paths.
+    /// A scraper; `client` is needed for the proxy and auto paths and is used as given
+    /// (build it with [`no_retry_client`] so a proxy scrape is one request).
     pub fn new(client: Option<Client>, settings: ScrapeSettings) -> Scraper {
+        Scraper::with_proxy_client(
+            client.map_or(ProxyClient::None, ProxyClient::Given),
+            settings,
+        )
+    }
+
+    fn with_proxy_client(client: ProxyClient, settings: ScrapeSettings) -> Scraper {
         Scraper {
             client,
             permits: Arc::new(Semaphore::new(settings.concurrency.max(1))),
@@ -432,7 +555,8 @@ impl Scraper {
         &self.settings
     }
 
-    /// Whether (node, profile) was switched to the proxy by the auto mode.
+    /// Whether (node, profile) went over to the proxy in auto mode (a direct scrape
+    /// failed for a reason other than the page's content).
     pub fn uses_proxy(&self, node: &str, profile: &str) -> bool {
         self.via_proxy
             .lock()
@@ -440,8 +564,33 @@ impl Scraper {
             .unwrap_or(false)
     }
 
+    fn has_client(&self) -> bool {
+        !matches!(self.client, ProxyClient::None)
+    }
+
+    async fn proxy_client(&self) -> Option<&Client> {
+        match &self.client {
+            ProxyClient::None => None,
+            ProxyClient::Given(c) => Some(c),
+            ProxyClient::Infer { fallback, cell } => Some(
+                cell.get_or_init(|| async {
+                    let built = match kube::Config::infer().await {
+                        Ok(cfg) => no_retry_client(cfg).map_err(|e| e.to_string()),
+                        Err(e) => Err(e.to_string()),
+                    };
+                    built.unwrap_or_else(|e| {
+                        tracing::warn!(error = %e,
+                            "agent scrape client without retries: using the retrying client");
+                        fallback.clone()
+                    })
+                })
+                .await,
+            ),
+        }
+    }
+
     async fn proxy(&self, t: &AgentTarget, port: u16, path: &str) -> Result<String, ScrapeError> {
-        let client = self.client.as_ref().ok_or(ScrapeError::NoClient)?;
+        let client = self.proxy_client().await.ok_or(ScrapeError::NoClient)?;
         fetch_proxy(
             client,
             &t.namespace,
@@ -460,19 +609,38 @@ impl Scraper {
         target: &AgentTarget,
         profile: &Profile,
     ) -> Result<AgentReading, ScrapeError> {
+        self.scrape_via(target, profile).await.1
+    }
+
+    /// [`Scraper::scrape`], also returning the path the answer came by (`direct` or
+    /// `proxy`; `None` when no request was made, e.g. no port resolved).
+    pub async fn scrape_via(
+        &self,
+        target: &AgentTarget,
+        profile: &Profile,
+    ) -> (Option<&'static str>, Result<AgentReading, ScrapeError>) {
         let _permit = self.permits.acquire().await.ok();
         let pod = format!("{}/{}", target.namespace, target.pod);
-        let port = target.port.ok_or(ScrapeError::NoAddress {
-            pod: pod.clone(),
-            what: "port",
-        })?;
+        let Some(port) = target.port else {
+            let tried: Vec<String> = profile.port.iter().map(|r| r.miss()).collect();
+            return (
+                None,
+                Err(ScrapeError::NoAddress {
+                    pod,
+                    what: format!("no metrics port: {}", tried.join(", ")),
+                }),
+            );
+        };
         let path = profile.path.as_str();
         let key = (target.node.clone(), target.profile.clone());
         let direct = || async {
-            let host = target.host_ip.as_deref().ok_or(ScrapeError::NoAddress {
-                pod: pod.clone(),
-                what: "hostIP",
-            })?;
+            let host = target
+                .host_ip
+                .as_deref()
+                .ok_or_else(|| ScrapeError::NoAddress {
+                    pod: pod.clone(),
+                    what: "no status.hostIP".to_owned(),
+                })?;
             fetch_direct(
                 host,
                 port,
@@ -483,34 +651,35 @@ impl Scraper {
             .await
         };
         let (label, body) = match self.settings.mode {
-            ScrapeMode::Direct => ("direct", direct().await?),
-            ScrapeMode::Proxy => ("proxy", self.proxy(target, port, path).await?),
+            ScrapeMode::Direct => ("direct", direct().await),
+            ScrapeMode::Proxy => ("proxy", self.proxy(target, port, path).await),
             ScrapeMode::Auto => {
                 if self.uses_proxy(&target.node, &target.profile) {
-                    ("proxy", self.proxy(target, port, path).await?)
+                    ("proxy", self.proxy(target, port, path).await)
                 } else {
                     match direct().await {
-                        Ok(b) => ("direct", b),
-                        Err(ScrapeError::Connect { url, message }) if self.client.is_some() => {
-                            match self.proxy(target, port, path).await {
-                                Ok(b) => {
-                                    if let Ok(mut s) = self.via_proxy.lock() {
-                                        s.insert(key);
-                                    }
-                                    ("proxy", b)
-                                }
-                                // Neither path works: report the direct error (the
-                                // proxy's is usually the same refusal, relayed).
-                                Err(_) => return Err(ScrapeError::Connect { url, message }),
+                        Err(e) if !e.is_page_problem() && self.has_client() => {
+                            tracing::debug!(pod = %pod, node = %target.node, error = %e,
+                                "direct agent scrape failed: this node and profile use the API-server proxy from now on");
+                            if let Ok(mut s) = self.via_proxy.lock() {
+                                s.insert(key);
                             }
+                            ("proxy", self.proxy(target, port, path).await)
                         }
-                        Err(e) => return Err(e),
+                        other => ("direct", other),
                     }
                 }
             }
         };
+        let body = match body {
+            Ok(b) => b,
+            Err(e) => return (Some(label), Err(e)),
+        };
         tracing::debug!(via = label, pod = %pod, port, node = %target.node, "agent scraped");
-        read_page(profile, &format!("{label} {pod}:{port}{path}"), &body)
+        (
+            Some(label),
+            read_page(profile, &format!("{label} {pod}:{port}{path}"), &body),
+        )
     }
 }
 
@@ -560,7 +729,7 @@ impl Inner {
         let jobs = targets.into_iter().filter_map(|t| {
             let profile = self.profiles.iter().find(|p| p.name == t.profile)?.clone();
             Some(async move {
-                let outcome = self.scraper.scrape(&t, &profile).await;
+                let (path, outcome) = self.scraper.scrape_via(&t, &profile).await;
                 let result = outcome.as_ref().map_or_else(|e| e.reason(), |_| "ok");
                 if let Ok(mut c) = self.counts.lock() {
                     *c.entry((t.profile.clone(), result)).or_default() += 1;
@@ -573,17 +742,10 @@ impl Inner {
                     uid: t.uid.clone(),
                     restart_count: t.restart_count,
                     ready: t.ready,
-                    outcome: outcome.map_err(|e| {
-                        // Unreachable agents carry the profile's hint (how to turn the
-                        // metrics on) in the evidence message.
-                        let mut f = e.failure();
-                        if let (Signal::AgentUnreachable, Some(h)) =
-                            (f.signal, profile.unreachable_hint.as_deref())
-                        {
-                            f.message = format!("{} ({h})", f.message);
-                        }
-                        f
-                    }),
+                    scrape_path: path,
+                    // The hint (how to turn the metrics on, the RBAC needed) only where
+                    // it is the likely cause (ScrapeError::hint).
+                    outcome: outcome.map_err(|e| e.failure(&profile)),
                 }
             })
         });
@@ -670,17 +832,53 @@ pub struct AgentWatcher {
 }
 
 impl AgentWatcher {
-    /// Starts discovery (one watch per profile namespace) and the scrape policy loop.
-    /// Needs a tokio runtime.
+    /// Starts discovery (one watch per profile namespace, on `client`) and the scrape
+    /// policy loop. Needs a tokio runtime. Proxy scrapes use a client without kube's
+    /// retry layer built on first use from `kube::Config::infer()` ([`no_retry_client`];
+    /// `client` if that fails) — callers holding their `kube::Config` should prefer
+    /// [`AgentWatcher::start_with_scrape_client`].
     pub fn start(
         client: Client,
         profiles: Vec<Profile>,
         settings: ScrapeSettings,
         params: Params,
     ) -> AgentWatcher {
+        let proxy = ProxyClient::Infer {
+            fallback: client.clone(),
+            cell: tokio::sync::OnceCell::new(),
+        };
+        AgentWatcher::start_inner(client, proxy, profiles, settings, params)
+    }
+
+    /// [`AgentWatcher::start`] with the client for proxy scrapes given:
+    /// `scrape_client` should be [`no_retry_client`]`(config.clone())` of the config
+    /// `client` came from (one request per scrape).
+    pub fn start_with_scrape_client(
+        client: Client,
+        scrape_client: Client,
+        profiles: Vec<Profile>,
+        settings: ScrapeSettings,
+        params: Params,
+    ) -> AgentWatcher {
+        AgentWatcher::start_inner(
+            client,
+            ProxyClient::Given(scrape_client),
+            profiles,
+            settings,
+            params,
+        )
+    }
+
+    fn start_inner(
+        client: Client,
+        proxy: ProxyClient,
+        profiles: Vec<Profile>,
+        settings: ScrapeSettings,
+        params: Params,
+    ) -> AgentWatcher {
         let index: SharedIndex = Arc::new(RwLock::new(AgentIndex::default()));
-        let mut w = AgentWatcher::with_index(
-            Some(client.clone()),
+        let mut w = AgentWatcher::with_scraper(
+            Scraper::with_proxy_client(proxy, settings.clone()),
             profiles.clone(),
             settings,
             params,
@@ -689,6 +887,13 @@ impl AgentWatcher {
         w.tasks
             .push(tokio::spawn(watch_agents(client, profiles, index)));
         w
+    }
+
+    /// Whether correlation is off: no profile to search (every built-in disabled by
+    /// `--agent-config` and none added). Then no finding is ever produced; the gate can
+    /// say so once.
+    pub fn is_off(&self) -> bool {
+        self.inner.profiles.is_empty()
     }
 
     /// Like [`AgentWatcher::start`] over an index the caller fills (no discovery task;
@@ -700,11 +905,27 @@ impl AgentWatcher {
         params: Params,
         index: SharedIndex,
     ) -> AgentWatcher {
+        AgentWatcher::with_scraper(
+            Scraper::new(client, settings.clone()),
+            profiles,
+            settings,
+            params,
+            index,
+        )
+    }
+
+    fn with_scraper(
+        scraper: Scraper,
+        profiles: Vec<Profile>,
+        settings: ScrapeSettings,
+        params: Params,
+        index: SharedIndex,
+    ) -> AgentWatcher {
         let inner = Arc::new(Inner {
             origin: Instant::now(),
             profiles,
             index,
-            scraper: Scraper::new(client, settings.clone()),
+            scraper,
             history: Mutex::new(History::new(settings.ring)),
             hot: Mutex::new(HashMap::new()),
             params,
