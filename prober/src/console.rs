@@ -75,6 +75,33 @@ impl Console {
         }
     }
 
+    /// Probe pods of another instance were left alone by the start-up sweep (DESIGN §6:
+    /// never another live instance's pods), e.g. those of a gate killed with SIGKILL.
+    pub fn kept_other_instance(&self, k: &crate::sweep::KeptInstance) {
+        let when = match k.swept_in_seconds {
+            Some(s) => format!(
+                "not provably dead yet: a later run sweeps them in {}s (their activeDeadlineSeconds + {}s)",
+                s.max(0),
+                crate::sweep::SWEEP_GRACE.as_secs()
+            ),
+            None => "their owner pod is alive".to_owned(),
+        };
+        if self.json() {
+            tracing::info!(
+                target: "prober::console",
+                instance = %k.instance,
+                pods = k.pods,
+                swept_in_seconds = k.swept_in_seconds,
+                "kept probe pods of another instance"
+            );
+        } else {
+            eprintln!(
+                "kept {} probe pod(s) of instance {}: {when}",
+                k.pods, k.instance
+            );
+        }
+    }
+
     /// The gate stops its cross-node pairs early ([`crate::gate::early_stop`]).
     pub fn early_stop(&self, why: &str) {
         if self.json() {

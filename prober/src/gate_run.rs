@@ -738,8 +738,11 @@ async fn run_gate_inner(
     let pods: Api<Pod> = Api::namespaced(client.clone(), &p.namespace);
     let max_age = p.give_up * 2 + hold + SWEEP_GRACE;
     let swept = sweep(&pods, &url, &p.namespace, &instance, max_age).await?;
-    if !swept.is_empty() {
-        console.swept(swept.len());
+    if !swept.deleted.is_empty() {
+        console.swept(swept.deleted.len());
+    }
+    for k in &swept.kept {
+        console.kept_other_instance(k);
     }
 
     let watch = Arc::new(PodWatch::start(pods.clone(), &instance_selector(&instance)));

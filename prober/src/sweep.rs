@@ -114,16 +114,73 @@ pub fn decide(
     None
 }
 
+/// Probe pods of another instance the sweep kept (not provably dead), per instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeptInstance {
+    /// `firstpacket.io/instance`.
+    pub instance: String,
+    /// How many of its probe pods are in the namespace.
+    pub pods: usize,
+    /// For a gate instance (no owner pod): seconds until its oldest pod passes its age
+    /// limit and the next run's sweep deletes it; `None` for in-cluster instances (kept
+    /// while their owner pod lives).
+    pub swept_in_seconds: Option<i64>,
+}
+
+/// What the start-up sweep did: the objects deleted (`pod/NAME`, `service/NAME`) and the
+/// other instances whose probe pods it kept.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SweepOutcome {
+    /// `pod/NAME` or `service/NAME` deleted.
+    pub deleted: Vec<String>,
+    /// Other instances' probe pods left alone, by instance (sorted).
+    pub kept: Vec<KeptInstance>,
+}
+
+/// The pods `candidates` keeps, grouped by instance (not ours): see [`KeptInstance`].
+fn kept_instances(
+    candidates: &[(bool, Candidate)],
+    our_instance: &str,
+    max_age: Duration,
+    alive: impl Fn(&str, &str) -> bool,
+) -> Vec<KeptInstance> {
+    let ours = i64::try_from(max_age.as_secs()).unwrap_or(i64::MAX);
+    let mut by: std::collections::BTreeMap<String, KeptInstance> = Default::default();
+    for (_, c) in candidates.iter().filter(|(is_pod, _)| *is_pod) {
+        let Some(instance) = c.instance.as_deref() else {
+            continue;
+        };
+        if instance == our_instance || decide(c, our_instance, max_age, &alive).is_some() {
+            continue;
+        }
+        let left = match (&c.owner_pod, c.age_seconds) {
+            (None, Some(age)) => Some(c.age_limit_seconds.map_or(ours, |l| l.max(ours)) - age),
+            _ => None,
+        };
+        let k = by.entry(instance.to_owned()).or_insert(KeptInstance {
+            instance: instance.to_owned(),
+            pods: 0,
+            swept_in_seconds: left,
+        });
+        k.pods += 1;
+        k.swept_in_seconds = match (k.swept_in_seconds, left) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+    by.into_values().collect()
+}
+
 /// Runs the sweep: list (by `app.kubernetes.io/name=firstpacket`), look up owner pods
-/// once each, delete what [`decide`] says. Returns the names deleted. A 404 on delete
-/// is fine; other API errors are returned.
+/// once each, delete what [`decide`] says. Returns what was deleted and what was kept
+/// ([`SweepOutcome`]). A 404 on delete is fine; other API errors are returned.
 pub async fn sweep(
     pods: &Api<Pod>,
     url: &str,
     namespace: &str,
     our_instance: &str,
     max_age: Duration,
-) -> Result<Vec<String>, Error> {
+) -> Result<SweepOutcome, Error> {
     let selector = ListParams::default().labels(&format!("{LABEL_NAME}={APP_NAME}"));
     let services: Api<Service> = Api::namespaced(pods.clone().into_client(), namespace);
     let pod_list = pods
@@ -171,6 +228,7 @@ pub async fn sweep(
         .filter(|(is_pod, c)| *is_pod && decide(c, our_instance, max_age, alive).is_none())
         .filter_map(|(_, c)| c.instance.as_deref())
         .collect();
+    let kept = kept_instances(&candidates, our_instance, max_age, alive);
     let mut deleted = Vec::new();
     for (is_pod, c) in &candidates {
         if !is_pod
@@ -204,7 +262,7 @@ pub async fn sweep(
             }
         }
     }
-    Ok(deleted)
+    Ok(SweepOutcome { deleted, kept })
 }
 
 #[cfg(test)]
@@ -236,6 +294,41 @@ mod tests {
     }
 
     const MAX: Duration = Duration::from_secs(185);
+
+    #[test]
+    fn pods_of_a_killed_gate_are_reported_as_kept_with_the_time_until_they_are_swept() {
+        let never = |_: &str, _: &str| false;
+        let mut young = cand(Some("gate-killed"), None, Some(40));
+        young.age_limit_seconds = Some(185 + SWEEP_GRACE.as_secs() as i64);
+        let mut older = young.clone();
+        older.age_seconds = Some(100);
+        let other = cand(Some("replica-1"), Some(("prober-0", "u1")), Some(10));
+        let ours = cand(Some("gate-me"), None, Some(5));
+        let cands: Vec<(bool, Candidate)> = [young, older, other, ours]
+            .into_iter()
+            .map(|c| (true, c))
+            .collect();
+        let alive = |n: &str, _: &str| n == "prober-0";
+        let kept = kept_instances(&cands, "gate-me", MAX, alive);
+        assert_eq!(
+            kept,
+            vec![
+                KeptInstance {
+                    instance: "gate-killed".into(),
+                    pods: 2,
+                    swept_in_seconds: Some(245 - 100),
+                },
+                KeptInstance {
+                    instance: "replica-1".into(),
+                    pods: 1,
+                    swept_in_seconds: None,
+                },
+            ]
+        );
+        // Once expired they are deleted, not kept.
+        let expired: Vec<(bool, Candidate)> = vec![(true, cand(Some("gate-old"), None, Some(999)))];
+        assert!(kept_instances(&expired, "gate-me", MAX, never).is_empty());
+    }
 
     #[test]
     fn own_and_unlabelled_pods_are_never_swept() {

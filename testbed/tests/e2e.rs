@@ -847,3 +847,90 @@ fn api_and_fault_commands_work_through_the_cli_and_reject_typos() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A gate killed with SIGKILL cannot clean up: its probe pods stay, bounded by their
+/// `activeDeadlineSeconds`; the next gate keeps them (never another instance's pods
+/// while not provably dead, DESIGN §6) and says so, with the time until they are swept.
+#[test]
+fn a_killed_gate_leaves_pods_with_deadlines_and_the_next_gate_names_them() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let fault = "rules:\n  - nodes: {all: true}\n    program_delay: 20s\n";
+    let tb = Testbed::up("sigkill", 3, fault, &[]);
+    let marker = tb.state.join("killed-report.json");
+    let marker = marker.to_str().unwrap();
+    let mut gate = tb
+        .cmd()
+        .args([
+            "exec",
+            "--",
+            "prober",
+            "gate",
+            "--pairs",
+            "3",
+            "--give-up",
+            "30s",
+        ])
+        .args(["--report", marker])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while tb.probe_pods().len() < 2 && start.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(tb.probe_pods().len() >= 2, "the gate created its pods");
+    let pgrep = Command::new("pgrep")
+        .args(["-f", &format!("prober gate .*{marker}")])
+        .output()
+        .unwrap();
+    let pids: Vec<i32> = String::from_utf8_lossy(&pgrep.stdout)
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    assert!(!pids.is_empty(), "prober process found");
+    for pid in pids {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    let _ = gate.wait();
+    let left = tb.probe_pods();
+    assert!(
+        !left.is_empty(),
+        "SIGKILL leaves the pods (nothing can run)"
+    );
+    let deadlines = kubectl(
+        &tb,
+        &[
+            "get",
+            "pods",
+            "-A",
+            "-l",
+            "app.kubernetes.io/name=firstpacket",
+            "-o",
+            "jsonpath={.items[*].spec.activeDeadlineSeconds}",
+        ],
+    );
+    assert!(
+        deadlines
+            .split_whitespace()
+            .all(|d| d.parse::<u64>().is_ok_and(|d| d > 0)),
+        "every left pod has a deadline: {deadlines:?}"
+    );
+    // The next gate keeps them and says for how long.
+    let (_code, _report, text) = tb.gate(&["--pairs", "1", "--give-up", "5s", "--hold", "1s"]);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("kept "))
+        .unwrap_or_else(|| panic!("no notice about the kept pods:\n{text}"));
+    assert!(line.contains("probe pod(s) of instance gate-"), "{line}");
+    assert!(line.contains("sweeps them in"), "{line}");
+    for pod in &left {
+        assert!(
+            tb.probe_pods().contains(pod),
+            "{pod} was not provably dead: kept"
+        );
+    }
+}
