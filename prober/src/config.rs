@@ -113,8 +113,9 @@ probe) and moves on, --concurrency pairs at a time.
 
 Kinds (--kinds, --pairs probes of each): cross_node (default); same_node, a control
 pair on one node; recreate, a stable-name target per node deleted and recreated on the
-same node (the CNI reuses the interface name, calico#11016); burst, the target created
-right after --burst-size filler pods on its node. With same_node in --kinds, the gate
+same node (the CNI reuses the interface name, calico#11016); service, through a
+per-probe ClusterIP Service selecting the fresh target (late Service rules); burst, the
+target created right after --burst-size filler pods on its node. With same_node in --kinds, the gate
 stops its cross-node pairs early once the verdict is fail and every cross-node pair so
 far got no answer while the same_node controls passed (diagnosis cross_node_broken).
 

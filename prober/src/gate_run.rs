@@ -828,9 +828,16 @@ async fn run_gate_inner(
     let total = plan.len();
     let sem = Arc::new(Semaphore::new(p.concurrency as usize));
     let mut set: JoinSet<(usize, Option<ProbeRecord>)> = JoinSet::new();
-    for planned in plan {
+    // Probes start in plan order (same-node pairs first, pairs with no node in common
+    // first within a lap: `crate::schedule`): the task at position `pos` asks for a
+    // permit only once `turn` reached `pos`, and passes the turn on as soon as it holds
+    // a permit or gave up waiting — otherwise the runtime's polling order would decide.
+    let turn = Arc::new(watch::channel(0usize).0);
+    for (pos, planned) in plan.into_iter().enumerate() {
         let env = env.clone();
         let sem = sem.clone();
+        let turn = turn.clone();
+        let mut my_turn = turn.subscribe();
         let probe = probe_plan(&planned, &instance, p.burst_size);
         let cross = stops_early(probe.kind);
         let mut cancel = if cross {
@@ -846,9 +853,17 @@ async fn run_gate_inner(
         let index = planned.index;
         set.spawn(async move {
             let permit = tokio::select! {
-                p = sem.acquire_owned() => p.ok(),
+                p = async {
+                    let _ = my_turn.wait_for(|t| *t >= pos).await;
+                    sem.acquire_owned().await.ok()
+                } => p,
                 _ = cancel.wait_for(|c| *c) => None,
             };
+            if permit.is_none() {
+                // Cancelled before starting: still pass the turn on when it comes.
+                let _ = my_turn.wait_for(|t| *t >= pos).await;
+            }
+            turn.send_modify(|t| *t = (*t).max(pos + 1));
             let early = lock(&stopped).clone();
             if permit.is_none() || *cancel.borrow() {
                 // Not started: an early stop gives a record; a run-wide stop does not.

@@ -26,16 +26,19 @@ use config::LogFormat;
 use tracing_subscriber::EnvFilter;
 
 /// Installs the tracing subscriber on stderr: `plain` or `json` lines, filter from
-/// `RUST_LOG`. Defaults: `json` → `warn,prober=info,kube_client=off` (progress and
-/// summary events for log pipelines); `plain` → `warn,kube_client=off` (the progress
+/// `RUST_LOG`. Defaults: `json` → `warn,prober=info,kube_client=off,
+/// kube_runtime::watcher=off` (progress and summary events for log pipelines); `plain`
+/// → `warn,kube_client=off,kube_runtime::watcher=off` (the progress
 /// lines and the table already say what the info events would, so a terminal shows
 /// only warnings besides them). API errors are reported by the prober itself, with
 /// their context. ANSI colours only on a terminal. A second call is a no-op.
 pub fn init_tracing(format: LogFormat) {
     use std::io::IsTerminal;
+    // kube-runtime's watcher logs every failed retry itself (a 403 floods stderr); the
+    // prober's own watches log each trouble once, with context.
     let default = match format {
-        LogFormat::Plain => "warn,kube_client=off",
-        LogFormat::Json => "warn,prober=info,kube_client=off",
+        LogFormat::Plain => "warn,kube_client=off,kube_runtime::watcher=off",
+        LogFormat::Json => "warn,prober=info,kube_client=off,kube_runtime::watcher=off",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()

@@ -92,6 +92,7 @@ fn view(nodes: &[&str]) -> ClusterView {
             .iter()
             .map(|n| ((*n).to_owned(), vec![CALICO_FELIX.to_owned()]))
             .collect(),
+        discovery_errors: Vec::new(),
     }
 }
 
@@ -405,6 +406,29 @@ fn unreachable_and_absent_agents_are_warnings_only_one_per_node() {
     );
     assert_eq!(warnings[0].evidence["seen_in_probes"], 6);
     assert_eq!(warnings[1].evidence["reason"], "no_agent_pod_on_node");
+}
+
+#[test]
+fn failing_discovery_is_named_instead_of_no_agents() {
+    let h = History::default();
+    let v = ClusterView {
+        searched_profiles: vec![CALICO_FELIX.into()],
+        discovery_errors: vec![
+            "calico-felix in kube-system: initial list failed: HTTP 403 Forbidden: pods is forbidden".into(),
+        ],
+        ..ClusterView::default()
+    };
+    let f = correlate(&h, &v, &window("a", "b"), &Params::default());
+    let (_, w) = split_findings(f, ProbeResult::Failed);
+    assert_eq!(w.len(), 2, "one per node: {w:?}");
+    for x in &w {
+        assert_eq!(x.evidence["reason"], "discovery_failed", "{x:?}");
+        let msg = x.evidence["message"].as_str().unwrap();
+        assert!(
+            msg.contains("403") && msg.contains("`list` and `watch` on pods"),
+            "{msg}"
+        );
+    }
 }
 
 #[test]

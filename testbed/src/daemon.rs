@@ -293,7 +293,11 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
                     tracing::error!(node = %node, error = %e, "kube-proxy metrics server");
                 }
             });
-            create_kube_proxy_pod(&store, &n.name, &n.ip.to_string());
+            tokio::spawn(kube_proxy_pod_loop(
+                store.clone(),
+                n.name.clone(),
+                n.ip.to_string(),
+            ));
         }
         let proxy = crate::services::ServiceProxy::start(
             store.clone(),
@@ -723,9 +727,58 @@ fn set_agent_pod_status(
         .map(|_| ())
 }
 
+/// Whether `node`'s `Ready` condition is `True` (a stopped node's pods are NotReady).
+fn node_is_ready(store: &Store, node: &str) -> bool {
+    store.get(Kind::Node, None, node).is_ok_and(|n| {
+        n["status"]["conditions"].as_array().is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        })
+    })
+}
+
+/// (Ready, restartCount) of a stored pod's first container, `None` when the pod is gone.
+fn stored_pod_state(store: &Store, name: &str) -> Option<(bool, u64)> {
+    let p = store.get(Kind::Pod, Some("kube-system"), name).ok()?;
+    let cs = &p["status"]["containerStatuses"][0];
+    Some((
+        cs["ready"] == true,
+        cs["restartCount"].as_u64().unwrap_or(0),
+    ))
+}
+
+/// Keeps a simulated agent pod's status in line, every second: Ready when `agent_state`
+/// says so and the node is Ready (`testbed node stop` marks it NotReady, `node start`
+/// brings it back), `restartCount` as `agent_state` counts. Ends when the pod is gone.
+async fn agent_pod_status_loop(
+    store: Arc<Store>,
+    name: String,
+    node: String,
+    node_ip: String,
+    container: (&'static str, &'static str),
+    agent_state: impl Fn() -> (bool, u64),
+) {
+    let started = crate::kubelet::now_rfc3339();
+    loop {
+        let (ready, restarts) = agent_state();
+        let want = (ready && node_is_ready(&store, &node), restarts);
+        match stored_pod_state(&store, &name) {
+            None => return, // deleted (or the cluster is going down)
+            Some(have) if have == want => {}
+            Some(_) => {
+                if set_agent_pod_status(&store, &name, container, &node_ip, &started, want).is_err()
+                {
+                    return;
+                }
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+}
+
 /// The calico-node pod of one node (`k8s-app=calico-node`): created once, then its
-/// status follows the simulated agent every second — Ready as the agent is,
-/// `restartCount` its restarts.
+/// status follows the simulated agent ([`agent_pod_status_loop`]) — Ready as the agent
+/// is, `restartCount` its restarts.
 async fn agent_pod_loop(store: Arc<Store>, node: String, node_ip: String, agent: Arc<Agent>) {
     let name = format!("calico-node-{node}");
     let port = crate::felix::FELIX_METRICS_PORT;
@@ -747,30 +800,23 @@ async fn agent_pod_loop(store: Arc<Store>, node: String, node_ip: String, agent:
         tracing::warn!(node = %node, error = %e.message, "create calico-node pod");
         return;
     }
-    let started = crate::kubelet::now_rfc3339();
-    let mut last: Option<(bool, u64)> = None;
-    loop {
-        let now = (agent.is_ready(), agent.restart_count());
-        if last != Some(now) {
-            let container = ("calico-node", CALICO_NODE_IMAGE);
-            if set_agent_pod_status(&store, &name, container, &node_ip, &started, now).is_err() {
-                return; // deleted: the cluster is going down
-            }
-            last = Some(now);
-        }
-        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-    }
+    let container = ("calico-node", CALICO_NODE_IMAGE);
+    agent_pod_status_loop(store, name, node, node_ip, container, move || {
+        (agent.is_ready(), agent.restart_count())
+    })
+    .await;
 }
 
-/// The kube-proxy pod of one node (`k8s-app=kube-proxy`, Running and Ready): it stands
-/// for the node's [`crate::services::ServiceProxy`]. Its container runs kube-proxy the
-/// way kubeadm's DaemonSet does (`--config`, `--hostname-override`); where the metrics
-/// listen is in the daemon's `--kube-proxy-metrics` ([`crate::kube_proxy`]).
-fn create_kube_proxy_pod(store: &Store, node: &str, node_ip: &str) {
+/// The kube-proxy pod of one node (`k8s-app=kube-proxy`, Running and Ready while its
+/// node is): it stands for the node's [`crate::services::ServiceProxy`]. Its container
+/// runs kube-proxy the way kubeadm's DaemonSet does (`--config`, `--hostname-override`);
+/// where the metrics listen is in the daemon's `--kube-proxy-metrics`
+/// ([`crate::kube_proxy`]).
+async fn kube_proxy_pod_loop(store: Arc<Store>, node: String, node_ip: String) {
     let name = format!("kube-proxy-{node}");
     let pod = agent_pod(
         &name,
-        node,
+        &node,
         "kube-proxy",
         json!({}),
         json!({
@@ -779,14 +825,12 @@ fn create_kube_proxy_pod(store: &Store, node: &str, node_ip: &str) {
             "env": [{ "name": "NODE_NAME", "valueFrom": { "fieldRef": { "apiVersion": "v1", "fieldPath": "spec.nodeName" } } }],
         }),
     );
-    let started = crate::kubelet::now_rfc3339();
-    let r = store.create(Kind::Pod, pod).and_then(|_| {
-        let container = ("kube-proxy", KUBE_PROXY_IMAGE);
-        set_agent_pod_status(store, &name, container, node_ip, &started, (true, 0))
-    });
-    if let Err(e) = r {
-        tracing::warn!(node, error = %e.message, "create kube-proxy pod");
+    if let Err(e) = store.create(Kind::Pod, pod) {
+        tracing::warn!(node = %node, error = %e.message, "create kube-proxy pod");
+        return;
     }
+    let container = ("kube-proxy", KUBE_PROXY_IMAGE);
+    agent_pod_status_loop(store, name, node, node_ip, container, || (true, 0)).await;
 }
 
 /// The events a real kubelet records when it starts and its node turns Ready

@@ -733,6 +733,48 @@ fn api_and_fault_commands_work_through_the_cli_and_reject_typos() {
     };
     let before = kubectl(&tb, &["get", "pods", "-A", "-o", "name"]);
     assert!(before.contains("calico-node-node-1"), "{before}");
+    // node stop marks the node's agent pods NotReady; node start brings them back.
+    let agents_ready = || {
+        kubectl(
+            &tb,
+            &[
+                "get", "pods", "-n", "kube-system", "-o",
+                "jsonpath={range .items[*]}{.metadata.name}={.status.containerStatuses[0].ready} {end}",
+            ],
+        )
+    };
+    let wait_agents = |want: &str| {
+        let start = Instant::now();
+        loop {
+            let got = agents_ready();
+            if got.split_whitespace().all(|kv| kv.ends_with(want))
+                || start.elapsed() > Duration::from_secs(10)
+            {
+                return got;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let mut node = tb.cmd();
+    node.args(["node", "stop", "node-1"]);
+    assert!(common::output_within(node, common::command_timeout())
+        .status
+        .success());
+    let got = wait_agents("=false");
+    assert!(
+        got.contains("calico-node-node-1=false") && got.contains("kube-proxy-node-1=false"),
+        "{got}"
+    );
+    let mut node = tb.cmd();
+    node.args(["node", "start", "node-1"]);
+    assert!(common::output_within(node, common::command_timeout())
+        .status
+        .success());
+    let got = wait_agents("=true");
+    assert!(
+        got.contains("calico-node-node-1=true") && got.contains("kube-proxy-node-1=true"),
+        "{got}"
+    );
 
     assert!(api(&["stop"]).status.success());
     let out = tb.exec(&["kubectl", "get", "nodes", "--request-timeout=5s"]);

@@ -597,3 +597,40 @@ fn kube_proxy_metrics_on_the_node_ip_are_read_without_warnings() {
     // The gate's probe Services were added and removed again: ≥ 2 writes besides start-up.
     assert!(count >= 2.0, "{page}");
 }
+
+/// RBAC missing for agent discovery only (`list pods` denied in kube-system, where the
+/// agents run): the gate still passes; each node's warning says discovery failed with
+/// the 403 and the RBAC it needs, instead of claiming there are no agents.
+#[test]
+fn forbidden_agent_discovery_is_named_not_mistaken_for_missing_agents() {
+    let _g = lock();
+    let fault = "rules:\n  - nodes: {all: true}\n    program_delay: {uniform: [200ms, 600ms]}\n";
+    let tb = Testbed::up("agents-rbac", 3, fault, &[]);
+    let deny = tb
+        .cmd()
+        .args(["api", "deny", "list", "pods", "-n", "kube-system"])
+        .output()
+        .unwrap();
+    assert!(deny.status.success());
+    let (code, report, text) = tb.gate(QUICK);
+    validate(&report);
+    assert_eq!(code, 0, "{text}");
+    let w = warnings(&report);
+    assert_eq!(
+        nodes_with(&w, "agent_unreachable"),
+        set(&["node-1", "node-2", "node-3"]),
+        "{text}"
+    );
+    for f in &w {
+        assert_eq!(f["evidence"]["reason"], "discovery_failed", "{f}\n{text}");
+        let msg = f["evidence"]["message"].as_str().unwrap_or("");
+        assert!(msg.contains("403"), "{msg}");
+        assert!(msg.contains("`list` and `watch` on pods"), "{msg}");
+    }
+    // One log line per failing watch, not one per retry.
+    let floods = text
+        .lines()
+        .filter(|l| l.contains("watch list error"))
+        .count();
+    assert_eq!(floods, 0, "{text}");
+}

@@ -92,6 +92,27 @@ fn s4_cross_node_broken_is_diagnosed_against_same_node_and_the_gate_stops_early(
         .duration_since(first_start)
         .unwrap()
         .as_secs_f64();
+    // Probes start in plan order: the same-node controls (planned first) all start
+    // before any cross-node pair.
+    let starts = |kind: &str| -> Vec<std::time::SystemTime> {
+        of_kind(&report, kind)
+            .into_iter()
+            .filter(|p| p["result"] != "interrupted")
+            .map(|p| at(&p["timeline"]["started_at"]))
+            .collect()
+    };
+    let last_same = starts("same_node")
+        .into_iter()
+        .max()
+        .expect("same_node ran");
+    let first_cross = starts("cross_node")
+        .into_iter()
+        .min()
+        .expect("cross_node ran");
+    assert!(
+        last_same <= first_cross,
+        "a cross-node pair started before a same-node control\n{out}"
+    );
     assert!(
         span < 2.5 * give_up,
         "first probe start → end took {span:.1}s: not within about one give-up period ({give_up}s)\n{out}"

@@ -305,6 +305,10 @@ pub struct ClusterView {
     pub searched_profiles: Vec<String>,
     /// Profiles whose agent pod exists on each node (discovery), by node.
     pub agents_on_node: BTreeMap<String, Vec<String>>,
+    /// Discovery watches failing now, `"<profile> in <namespace>: <error>"` (e.g. a 403:
+    /// RBAC missing `list`/`watch` pods there). With none found, "no agents" would be a
+    /// guess: the findings say discovery failed instead.
+    pub discovery_errors: Vec<String>,
 }
 
 fn good(o: &Observation) -> Option<&AgentReading> {
@@ -539,7 +543,17 @@ fn node_findings(
     profiles.extend(on_node.iter().cloned());
     if profiles.is_empty() {
         let mut e = Map::new();
-        if cluster.present_profiles.is_empty() {
+        if cluster.present_profiles.is_empty() && !cluster.discovery_errors.is_empty() {
+            e.insert("reason".into(), json!("discovery_failed"));
+            e.insert("profiles_searched".into(), json!(cluster.searched_profiles));
+            e.insert(
+                "message".into(),
+                json!(format!(
+                    "agent discovery failed: {} (the prober needs `list` and `watch` on pods in the agents' namespaces)",
+                    one_line(&cluster.discovery_errors.join("; "), MESSAGE_MAX_CHARS)
+                )),
+            );
+        } else if cluster.present_profiles.is_empty() {
             e.insert("reason".into(), json!("no_agent_pods_in_cluster"));
             e.insert("profiles_searched".into(), json!(cluster.searched_profiles));
         } else {

@@ -144,6 +144,9 @@ pub struct AgentIndex {
     by_uid: HashMap<(String, String), AgentTarget>,
     /// Profiles whose initial list is done.
     synced: HashMap<(String, String), bool>,
+    /// The last error of each (profile, namespace) watch that is failing now (cleared
+    /// by its next successful list).
+    errors: BTreeMap<(String, String), String>,
 }
 
 impl AgentIndex {
@@ -201,6 +204,28 @@ impl AgentIndex {
         v
     }
 
+    /// Records that the (profile, namespace) watch failed with `error`; returns true when
+    /// it was not failing before (so the caller logs once per outage).
+    pub fn set_error(&mut self, profile: &str, namespace: &str, error: String) -> bool {
+        self.errors
+            .insert((profile.to_owned(), namespace.to_owned()), error)
+            .is_none()
+    }
+
+    /// The (profile, namespace) watch works again.
+    pub fn clear_error(&mut self, profile: &str, namespace: &str) {
+        self.errors
+            .remove(&(profile.to_owned(), namespace.to_owned()));
+    }
+
+    /// Watches failing now, as `"<profile> in <namespace>: <error>"`.
+    pub fn errors(&self) -> Vec<String> {
+        self.errors
+            .iter()
+            .map(|((p, ns), e)| format!("{p} in {ns}: {e}"))
+            .collect()
+    }
+
     /// Number of (profile, namespace) watches whose initial list is done.
     pub fn synced_watches(&self) -> usize {
         self.synced.values().filter(|s| **s).count()
@@ -239,6 +264,7 @@ pub async fn watch_agents(client: Client, profiles: Vec<Profile>, index: SharedI
                         Ok(watcher::Event::InitDone) => {
                             if let Ok(mut idx) = index.write() {
                                 idx.replace(&profile.name, &ns, std::mem::take(&mut buffer));
+                                idx.clear_error(&profile.name, &ns);
                             }
                         }
                         Ok(watcher::Event::Apply(pod)) => {
@@ -262,8 +288,18 @@ pub async fn watch_agents(client: Client, profiles: Vec<Profile>, index: SharedI
                             }
                         }
                         Err(e) => {
-                            tracing::debug!(profile = %profile.name, namespace = %ns,
-                                error = %e, "agent pod watch error (retrying)");
+                            let text = crate::error::watcher_error_text(&e);
+                            let first = index
+                                .write()
+                                .map(|mut idx| idx.set_error(&profile.name, &ns, text.clone()))
+                                .unwrap_or(false);
+                            if first {
+                                tracing::warn!(profile = %profile.name, namespace = %ns,
+                                    error = %text, "agent discovery failing (retrying; correlation on this profile is blind meanwhile)");
+                            } else {
+                                tracing::debug!(profile = %profile.name, namespace = %ns,
+                                    error = %text, "agent pod watch error (retrying)");
+                            }
                         }
                     }
                 }

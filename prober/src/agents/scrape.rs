@@ -758,20 +758,21 @@ impl Inner {
     }
 
     fn cluster_view(&self) -> ClusterView {
-        let (present, by_node) = match self.index.read() {
+        let (present, by_node, errors) = match self.index.read() {
             Ok(idx) => {
                 let mut by_node: BTreeMap<String, Vec<String>> = BTreeMap::new();
                 for t in idx.all() {
                     by_node.entry(t.node).or_default().push(t.profile);
                 }
-                (idx.present_profiles(), by_node)
+                (idx.present_profiles(), by_node, idx.errors())
             }
-            Err(_) => (Vec::new(), BTreeMap::new()),
+            Err(_) => (Vec::new(), BTreeMap::new(), Vec::new()),
         };
         ClusterView {
             present_profiles: present,
             searched_profiles: self.profiles.iter().map(|p| p.name.clone()).collect(),
             agents_on_node: by_node,
+            discovery_errors: errors,
         }
     }
 
@@ -967,20 +968,26 @@ impl AgentWatcher {
     }
 
     /// Waits until every (profile, namespace) watch delivered its initial list, at most
-    /// `timeout`. Returns whether they all did (false is not fatal: correlation works on
-    /// what was found).
+    /// `timeout`; stops early (false) once every watch has either synced or is failing
+    /// (e.g. a 403). Returns whether they all synced (false is not fatal: correlation
+    /// works on what was found, and names failing discovery in its findings).
     pub async fn wait_synced(&self, timeout: Duration) -> bool {
         let want: usize = self.inner.profiles.iter().map(|p| p.namespaces.len()).sum();
         let deadline = Instant::now() + timeout;
         loop {
-            let have = self
+            // A watch that failed (e.g. 403) counts as settled: waiting the whole
+            // timeout for it would only delay the run.
+            let (have, failing) = self
                 .inner
                 .index
                 .read()
-                .map(|i| i.synced_watches())
-                .unwrap_or(0);
+                .map(|i| (i.synced_watches(), i.errors().len()))
+                .unwrap_or((0, 0));
             if have >= want {
                 return true;
+            }
+            if have + failing >= want {
+                return false;
             }
             if Instant::now() >= deadline {
                 return false;
