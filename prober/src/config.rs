@@ -382,6 +382,26 @@ mod tests {
     }
 
     #[test]
+    fn self_defeating_settings_are_warned_about() {
+        let g = gate(&["--timeout", "15s", "--give-up", "300s"]).expect("parse");
+        let w = crate::gate_run::questionable_settings(&g);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert_eq!(w[0].0, "--timeout");
+        assert!(
+            w[0].1.contains("shorter than --give-up + --hold (5m 5s)"),
+            "{}",
+            w[0].1
+        );
+        let g = gate(&["--attempt-timeout", "10s", "--give-up", "2s"]).expect("parse");
+        let w = crate::gate_run::questionable_settings(&g);
+        assert_eq!(
+            w.iter().map(|x| x.0).collect::<Vec<_>>(),
+            ["--attempt-timeout"]
+        );
+        assert!(crate::gate_run::questionable_settings(&gate(&[]).expect("parse")).is_empty());
+    }
+
+    #[test]
     fn cli_definition_is_consistent() {
         Cli::command().debug_assert();
     }

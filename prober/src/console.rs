@@ -102,6 +102,16 @@ impl Console {
         }
     }
 
+    /// A setting that is valid but probably not what the user meant (e.g. `--timeout`
+    /// shorter than one probe can take).
+    pub fn setting_warning(&self, flag: &str, message: &str) {
+        if self.json() {
+            tracing::warn!(target: "prober::console", flag, message, "questionable setting");
+        } else {
+            eprintln!("warning: {flag}: {message}");
+        }
+    }
+
     /// The gate stops its cross-node pairs early ([`crate::gate::early_stop`]).
     pub fn early_stop(&self, why: &str) {
         if self.json() {

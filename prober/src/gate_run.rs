@@ -416,6 +416,37 @@ fn check_settings(args: &GateArgs) -> Result<(), Error> {
     Ok(())
 }
 
+/// Settings that are valid but defeat themselves, as (flag, why): a `--timeout` shorter
+/// than `--give-up` + `--hold` (a pair that never answers can then never be judged: it
+/// ends `interrupted`, the run `inconclusive`), an `--attempt-timeout` longer than
+/// `--give-up` (a single attempt outlasts the probe).
+pub fn questionable_settings(args: &GateArgs) -> Vec<(&'static str, String)> {
+    let p = &args.probe;
+    let mut out = Vec::new();
+    let one_probe = p.give_up + p.hold_or(crate::config::GATE_DEFAULT_HOLD);
+    if args.timeout < one_probe {
+        out.push((
+            "--timeout",
+            format!(
+                "{} is shorter than --give-up + --hold ({}): a pair that gets no answer is cut off before it can fail, and the run ends inconclusive",
+                humantime::format_duration(args.timeout),
+                humantime::format_duration(one_probe)
+            ),
+        ));
+    }
+    if p.attempt_timeout > p.give_up {
+        out.push((
+            "--attempt-timeout",
+            format!(
+                "{} is longer than --give-up ({}): one attempt outlasts the probe",
+                humantime::format_duration(p.attempt_timeout),
+                humantime::format_duration(p.give_up)
+            ),
+        ));
+    }
+    out
+}
+
 /// Kinds whose pairs cross nodes and are cut short by the early stop.
 fn stops_early(kind: ProbeKind) -> bool {
     kind != ProbeKind::SameNode
@@ -641,6 +672,9 @@ async fn run_gate_inner(
     let p = &args.probe;
     let kinds = check_kinds(&p.kinds)?;
     check_settings(args)?;
+    for (flag, message) in questionable_settings(args) {
+        console.setting_warning(flag, &message);
+    }
     // Agent profiles first: a bad --agent-config fails before any API call.
     let profiles = match &p.agent_config {
         Some(path) => {
