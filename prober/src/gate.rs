@@ -898,7 +898,15 @@ pub fn evidence_line(evidence: &serde_json::Value) -> String {
         "message",
     ];
     let mut parts = Vec::new();
+    // `profiles: [p]` repeats `profile p`: show the list only when it says more.
+    let single_profile = evidence
+        .get("profiles")
+        .and_then(|v| v.as_array())
+        .is_some_and(|a| a.len() == 1 && evidence.get("profile") == a.first());
     for k in KEYS {
+        if *k == "profiles" && single_profile {
+            continue;
+        }
         match evidence.get(*k) {
             None | Some(serde_json::Value::Null) => {}
             Some(serde_json::Value::Number(n)) => match n.as_f64() {
@@ -1644,6 +1652,10 @@ mod tests {
             text.contains("      calico-felix: reason timeout, scrape_path direct"),
             "{text}"
         );
+        let one = evidence_line(
+            &serde_json::json!({"profile": "kube-proxy", "profiles": ["kube-proxy"]}),
+        );
+        assert_eq!(one, "profile kube-proxy");
         assert!(
             text.contains("      kube-proxy: reason refused, scrape_path proxy"),
             "{text}"
