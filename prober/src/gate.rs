@@ -985,6 +985,21 @@ fn role_str(r: target_server::report::Role) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The report inputs of a 10 s run with the default thresholds.
+    fn inputs() -> ReportInputs {
+        ReportInputs {
+            thresholds: th(),
+            instance: "gate-abcdefgh".into(),
+            started_at: "2026-01-01T00:00:00Z".into(),
+            finished_at: "2026-01-01T00:00:10Z".into(),
+            duration_seconds: 10.0,
+            errors: vec![],
+            group_by: vec![],
+            stopped_early: None,
+            skipped_nodes: Vec::new(),
+        }
+    }
     use target_server::report::{Attempts, Hold, PodRef, Timeline};
 
     fn rec(src: &str, dst: &str, result: ProbeResult, ttfp: Option<f64>) -> ProbeRecord {
@@ -1217,22 +1232,7 @@ mod tests {
             diagnose(&[ok("a", "b"), ok("b", "c"), api("c", "d"), api("d", "a")]),
             Diagnosis::Healthy
         );
-        let report = build_report(
-            mostly,
-            &[],
-            vec![],
-            ReportInputs {
-                thresholds: th(),
-                instance: "gate-abcdefgh".into(),
-                started_at: "2026-01-01T00:00:00Z".into(),
-                finished_at: "2026-01-01T00:00:10Z".into(),
-                duration_seconds: 10.0,
-                errors: vec![],
-                group_by: vec![],
-                stopped_early: None,
-                skipped_nodes: Vec::new(),
-            },
-        );
+        let report = build_report(mostly, &[], vec![], inputs());
         assert_eq!(report.verdict, Verdict::Inconclusive);
         assert_eq!(report.summary.diagnosis, Diagnosis::Inconclusive);
         assert!(
@@ -1360,22 +1360,7 @@ mod tests {
             rec("n1", "n2", ProbeResult::Success, Some(0.31)),
             rec("n2", "n1", ProbeResult::Failed, None),
         ];
-        let report = build_report(
-            probes,
-            &[],
-            vec![],
-            ReportInputs {
-                thresholds: th(),
-                instance: "gate-abcdefgh".into(),
-                started_at: "2026-01-01T00:00:00Z".into(),
-                finished_at: "2026-01-01T00:00:10Z".into(),
-                duration_seconds: 10.0,
-                errors: vec![],
-                group_by: vec![],
-                stopped_early: None,
-                skipped_nodes: Vec::new(),
-            },
-        );
+        let report = build_report(probes, &[], vec![], inputs());
         assert_eq!(report.exit_code, 1);
         assert_eq!(report.summary.by_result[&ProbeResult::Inconclusive], 0);
         let json = serde_json::to_string_pretty(&report).expect("json");
@@ -1419,22 +1404,7 @@ mod tests {
             signal: Signal::AgentUnreachable,
             evidence: serde_json::json!({"reason": "connect", "profile": "kube-proxy"}),
         };
-        let report = build_report(
-            vec![slow],
-            &[],
-            vec![warning],
-            ReportInputs {
-                thresholds: th(),
-                instance: "gate-abcdefgh".into(),
-                started_at: "2026-01-01T00:00:00Z".into(),
-                finished_at: "2026-01-01T00:00:10Z".into(),
-                duration_seconds: 10.0,
-                errors: vec![],
-                group_by: vec![],
-                stopped_early: None,
-                skipped_nodes: Vec::new(),
-            },
-        );
+        let report = build_report(vec![slow], &[], vec![warning], inputs());
         let text = render_text(&report, &[]);
         let line = text
             .lines()
@@ -1458,17 +1428,7 @@ mod tests {
             vec![rec("n1", "n2", ProbeResult::Success, Some(0.2))],
             &[],
             vec![],
-            ReportInputs {
-                thresholds: th(),
-                instance: "gate-abcdefgh".into(),
-                started_at: "2026-01-01T00:00:00Z".into(),
-                finished_at: "2026-01-01T00:00:10Z".into(),
-                duration_seconds: 10.0,
-                errors: vec![],
-                group_by: vec![],
-                stopped_early: None,
-                skipped_nodes: Vec::new(),
-            },
+            inputs(),
         );
         assert_eq!(render_agent_findings(&empty), "");
     }
@@ -1594,17 +1554,7 @@ mod tests {
                     signal: target_server::report::Signal::AgentUnreachable,
                     evidence: serde_json::json!({"reason": "connect"}),
                 }],
-                ReportInputs {
-                    thresholds: th(),
-                    instance: "gate-abcdefgh".into(),
-                    started_at: "2026-01-01T00:00:00Z".into(),
-                    finished_at: "2026-01-01T00:00:10Z".into(),
-                    duration_seconds: 10.0,
-                    errors: vec![],
-                    group_by: vec![],
-                    stopped_early: None,
-                    skipped_nodes: Vec::new(),
-                },
+                inputs(),
             )
         };
         let without = render_text(&mk(), &[]);
@@ -1623,17 +1573,7 @@ mod tests {
             vec![rec("n1", "n2", ProbeResult::Success, Some(0.2))],
             &[],
             vec![],
-            ReportInputs {
-                thresholds: th(),
-                instance: "gate-abcdefgh".into(),
-                started_at: "2026-01-01T00:00:00Z".into(),
-                finished_at: "2026-01-01T00:00:10Z".into(),
-                duration_seconds: 10.0,
-                errors: vec![],
-                group_by: vec![],
-                stopped_early: None,
-                skipped_nodes: Vec::new(),
-            },
+            inputs(),
         );
         r.warnings.push(Suspect {
             node: "node-2".into(),
