@@ -281,8 +281,9 @@ pub fn early_stop(records: &[ProbeRecord], max_failures: u64) -> Option<String> 
         nodes.insert(&p.target.node);
     }
     Some(format!(
-        "{} cross-node pair(s) over nodes {} got no answer within the give-up period and \
-         none passed, while {} same_node control pair(s) passed: the cross-node path is \
+        "at the stop, {} cross-node pair(s) over nodes {} had got no answer within the \
+         give-up period and none had passed, while {} same_node control pair(s) had \
+         passed: the cross-node path is \
          broken and the verdict is already fail; remaining cross-node pairs were not run",
         silent.len(),
         nodes.into_iter().collect::<Vec<_>>().join(", "),
