@@ -238,20 +238,6 @@ fn cordoned_and_not_ready_nodes_are_skipped_and_missing_image_is_inconclusive() 
     assert!(tb.probe_pods().is_empty(), "probe pods left behind");
 }
 
-/// Runs `kubectl ARGS…` through `testbed exec`; panics with its output unless it exits 0.
-fn kubectl(tb: &Testbed, args: &[&str]) -> String {
-    let mut a = vec!["kubectl"];
-    a.extend_from_slice(args);
-    let out = tb.exec(&a);
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "kubectl {args:?} failed: {stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-}
-
 fn write_manifest(tb: &Testbed, name: &str, text: &str) -> String {
     let p = tb.state.join(name);
     std::fs::write(&p, text).unwrap();
@@ -318,53 +304,49 @@ fn real_kubectl_works_against_the_testbed() {
 
     // apply -f with default validation (needs OpenAPI), then create -f → AlreadyExists.
     let pod = write_manifest(&tb, "web.yaml", WEB_POD);
-    assert!(kubectl(&tb, &["apply", "-f", &pod]).contains("pod/web created"));
+    assert!(tb
+        .kubectl(&["apply", "-f", &pod])
+        .contains("pod/web created"));
     let out = tb.exec(&["kubectl", "create", "-f", &pod]);
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("AlreadyExists"),
         "create -f of an existing pod"
     );
-    let out = kubectl(
-        &tb,
-        &["wait", "--for=condition=Ready", "pod/web", "--timeout=20s"],
-    );
+    let out = tb.kubectl(&["wait", "--for=condition=Ready", "pod/web", "--timeout=20s"]);
     assert!(out.contains("condition met"), "{out}");
 
     // Selectors.
-    assert!(kubectl(&tb, &["get", "pods", "-l", "tier=front", "-o", "name"]).contains("pod/web"));
-    assert!(!kubectl(&tb, &["get", "pods", "-l", "tier!=front", "-o", "name"]).contains("pod/web"));
-    let node = kubectl(
-        &tb,
-        &["get", "pod", "web", "-o", "jsonpath={.spec.nodeName}"],
-    );
+    assert!(tb
+        .kubectl(&["get", "pods", "-l", "tier=front", "-o", "name"])
+        .contains("pod/web"));
+    assert!(!tb
+        .kubectl(&["get", "pods", "-l", "tier!=front", "-o", "name"])
+        .contains("pod/web"));
+    let node = tb.kubectl(&["get", "pod", "web", "-o", "jsonpath={.spec.nodeName}"]);
     let other = if node == "node-1" { "node-2" } else { "node-1" };
-    assert!(kubectl(
-        &tb,
-        &[
+    assert!(tb
+        .kubectl(&[
             "get",
             "pods",
             "--field-selector",
             &format!("spec.nodeName={node}"),
             "-o",
             "name"
-        ]
-    )
-    .contains("pod/web"));
-    assert!(!kubectl(
-        &tb,
-        &[
+        ])
+        .contains("pod/web"));
+    assert!(!tb
+        .kubectl(&[
             "get",
             "pods",
             "--field-selector",
             &format!("spec.nodeName={other}"),
             "-o",
             "name"
-        ]
-    )
-    .contains("pod/web"));
+        ])
+        .contains("pod/web"));
 
     // describe, logs.
-    let d = kubectl(&tb, &["describe", "pod", "web"]);
+    let d = tb.kubectl(&["describe", "pod", "web"]);
     assert!(
         d.contains("Status:") && d.contains("Running") && d.contains(&node),
         "{d}"
@@ -373,53 +355,42 @@ fn real_kubectl_works_against_the_testbed() {
         d.contains("Scheduled"),
         "describe pod shows the scheduler's event:\n{d}"
     );
-    let d = kubectl(&tb, &["describe", "node", &node]);
+    let d = tb.kubectl(&["describe", "node", &node]);
     assert!(d.contains("Ready") && d.contains("web"), "{d}");
     assert!(
         d.contains("NodeReady"),
         "describe node shows the kubelet's events:\n{d}"
     );
-    let logs = kubectl(&tb, &["logs", "web"]);
+    let logs = tb.kubectl(&["logs", "web"]);
     assert!(logs.contains("listening"), "logs: {logs:?}");
 
     // Agent metrics through the API server's pod proxy.
-    let page = kubectl(
-        &tb,
-        &[
-            "get",
-            "--raw",
-            "/api/v1/namespaces/kube-system/pods/calico-node-node-1:9091/proxy/metrics",
-        ],
-    );
+    let page = tb.kubectl(&[
+        "get",
+        "--raw",
+        "/api/v1/namespaces/kube-system/pods/calico-node-node-1:9091/proxy/metrics",
+    ]);
     assert!(
         page.contains("# TYPE felix_int_dataplane_apply_time_seconds summary"),
         "{page}"
     );
 
     // delete --wait (graceful: the kubelet finishes it).
-    assert!(kubectl(&tb, &["delete", "pod", "web"]).contains("deleted"));
-    assert!(kubectl(&tb, &["get", "pods", "-o", "name"])
-        .trim()
-        .is_empty());
+    assert!(tb.kubectl(&["delete", "pod", "web"]).contains("deleted"));
+    assert!(tb.kubectl(&["get", "pods", "-o", "name"]).trim().is_empty());
 
     // A Deployment reaches its ready replicas.
     let dep = write_manifest(&tb, "webd.yaml", WEB_DEPLOYMENT);
-    kubectl(&tb, &["apply", "-f", &dep]);
-    let out = kubectl(
-        &tb,
-        &["rollout", "status", "deployment/webd", "--timeout=30s"],
-    );
+    tb.kubectl(&["apply", "-f", &dep]);
+    let out = tb.kubectl(&["rollout", "status", "deployment/webd", "--timeout=30s"]);
     assert!(out.contains("successfully rolled out"), "{out}");
-    let ready = kubectl(
-        &tb,
-        &[
-            "get",
-            "deployment",
-            "webd",
-            "-o",
-            "jsonpath={.status.readyReplicas}",
-        ],
-    );
+    let ready = tb.kubectl(&[
+        "get",
+        "deployment",
+        "webd",
+        "-o",
+        "jsonpath={.status.readyReplicas}",
+    ]);
     assert_eq!(ready, "3");
 
     nix::sys::signal::kill(
@@ -447,20 +418,17 @@ fn a_pod_with_in_cluster_kube_rs_config_lists_nodes() {
         "incluster.yaml",
         "apiVersion: v1\nkind: Pod\nmetadata: {name: incluster}\nspec:\n  restartPolicy: Never\n  containers:\n  - name: prober\n    image: ghcr.io/firstpacket/prober:0.1.0\n    args: [gate, --dry-run]\n",
     );
-    kubectl(&tb, &["apply", "-f", &manifest]);
+    tb.kubectl(&["apply", "-f", &manifest]);
     let start = Instant::now();
     let mut phase = String::new();
     while start.elapsed() < Duration::from_secs(30) {
-        phase = kubectl(
-            &tb,
-            &["get", "pod", "incluster", "-o", "jsonpath={.status.phase}"],
-        );
+        phase = tb.kubectl(&["get", "pod", "incluster", "-o", "jsonpath={.status.phase}"]);
         if phase == "Succeeded" || phase == "Failed" {
             break;
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    let logs = kubectl(&tb, &["logs", "incluster"]);
+    let logs = tb.kubectl(&["logs", "incluster"]);
     assert_eq!(phase, "Succeeded", "in-cluster prober failed:\n{logs}");
     // The dry run lists both nodes: it reached the API over HTTPS with the pod's
     // service-account token and CA.
@@ -493,31 +461,25 @@ fn many_nodes_with_many_pods_come_up_serve_and_tear_down() {
     }
     let path = write_manifest(&tb, "scale.yaml", &manifest);
     let t1 = Instant::now();
-    kubectl(&tb, &["apply", "--validate=false", "-f", &path]);
-    let out = kubectl(
-        &tb,
-        &[
-            "wait",
-            "--for=condition=Ready",
-            "pods",
-            "-l",
-            "app=scale",
-            "--timeout=120s",
-        ],
-    );
+    tb.kubectl(&["apply", "--validate=false", "-f", &path]);
+    let out = tb.kubectl(&[
+        "wait",
+        "--for=condition=Ready",
+        "pods",
+        "-l",
+        "app=scale",
+        "--timeout=120s",
+    ]);
     assert_eq!(out.lines().count(), nodes * per_node, "{out}");
     let t_ready = t1.elapsed();
-    let ips = kubectl(
-        &tb,
-        &[
-            "get",
-            "pods",
-            "-l",
-            "app=scale",
-            "-o",
-            "jsonpath={range .items[*]}{.status.podIP}{\"\\n\"}{end}",
-        ],
-    );
+    let ips = tb.kubectl(&[
+        "get",
+        "pods",
+        "-l",
+        "app=scale",
+        "-o",
+        "jsonpath={range .items[*]}{.status.podIP}{\"\\n\"}{end}",
+    ]);
     let ips: Vec<&str> = ips.lines().filter(|l| !l.is_empty()).collect();
     assert_eq!(ips.len(), nodes * per_node);
     let t2 = Instant::now();
@@ -569,7 +531,7 @@ fn kube_rs_watcher_survives_api_restart_and_expired_watches() {
             "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, labels: {{app: w}}}}\nspec:\n  nodeName: node-1\n  containers:\n  - {{name: c, image: target-server, args: [serve]}}\n"
         );
         let p = write_manifest(&tb, &format!("{name}.yaml"), &manifest);
-        kubectl(&tb, &["apply", "--validate=false", "-f", &p]);
+        tb.kubectl(&["apply", "--validate=false", "-f", &p]);
     };
     let testbed_cmd = |args: &[&str]| {
         let o = tb.cmd().args(args).output().unwrap();
@@ -686,11 +648,11 @@ fn restart_policy_always_restarts_an_exiting_container_with_back_off() {
         "crash.yaml",
         "apiVersion: v1\nkind: Pod\nmetadata: {name: crash}\nspec:\n  containers:\n  - name: c\n    image: target-server\n    args: [no-such-subcommand]\n",
     );
-    kubectl(&tb, &["apply", "--validate=false", "-f", &manifest]);
+    tb.kubectl(&["apply", "--validate=false", "-f", &manifest]);
     let start = Instant::now();
     let mut status = serde_json::Value::Null;
     while start.elapsed() < Duration::from_secs(20) {
-        let out = kubectl(&tb, &["get", "pod", "crash", "-o", "json"]);
+        let out = tb.kubectl(&["get", "pod", "crash", "-o", "json"]);
         status = serde_json::from_str::<serde_json::Value>(&out).unwrap()["status"].clone();
         if status["containerStatuses"][0]["restartCount"]
             .as_u64()
@@ -711,7 +673,7 @@ fn restart_policy_always_restarts_an_exiting_container_with_back_off() {
         .as_i64()
         .unwrap_or(0);
     assert_ne!(last_exit, 0, "lastState keeps the failed exit: {status:#}");
-    let table = kubectl(&tb, &["get", "pod", "crash"]);
+    let table = tb.kubectl(&["get", "pod", "crash"]);
     assert!(
         table.contains("CrashLoopBackOff") || table.contains("Running"),
         "{table}"
@@ -731,17 +693,18 @@ fn api_and_fault_commands_work_through_the_cli_and_reject_typos() {
         c.arg("api").args(args);
         common::output_within(c, common::command_timeout())
     };
-    let before = kubectl(&tb, &["get", "pods", "-A", "-o", "name"]);
+    let before = tb.kubectl(&["get", "pods", "-A", "-o", "name"]);
     assert!(before.contains("calico-node-node-1"), "{before}");
     // node stop marks the node's agent pods NotReady; node start brings them back.
     let agents_ready = || {
-        kubectl(
-            &tb,
-            &[
-                "get", "pods", "-n", "kube-system", "-o",
-                "jsonpath={range .items[*]}{.metadata.name}={.status.containerStatuses[0].ready} {end}",
-            ],
-        )
+        tb.kubectl(&[
+            "get",
+            "pods",
+            "-n",
+            "kube-system",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name}={.status.containerStatuses[0].ready} {end}",
+        ])
     };
     let wait_agents = |want: &str| {
         let start = Instant::now();
@@ -801,7 +764,7 @@ fn api_and_fault_commands_work_through_the_cli_and_reject_typos() {
     );
 
     assert!(api(&["start"]).status.success());
-    assert_eq!(kubectl(&tb, &["get", "pods", "-A", "-o", "name"]), before);
+    assert_eq!(tb.kubectl(&["get", "pods", "-A", "-o", "name"]), before);
 
     assert!(api(&["deny", "list", "nodes"]).status.success());
     let out = tb.exec(&["kubectl", "get", "nodes"]);
@@ -811,9 +774,9 @@ fn api_and_fault_commands_work_through_the_cli_and_reject_typos() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    kubectl(&tb, &["get", "pods", "-A"]);
+    tb.kubectl(&["get", "pods", "-A"]);
     assert!(api(&["allow", "list", "nodes"]).status.success());
-    assert!(kubectl(&tb, &["get", "nodes"]).contains("node-1"));
+    assert!(tb.kubectl(&["get", "nodes"]).contains("node-1"));
     let again = api(&["allow", "list", "nodes"]);
     assert!(!again.status.success(), "nothing was denied");
     assert!(String::from_utf8_lossy(&again.stderr).contains("was not denied"));
@@ -822,18 +785,18 @@ fn api_and_fault_commands_work_through_the_cli_and_reject_typos() {
     assert!(String::from_utf8_lossy(&typo.stderr).contains("unknown verb"));
     assert!(api(&["deny", "*", "pods"]).status.success());
     assert!(api(&["allow", "all"]).status.success());
-    kubectl(&tb, &["get", "pods", "-A"]);
+    tb.kubectl(&["get", "pods", "-A"]);
     // A RoleBinding's reach: denied in kube-system only.
     assert!(api(&["deny", "list", "pods", "-n", "kube-system"])
         .status
         .success());
     let out = tb.exec(&["kubectl", "get", "pods", "-n", "kube-system"]);
     assert!(!out.status.success());
-    kubectl(&tb, &["get", "pods", "-n", "default"]);
+    tb.kubectl(&["get", "pods", "-n", "default"]);
     assert!(api(&["allow", "list", "pods", "-n", "kube-system"])
         .status
         .success());
-    kubectl(&tb, &["get", "pods", "-n", "kube-system"]);
+    tb.kubectl(&["get", "pods", "-n", "kube-system"]);
     // As in RBAC, a subresource is its own resource.
     assert!(api(&["deny", "get", "pods/proxy"]).status.success());
     let raw = "/api/v1/namespaces/kube-system/pods/calico-node-node-1:9091/proxy/metrics";
@@ -841,12 +804,11 @@ fn api_and_fault_commands_work_through_the_cli_and_reject_typos() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("Forbidden"), "{err}");
-    kubectl(
-        &tb,
-        &["get", "pod", "-n", "kube-system", "calico-node-node-1"],
-    );
+    tb.kubectl(&["get", "pod", "-n", "kube-system", "calico-node-node-1"]);
     assert!(api(&["allow", "get", "pods/proxy"]).status.success());
-    assert!(kubectl(&tb, &["get", "--raw", raw]).contains("felix_int_dataplane_failures"));
+    assert!(tb
+        .kubectl(&["get", "--raw", raw])
+        .contains("felix_int_dataplane_failures"));
     // Selectors a real API server rejects are rejected.
     let out = tb.exec(&["kubectl", "get", "pods", "-A", "-l", "a=b=c"]);
     assert!(!out.status.success());
@@ -943,18 +905,15 @@ fn a_killed_gate_leaves_pods_with_deadlines_and_the_next_gate_names_them() {
         !left.is_empty(),
         "SIGKILL leaves the pods (nothing can run)"
     );
-    let deadlines = kubectl(
-        &tb,
-        &[
-            "get",
-            "pods",
-            "-A",
-            "-l",
-            "app.kubernetes.io/name=firstpacket",
-            "-o",
-            "jsonpath={.items[*].spec.activeDeadlineSeconds}",
-        ],
-    );
+    let deadlines = tb.kubectl(&[
+        "get",
+        "pods",
+        "-A",
+        "-l",
+        "app.kubernetes.io/name=firstpacket",
+        "-o",
+        "jsonpath={.items[*].spec.activeDeadlineSeconds}",
+    ]);
     assert!(
         deadlines
             .split_whitespace()

@@ -431,24 +431,6 @@ fn service_ttfp_includes_late_service_rules_while_cross_node_stays_fast() {
         );
     }
     assert!(tb.probe_pods().is_empty(), "probe pods left behind");
-    let svcs = tb.exec(&[
-        "kubectl",
-        "get",
-        "services",
-        "-A",
-        "-l",
-        "app.kubernetes.io/name=firstpacket",
-        "-o",
-        "name",
-    ]);
-    assert!(
-        svcs.status.success(),
-        "{}",
-        String::from_utf8_lossy(&svcs.stderr)
-    );
-    assert!(
-        String::from_utf8_lossy(&svcs.stdout).trim().is_empty(),
-        "probe services left behind: {}",
-        String::from_utf8_lossy(&svcs.stdout)
-    );
+    let svcs = tb.labelled("services");
+    assert!(svcs.is_empty(), "probe services left behind: {svcs:?}");
 }

@@ -94,26 +94,40 @@ impl Testbed {
             .collect()
     }
 
-    pub fn probe_pods(&self) -> Vec<String> {
-        let out = self.exec(&[
-            "kubectl",
+    /// `kubectl ARGS…` through `testbed exec`; panics with its output unless it exits 0.
+    /// Returns stdout.
+    pub fn kubectl(&self, args: &[&str]) -> String {
+        let mut a = vec!["kubectl"];
+        a.extend_from_slice(args);
+        let out = self.exec(&a);
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "kubectl {args:?} failed: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    }
+
+    /// Names (`kind/name`) of every object of `resource` carrying the firstpacket label.
+    pub fn labelled(&self, resource: &str) -> Vec<String> {
+        self.kubectl(&[
             "get",
-            "pods",
+            resource,
             "-A",
             "-l",
             "app.kubernetes.io/name=firstpacket",
             "-o",
             "name",
-        ]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .map(str::to_owned)
-            .collect()
+        ])
+        .lines()
+        .map(str::to_owned)
+        .collect()
+    }
+
+    /// Every probe pod (`pod/NAME`) in the cluster.
+    pub fn probe_pods(&self) -> Vec<String> {
+        self.labelled("pods")
     }
 
     pub fn prefix(&self) -> String {
