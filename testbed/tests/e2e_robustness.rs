@@ -37,6 +37,28 @@ fn spawn_gate(tb: &Testbed, args: &[&str]) -> Child {
     c.spawn().expect("spawn the gate")
 }
 
+/// A gate of 3 pairs all at once, each held 8 s after its first success (so all three
+/// are in flight when the API is broken), writing `report`.
+fn spawn_three_pairs_in_parallel(tb: &Testbed, report: &std::path::Path) -> Child {
+    spawn_gate(
+        tb,
+        &[
+            "--pairs",
+            "3",
+            "--concurrency",
+            "3",
+            "--give-up",
+            "10s",
+            "--hold",
+            "8s",
+            "--timeout",
+            "3m",
+            "--report",
+            report.to_str().expect("path"),
+        ],
+    )
+}
+
 fn testbed_ok(tb: &Testbed, args: &[&str]) {
     let out = tb.cmd().args(args).output().expect("testbed");
     assert!(
@@ -163,23 +185,7 @@ fn api_gone_mid_run_ends_probes_as_api_error_and_still_reports() {
     let _g = serial();
     let tb = Testbed::up("robust-api", 3, FAULT, &[]);
     let report = report_path(&tb, "api");
-    let child = spawn_gate(
-        &tb,
-        &[
-            "--pairs",
-            "3",
-            "--concurrency",
-            "3",
-            "--give-up",
-            "10s",
-            "--hold",
-            "8s",
-            "--timeout",
-            "3m",
-            "--report",
-            report.to_str().expect("path"),
-        ],
-    );
+    let child = spawn_three_pairs_in_parallel(&tb, &report);
     wait_for_sources(&tb, 3);
     // The prober can neither watch, list nor read pods any more (deletes still work).
     break_pod_watch(&tb, &["watch", "list", "get"]);
@@ -220,23 +226,7 @@ fn lost_watch_with_readable_pods_still_recovers_the_measurement() {
     let _g = serial();
     let tb = Testbed::up("robust-get", 3, FAULT, &[]);
     let report = report_path(&tb, "get");
-    let child = spawn_gate(
-        &tb,
-        &[
-            "--pairs",
-            "3",
-            "--concurrency",
-            "3",
-            "--give-up",
-            "10s",
-            "--hold",
-            "8s",
-            "--timeout",
-            "3m",
-            "--report",
-            report.to_str().expect("path"),
-        ],
-    );
+    let child = spawn_three_pairs_in_parallel(&tb, &report);
     wait_for_sources(&tb, 3);
     // The watch is gone for good, but a GET of a pod still works: at the deadline the
     // prober reads the source's termination message itself.
