@@ -406,7 +406,7 @@ pub fn down(state: &Path) -> Result<()> {
     ] {
         let _ = std::fs::remove_file(state.join(f));
     }
-    for d in ["pods", "etcd", "pki", "control-plane"] {
+    for d in ["pods", "etcd", "pki", "control-plane", "kube-cache"] {
         let _ = std::fs::remove_dir_all(state.join(d));
     }
     let _ = std::fs::remove_dir(state);
@@ -415,7 +415,8 @@ pub fn down(state: &Path) -> Result<()> {
 }
 
 /// The `ip netns exec <host netns> CMD…` command `testbed exec` runs, with `KUBECONFIG`
-/// (the cluster-side kubeconfig) and `PATH` (the bin dir first) set.
+/// (the cluster-side kubeconfig), `KUBECACHEDIR` (`<state>/kube-cache`) and `PATH` (the
+/// bin dir first) set.
 fn exec_command(state: &Path, cmd: &[String]) -> Result<std::process::Command> {
     let info = ready_info(state)?;
     let plan = Plan::load(state)?;
@@ -428,6 +429,9 @@ fn exec_command(state: &Path, cmd: &[String]) -> Result<std::process::Command> {
     c.args(["netns", "exec", &plan.host_netns])
         .args(cmd)
         .env("KUBECONFIG", &info.kubeconfig_cluster)
+        // kubectl caches discovery per server host:port for hours; testbeds of either
+        // control plane reuse bridge addresses, so each state dir gets its own cache.
+        .env("KUBECACHEDIR", state.join("kube-cache"))
         .env("PATH", path)
         .env("TESTBED_STATE_DIR", state);
     Ok(c)
@@ -736,6 +740,31 @@ mod tests {
         assert_eq!(m["node-3"].len(), 1);
         assert!(parse_node_labels(&["node-2=os".into()]).is_err());
         assert!(parse_node_labels(&["=a=b".into()]).is_err());
+    }
+
+    #[test]
+    fn api_deny_checks_the_resource_as_rbac_names_it() {
+        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let e = parse_deny_args("deny", &args(&["create", "pod"]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("\"pods\""), "{e}");
+        let ok = args(&["create", "pods/log", "-n", "a"]);
+        assert_eq!(
+            parse_deny_args("deny", &ok).unwrap(),
+            ("create", "pods/log", Some("a"))
+        );
+        assert!(parse_deny_args("allow", &args(&["lst", "pods"])).is_err());
+    }
+
+    #[test]
+    fn up_takes_the_control_plane_from_flag_or_default() {
+        let c = Cli::try_parse_from(["testbed", "up", "--control-plane", "real"]).unwrap();
+        match c.cmd {
+            Cmd::Up(a) => assert_eq!(a.control_plane, crate::control_plane::Mode::Real),
+            _ => panic!("not up"),
+        }
+        assert!(Cli::try_parse_from(["testbed", "up", "--control-plane", "kind"]).is_err());
     }
 
     #[test]

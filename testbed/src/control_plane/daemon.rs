@@ -97,6 +97,8 @@ async fn relay_loop(
 ) {
     loop {
         let Ok((conn, _)) = relay.accept().await else {
+            // e.g. out of file descriptors: do not spin.
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             continue;
         };
         let Ok(conn) = conn.into_std() else { continue };

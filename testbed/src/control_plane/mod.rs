@@ -234,6 +234,12 @@ pub struct Endpoint {
     pub user: String,
 }
 
+/// How long a component may take to exit after SIGTERM before it gets SIGKILL.
+/// kube-apiserver v1.36.3 stops listening at once on SIGTERM but did not exit within
+/// 10 s here (it keeps waiting on long-running requests such as the controllers'
+/// watches), so a longer grace would only slow `api restart` down.
+pub const STOP_GRACE: Duration = Duration::from_secs(5);
+
 /// One running component.
 struct Proc {
     child: Child,
@@ -248,6 +254,9 @@ struct Procs {
     /// Components that should run (started and not stopped on purpose).
     wanted: Mutex<std::collections::BTreeSet<&'static str>>,
     restarts: Mutex<BTreeMap<&'static str, u32>>,
+    /// Set once the whole control plane was up: during start a dying component is
+    /// an error to report, not something to restart.
+    supervising: std::sync::atomic::AtomicBool,
 }
 
 impl Procs {
@@ -309,8 +318,8 @@ impl Procs {
         self.wanted.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Stops `component`: SIGTERM to its process group, SIGKILL after 10 s, reaped.
-    /// Nothing to do when it is not running.
+    /// Stops `component`: SIGTERM to its process group, SIGKILL after [`STOP_GRACE`],
+    /// reaped. Nothing to do when it is not running.
     async fn stop_one(&self, component: &str) {
         self.wanted().remove(component);
         let Some(mut p) = self.lock().remove(component) else {
@@ -318,7 +327,7 @@ impl Procs {
         };
         let pgid = nix::unistd::Pid::from_raw(-(p.child.id() as i32));
         let _ = nix::sys::signal::kill(pgid, nix::sys::signal::Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + STOP_GRACE;
         loop {
             match p.child.try_wait() {
                 Ok(Some(_)) | Err(_) => break,
@@ -343,16 +352,20 @@ impl Procs {
             .is_some_and(|p| matches!(p.child.try_wait(), Ok(None)))
     }
 
-    /// Restarts kube-controller-manager and kube-scheduler when they exit on their own
-    /// (as the kubelet restarts static pods: both exit when they lose their leader
-    /// Lease, e.g. while kube-apiserver is stopped), at most every 5 s each. Ends when
-    /// the `Procs` is dropped.
+    /// Restarts a component that exits on its own (as the kubelet restarts static
+    /// pods; kube-controller-manager and kube-scheduler exit when they lose their
+    /// leader Lease, e.g. while kube-apiserver is stopped), at most every 5 s each;
+    /// components stopped on purpose (`api stop`, [`ControlPlane::stop`]) stay
+    /// stopped. Ends when the `Procs` is dropped.
     async fn supervise(me: std::sync::Weak<Procs>) {
         let mut last: BTreeMap<&'static str, Instant> = BTreeMap::new();
         loop {
             tokio::time::sleep(Duration::from_secs(1)).await;
             let Some(p) = me.upgrade() else { return };
-            for c in ["kube-controller-manager", "kube-scheduler"] {
+            if !p.supervising.load(std::sync::atomic::Ordering::Relaxed) {
+                continue;
+            }
+            for c in BINARIES {
                 if !p.wanted().contains(c) || p.is_running(c) {
                     continue;
                 }
@@ -449,6 +462,7 @@ impl ControlPlane {
             map: Mutex::new(BTreeMap::new()),
             wanted: Mutex::new(Default::default()),
             restarts: Mutex::new(BTreeMap::new()),
+            supervising: false.into(),
         });
         ns.handle().spawn(Procs::supervise(Arc::downgrade(&procs)));
         let cp = ControlPlane {
@@ -490,6 +504,9 @@ impl ControlPlane {
         self.spawn("kube-scheduler").await?;
         self.wait_leader("kube-controller-manager").await?;
         self.wait_leader("kube-scheduler").await?;
+        self.procs
+            .supervising
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 
@@ -597,7 +614,7 @@ impl ControlPlane {
     }
 
     /// Stops everything (scheduler, controller-manager, API server, etcd; each SIGTERM
-    /// then SIGKILL after 10 s). Idempotent.
+    /// then SIGKILL after [`STOP_GRACE`]). Idempotent.
     pub async fn stop(&self) {
         for c in [
             "kube-scheduler",
