@@ -337,6 +337,12 @@ pub fn up(state: &Path, args: &UpArgs) -> Result<()> {
                 "  try: testbed --state-dir {} exec -- kubectl get nodes -o wide",
                 state.display()
             );
+            if info.control_plane == crate::control_plane::Mode::Real.as_arg() {
+                eprintln!(
+                    "  real control plane: logs and audit log in {}; node components are not started in this mode yet",
+                    state.join("control-plane").display()
+                );
+            }
             return Ok(());
         }
         if let Some(status) = child.try_wait()? {

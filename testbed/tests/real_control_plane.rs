@@ -495,6 +495,38 @@ fn testbed_up_real_serves_kubectl_and_api_deny_and_down_leaves_nothing() {
         "create after allow all",
     );
 
+    // `api stop`: kube-apiserver gone (connections refused), etcd stays; `api start`
+    // brings the same objects back.
+    ok_stdout(&tb(&["api", "stop"]), "api stop");
+    let stopped = tb(&[
+        "exec",
+        "--",
+        "kubectl",
+        "--request-timeout=5s",
+        "get",
+        "configmap",
+        "x",
+    ]);
+    assert!(
+        !stopped.status.success(),
+        "kubectl worked while the API was stopped"
+    );
+    ok_stdout(&tb(&["api", "start"]), "api start");
+    let cm = tb(&[
+        "exec",
+        "--",
+        "kubectl",
+        "get",
+        "configmap",
+        "x",
+        "-o",
+        "name",
+    ]);
+    assert_eq!(
+        ok_stdout(&cm, "get configmap x after api start").trim(),
+        "configmap/x"
+    );
+
     let daemon_pid: i32 = std::fs::read_to_string(state.join("daemon.pid"))
         .unwrap()
         .trim()
