@@ -660,3 +660,25 @@ fn control_plane_processes_die_with_a_killed_daemon() {
         },
     );
 }
+
+/// `testbed up --control-plane real` without the binaries fails at once with one line
+/// saying how to build them, and starts nothing.
+#[test]
+fn up_real_without_binaries_says_to_run_the_script() {
+    let state = std::env::temp_dir().join(format!("fp-realcp-nobin-{}", std::process::id()));
+    let empty = state.with_extension("bin");
+    std::fs::create_dir_all(&empty).unwrap();
+    let mut c = Command::new(env!("CARGO_BIN_EXE_testbed"));
+    c.arg("--state-dir")
+        .arg(&state)
+        .args(["up", "--nodes", "1", "--control-plane", "real"])
+        .env(control_plane::BIN_ENV, &empty);
+    let out = output_within(c, Duration::from_secs(30));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("run `bash scripts/control-plane.sh`"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(!state.join("daemon.pid").exists(), "a daemon was started");
+    let _ = std::fs::remove_dir_all(&state);
+    let _ = std::fs::remove_dir_all(&empty);
+}
