@@ -285,6 +285,62 @@ fn real_control_plane_serves_rbac_webhook_denies_audit_restart_and_leaves_nothin
         "no request by the replicaset-controller ServiceAccount in the audit log"
     );
 
+    // A per-node kubelet identity (`system:node:node-1`, group `system:nodes`) passes
+    // the Node authorizer: it registers its Node, and admission adds the not-ready
+    // taint a real kubelet's new Node gets.
+    let node_id = cp.node_identity("node-1").expect("node identity");
+    let nd = dir.join("node-1-id");
+    std::fs::create_dir_all(&nd).unwrap();
+    for (f, pem) in [
+        ("ca.crt", &node_id.ca_pem),
+        ("node.crt", &node_id.cert_pem),
+        ("node.key", &node_id.key_pem),
+    ] {
+        std::fs::write(nd.join(f), pem).unwrap();
+    }
+    let node_kc = nd.join("kubeconfig");
+    std::fs::write(
+        &node_kc,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster:\n    server: {}\n    certificate-authority: {}\ncontexts:\n- name: t\n  context: {{cluster: t, user: node}}\ncurrent-context: t\nusers:\n- name: node\n  user:\n    client-certificate: {}\n    client-key: {}\n",
+            node_id.url,
+            nd.join("ca.crt").display(),
+            nd.join("node.crt").display(),
+            nd.join("node.key").display()
+        ),
+    )
+    .unwrap();
+    let node_json = nd.join("node.json");
+    std::fs::write(
+        &node_json,
+        r#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"node-1","labels":{"kubernetes.io/hostname":"node-1"}}}"#,
+    )
+    .unwrap();
+    let created = kubectl(
+        &ns,
+        &node_kc,
+        &["create", "-f", &node_json.display().to_string()],
+    );
+    ok_stdout(&created, "create Node node-1 as system:node:node-1");
+    let node = ok_stdout(
+        &kubectl(&ns, &admin, &["get", "node", "node-1", "-o", "json"]),
+        "get node",
+    );
+    eprintln!("node-1 as created by its kubelet identity: {node}");
+    let node: Value = serde_json::from_str(&node).unwrap();
+    assert_eq!(node["metadata"]["name"], "node-1");
+    let me = kubectl(
+        &ns,
+        &node_kc,
+        &[
+            "auth",
+            "whoami",
+            "-o",
+            "jsonpath={.status.userInfo.username}",
+        ],
+    );
+    assert_eq!(ok_stdout(&me, "whoami as the node"), "system:node:node-1");
+
     // `api restart`: objects (and their UIDs) stay.
     let uid = |out: &Output| -> String {
         let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
