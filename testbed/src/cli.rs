@@ -79,6 +79,10 @@ pub enum Cmd {
     /// / `allow all` (undo),
     /// `expire-watches` (the next watch resume gets 410 Gone), `restart`, `stop` (every
     /// API connection refused; nodes, kubelets and pods keep running) and `start`.
+    /// RESOURCE is checked as RBAC names resources (`pod` → use `pods`). On the real
+    /// control plane deny/allow go through the authorization webhook, restart/stop/start
+    /// act on kube-apiserver (etcd keeps the data) and expire-watches compacts etcd and
+    /// restarts kube-apiserver.
     Api {
         #[arg(value_parser = ["restart", "deny", "allow", "expire-watches", "stop", "start"])]
         action: String,
@@ -128,9 +132,20 @@ pub struct UpArgs {
     /// `metricsBindAddress`, unreachable from off the node), `none` = no kube-proxy pods.
     #[arg(long, value_enum, default_value_t = crate::kube_proxy::MetricsBind::All)]
     pub kube_proxy_metrics: crate::kube_proxy::MetricsBind,
-    /// How long to wait for every node to be Ready (humantime: `90s`, `2m`).
-    #[arg(long, default_value = "90s", value_parser = humantime::parse_duration)]
-    pub timeout: Duration,
+    /// How long to wait for every node to be Ready (humantime: `90s`, `2m`; default
+    /// 90 s, 300 s with `--control-plane real`).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub timeout: Option<Duration>,
+    /// Which control plane runs: `builtin` (the testbed's own API server, scheduler and
+    /// controllers; starts in milliseconds) or `real` (etcd, kube-apiserver,
+    /// kube-controller-manager, kube-scheduler built by `bash scripts/control-plane.sh`,
+    /// in the host network namespace; see testbed/ARCHITECTURE.md).
+    #[arg(long, value_enum, env = crate::control_plane::MODE_ENV, default_value_t = crate::control_plane::Mode::Builtin)]
+    pub control_plane: crate::control_plane::Mode,
+    /// Directory with the real control plane's binaries (default: the one
+    /// `scripts/control-plane.sh --print` names).
+    #[arg(long, env = crate::control_plane::BIN_ENV)]
+    pub control_plane_bin: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -262,6 +277,12 @@ pub fn up(state: &Path, args: &UpArgs) -> Result<()> {
             );
         }
     }
+    let cp_bin = match args.control_plane {
+        crate::control_plane::Mode::Builtin => None,
+        crate::control_plane::Mode::Real => Some(crate::control_plane::locate_binaries(
+            args.control_plane_bin.as_deref(),
+        )?),
+    };
     let log = std::fs::File::create(state.join("daemon.log"))?;
     let exe = std::env::current_exe()?;
     let mut cmd = std::process::Command::new(exe);
@@ -278,6 +299,10 @@ pub fn up(state: &Path, args: &UpArgs) -> Result<()> {
     }
     cmd.arg("--kube-proxy-metrics")
         .arg(args.kube_proxy_metrics.as_arg());
+    cmd.arg("--control-plane").arg(args.control_plane.as_arg());
+    if let Some(b) = &cp_bin {
+        cmd.arg("--control-plane-bin").arg(b);
+    }
     cmd.arg("--bin-dir")
         .arg(bin_dir.canonicalize().unwrap_or(bin_dir));
     use std::os::unix::process::CommandExt;
@@ -286,6 +311,10 @@ pub fn up(state: &Path, args: &UpArgs) -> Result<()> {
         .stderr(log)
         .process_group(0);
     let mut child = cmd.spawn().context("start the testbed daemon")?;
+    let timeout = args.timeout.unwrap_or(match args.control_plane {
+        crate::control_plane::Mode::Builtin => Duration::from_secs(90),
+        crate::control_plane::Mode::Real => Duration::from_secs(300),
+    });
     let start = Instant::now();
     eprint!(
         "testbed: starting {} node(s) in {} ",
@@ -308,6 +337,12 @@ pub fn up(state: &Path, args: &UpArgs) -> Result<()> {
                 "  try: testbed --state-dir {} exec -- kubectl get nodes -o wide",
                 state.display()
             );
+            if info.control_plane == crate::control_plane::Mode::Real.as_arg() {
+                eprintln!(
+                    "  real control plane: logs and audit log in {}; node components are not started in this mode yet",
+                    state.join("control-plane").display()
+                );
+            }
             return Ok(());
         }
         if let Some(status) = child.try_wait()? {
@@ -320,14 +355,14 @@ pub fn up(state: &Path, args: &UpArgs) -> Result<()> {
                 tail.join("\n")
             );
         }
-        if start.elapsed() > args.timeout {
+        if start.elapsed() > timeout {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(child.id() as i32),
                 nix::sys::signal::Signal::SIGTERM,
             );
             bail!(
                 "the cluster was not Ready within {:?}; see {}",
-                args.timeout,
+                timeout,
                 state.join("daemon.log").display()
             );
         }
@@ -359,6 +394,7 @@ pub fn down(state: &Path) -> Result<()> {
             }
         }
     }
+    crate::control_plane::sweep(state);
     if let Ok(plan) = Plan::load(state) {
         Dataplane::destroy(&plan).context("remove network namespaces")?;
     }
@@ -376,7 +412,7 @@ pub fn down(state: &Path) -> Result<()> {
     ] {
         let _ = std::fs::remove_file(state.join(f));
     }
-    for d in ["pods", "etcd", "pki"] {
+    for d in ["pods", "etcd", "pki", "control-plane", "kube-cache"] {
         let _ = std::fs::remove_dir_all(state.join(d));
     }
     let _ = std::fs::remove_dir(state);
@@ -385,7 +421,8 @@ pub fn down(state: &Path) -> Result<()> {
 }
 
 /// The `ip netns exec <host netns> CMD…` command `testbed exec` runs, with `KUBECONFIG`
-/// (the cluster-side kubeconfig) and `PATH` (the bin dir first) set.
+/// (the cluster-side kubeconfig), `KUBECACHEDIR` (`<state>/kube-cache`) and `PATH` (the
+/// bin dir first) set.
 fn exec_command(state: &Path, cmd: &[String]) -> Result<std::process::Command> {
     let info = ready_info(state)?;
     let plan = Plan::load(state)?;
@@ -398,6 +435,9 @@ fn exec_command(state: &Path, cmd: &[String]) -> Result<std::process::Command> {
     c.args(["netns", "exec", &plan.host_netns])
         .args(cmd)
         .env("KUBECONFIG", &info.kubeconfig_cluster)
+        // kubectl caches discovery per server host:port for hours; testbeds of either
+        // control plane reuse bridge addresses, so each state dir gets its own cache.
+        .env("KUBECACHEDIR", state.join("kube-cache"))
         .env("PATH", path)
         .env("TESTBED_STATE_DIR", state);
     Ok(c)
@@ -450,6 +490,15 @@ pub fn fault_set(state: &Path, file: &Path) -> Result<()> {
 /// strategic-merge PATCH of `spec.unschedulable`).
 pub fn node_cordon(state: &Path, node: &str, cordon: bool) -> Result<()> {
     let info = ready_info(state)?;
+    if info.control_plane == crate::control_plane::Mode::Real.as_arg() {
+        // HTTPS with a client certificate: let kubectl (which does the same PATCH) talk.
+        let verb = if cordon { "cordon" } else { "uncordon" };
+        let code = exec_child(state, &["kubectl".into(), verb.into(), node.into()])?;
+        if code != 0 {
+            bail!("kubectl {verb} {node} exited {code}");
+        }
+        return Ok(());
+    }
     let addr: std::net::SocketAddr = info
         .api_local
         .trim_start_matches("http://")
@@ -516,6 +565,7 @@ fn parse_deny_args<'a>(
         ),
     };
     check_verb(verb)?;
+    crate::control_plane::resources::check_resource(resource).map_err(|e| anyhow!("{e}"))?;
     Ok((verb.as_str(), resource.as_str(), ns))
 }
 
@@ -541,7 +591,9 @@ pub fn demo(state: &Path, args: &DemoArgs) -> Result<i32> {
         node_labels: vec![],
         bin_dir: None,
         kube_proxy_metrics: Default::default(),
-        timeout: Duration::from_secs(90),
+        timeout: None,
+        control_plane: Default::default(),
+        control_plane_bin: None,
     };
     up(state, &up_args)?;
     let report = state.join("report.json");
@@ -599,6 +651,8 @@ pub fn main_with(cli: Cli) -> Result<i32> {
                 node_labels,
                 bin_dir: a.bin_dir.unwrap_or(default_bin_dir()?),
                 kube_proxy_metrics: a.kube_proxy_metrics,
+                control_plane: a.control_plane,
+                control_plane_bin: a.control_plane_bin,
             })?;
             Ok(0)
         }
@@ -692,6 +746,31 @@ mod tests {
         assert_eq!(m["node-3"].len(), 1);
         assert!(parse_node_labels(&["node-2=os".into()]).is_err());
         assert!(parse_node_labels(&["=a=b".into()]).is_err());
+    }
+
+    #[test]
+    fn api_deny_checks_the_resource_as_rbac_names_it() {
+        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let e = parse_deny_args("deny", &args(&["create", "pod"]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("\"pods\""), "{e}");
+        let ok = args(&["create", "pods/log", "-n", "a"]);
+        assert_eq!(
+            parse_deny_args("deny", &ok).unwrap(),
+            ("create", "pods/log", Some("a"))
+        );
+        assert!(parse_deny_args("allow", &args(&["lst", "pods"])).is_err());
+    }
+
+    #[test]
+    fn up_takes_the_control_plane_from_flag_or_default() {
+        let c = Cli::try_parse_from(["testbed", "up", "--control-plane", "real"]).unwrap();
+        match c.cmd {
+            Cmd::Up(a) => assert_eq!(a.control_plane, crate::control_plane::Mode::Real),
+            _ => panic!("not up"),
+        }
+        assert!(Cli::try_parse_from(["testbed", "up", "--control-plane", "kind"]).is_err());
     }
 
     #[test]

@@ -10,7 +10,11 @@
 //!   and by pods);
 //! - `truth.jsonl` — ground truth (DESIGN §6);
 //! - `control.sock` — line commands from the CLI (`fault-set PATH`, `shutdown`);
-//! - `pods/<uid>/…` — per-pod files (termination message, logs).
+//! - `pods/<uid>/…` — per-pod files (termination message, logs);
+//! - with `--control-plane real`: `control-plane/` (component logs and pid files, the
+//!   audit log, kubeconfigs, etcd's data) and more of `pki/`, see
+//!   [`crate::control_plane`]; both kubeconfigs are then HTTPS with the admin client
+//!   certificate.
 
 use crate::agent::Agent;
 use crate::api::{
@@ -44,6 +48,11 @@ pub struct DaemonArgs {
     pub bin_dir: PathBuf,
     /// Where the simulated kube-proxy serves its metrics (`none`: no kube-proxy pods).
     pub kube_proxy_metrics: crate::kube_proxy::MetricsBind,
+    /// Built-in or real control plane ([`crate::control_plane`]).
+    pub control_plane: crate::control_plane::Mode,
+    /// Directory of the real control plane's binaries (`None`: located as
+    /// [`crate::control_plane::locate_binaries`] does).
+    pub control_plane_bin: Option<PathBuf>,
 }
 
 /// Contents of `ready.json`.
@@ -55,6 +64,13 @@ pub struct ReadyInfo {
     pub kubeconfig: PathBuf,
     pub kubeconfig_cluster: PathBuf,
     pub nodes: Vec<String>,
+    /// `builtin` or `real` (older files without the field: `builtin`).
+    #[serde(default = "builtin_mode")]
+    pub control_plane: String,
+}
+
+fn builtin_mode() -> String {
+    crate::control_plane::Mode::Builtin.as_arg().to_owned()
 }
 
 /// Kubeconfig for the API at `server`: with `ca` (HTTPS) it trusts the testbed's CA.
@@ -171,6 +187,9 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
     let dataplane = Arc::new(
         Dataplane::create(plan).context("create the network (netns, bridge, veths, nftables)")?,
     );
+    if args.control_plane == crate::control_plane::Mode::Real {
+        return crate::control_plane::daemon::run(args, plan, &truth, &faults).await;
+    }
     // The store persists into state/etcd (snapshot + write-ahead log) so objects and
     // resourceVersions survive `testbed api restart`; a fresh `up` starts empty. A new
     // store already holds default, kube-system, kube-public and kube-node-lease.
@@ -334,6 +353,7 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
         kubeconfig: kc,
         kubeconfig_cluster: kcc,
         nodes: plan.nodes.iter().map(|n| n.name.clone()).collect(),
+        control_plane: builtin_mode(),
     };
 
     // Control socket.
@@ -533,7 +553,7 @@ fn set_node_stopped(c: &Control<'_>, node: &str, stopped: bool) -> String {
     "ok".to_string()
 }
 
-fn apply_fault(path: &Path, faults: &Faults, truth: &Truth, nodes: &[String]) -> String {
+pub(crate) fn apply_fault(path: &Path, faults: &Faults, truth: &Truth, nodes: &[String]) -> String {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) => return format!("error read {}: {e}", path.display()),

@@ -89,7 +89,9 @@ async fn exchange(
     parse(addr, &buf)
 }
 
-fn parse(addr: SocketAddr, buf: &[u8]) -> Result<Response, HttpError> {
+/// Parses a whole HTTP/1.1 response (status line, headers, body; chunked bodies
+/// decoded). `addr` only names the peer in errors. Errors: [`HttpError::Malformed`].
+pub(crate) fn parse(addr: SocketAddr, buf: &[u8]) -> Result<Response, HttpError> {
     let bad = || HttpError::Malformed { addr };
     let head_end = find(buf, b"\r\n\r\n").ok_or_else(bad)?;
     let head = std::str::from_utf8(&buf[..head_end]).map_err(|_| bad())?;

@@ -32,6 +32,21 @@ pub const MAX_NODES: usize = 200;
 /// API server port on the bridge address (the real kube-apiserver's default secure port).
 pub const API_PORT: u16 = 6443;
 
+/// Ports of the real control plane (`testbed up --control-plane real`) inside the host
+/// netns, on its loopback (each testbed has its own host netns, so fixed numbers never
+/// clash): etcd's client and peer ports (etcd's defaults), the authorization webhook
+/// the daemon serves, kube-controller-manager's and kube-scheduler's secure ports
+/// (their defaults). kube-apiserver itself listens on [`API_PORT`] of every address.
+pub const ETCD_CLIENT_PORT: u16 = 2379;
+/// See [`ETCD_CLIENT_PORT`].
+pub const ETCD_PEER_PORT: u16 = 2380;
+/// See [`ETCD_CLIENT_PORT`].
+pub const AUTHZ_WEBHOOK_PORT: u16 = 6480;
+/// See [`ETCD_CLIENT_PORT`].
+pub const CONTROLLER_MANAGER_PORT: u16 = 10257;
+/// See [`ETCD_CLIENT_PORT`].
+pub const SCHEDULER_PORT: u16 = 10259;
+
 /// Errors from building, saving or loading a [`Plan`].
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {

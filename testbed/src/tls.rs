@@ -124,22 +124,13 @@ fn ca_params() -> Result<CertificateParams, TlsError> {
 }
 
 fn serving_cert(sans: &[String], ca_key: &KeyPair) -> Result<(String, String), TlsError> {
-    let mut p = CertificateParams::new(sans.to_vec())?;
-    let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, "kube-apiserver");
-    p.distinguished_name = dn;
-    p.key_usages = vec![
-        KeyUsagePurpose::DigitalSignature,
-        KeyUsagePurpose::KeyEncipherment,
-    ];
-    p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    p.not_before = rcgen::date_time_ymd(2024, 1, 1);
-    p.not_after = rcgen::date_time_ymd(2099, 1, 1);
-    p.use_authority_key_identifier_extension = true;
-    let key = KeyPair::generate()?;
-    let issuer = Issuer::new(ca_params()?, ca_key);
-    let cert = p.signed_by(&key, &issuer)?;
-    Ok((cert.pem(), key.serialize_pem()))
+    leaf_cert(
+        "kube-apiserver",
+        &[],
+        sans,
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ca_key,
+    )
 }
 
 /// A fresh CA and a serving certificate for `sans` (IP strings become IP SANs, the rest
@@ -193,20 +184,8 @@ fn read(path: &Path) -> Result<Option<String>, TlsError> {
 /// `apiserver.crt`/`apiserver.key` (temp file + rename, keys 0600). Errors: file I/O,
 /// an unreadable `ca.key`, certificate generation.
 pub fn ensure_pki(dir: &Path, sans: &[String]) -> Result<Pki, TlsError> {
-    std::fs::create_dir_all(dir).map_err(|source| TlsError::Io {
-        path: dir.to_path_buf(),
-        source,
-    })?;
-    let (ca_pem, ca_key) = match (read(&dir.join("ca.crt"))?, read(&dir.join("ca.key"))?) {
-        (Some(c), Some(k)) => (c, KeyPair::from_pem(&k)?),
-        _ => {
-            let key = KeyPair::generate()?;
-            let cert = ca_params()?.self_signed(&key)?;
-            write(&dir.join("ca.key"), &key.serialize_pem(), true)?;
-            write(&dir.join("ca.crt"), &cert.pem(), false)?;
-            (cert.pem(), key)
-        }
-    };
+    let ca = Ca::load_or_create(dir)?;
+    let (ca_pem, ca_key) = (ca.cert_pem, ca.key);
     let (cert_pem, key_pem) = serving_cert(sans, &ca_key)?;
     write(&dir.join("apiserver.key"), &key_pem, true)?;
     write(&dir.join("apiserver.crt"), &cert_pem, false)?;
@@ -216,6 +195,115 @@ pub fn ensure_pki(dir: &Path, sans: &[String]) -> Result<Pki, TlsError> {
         key_pem,
         dir: Some(dir.to_path_buf()),
     })
+}
+
+/// The testbed CA with its private key, for issuing further certificates (the real
+/// control plane's identities, [`crate::control_plane`]).
+pub struct Ca {
+    /// CA certificate, PEM (`ca.crt`).
+    pub cert_pem: String,
+    key: KeyPair,
+}
+
+impl std::fmt::Debug for Ca {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ca").finish_non_exhaustive()
+    }
+}
+
+impl Ca {
+    /// The CA in `dir` (`ca.crt` + `ca.key`), created (and written, key 0600) when
+    /// either file is missing; the same CA [`ensure_pki`] keeps. Errors: file I/O, an
+    /// unreadable `ca.key`, generation.
+    pub fn load_or_create(dir: &Path) -> Result<Ca, TlsError> {
+        std::fs::create_dir_all(dir).map_err(|source| TlsError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        match (read(&dir.join("ca.crt"))?, read(&dir.join("ca.key"))?) {
+            (Some(c), Some(k)) => Ok(Ca {
+                cert_pem: c,
+                key: KeyPair::from_pem(&k)?,
+            }),
+            _ => {
+                let key = KeyPair::generate()?;
+                let cert = ca_params()?.self_signed(&key)?;
+                write(&dir.join("ca.key"), &key.serialize_pem(), true)?;
+                write(&dir.join("ca.crt"), &cert.pem(), false)?;
+                Ok(Ca {
+                    cert_pem: cert.pem(),
+                    key,
+                })
+            }
+        }
+    }
+
+    /// A serving certificate (`ServerAuth`) with common name `cn` for `sans` (IP strings
+    /// become IP SANs, the rest DNS SANs): `(cert_pem, key_pem)`, ECDSA P-256, PKCS#8.
+    /// Errors: [`TlsError::Generate`] for an invalid DNS name.
+    pub fn issue_serving(&self, cn: &str, sans: &[String]) -> Result<(String, String), TlsError> {
+        leaf_cert(
+            cn,
+            &[],
+            sans,
+            ExtendedKeyUsagePurpose::ServerAuth,
+            &self.key,
+        )
+    }
+
+    /// A client certificate (`ClientAuth`) as kube-apiserver's x509 authenticator reads
+    /// it: user name = common name `user`, groups = one Organization each. Returns
+    /// `(cert_pem, key_pem)`, ECDSA P-256, PKCS#8. Errors: [`TlsError::Generate`].
+    pub fn issue_client(&self, user: &str, groups: &[&str]) -> Result<(String, String), TlsError> {
+        leaf_cert(
+            user,
+            groups,
+            &[],
+            ExtendedKeyUsagePurpose::ClientAuth,
+            &self.key,
+        )
+    }
+}
+
+/// A fresh ECDSA P-256 key pair as `(private_key_pem PKCS#8, public_key_pem SPKI)`, e.g.
+/// the ServiceAccount token signing key (`sa.key`/`sa.pub`, ES256).
+pub fn key_pair_pem() -> Result<(String, String), TlsError> {
+    let key = KeyPair::generate()?;
+    Ok((key.serialize_pem(), key.public_key_pem()))
+}
+
+fn leaf_cert(
+    cn: &str,
+    orgs: &[&str],
+    sans: &[String],
+    usage: ExtendedKeyUsagePurpose,
+    ca_key: &KeyPair,
+) -> Result<(String, String), TlsError> {
+    let mut p = CertificateParams::new(sans.to_vec())?;
+    let mut dn = DistinguishedName::new();
+    for o in orgs {
+        dn.push(DnType::OrganizationName, *o);
+    }
+    dn.push(DnType::CommonName, cn);
+    p.distinguished_name = dn;
+    p.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    p.extended_key_usages = vec![usage];
+    p.not_before = rcgen::date_time_ymd(2024, 1, 1);
+    p.not_after = rcgen::date_time_ymd(2099, 1, 1);
+    p.use_authority_key_identifier_extension = true;
+    let key = KeyPair::generate()?;
+    let issuer = Issuer::new(ca_params()?, ca_key);
+    let cert = p.signed_by(&key, &issuer)?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
+/// Writes `text` to `path` atomically (temp file + rename), mode 0600 when `private`
+/// else 0644. Errors: [`TlsError::Io`].
+pub fn write_pem(path: &Path, text: &str, private: bool) -> Result<(), TlsError> {
+    write(path, text, private)
 }
 
 /// The DER certificates in `pem` (kube-rs' `Config::root_cert` takes these). Errors:

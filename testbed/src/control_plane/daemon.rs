@@ -1,0 +1,197 @@
+//! The daemon's real-control-plane mode (`testbed up --control-plane real`): starts
+//! [`ControlPlane`] in the host netns, writes the kubeconfigs (HTTPS, admin client
+//! certificate) and `ready.json`, and serves the control socket with the real
+//! variants of the `api` commands.
+//!
+//! The built-in API server, scheduler and controllers are not started. The node
+//! components (kubelets, agents, service proxy) reach an API server only through
+//! [`ControlPlane::node_endpoint`]; until they take such an endpoint they are not
+//! started in this mode either, so `ready.json` lists no nodes and `node stop|start`
+//! answers that it needs them.
+
+use super::{locate_binaries, ControlPlane};
+use crate::daemon::{DaemonArgs, ReadyInfo};
+use crate::fault::Faults;
+use crate::netns::NetnsThread;
+use crate::plan::Plan;
+use crate::truth::Truth;
+use anyhow::{anyhow, Context, Result};
+use std::net::SocketAddr;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+
+/// Runs the daemon on the real control plane until SIGTERM/SIGINT or `shutdown`; stops
+/// every control-plane process before returning (the caller removes the network).
+/// Errors: binaries missing, a component not ready (with its log tail), file I/O.
+pub async fn run(args: &DaemonArgs, plan: &Plan, truth: &Truth, faults: &Faults) -> Result<()> {
+    let state = &args.state_dir;
+    let bin = locate_binaries(args.control_plane_bin.as_deref())?;
+    let cfg = super::Config::for_plan(plan, &bin);
+    let cp = ControlPlane::start(cfg)
+        .await
+        .context("start the real control plane")?;
+    let result = serve(plan, truth, faults, &cp, state).await;
+    cp.stop().await;
+    result
+}
+
+async fn serve(
+    plan: &Plan,
+    truth: &Truth,
+    faults: &Faults,
+    cp: &ControlPlane,
+    state: &std::path::Path,
+) -> Result<()> {
+    // `kubeconfig` (this machine): a TCP relay on 127.0.0.1 into the host netns, so the
+    // server certificate's 127.0.0.1 SAN matches; `kubeconfig-cluster`: the bridge URL.
+    let host = NetnsThread::spawn(&plan.host_netns).context("start the host netns runtime")?;
+    let relay = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .context("bind the API relay on 127.0.0.1")?;
+    let local = relay.local_addr()?;
+    let upstream = SocketAddr::from((plan.bridge_ip, plan.api_port));
+    tokio::spawn(relay_loop(relay, host.handle(), upstream));
+    let kc = state.join("kubeconfig");
+    let kcc = state.join("kubeconfig-cluster");
+    cp.write_kubeconfig(super::pki::ADMIN, &format!("https://{local}"), &kc)?;
+    cp.write_kubeconfig(super::pki::ADMIN, &cp.config().api_url(), &kcc)?;
+    let info = ReadyInfo {
+        pid: std::process::id(),
+        api_local: format!("https://{local}"),
+        api_cluster: cp.config().api_url(),
+        kubeconfig: kc,
+        kubeconfig_cluster: kcc,
+        nodes: vec![],
+        control_plane: super::Mode::Real.as_arg().to_owned(),
+    };
+    let sock_path = state.join("control.sock");
+    let _ = std::fs::remove_file(&sock_path);
+    let control = tokio::net::UnixListener::bind(&sock_path)?;
+    std::fs::write(state.join("ready.json"), serde_json::to_vec_pretty(&info)?)?;
+    tracing::info!(api = %info.api_cluster, pids = ?cp.pids(), "testbed up (real control plane)");
+
+    let nodes: Vec<String> = plan.nodes.iter().map(|n| n.name.clone()).collect();
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    loop {
+        tokio::select! {
+            _ = sigterm.recv() => break,
+            _ = sigint.recv() => break,
+            conn = control.accept() => {
+                let Ok((stream, _)) = conn else { continue };
+                if handle_control(stream, cp, faults, truth, &nodes).await {
+                    break;
+                }
+            }
+        }
+    }
+    tracing::info!("shutting down");
+    Ok(())
+}
+
+/// Relays every connection accepted on `relay` (this machine's loopback) to `upstream`
+/// (kube-apiserver in the host netns), the upstream socket made on `host`'s thread.
+async fn relay_loop(
+    relay: tokio::net::TcpListener,
+    host: tokio::runtime::Handle,
+    upstream: SocketAddr,
+) {
+    loop {
+        let Ok((conn, _)) = relay.accept().await else {
+            // e.g. out of file descriptors: do not spin.
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            continue;
+        };
+        let Ok(conn) = conn.into_std() else { continue };
+        host.spawn(async move {
+            let Ok(mut conn) = tokio::net::TcpStream::from_std(conn) else {
+                return;
+            };
+            if let Ok(mut up) = tokio::net::TcpStream::connect(upstream).await {
+                let _ = tokio::io::copy_bidirectional(&mut conn, &mut up).await;
+            }
+        });
+    }
+}
+
+/// One control command (same line protocol as the built-in mode: one line in, `ok…` or
+/// `error …` out). Returns true on `shutdown`.
+async fn handle_control(
+    stream: tokio::net::UnixStream,
+    cp: &ControlPlane,
+    faults: &Faults,
+    truth: &Truth,
+    nodes: &[String],
+) -> bool {
+    let (r, mut w) = stream.into_split();
+    let mut lines = tokio::io::BufReader::new(r).lines();
+    let Ok(Some(line)) = lines.next_line().await else {
+        return false;
+    };
+    let (answer, stop) = answer(&line, cp, faults, truth, nodes).await;
+    let _ = w.write_all(format!("{answer}\n").as_bytes()).await;
+    stop
+}
+
+async fn answer(
+    line: &str,
+    cp: &ControlPlane,
+    faults: &Faults,
+    truth: &Truth,
+    nodes: &[String],
+) -> (String, bool) {
+    let ok = || ("ok".to_string(), false);
+    let err = |e: anyhow::Error| {
+        (
+            format!("error {}", format!("{e:#}").replace('\n', " | ")),
+            false,
+        )
+    };
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let deny = cp.deny_list();
+    match words.as_slice() {
+        ["shutdown"] => ("ok".to_string(), true),
+        ["fault-set", path] => (
+            crate::daemon::apply_fault(std::path::Path::new(path), faults, truth, nodes),
+            false,
+        ),
+        ["node-stop" | "node-start", node] => err(anyhow!(
+            "node {node}: node stop|start on the real control plane needs the testbed's node components, which this mode does not start yet"
+        )),
+        ["api-deny", verb, resource, ns @ ..] if ns.len() <= 1 => {
+            deny.deny(verb, resource, ns.first().copied());
+            ok()
+        }
+        ["api-allow", verb, resource, ns @ ..] if ns.len() <= 1 => {
+            if deny.allow(verb, resource, ns.first().copied()) {
+                ok()
+            } else {
+                let scope = ns
+                    .first()
+                    .map(|n| format!(" in namespace {n}"))
+                    .unwrap_or_default();
+                err(anyhow!("{verb} {resource}{scope} was not denied"))
+            }
+        }
+        ["api-allow-all"] => {
+            deny.allow_all();
+            ok()
+        }
+        ["api-stop"] => {
+            cp.api_stop().await;
+            ok()
+        }
+        ["api-start"] => match cp.api_start().await {
+            Ok(()) => ok(),
+            Err(e) => err(e.context("start kube-apiserver")),
+        },
+        ["api-restart"] => match cp.api_restart().await {
+            Ok(()) => ok(),
+            Err(e) => err(e.context("restart kube-apiserver")),
+        },
+        ["api-expire-watches"] => match cp.expire_watches().await {
+            Ok(rev) => (format!("ok etcd compacted at revision {rev}, kube-apiserver restarted"), false),
+            Err(e) => err(e.context("expire watches")),
+        },
+        _ => err(anyhow!("unknown control command {line:?}")),
+    }
+}
