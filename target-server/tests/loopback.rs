@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 use target_server::{MAX_SOURCE_REPORT_BYTES, SOURCE_REPORT_SCHEMA};
@@ -22,6 +22,8 @@ struct Proc {
     child: Child,
     port: u16,
     spawned: Instant,
+    /// Every stderr line so far.
+    stderr: Arc<Mutex<Vec<String>>>,
 }
 
 impl Proc {
@@ -44,6 +46,8 @@ impl Proc {
         let mut child = cmd.spawn().expect("spawn target-server");
         let stderr = child.stderr.take().expect("stderr");
         let (tx, rx) = mpsc::channel();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&lines);
         thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if let Some(addr) = line.strip_prefix("target-server: listening on ") {
@@ -52,6 +56,7 @@ impl Proc {
                     }
                 }
                 eprintln!("[child] {line}");
+                seen.lock().unwrap_or_else(|p| p.into_inner()).push(line);
             }
         });
         let port = match rx.recv_timeout(Duration::from_secs(10)) {
@@ -65,6 +70,28 @@ impl Proc {
             child,
             port,
             spawned,
+            stderr: lines,
+        }
+    }
+
+    /// Polls (every 10 ms, at most `limit`) until a stderr line contains `text`; panics
+    /// with the lines seen otherwise.
+    fn wait_stderr(&self, text: &str, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            let lines = self
+                .stderr
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            if lines.iter().any(|l| l.contains(text)) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no stderr line with {text:?} within {limit:?}; saw {lines:#?}"
+            );
+            thread::sleep(Duration::from_millis(10));
         }
     }
 
@@ -301,8 +328,8 @@ fn probe_against_serve_succeeds_and_ttfp_is_zero_when_ready_came_later() {
     assert_eq!(status, 200);
     let id: Value = serde_json::from_str(&body).expect("identity JSON");
     assert_eq!(id["pod"], "src-ok");
-    // The kubelet's first readiness probe arrives after the first success.
-    thread::sleep(Duration::from_millis(300));
+    // The kubelet's first readiness probe arrives after the first success: wait for it.
+    src.wait_stderr("first success observed", Duration::from_secs(10));
     assert_eq!(kubelet_readyz(src.port), 200);
     let (status, stdout) = src.finish(Duration::from_secs(10));
     assert_eq!(status.code(), Some(0));
@@ -655,8 +682,11 @@ fn a_short_hold_still_waits_for_the_kubelets_first_readiness_probe() {
         ],
         &[("POD_NAME", "src-short"), ("FIRSTPACKET_READY_WAIT", "5s")],
     );
-    // Well after the success and the (empty) hold, the kubelet's first probe arrives.
-    thread::sleep(Duration::from_millis(800));
+    let up = Instant::now();
+    // Well after the success and the (empty) hold, the kubelet's first probe arrives:
+    // wait for the success, then until 800 ms after it reported its port.
+    src.wait_stderr("first success observed", Duration::from_secs(10));
+    thread::sleep(Duration::from_millis(800).saturating_sub(up.elapsed()));
     assert_eq!(kubelet_readyz(src.port), 200);
     let (status, stdout) = src.finish(Duration::from_secs(10));
     assert_eq!(status.code(), Some(0));

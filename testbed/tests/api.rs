@@ -436,9 +436,20 @@ async fn scheduler_binds_pods_and_retries_when_a_node_is_uncordoned() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(cond(&store)["status"], "True");
-    let (events, _) = store.list(Kind::Event, Some("default"));
-    assert!(events.iter().any(|e| e["reason"] == "Scheduled"));
-    assert!(events.iter().any(|e| e["reason"] == "FailedScheduling"));
+    // The scheduler records its Event right after the binding: poll for it.
+    let has = |events: &[Value], reason: &str| events.iter().any(|e| e["reason"] == reason);
+    let events = loop {
+        let (events, _) = store.list(Kind::Event, Some("default"));
+        if (has(&events, "Scheduled") && has(&events, "FailedScheduling"))
+            || tokio::time::Instant::now() >= deadline
+        {
+            break events;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let reasons: Vec<&Value> = events.iter().map(|e| &e["reason"]).collect();
+    assert!(has(&events, "Scheduled"), "events: {reasons:?}");
+    assert!(has(&events, "FailedScheduling"), "events: {reasons:?}");
 }
 
 // ---------------------------------------------------------------- kubectl
@@ -724,25 +735,57 @@ async fn kubectl_apply_run_describe_and_wait_work() {
         "{out}"
     );
 
-    // `get pods -w`: one header, then one Table row per event.
+    // `get pods -w`: one header, then one Table row per event. Its lines arrive as
+    // kubectl prints them: wait for the initial rows before the delete and for the
+    // delete's row after it.
     let mut watch = Command::new("/usr/bin/kubectl")
         .args(["get", "pods", "-w"])
         .env("HOME", k.path())
         .env("KUBECONFIG", k.path().join("kubeconfig"))
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let watch_out = watch.stdout.take().expect("kubectl stdout");
+    let (line_tx, mut line_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let reader = std::thread::spawn(move || {
+        use std::io::BufRead;
+        for l in std::io::BufReader::new(watch_out)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if line_tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    let mut lines: Vec<String> = Vec::new();
+    let x_rows = |lines: &[String]| lines.iter().filter(|l| l.starts_with("x ")).count();
+    lines_until(&mut lines, &mut line_rx, WAIT, |l| {
+        x_rows(l) == 1 && l.iter().any(|r| r.starts_with("web "))
+    })
+    .await;
+    assert_eq!(
+        x_rows(&lines),
+        1,
+        "initial rows within {WAIT:?}: {lines:#?}"
+    );
     store
         .delete(Kind::Pod, Some("default"), "x", None, None)
         .unwrap();
+    lines_until(&mut lines, &mut line_rx, WAIT, |l| x_rows(l) >= 2).await;
+    // No further rows must follow (one per event): a bounded wait, then stop kubectl.
     tokio::time::sleep(Duration::from_millis(700)).await;
     let _ = watch.kill();
-    let out = tokio::task::spawn_blocking(move || watch.wait_with_output().unwrap())
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let _ = tokio::task::spawn_blocking(move || {
+        let _ = watch.wait();
+        let _ = reader.join();
+    })
+    .await;
+    while let Ok(l) = line_rx.try_recv() {
+        lines.push(l);
+    }
+    let stdout = lines.join("\n");
     assert_eq!(stdout.matches("NAME").count(), 1, "{stdout}");
     assert_eq!(
         stdout.lines().filter(|l| l.starts_with("x ")).count(),
@@ -755,6 +798,23 @@ async fn kubectl_apply_run_describe_and_wait_work() {
             .any(|l| l.starts_with("web ") && l.contains("Running")),
         "{stdout}"
     );
+}
+
+/// Moves lines from `rx` into `lines` until `done(lines)` holds, the sender is gone or
+/// `limit` has passed.
+async fn lines_until(
+    lines: &mut Vec<String>,
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+    limit: Duration,
+    done: impl Fn(&[String]) -> bool,
+) {
+    let deadline = tokio::time::Instant::now() + limit;
+    while !done(lines) {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some(l)) => lines.push(l),
+            _ => return,
+        }
+    }
 }
 
 // ---------------------------------------------------------------- TLS and restarts
@@ -1051,15 +1111,26 @@ async fn kubectl_apply_of_a_deployment_and_a_job_validates_and_they_reach_ready_
 
     let (rc, _, err) = k.run(&["delete", "deployment", "web"]).await;
     assert_eq!(rc, 0, "{err}");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(store
-        .list(Kind::Pod, Some("default"))
-        .0
-        .iter()
-        .all(|p| !p["metadata"]["name"]
-            .as_str()
-            .unwrap_or("")
-            .starts_with("web-")));
+    // The garbage collector removes the Deployment's pods after kubectl returned: poll.
+    let web_pods = || -> Vec<String> {
+        store
+            .list(Kind::Pod, Some("default"))
+            .0
+            .iter()
+            .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_owned))
+            .filter(|n| n.starts_with("web-"))
+            .collect()
+    };
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut left = web_pods();
+    while !left.is_empty() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        left = web_pods();
+    }
+    assert!(
+        left.is_empty(),
+        "pods of the deleted Deployment left after {WAIT:?}: {left:?}"
+    );
 }
 
 // ---------------------------------------------------------------- logs

@@ -9,7 +9,7 @@ use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use netns_support::{dial, events, first_success, rt, serve, Bed, Server};
+use netns_support::{dial, events, first_success, rt, serve, Bed, Server, EFFECT_TIMEOUT};
 use testbed::agent::Agent;
 use testbed::dataplane::{
     calico_iface_name, list_netns, netns_pids, Dataplane, DataplaneError, PodNet,
@@ -190,8 +190,9 @@ fn program_delay_holds_first_packet_and_truth_agrees() {
     )
     .expect("path never came up");
     let added_a = events(&path, TruthKind::EndpointAdded, "uid-a")[0].t;
-    let prog_a = events(&path, TruthKind::EndpointProgrammed, "uid-a");
-    let prog_b = events(&path, TruthKind::EndpointProgrammed, "uid-b");
+    // The agent logs a programming right after the nft change: the packet may win.
+    let prog_a = bed.pod_events_until(TruthKind::EndpointProgrammed, "uid-a", 1, EFFECT_TIMEOUT);
+    let prog_b = bed.pod_events_until(TruthKind::EndpointProgrammed, "uid-b", 1, EFFECT_TIMEOUT);
     assert_eq!((prog_a.len(), prog_b.len()), (1, 1));
     let programmed = prog_a[0].t.max(prog_b[0].t);
     assert!(
@@ -222,6 +223,8 @@ fn program_delay_holds_first_packet_and_truth_agrees() {
     let ready = events(&path, TruthKind::ReadinessOk, "uid-a")[0].t;
     assert!((ttfp - (programmed - ready)).abs() < 1e-6);
 
+    // A check that c was NOT programmed: a bounded wait past its 1 s delay (counted
+    // from its add, before the path came up) is the honest way.
     std::thread::sleep(Duration::from_millis(500));
     assert!(events(&path, TruthKind::EndpointProgrammed, "uid-c").is_empty());
     let st = ag[0].stats();
@@ -231,7 +234,6 @@ fn program_delay_holds_first_packet_and_truth_agrees() {
 #[test]
 fn resync_loop_programs_only_inside_open_windows() {
     let bed = new_bed("resync", 2);
-    let path = bed.truth_path.clone();
     let applied_wall = unix_now();
     let faults = Faults::new(
         FaultFile::parse("rules:\n- nodes: {all: true}\n  program_delay: 300ms\n  resync_loop: {period: 2s, open: 200ms}\n")
@@ -242,6 +244,7 @@ fn resync_loop_programs_only_inside_open_windows() {
     let ag = bed.agents(&faults, &[]);
     let (a, b, _sb) = a_and_b(&bed, &ag);
     // Due at ~0.3 s, after the first window [0, 0.2) closed: next window opens at 2 s.
+    // A check that nothing was programmed yet: a bounded sleep into the closed window.
     std::thread::sleep(Duration::from_millis(1200));
     assert!(dial(&a.netns, b.ip).is_err(), "programmed outside a window");
     let success = first_success(
@@ -252,8 +255,8 @@ fn resync_loop_programs_only_inside_open_windows() {
     )
     .expect("never programmed");
     for uid in ["uid-a", "uid-b"] {
-        let p = events(&path, TruthKind::EndpointProgrammed, uid);
-        assert_eq!(p.len(), 1);
+        let p = bed.pod_events_until(TruthKind::EndpointProgrammed, uid, 1, EFFECT_TIMEOUT);
+        assert_eq!(p.len(), 1, "{uid} programmed: {p:?}");
         let since = p[0].t - applied_wall;
         assert!(
             (2.0..2.2).contains(&since),
@@ -279,11 +282,13 @@ fn never_program_blocks_until_the_fault_is_cleared() {
     let _g = rt.enter();
     let ag = bed.agents(&faults, &[]);
     let (a, b, _sb) = a_and_b(&bed, &ag);
-    std::thread::sleep(Duration::from_millis(800));
-    assert_eq!(
-        events(&path, TruthKind::EndpointProgrammed, "uid-a").len(),
-        1
-    );
+    let added = Instant::now();
+    // a (node-1, no fault) is programmed at once: wait for it.
+    let prog_a = bed.pod_events_until(TruthKind::EndpointProgrammed, "uid-a", 1, EFFECT_TIMEOUT);
+    assert_eq!(prog_a.len(), 1, "uid-a programmed: {prog_a:?}");
+    // b must NOT be programmed: give it the same bounded 800 ms it had before (it
+    // would be as quick as a without the fault).
+    std::thread::sleep(Duration::from_millis(800).saturating_sub(added.elapsed()));
     assert!(events(&path, TruthKind::EndpointProgrammed, "uid-b").is_empty());
     assert!(dial(&a.netns, b.ip).is_err());
 
@@ -304,10 +309,8 @@ fn never_program_blocks_until_the_fault_is_cleared() {
         .filter(|e| e.event == TruthKind::FaultChanged)
         .collect();
     assert_eq!(changed.len(), 1);
-    assert_eq!(
-        events(&path, TruthKind::EndpointProgrammed, "uid-b").len(),
-        1
-    );
+    let prog_b = bed.pod_events_until(TruthKind::EndpointProgrammed, "uid-b", 1, EFFECT_TIMEOUT);
+    assert_eq!(prog_b.len(), 1, "uid-b programmed: {prog_b:?}");
 }
 
 #[test]

@@ -17,7 +17,7 @@
 
 mod common;
 
-use common::{validate, Testbed, SERIAL};
+use common::{poll_until, validate, Testbed, SERIAL};
 use serde_json::Value;
 use std::collections::BTreeSet;
 
@@ -384,23 +384,27 @@ fn kube_proxy_bound_to_localhost_is_one_warning_per_node_direct_and_through_the_
         &["--kube-proxy-metrics", "localhost"],
     );
     // The kube-proxy pods are there (as a DaemonSet's would be) and their page is real,
-    // on the node's loopback only.
-    let out = tb.exec(&[
-        "kubectl",
-        "get",
-        "pods",
-        "-n",
-        "kube-system",
-        "-l",
-        "k8s-app=kube-proxy",
-        "-o",
-        "jsonpath={range .items[*]}{.spec.nodeName} {.status.phase}{\"\\n\"}{end}",
-    ]);
+    // on the node's loopback only. They come up after `testbed up` returns: poll.
+    let agents_within = std::time::Duration::from_secs(30);
+    let want = "node-1 Running\nnode-2 Running\nnode-3 Running";
+    let phases = tb.kubectl_until(
+        &[
+            "get",
+            "pods",
+            "-n",
+            "kube-system",
+            "-l",
+            "k8s-app=kube-proxy",
+            "-o",
+            "jsonpath={range .items[*]}{.spec.nodeName} {.status.phase}{\"\\n\"}{end}",
+        ],
+        agents_within,
+        |o| o.trim() == want,
+    );
     assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        "node-1 Running\nnode-2 Running\nnode-3 Running",
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        phases.trim(),
+        want,
+        "kube-proxy pods not all Running within {agents_within:?}"
     );
     let plan: Value =
         serde_json::from_str(&std::fs::read_to_string(tb.state.join("plan.json")).unwrap())
@@ -422,13 +426,18 @@ fn kube_proxy_bound_to_localhost_is_one_warning_per_node_direct_and_through_the_
             .output()
             .unwrap()
     };
-    let local = curl("http://127.0.0.1:10249/metrics");
+    let local = poll_until(
+        agents_within,
+        || curl("http://127.0.0.1:10249/metrics"),
+        |o| o.status.success(),
+    );
     assert!(
         String::from_utf8_lossy(&local.stdout)
             .contains("kubeproxy_sync_proxy_rules_duration_seconds_bucket"),
         "the page is served on the node's loopback: {}",
         String::from_utf8_lossy(&local.stderr)
     );
+    // Not served on the node IP: one read is honest now that the server is up.
     let node_ip = node1["ip"].as_str().unwrap();
     let remote = curl(&format!("http://{node_ip}:10249/metrics"));
     assert!(!remote.status.success(), "not on the node IP");
@@ -509,7 +518,14 @@ fn an_agent_pod_deleted_mid_gate_leaves_a_warning_for_its_node() {
                 &["--pairs", "6", "--give-up", "15s", "--hold", "1s"],
             )
         });
-        std::thread::sleep(std::time::Duration::from_secs(3));
+        // Mid-run: the gate creates probe pods only after agent discovery and the
+        // first scrapes, so wait for its first probe pod.
+        let mid_run_within = std::time::Duration::from_secs(60);
+        let pods = poll_until(mid_run_within, || tb.probe_pods(), |p| !p.is_empty());
+        assert!(
+            !pods.is_empty(),
+            "the gate created no probe pod within {mid_run_within:?}"
+        );
         tb.kubectl(&[
             "delete",
             "pod",
@@ -568,22 +584,23 @@ fn kube_proxy_metrics_on_the_node_ip_are_read_without_warnings() {
         serde_json::from_str(&std::fs::read_to_string(tb.state.join("plan.json")).unwrap())
             .unwrap();
     let ip = plan["nodes"][0]["ip"].as_str().unwrap();
-    let out = tb.exec(&[
-        "curl",
-        "-sS",
-        "--max-time",
-        "3",
-        &format!("http://{ip}:10249/metrics"),
-    ]);
-    let page = String::from_utf8_lossy(&out.stdout);
-    let count: f64 = page
-        .lines()
-        .find_map(|l| l.strip_prefix("kubeproxy_sync_proxy_rules_duration_seconds_count "))
-        .unwrap_or_else(|| panic!("no sync count: {page}"))
-        .parse()
-        .unwrap();
+    let url = format!("http://{ip}:10249/metrics");
+    let scrape = || {
+        let out = tb.exec(&["curl", "-sS", "--max-time", "3", &url]);
+        let page = String::from_utf8_lossy(&out.stdout).into_owned();
+        let count = page
+            .lines()
+            .find_map(|l| l.strip_prefix("kubeproxy_sync_proxy_rules_duration_seconds_count "))
+            .and_then(|c| c.parse::<f64>().ok());
+        (count, page)
+    };
+    // The removal of the probe Services reaches the node's rules after the gate exited:
+    // poll the page until the writes show.
+    let sync_within = std::time::Duration::from_secs(30);
+    let (count, page) = poll_until(sync_within, scrape, |(c, _)| c.is_some_and(|c| c >= 2.0));
+    let count = count.unwrap_or_else(|| panic!("no sync count: {page}"));
     // The gate's probe Services were added and removed again: ≥ 2 writes besides start-up.
-    assert!(count >= 2.0, "{page}");
+    assert!(count >= 2.0, "after {sync_within:?}: {page}");
 }
 
 /// RBAC missing for agent discovery only (`list pods` denied in kube-system, where the

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{assert_ttfp_near_truth, validate, Testbed, SERIAL};
+use common::{assert_ttfp_near_truth, validate, Testbed, POD_GONE_TIMEOUT, SERIAL};
 use serde_json::Value;
 use testbed::truth::{truth_service_ttfp, TruthKind};
 
@@ -124,7 +124,11 @@ fn s4_cross_node_broken_is_diagnosed_against_same_node_and_the_gate_stops_early(
             "{p:#}"
         );
     }
-    assert!(tb.probe_pods().is_empty(), "probe pods left behind");
+    let left = tb.wait_no_probe_pods(POD_GONE_TIMEOUT);
+    assert!(
+        left.is_empty(),
+        "probe pods left behind after {POD_GONE_TIMEOUT:?}: {left:?}"
+    );
 }
 
 const QUEUE_FAULT: &str = "rules:
@@ -182,9 +186,10 @@ fn burst_ttfp_grows_with_the_fillers_queued_ahead_of_the_target() {
         }
     }
     assert_eq!(burst_on_node2, 1, "{out}");
+    let left = tb.wait_no_probe_pods(POD_GONE_TIMEOUT);
     assert!(
-        tb.probe_pods().is_empty(),
-        "probe or filler pods left behind"
+        left.is_empty(),
+        "probe or filler pods left behind after {POD_GONE_TIMEOUT:?}: {left:?}"
     );
 }
 
@@ -357,7 +362,11 @@ fn s3_only_recreate_on_the_racing_node_fails_and_keeps_the_interface_name() {
         .count();
     assert_eq!(at_first, 1, "{node2:#?}");
     assert_eq!(report["summary"]["diagnosis"], "node_local_broken", "{out}");
-    assert!(tb.probe_pods().is_empty(), "probe pods left behind");
+    let left = tb.wait_no_probe_pods(POD_GONE_TIMEOUT);
+    assert!(
+        left.is_empty(),
+        "probe pods left behind after {POD_GONE_TIMEOUT:?}: {left:?}"
+    );
 }
 
 #[test]
@@ -430,7 +439,14 @@ fn service_ttfp_includes_late_service_rules_while_cross_node_stays_fast() {
             "service TTFP {ttfp:.3}s does not show the 4 s delay"
         );
     }
-    assert!(tb.probe_pods().is_empty(), "probe pods left behind");
-    let svcs = tb.labelled("services");
-    assert!(svcs.is_empty(), "probe services left behind: {svcs:?}");
+    let left = tb.wait_no_probe_pods(POD_GONE_TIMEOUT);
+    assert!(
+        left.is_empty(),
+        "probe pods left behind after {POD_GONE_TIMEOUT:?}: {left:?}"
+    );
+    let svcs = tb.wait_no_labelled("services", POD_GONE_TIMEOUT);
+    assert!(
+        svcs.is_empty(),
+        "probe services left behind after {POD_GONE_TIMEOUT:?}: {svcs:?}"
+    );
 }

@@ -12,11 +12,11 @@
 
 mod common;
 
-use common::{Testbed, SERIAL};
+use common::{Testbed, POD_GONE_TIMEOUT, SERIAL};
 use serde_json::Value;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
-use testbed::truth::TruthKind;
+use testbed::truth::{TruthEvent, TruthKind};
 
 /// Healthy dataplane (endpoints programmed after 100 ms).
 const FAULT: &str = "rules:\n  - nodes: {all: true}\n    program_delay: 100ms\n";
@@ -206,18 +206,29 @@ fn api_gone_mid_run_ends_probes_as_api_error_and_still_reports() {
     assert_eq!(v["summary"]["diagnosis"], "inconclusive");
     let errors = v["errors"].to_string();
     assert!(errors.contains("final cleanup"), "{errors}");
-    // Each probe still deleted its own pods (delete was not denied).
-    let truth = tb.truth();
-    for p in &ps {
-        for pod in [&p["source"]["pod"], &p["target"]["pod"]] {
-            let pod = pod.as_str().expect("pod name");
-            assert!(
-                truth
-                    .iter()
-                    .any(|e| e.event == TruthKind::PodDeleted && e.pod.as_deref() == Some(pod)),
-                "{pod} not deleted"
-            );
-        }
+    // Each probe still deleted its own pods (delete was not denied). The kubelet logs
+    // `pod_deleted` once it finished the pod, which may be after the gate exited.
+    let pods: Vec<&str> = ps
+        .iter()
+        .flat_map(|p| [&p["source"]["pod"], &p["target"]["pod"]])
+        .map(|pod| pod.as_str().expect("pod name"))
+        .collect();
+    let deleted = |truth: &[TruthEvent], pod: &str| {
+        truth
+            .iter()
+            .any(|e| e.event == TruthKind::PodDeleted && e.pod.as_deref() == Some(pod))
+    };
+    let truth = tb.truth_until(POD_GONE_TIMEOUT, |t| pods.iter().all(|pod| deleted(t, pod)));
+    let seen: Vec<&str> = truth
+        .iter()
+        .filter(|e| e.event == TruthKind::PodDeleted)
+        .filter_map(|e| e.pod.as_deref())
+        .collect();
+    for pod in &pods {
+        assert!(
+            deleted(&truth, pod),
+            "{pod} not deleted within {POD_GONE_TIMEOUT:?}; pod_deleted seen for {seen:?}"
+        );
     }
 }
 
@@ -344,10 +355,10 @@ fn forbidden_watch_create_or_delete_of_pods_stops_the_gate_at_once_with_the_403(
     assert!(errors.contains("403"), "{errors}");
     assert!(!errors.contains("--timeout"), "{errors}");
     assert!(out.contains("Forbidden"), "{out}");
+    let left = tb.wait_no_probe_pods(POD_GONE_TIMEOUT);
     assert!(
-        tb.probe_pods().is_empty(),
-        "probe pods left: {:?}",
-        tb.probe_pods()
+        left.is_empty(),
+        "probe pods left after {POD_GONE_TIMEOUT:?}: {left:?}"
     );
     testbed_ok(&tb, &["api", "allow", "watch", "pods"]);
 
@@ -363,7 +374,11 @@ fn forbidden_watch_create_or_delete_of_pods_stops_the_gate_at_once_with_the_403(
     );
     assert!(first_error.contains("403"), "{first_error}");
     assert!(!v["errors"].to_string().contains("--timeout"), "{v:#}");
-    assert!(tb.probe_pods().is_empty(), "{:?}", tb.probe_pods());
+    let left = tb.wait_no_probe_pods(POD_GONE_TIMEOUT);
+    assert!(
+        left.is_empty(),
+        "probe pods left after {POD_GONE_TIMEOUT:?}: {left:?}"
+    );
     testbed_ok(&tb, &["api", "allow", "create", "pods"]);
 
     // 3. delete pods forbidden: the first probe measures, its cleanup fails, the run
@@ -389,7 +404,16 @@ fn forbidden_watch_create_or_delete_of_pods_stops_the_gate_at_once_with_the_403(
         "the first probe still measured: {v:#}"
     );
     // The pods it could not delete are still there (they end by activeDeadlineSeconds).
-    assert!(!tb.probe_pods().is_empty(), "{out}");
+    // A check that they were NOT deleted: one read right after the gate exited is
+    // honest (a delete the API accepted would show as gone or as a deletionTimestamp
+    // at once).
+    let left = tb.probe_pods();
+    assert!(!left.is_empty(), "{out}");
+    let terminating = tb.terminating_probe_pods();
+    assert!(
+        terminating.is_empty(),
+        "denied deletes left pods terminating: {terminating:?}\n{out}"
+    );
     testbed_ok(&tb, &["api", "allow", "delete", "pods"]);
 }
 

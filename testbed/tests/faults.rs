@@ -12,7 +12,9 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use netns_support::{dial, dial_within, first_success, rt, serve, Bed, Server};
+use netns_support::{
+    dial, dial_within, first_success, poll_until, rt, serve, Bed, Server, EFFECT_TIMEOUT,
+};
 use testbed::dataplane::PodNet;
 use testbed::fault::{FaultFile, Faults};
 use testbed::felix::{bind_and_serve, FELIX_METRICS_PORT};
@@ -52,7 +54,8 @@ fn queue_programs_a_burst_one_after_another() {
         .collect();
     let _servers: Vec<Server> = pods.iter().map(|p| serve(&p.netns, &p.pod)).collect();
     let last = pods.last().expect("pods");
-    // Half-way through the burst the last endpoint is not programmed yet.
+    // Half-way through the burst the last endpoint is not programmed yet (a check that
+    // something has NOT happened: a bounded sleep to the middle of the burst).
     std::thread::sleep(Duration::from_millis(500));
     assert!(dial(&bed.plan.host_netns, last.ip).is_err());
     let success = first_success(
@@ -112,14 +115,15 @@ fn revoke_works_then_fails_at_the_configured_time() {
         first_fail - programmed
     );
     assert!(last_ok.is_some_and(|t| t < want + 0.05));
-    let rev = bed.pod_events(TruthKind::EndpointRevoked, &b.uid);
-    assert_eq!(rev.len(), 1);
+    // The agent logs the revoke right after the nft change: the failure may come first.
+    let rev = bed.pod_events_until(TruthKind::EndpointRevoked, &b.uid, 1, EFFECT_TIMEOUT);
+    assert_eq!(rev.len(), 1, "endpoint_revoked: {rev:?}");
     assert!(
         (rev[0].t - want).abs() < 0.1,
         "revoked at {:.3}",
         rev[0].t - programmed
     );
-    // It stays revoked.
+    // It stays revoked (nothing must happen: a bounded sleep, then one look).
     std::thread::sleep(Duration::from_millis(300));
     assert!(dial(&bed.plan.host_netns, b.ip).is_err());
     assert_eq!(ag[1].stats().revoked_total, 1);
@@ -168,7 +172,8 @@ fn name_reuse_race_leaves_recreated_same_name_pod_unreachable_for_good() {
     // Even the kubelet (the node itself) cannot reach the recreated pod, programmed or not.
     assert!(dial(&node2, second.ip).is_err());
     assert!(dial(&bed.plan.host_netns, second.ip).is_err());
-    // For good: clearing the fault does not bring the route back.
+    // For good: clearing the fault does not bring the route back (nothing must happen:
+    // a bounded sleep, then one look).
     ag[0].set_faults(FaultFile::default());
     std::thread::sleep(Duration::from_millis(300));
     assert!(dial(&node2, second.ip).is_err());
@@ -239,7 +244,8 @@ fn cross_node_breaks_cross_node_pairs_and_same_node_still_works() {
         &a1,
         serde_json::json!({}),
     ));
-    let removed = bed.events(TruthKind::PeerRouteRemoved);
+    // The node tasks remove the peer routes (asynchronously, at their first tick).
+    let removed = bed.events_until(TruthKind::PeerRouteRemoved, 2, EFFECT_TIMEOUT);
     assert_eq!(removed.len(), 2, "{removed:?}");
     assert!(removed
         .iter()
@@ -262,8 +268,9 @@ fn cross_node_breaks_cross_node_pairs_and_same_node_still_works() {
         Duration::from_secs(3),
     )
     .expect("cross node never came back");
-    let restored = bed.events(TruthKind::PeerRouteRestored);
-    assert_eq!(restored.len(), 2);
+    // Each route is logged right after it is back: the packet may win.
+    let restored = bed.events_until(TruthKind::PeerRouteRestored, 2, EFFECT_TIMEOUT);
+    assert_eq!(restored.len(), 2, "{restored:?}");
     let last_restored = restored.iter().map(|e| e.t).fold(0.0, f64::max);
     assert!(
         last_restored - cleared < 0.5,
@@ -295,11 +302,13 @@ fn cross_node_with_named_peers_breaks_only_those() {
     for p in [&a, &b, &c] {
         bed.wait_programmed(&p.uid, Duration::from_secs(2));
     }
+    // node-1's task removes the route to node-3 asynchronously: wait for its event
+    // before relying on the route being gone.
+    let removed = bed.events_until(TruthKind::PeerRouteRemoved, 1, EFFECT_TIMEOUT);
+    assert_eq!(removed.len(), 1, "{removed:?}");
+    assert_eq!(removed[0].detail["peer"], "node-3");
     assert_eq!(dial(&a.netns, b.ip).as_deref(), Ok("b\n"));
     assert!(dial(&a.netns, c.ip).is_err());
-    let removed = bed.events(TruthKind::PeerRouteRemoved);
-    assert_eq!(removed.len(), 1);
-    assert_eq!(removed[0].detail["peer"], "node-3");
     // `until` ends a node-wide fault on time.
     let back = first_success(
         &a.netns,
@@ -313,8 +322,8 @@ fn cross_node_with_named_peers_breaks_only_those() {
         "restored {:.3} s after the file was applied",
         back - applied
     );
-    let restored = bed.events(TruthKind::PeerRouteRestored);
-    assert_eq!(restored.len(), 1);
+    let restored = bed.events_until(TruthKind::PeerRouteRestored, 1, EFFECT_TIMEOUT);
+    assert_eq!(restored.len(), 1, "{restored:?}");
     assert_eq!(restored[0].node.as_deref(), Some("node-1"));
 }
 
@@ -358,8 +367,9 @@ fn stale_routes_blackhole_a_new_pod_on_other_nodes_for_a_while() {
         "first success {:.3} s after add",
         success - added
     );
-    let restored = bed.pod_events(TruthKind::PeerRouteRestored, &b.uid);
-    assert_eq!(restored.len(), 2);
+    // node-1's route (the one a→b needs) may be back before node-3's is logged.
+    let restored = bed.pod_events_until(TruthKind::PeerRouteRestored, &b.uid, 2, EFFECT_TIMEOUT);
+    assert_eq!(restored.len(), 2, "{restored:?}");
     // Truth TTFP of (a → b) follows the stale route on a's node, not other pairs.
     let evs = read_truth(&bed.truth_path).expect("read");
     let ready = bed.pod_events(TruthKind::ReadinessOk, &a.uid)[0].t;
@@ -512,9 +522,22 @@ fn s2_felix_apply_time_p99_is_high_on_slow_nodes_while_failures_stay_flat() {
     let a = bed.add(&ag[0], 0, "a");
     let b = bed.add(&ag[1], 1, "b");
     bed.wait_programmed(&a.uid, Duration::from_secs(2));
-    std::thread::sleep(Duration::from_millis(3200));
-    let slow1 = Page::parse(&scrape(&bed, 1));
-    let fast = Page::parse(&scrape(&bed, 0));
+    // The slow node's apply loop (≥ 1 s per apply) shows after a few iterations, the
+    // fast node's route-table resync after its first tick: poll the pages for both.
+    let apply = "felix_int_dataplane_apply_time_seconds";
+    let slow1 = poll_until(
+        Duration::from_secs(20),
+        Duration::from_millis(100),
+        || Page::parse(&scrape(&bed, 1)),
+        |p| p.quantile(apply, 0.99) >= 1.0 && p.value(&format!("{apply}_count")) >= 2.0,
+    );
+    let slow1_at = Instant::now();
+    let fast = poll_until(
+        EFFECT_TIMEOUT,
+        Duration::from_millis(100),
+        || Page::parse(&scrape(&bed, 0)),
+        |p| p.value("felix_route_table_list_seconds_count") >= 1.0,
+    );
     // Names, HELP and TYPE as in felix-3.20-1.prom.
     assert_eq!(
         slow1
@@ -544,9 +567,19 @@ fn s2_felix_apply_time_p99_is_high_on_slow_nodes_while_failures_stay_flat() {
         .pod_events(TruthKind::EndpointProgrammed, &b.uid)
         .is_empty());
 
-    std::thread::sleep(Duration::from_millis(1500));
+    let slow2 = poll_until(
+        EFFECT_TIMEOUT,
+        Duration::from_millis(100),
+        || Page::parse(&scrape(&bed, 1)),
+        |p| p.value(&format!("{apply}_count")) > count1,
+    );
+    assert!(
+        slow2.value(&format!("{apply}_count")) > count1,
+        "the apply loop stopped at {count1} iterations"
+    );
+    // Failures and resyncs must NOT grow: look again once the old 1.5 s window passed.
+    std::thread::sleep(Duration::from_millis(1500).saturating_sub(slow1_at.elapsed()));
     let slow2 = Page::parse(&scrape(&bed, 1));
-    assert!(slow2.value("felix_int_dataplane_apply_time_seconds_count") > count1);
     assert_eq!(
         slow2.value("felix_int_dataplane_failures"),
         0.0,
@@ -589,22 +622,43 @@ fn agent_faults_show_in_readiness_restarts_and_felix_counters() {
 
     // Runtime change: not ready, extra resyncs, restarts every 800 ms on node-2.
     let started_before = other.value("process_start_time_seconds");
+    let changed_at = Instant::now();
     ag[0].set_faults(
         FaultFile::parse(
             "rules:\n- nodes: {names: [node-2]}\n  agent: {not_ready: true, extra_resyncs_per_second: 3, restarts: {every: 800ms}}\n",
         )
         .expect("faults"),
     );
-    std::thread::sleep(Duration::from_millis(1200));
-    assert!(!ag[1].is_ready());
-    assert!(ag[0].is_ready());
-    assert!(ag[1].restart_count() >= 1);
-    assert_eq!(ag[0].restart_count(), 0);
-    let after = Page::parse(&ag[1].felix_page());
+    // node-2's task applies the change on its next tick and restarts after ~800 ms
+    // (the counter first, then a fresh page): poll for all three.
+    let (ready2, restarts2, after) = poll_until(
+        EFFECT_TIMEOUT,
+        Duration::from_millis(20),
+        || {
+            (
+                ag[1].is_ready(),
+                ag[1].restart_count(),
+                Page::parse(&ag[1].felix_page()),
+            )
+        },
+        |(ready, restarts, page)| {
+            !ready && *restarts >= 1 && page.value("process_start_time_seconds") > started_before
+        },
+    );
+    assert!(
+        !ready2,
+        "node-2 still ready {EFFECT_TIMEOUT:?} after not_ready"
+    );
+    assert!(restarts2 >= 1, "node-2 restarts {restarts2}");
     assert!(after.value("process_start_time_seconds") > started_before);
+    // node-1 must NOT change: look once the same bounded 1.2 s as before passed.
+    std::thread::sleep(Duration::from_millis(1200).saturating_sub(changed_at.elapsed()));
+    assert!(ag[0].is_ready());
+    assert_eq!(ag[0].restart_count(), 0);
     // Counters restarted from zero at the restart (the programming apply is gone).
     assert!(after.value("felix_int_dataplane_apply_time_seconds_count") < 1.0);
-    // node-1's failure counter stopped growing with the S5 rules gone.
+    // node-1's failure counter stopped growing with the S5 rules gone (nothing must
+    // happen: a bounded sleep past a tick, then one look).
     let f1 = Page::parse(&ag[0].felix_page()).value("felix_int_dataplane_failures");
     std::thread::sleep(Duration::from_millis(1100));
     assert_eq!(
@@ -617,9 +671,19 @@ fn agent_faults_show_in_readiness_restarts_and_felix_counters() {
         )
         .expect("faults"),
     );
-    std::thread::sleep(Duration::from_millis(2200));
-    assert!(ag[1].is_ready());
-    let resyncs = Page::parse(&ag[1].felix_page()).value("felix_resyncs_started");
+    // Ready again on the next tick; 3 extra resyncs a second add up to ≥ 5: poll.
+    let (ready2, resyncs) = poll_until(
+        Duration::from_secs(15),
+        Duration::from_millis(50),
+        || {
+            (
+                ag[1].is_ready(),
+                Page::parse(&ag[1].felix_page()).value("felix_resyncs_started"),
+            )
+        },
+        |(ready, resyncs)| *ready && *resyncs >= 1.0 + 5.0,
+    );
+    assert!(ready2, "node-2 not ready again");
     assert!(resyncs >= 1.0 + 5.0, "resyncs {resyncs}");
     let changed = bed.events(TruthKind::FaultChanged);
     assert_eq!(changed.len(), 2);

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use netns_support::{dial_port, rt, serve, Bed, Server};
+use netns_support::{dial_port, poll_until, rt, serve, Bed, Server, EFFECT_TIMEOUT};
 use serde_json::json;
 use testbed::api::{service_cidr, Kind, Store};
 use testbed::dataplane::PodNet;
@@ -399,14 +399,25 @@ fn a_newer_change_supersedes_one_still_waiting_for_its_delay() {
         .expect("start");
     std::thread::sleep(Duration::from_millis(100));
     set_ready(&store, &t, false);
-    // Past both delays: the not-Ready state won, the endpoint never went in.
+    // Past both delays: the not-Ready state won, the endpoint never went in. That the
+    // endpoint was NOT programmed needs a bounded wait past both delays; that the
+    // Service itself was programmed is polled.
     std::thread::sleep(Duration::from_millis(2000));
-    let reports = rec
-        .programmed
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone();
-    assert!(!reports.is_empty(), "the Service itself was programmed");
+    let reports = poll_until(
+        EFFECT_TIMEOUT,
+        Duration::from_millis(10),
+        || {
+            rec.programmed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+        },
+        |r| !r.is_empty(),
+    );
+    assert!(
+        !reports.is_empty(),
+        "the Service itself was programmed (nothing reported within {EFFECT_TIMEOUT:?} more)"
+    );
     assert!(
         reports.iter().all(|(_, p)| p.added.is_empty()),
         "superseded endpoint programmed: {reports:?}"

@@ -1,6 +1,9 @@
-//! Shared harness of the testbed end-to-end tests (`e2e.rs`, `e2e_kinds.rs`): a
-//! testbed per test in its own state dir, torn down by a drop guard; `SERIAL` runs the
-//! tests of one binary one at a time (DESIGN §5 "Isolation").
+//! Shared harness of the testbed end-to-end tests (`e2e*.rs`): a testbed per test in
+//! its own state dir, torn down by a drop guard; `SERIAL` runs the tests of one binary
+//! one at a time (DESIGN §5 "Isolation"). A check of an asynchronous effect (a truth
+//! event, pods gone, an agent pod up, a metric after an action) polls with a deadline
+//! ([`poll_until`], [`Testbed::truth_until`], [`Testbed::wait_no_probe_pods`]) and
+//! then asserts on what it last saw.
 #![allow(dead_code)]
 
 use serde_json::Value;
@@ -48,7 +51,40 @@ impl Testbed {
             "testbed up failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        tb.wait_agent_pods(nodes, AGENTS_UP_TIMEOUT);
         tb
+    }
+
+    /// Waits until each of the `nodes` nodes runs its calico-node pod (phase Running):
+    /// the testbed creates them after `up` returns, and tests (and the gates they run)
+    /// read the agents at once. Panics with the last listing after `timeout`.
+    pub fn wait_agent_pods(&self, nodes: usize, timeout: Duration) {
+        let mut want: Vec<String> = (1..=nodes).map(|n| format!("node-{n} Running")).collect();
+        want.sort();
+        let sorted = |o: &str| {
+            let mut l: Vec<String> = o.lines().map(str::to_owned).collect();
+            l.sort();
+            l
+        };
+        let got = self.kubectl_until(
+            &[
+                "get",
+                "pods",
+                "-n",
+                "kube-system",
+                "-l",
+                "k8s-app=calico-node",
+                "-o",
+                "jsonpath={range .items[*]}{.spec.nodeName} {.status.phase}{\"\\n\"}{end}",
+            ],
+            timeout,
+            |o| sorted(o) == want,
+        );
+        assert_eq!(
+            sorted(&got),
+            want,
+            "calico-node pods not Running on every node within {timeout:?}"
+        );
     }
 
     pub fn cmd(&self) -> Command {
@@ -125,9 +161,67 @@ impl Testbed {
         .collect()
     }
 
-    /// Every probe pod (`pod/NAME`) in the cluster.
+    /// Every probe pod (`pod/NAME`) in the cluster, including pods being deleted (a
+    /// deleted pod stays listed, with `metadata.deletionTimestamp`, until its kubelet
+    /// has finished the graceful termination).
     pub fn probe_pods(&self) -> Vec<String> {
         self.labelled("pods")
+    }
+
+    /// The probe pods (`pod/NAME`) that carry a `metadata.deletionTimestamp`: deleted,
+    /// still listed while their kubelet terminates them.
+    pub fn terminating_probe_pods(&self) -> Vec<String> {
+        self.kubectl(&[
+            "get",
+            "pods",
+            "-A",
+            "-l",
+            "app.kubernetes.io/name=firstpacket",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name}={.metadata.deletionTimestamp}{\"\\n\"}{end}",
+        ])
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .filter(|(_, ts)| !ts.is_empty())
+        .map(|(name, _)| format!("pod/{name}"))
+        .collect()
+    }
+
+    /// Polls (every [`POLL_INTERVAL`], at most `timeout`) until no object of
+    /// `resource` carries the firstpacket label; returns what was listed last (empty
+    /// when they all went). Objects being deleted count as still there.
+    pub fn wait_no_labelled(&self, resource: &str, timeout: Duration) -> Vec<String> {
+        poll_until(timeout, || self.labelled(resource), |l| l.is_empty())
+    }
+
+    /// [`Testbed::wait_no_labelled`] for probe pods: a pod the prober deleted is gone
+    /// only once its kubelet finished it, so checks after a gate wait for that (use
+    /// [`POD_GONE_TIMEOUT`]). Returns the pods still listed at the end.
+    pub fn wait_no_probe_pods(&self, timeout: Duration) -> Vec<String> {
+        self.wait_no_labelled("pods", timeout)
+    }
+
+    /// Polls the truth log (every [`POLL_INTERVAL`], at most `timeout`) until `done`
+    /// holds for it; returns the log as last read, so the caller asserts on what it
+    /// really saw (the kubelet logs e.g. `pod_deleted` only after the graceful
+    /// termination, which may end after the gate that deleted the pod exited).
+    pub fn truth_until(
+        &self,
+        timeout: Duration,
+        mut done: impl FnMut(&[TruthEvent]) -> bool,
+    ) -> Vec<TruthEvent> {
+        poll_until(timeout, || self.truth(), |t| done(t))
+    }
+
+    /// Polls `kubectl ARGS…` (which must succeed) until `done` holds for its stdout
+    /// or `timeout` passes; returns the last stdout.
+    pub fn kubectl_until(
+        &self,
+        args: &[&str],
+        timeout: Duration,
+        mut done: impl FnMut(&str) -> bool,
+    ) -> String {
+        poll_until(timeout, || self.kubectl(args), |o| done(o))
     }
 
     pub fn prefix(&self) -> String {
@@ -148,6 +242,36 @@ impl Drop for Testbed {
         if ok && !self.state.join("daemon.pid").exists() {
             let _ = std::fs::remove_dir_all(&self.state);
         }
+    }
+}
+
+/// How often the polling helpers look again.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+/// How long `testbed up` may take to have every node's agent pods Running after it
+/// returned.
+pub const AGENTS_UP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long a deleted pod may take to disappear: on a real control plane deletion
+/// goes through the kubelet's graceful termination (SIGTERM, grace, SIGKILL, then
+/// the final DELETE), so this is generous.
+pub const POD_GONE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Calls `probe` until `done` holds for its value or `timeout` has passed (looking
+/// every [`POLL_INTERVAL`]; always at least once); returns the last value, so the
+/// caller asserts on what it last saw and says so in the message.
+pub fn poll_until<T>(
+    timeout: Duration,
+    mut probe: impl FnMut() -> T,
+    mut done: impl FnMut(&T) -> bool,
+) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let v = probe();
+        if done(&v) || Instant::now() >= deadline {
+            return v;
+        }
+        std::thread::sleep(POLL_INTERVAL);
     }
 }
 

@@ -3,7 +3,8 @@
 //! [`Bed`] per scenario (Plan + Dataplane + truth log in its own state dir, destroyed by
 //! a drop guard even when the test panics, one scenario at a time per test binary), a
 //! tiny TCP server inside a pod netns ([`serve`]), one-exchange dial helpers that run
-//! inside a netns ([`dial`], [`dial_within`], [`dial_port`]) and agents for every node.
+//! inside a netns ([`dial`], [`dial_within`], [`dial_port`]), agents for every node and
+//! polling helpers for asynchronous effects ([`poll_until`], [`Bed::events_until`]).
 //! Needs root, `ip` and `nft`.
 // Each test binary compiles its own copy and uses only part of it.
 #![allow(dead_code)]
@@ -134,6 +135,30 @@ impl Bed {
         net
     }
 
+    /// Polls the truth log (every 10 ms, at most `limit`) until it holds at least `n`
+    /// events of `kind`; returns them as last read, so the caller asserts on what it
+    /// saw. The agent logs a change right after making it, so a packet can pass (or
+    /// fail) a moment before its event is in the log.
+    pub fn events_until(&self, kind: TruthKind, n: usize, limit: Duration) -> Vec<TruthEvent> {
+        poll_until(limit, TRUTH_POLL, || self.events(kind), |e| e.len() >= n)
+    }
+
+    /// [`Bed::events_until`] for the events of `kind` about pod `uid`.
+    pub fn pod_events_until(
+        &self,
+        kind: TruthKind,
+        uid: &str,
+        n: usize,
+        limit: Duration,
+    ) -> Vec<TruthEvent> {
+        poll_until(
+            limit,
+            TRUTH_POLL,
+            || self.pod_events(kind, uid),
+            |e| e.len() >= n,
+        )
+    }
+
     /// Waits (≤ `limit`) until `uid` has an `endpoint_programmed` event; returns its t.
     pub fn wait_programmed(&self, uid: &str, limit: Duration) -> f64 {
         let end = Instant::now() + limit;
@@ -157,6 +182,32 @@ impl Drop for Bed {
         if self.check_leftovers && !std::thread::panicking() {
             assert!(left.is_empty(), "netns left behind: {left:?}");
         }
+    }
+}
+
+/// How often [`Bed::events_until`] reads the truth log again.
+pub const TRUTH_POLL: Duration = Duration::from_millis(10);
+
+/// How long a check of an asynchronous effect (a truth event, a metric, an agent
+/// state) waits for it: generous, far above what the effects take here.
+pub const EFFECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Calls `probe` every `every` until `done` holds for its value or `limit` has passed
+/// (always at least once); returns the last value, so the caller asserts on what it
+/// last saw.
+pub fn poll_until<T>(
+    limit: Duration,
+    every: Duration,
+    mut probe: impl FnMut() -> T,
+    mut done: impl FnMut(&T) -> bool,
+) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        let v = probe();
+        if done(&v) || Instant::now() >= deadline {
+            return v;
+        }
+        std::thread::sleep(every);
     }
 }
 
