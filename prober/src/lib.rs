@@ -4,11 +4,14 @@
 //! Pure modules (tested without I/O): [`config`], [`schedule`], [`podspec`],
 //! [`tracker`], [`record`], [`gate`], the decision half of [`sweep`] and [`probe`].
 //! I/O: [`podwatch`] (the shared pod watch), [`probe`] (one probe's lifecycle),
-//! [`gate_run`] (`prober gate`), [`console`] (stderr notices, plain or JSON). [`agents`]: node-agent metrics (another helper).
+//! [`gate_run`] (`prober gate`), [`console`] (stderr notices, plain or JSON). [`agents`]: node-agent metrics.
+//! Both modes share [`engine`] (start-up, cleanup) and [`probe::run_probe`].
+//! [`stats`]: pure statistics.
 
 pub mod agents;
 pub mod config;
 pub mod console;
+pub mod engine;
 pub mod error;
 pub mod gate;
 pub mod gate_run;
@@ -17,6 +20,7 @@ pub mod podwatch;
 pub mod probe;
 pub mod record;
 pub mod schedule;
+pub mod stats;
 pub mod sweep;
 pub mod tracker;
 
