@@ -1,0 +1,226 @@
+//! Kubernetes Events on Nodes for slow and failed probes (`prober run`; DESIGN §4
+//! "Continuous mode"): reason `FirstPacketFailed` / `FirstPacketSlow`, type `Warning`,
+//! core/v1 Events in namespace `default` (where Events of cluster-scoped objects live),
+//! `involvedObject` the Node (kind, name, UID), so `kubectl describe node` shows them.
+//!
+//! Which nodes ([`blamed_nodes`]): the nodes the probe's suspects name; else both nodes
+//! of the pair (one for `same_node`) — nothing tells them apart. Rate limit
+//! ([`EventLimiter`]): at most one Event per (node, reason) per window (default 5 min).
+//! Events are counted apart from the probes' API-write budget (DESIGN §7).
+
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::PostParams;
+use kube::{Api, Client};
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+use target_server::report::{ProbeRecord, ProbeResult};
+
+/// Namespace of Events on cluster-scoped objects.
+pub const EVENT_NAMESPACE: &str = "default";
+
+/// Default minimum spacing of Events per (node, reason).
+pub const EVENT_WINDOW: Duration = Duration::from_secs(300);
+
+/// The Event reason for a probe result: `FirstPacketFailed` (failed),
+/// `FirstPacketSlow` (slow); `None` otherwise (success, inconclusive: not the network).
+pub fn event_reason(result: ProbeResult) -> Option<&'static str> {
+    match result {
+        ProbeResult::Failed => Some("FirstPacketFailed"),
+        ProbeResult::Slow => Some("FirstPacketSlow"),
+        _ => None,
+    }
+}
+
+/// The nodes a slow/failed probe blames: its suspects' nodes when it has any, else both
+/// nodes of the pair (sorted, each once).
+pub fn blamed_nodes(rec: &ProbeRecord) -> Vec<String> {
+    let suspects: BTreeSet<String> = rec.suspects.iter().map(|s| s.node.clone()).collect();
+    if !suspects.is_empty() {
+        return suspects.into_iter().collect();
+    }
+    let both: BTreeSet<String> = [rec.source.node.clone(), rec.target.node.clone()].into();
+    both.into_iter().collect()
+}
+
+/// One Event per (node, reason) per window; entries of nodes gone are pruned.
+#[derive(Debug)]
+pub struct EventLimiter {
+    window: Duration,
+    last: HashMap<(String, &'static str), Instant>,
+}
+
+impl EventLimiter {
+    /// A limiter with `window` between Events of one (node, reason).
+    pub fn new(window: Duration) -> EventLimiter {
+        EventLimiter {
+            window,
+            last: HashMap::new(),
+        }
+    }
+
+    /// Whether an Event for (node, reason) may go out at `now`; records it if so.
+    pub fn allow(&mut self, node: &str, reason: &'static str, now: Instant) -> bool {
+        let key = (node.to_string(), reason);
+        match self.last.get(&key) {
+            Some(at) if now.saturating_duration_since(*at) < self.window => false,
+            _ => {
+                self.last.insert(key, now);
+                true
+            }
+        }
+    }
+
+    /// Drops the entries of nodes `keep` rejects and entries older than the window.
+    pub fn prune(&mut self, keep: impl Fn(&str) -> bool, now: Instant) {
+        let w = self.window;
+        self.last
+            .retain(|(n, _), at| keep(n) && now.saturating_duration_since(*at) < w);
+    }
+
+    /// Entries held.
+    pub fn len(&self) -> usize {
+        self.last.len()
+    }
+
+    /// True when no entry is held.
+    pub fn is_empty(&self) -> bool {
+        self.last.is_empty()
+    }
+}
+
+/// The Event message for `rec` on `node` (one line, ≤ 1 KiB).
+pub fn event_message(rec: &ProbeRecord, node: &str) -> String {
+    let ttfp = rec
+        .ttfp_seconds
+        .map_or("no TTFP".to_string(), |t| format!("TTFP {t:.3}s"));
+    let signals: Vec<String> = rec
+        .suspects
+        .iter()
+        .filter(|s| s.node == node)
+        .map(crate::metrics::signal_label)
+        .collect();
+    let mut m = format!(
+        "probe {} ({}) {} → {}: {}{}, {ttfp}",
+        rec.id,
+        rec.kind,
+        rec.source.node,
+        rec.target.node,
+        rec.result.as_str(),
+        rec.reason
+            .map(|r| format!("/{}", r.as_str()))
+            .unwrap_or_default(),
+    );
+    if !signals.is_empty() {
+        m.push_str(&format!("; suspects on {node}: {}", signals.join(", ")));
+    }
+    crate::agents::correlate::one_line(&m, 1024)
+}
+
+/// Builds the Event object (pure): `involvedObject` = Node `node` (`uid`), reason,
+/// message, type `Warning`, source/reporting component `firstpacket`, instance
+/// `reporting_instance`.
+pub fn node_event(
+    node: &str,
+    uid: Option<&str>,
+    reason: &str,
+    message: String,
+    reporting_instance: &str,
+    now: Timestamp,
+) -> Event {
+    Event {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{node}.firstpacket.")),
+            namespace: Some(EVENT_NAMESPACE.into()),
+            ..Default::default()
+        },
+        involved_object: ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(node.into()),
+            uid: uid.map(str::to_owned),
+            ..Default::default()
+        },
+        reason: Some(reason.into()),
+        message: Some(message),
+        type_: Some("Warning".into()),
+        count: Some(1),
+        first_timestamp: Some(Time(now)),
+        last_timestamp: Some(Time(now)),
+        event_time: Some(MicroTime(now)),
+        action: Some("Probe".into()),
+        reporting_component: Some("firstpacket".into()),
+        reporting_instance: Some(reporting_instance.into()),
+        source: Some(EventSource {
+            component: Some("firstpacket".into()),
+            host: None,
+        }),
+        ..Default::default()
+    }
+}
+
+/// Creates an Event (bounded by 10 s); errors are logged, not returned (an Event is
+/// information, never a reason to stop probing).
+pub async fn post_event(client: &Client, ev: &Event) -> bool {
+    let api: Api<Event> = Api::namespaced(client.clone(), EVENT_NAMESPACE);
+    let pp = PostParams {
+        dry_run: false,
+        field_manager: Some(crate::podspec::FIELD_MANAGER.into()),
+    };
+    match tokio::time::timeout(Duration::from_secs(10), api.create(&pp, ev)).await {
+        Ok(Ok(_)) => true,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %crate::error::kube_error_text(&e), reason = ?ev.reason, node = ?ev.involved_object.name, "cannot create Node Event");
+            false
+        }
+        Err(_) => {
+            tracing::warn!("creating a Node Event got no answer within 10s");
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_event_per_node_and_reason_per_window() {
+        let mut l = EventLimiter::new(Duration::from_secs(300));
+        let t0 = Instant::now();
+        assert!(l.allow("n1", "FirstPacketSlow", t0));
+        assert!(!l.allow("n1", "FirstPacketSlow", t0 + Duration::from_secs(299)));
+        assert!(l.allow("n1", "FirstPacketFailed", t0 + Duration::from_secs(1)));
+        assert!(l.allow("n2", "FirstPacketSlow", t0 + Duration::from_secs(1)));
+        assert!(l.allow("n1", "FirstPacketSlow", t0 + Duration::from_secs(300)));
+        assert_eq!(l.len(), 3);
+        l.prune(|n| n != "n2", t0 + Duration::from_secs(301));
+        assert_eq!(l.len(), 1, "n2 gone, n1/Failed expired");
+    }
+
+    #[test]
+    fn reasons_follow_the_result() {
+        assert_eq!(event_reason(ProbeResult::Failed), Some("FirstPacketFailed"));
+        assert_eq!(event_reason(ProbeResult::Slow), Some("FirstPacketSlow"));
+        assert_eq!(event_reason(ProbeResult::Success), None);
+        assert_eq!(event_reason(ProbeResult::Inconclusive), None);
+    }
+
+    #[test]
+    fn event_names_the_node_as_involved_object_in_default() {
+        let ev = node_event(
+            "node-3",
+            Some("uid-3"),
+            "FirstPacketSlow",
+            "m".into(),
+            "run-abc",
+            Timestamp::now(),
+        );
+        assert_eq!(ev.metadata.namespace.as_deref(), Some("default"));
+        assert_eq!(ev.involved_object.kind.as_deref(), Some("Node"));
+        assert_eq!(ev.involved_object.name.as_deref(), Some("node-3"));
+        assert_eq!(ev.involved_object.uid.as_deref(), Some("uid-3"));
+        assert_eq!(ev.type_.as_deref(), Some("Warning"));
+    }
+}
