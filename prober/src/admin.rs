@@ -92,7 +92,8 @@ impl AdminState {
     }
 
     /// Records a finished probe: metrics and the ring under one lock (module docs).
-    pub fn record(&self, rec: ProbeRecord, now_unix: f64) {
+    /// Returns the new running total.
+    pub fn record(&self, rec: ProbeRecord, now_unix: f64) -> u64 {
         let mut r = lock(&self.recent);
         self.metrics.observe(&rec, now_unix);
         r.total += 1;
@@ -102,6 +103,7 @@ impl AdminState {
             r.records.pop_front();
             r.finished_at.pop_front();
         }
+        r.total
     }
 
     /// Records held (≤ [`RECENT_CAPACITY`]).
@@ -219,7 +221,7 @@ fn secs(v: Option<f64>) -> String {
 pub fn ttfp_svg(records: &[ProbeRecord], finished: &[f64], slow: f64) -> String {
     let (w, h, pad) = (720.0f64, 220.0f64, 36.0f64);
     let mut out = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" viewBox=\"0 0 {w} {h}\" role=\"img\" aria-label=\"TTFP over time\">"
+        "<svg width=\"{w}\" height=\"{h}\" viewBox=\"0 0 {w} {h}\" role=\"img\" aria-label=\"TTFP over time\">"
     );
     let _ = write!(
         out,
@@ -417,4 +419,115 @@ pub fn render_status(
     }
     out.push_str("<p>JSON: <a href=\"/api/v1/probes\">/api/v1/probes</a> · metrics: <a href=\"/metrics\">/metrics</a></p></body></html>\n");
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ProbeKind;
+    use std::time::{Duration, Instant};
+
+    fn rec(id: usize, src: &str, dst: &str, ttfp: Option<f64>, result: ProbeResult) -> ProbeRecord {
+        let meta = crate::record::ProbeMeta {
+            id: format!("x-{id}"),
+            kind: "cross_node".into(),
+            namespace: "firstpacket".into(),
+            source_node: src.into(),
+            target_node: dst.into(),
+            source_pod: format!("fp-x-{id}-s"),
+            target_pod: format!("fp-x-{id}-t"),
+            started: Instant::now(),
+            started_at: "2026-12-01T00:00:00Z".into(),
+        };
+        let mut r = crate::record::build_record(
+            &meta,
+            None,
+            None,
+            &crate::record::Ending::SourceTerminated,
+            Duration::from_secs(5),
+            Instant::now(),
+        );
+        r.ttfp_seconds = ttfp;
+        r.result = result;
+        r.reason = None;
+        r
+    }
+
+    fn metric(text: &str, prefix: &str) -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with(prefix))
+            .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+            .sum()
+    }
+
+    #[test]
+    fn ring_is_bounded_and_metrics_count_every_record() {
+        let s = AdminState::new(Metrics::new(&[ProbeKind::CrossNode]), RunInfo::default());
+        let n = RECENT_CAPACITY + 10;
+        for i in 0..n {
+            let ttfp = (i % 3 != 0).then_some(0.25);
+            let result = if ttfp.is_some() {
+                ProbeResult::Success
+            } else {
+                ProbeResult::Failed
+            };
+            assert_eq!(
+                s.record(rec(i, "a", "b", ttfp, result), i as f64),
+                i as u64 + 1
+            );
+        }
+        let page = s.probes_page();
+        assert_eq!(page.total, n as u64);
+        assert_eq!(page.probes.len(), RECENT_CAPACITY);
+        assert_eq!(page.probes[0].id, "x-10", "oldest dropped first");
+        let text = s.metrics.render();
+        let with_ttfp = (0..n).filter(|i| i % 3 != 0).count() as f64;
+        assert_eq!(
+            metric(&text, "firstpacket_ttfp_seconds_count{kind=\"cross_node\"}"),
+            with_ttfp
+        );
+        assert_eq!(metric(&text, "firstpacket_probes_total{"), n as f64);
+        assert_eq!(
+            metric(
+                &text,
+                "firstpacket_node_probes_total{node=\"a\",result=\"failed\",role=\"source\"}"
+            ),
+            (n as f64 - with_ttfp)
+        );
+        // Pre-initialised before any event: a reason never seen has a 0 series.
+        assert!(text.contains("reason=\"wrong_peer\""), "{text}");
+        // No pod names or pair labels.
+        assert!(!text.contains("fp-x-"));
+        s.metrics.node_removed("a");
+        assert!(!s.metrics.render().contains("node=\"a\""));
+    }
+
+    #[test]
+    fn status_page_has_a_cell_per_pair_the_chart_and_the_bad_probes() {
+        let records = vec![
+            rec(1, "n1", "n2", Some(0.2), ProbeResult::Success),
+            rec(2, "n2", "n1", Some(7.5), ProbeResult::Slow),
+            rec(3, "n1", "n3", None, ProbeResult::Failed),
+        ];
+        let info = RunInfo {
+            instance: "run-abc".into(),
+            eligible_nodes: vec!["n1".into(), "n2".into(), "n3".into()],
+            lap_seconds: Some(12.5),
+            slow_threshold_seconds: 5.0,
+            ..Default::default()
+        };
+        let html = render_status(&records, &[1.0, 2.0, 3.0], 3, &info);
+        for (s, t) in [("n1", "n2"), ("n2", "n1"), ("n1", "n3")] {
+            assert!(
+                html.contains(&format!("data-source=\"{s}\" data-target=\"{t}\"")),
+                "{s}->{t}"
+            );
+        }
+        assert_eq!(html.matches("class=\"cell ").count(), 3);
+        assert!(html.contains("<svg") && html.contains("12.500s"));
+        assert!(html.contains("x-2") && html.contains("x-3"));
+        assert!(
+            !html.contains("<script") && !html.contains("http://") && !html.contains("https://")
+        );
+    }
 }

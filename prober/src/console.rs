@@ -43,6 +43,43 @@ impl Console {
         }
     }
 
+    /// `prober run` started: instance, admin address, interval and concurrency.
+    pub fn run_started(&self, instance: &str, admin_addr: &str, interval: f64, concurrency: u32) {
+        if self.json() {
+            tracing::info!(target: "prober::console", instance, admin_addr,
+                probe_interval_seconds = interval, concurrency, "prober run started");
+        } else {
+            eprintln!(
+                "firstpacket run {instance}: a probe every {interval}s (±20 %), {concurrency} at a time; admin server on {admin_addr}"
+            );
+        }
+    }
+
+    /// One finished probe of `prober run` (the `n`th): `#n id kind src → dst result
+    /// [ttfp] [(reason)]`; in JSON one `probe done` event with `reason` always present
+    /// (null on success).
+    pub fn run_probe_done(&self, n: u64, p: &ProbeRecord) {
+        if self.json() {
+            tracing::info!(
+                target: "prober::console",
+                n,
+                probe_id = %p.id,
+                kind = %p.kind,
+                src_node = %p.source.node,
+                dst_node = %p.target.node,
+                result = p.result.as_str(),
+                reason = p.reason.map_or("null", |r| r.as_str()),
+                ttfp_seconds = p.ttfp_seconds,
+                suspects = p.suspects.len(),
+                "probe done"
+            );
+        } else {
+            let line = crate::gate::progress_line(0, 0, p);
+            let rest = line.split_once("] ").map_or(line.as_str(), |(_, r)| r);
+            eprintln!("#{n} {} {rest}", p.id);
+        }
+    }
+
     /// One finished probe: `[done/total] kind src → dst result [ttfp] [(reason)]`
     /// ([`progress_line`]).
     pub fn progress(&self, done: usize, total: usize, p: &ProbeRecord) {

@@ -33,15 +33,35 @@ pub fn event_reason(result: ProbeResult) -> Option<&'static str> {
     }
 }
 
-/// The nodes a slow/failed probe blames: its suspects' nodes when it has any, else both
-/// nodes of the pair (sorted, each once).
-pub fn blamed_nodes(rec: &ProbeRecord) -> Vec<String> {
+/// The nodes a slow/failed probe blames: its suspects' nodes when it has any; else the
+/// one node of the pair that has not been cleared by `recent` records (a node is
+/// cleared when a recent probe *with another peer* succeeded with it in the same role:
+/// the trouble then does not follow it); both nodes when neither or both are cleared
+/// (nothing tells them apart). Sorted, each once.
+pub fn blamed_nodes(rec: &ProbeRecord, recent: &[ProbeRecord]) -> Vec<String> {
     let suspects: BTreeSet<String> = rec.suspects.iter().map(|s| s.node.clone()).collect();
     if !suspects.is_empty() {
         return suspects.into_iter().collect();
     }
-    let both: BTreeSet<String> = [rec.source.node.clone(), rec.target.node.clone()].into();
-    both.into_iter().collect()
+    let (src, dst) = (&rec.source.node, &rec.target.node);
+    if src == dst {
+        return vec![src.clone()];
+    }
+    let ok = |r: &ProbeRecord| r.id != rec.id && r.result == ProbeResult::Success;
+    let src_cleared = recent
+        .iter()
+        .any(|r| ok(r) && r.source.node == *src && r.target.node != *dst);
+    let dst_cleared = recent
+        .iter()
+        .any(|r| ok(r) && r.target.node == *dst && r.source.node != *src);
+    match (src_cleared, dst_cleared) {
+        (true, false) => vec![dst.clone()],
+        (false, true) => vec![src.clone()],
+        _ => {
+            let both: BTreeSet<String> = [src.clone(), dst.clone()].into();
+            both.into_iter().collect()
+        }
+    }
 }
 
 /// One Event per (node, reason) per window; entries of nodes gone are pruned.
@@ -197,6 +217,52 @@ mod tests {
         assert_eq!(l.len(), 3);
         l.prune(|n| n != "n2", t0 + Duration::from_secs(301));
         assert_eq!(l.len(), 1, "n2 gone, n1/Failed expired");
+    }
+
+    fn rec(id: &str, src: &str, dst: &str, result: ProbeResult) -> ProbeRecord {
+        let meta = crate::record::ProbeMeta {
+            id: id.into(),
+            kind: "cross_node".into(),
+            namespace: "firstpacket".into(),
+            source_node: src.into(),
+            target_node: dst.into(),
+            source_pod: format!("fp-{id}-s"),
+            target_pod: format!("fp-{id}-t"),
+            started: Instant::now(),
+            started_at: "2026-12-01T00:00:00Z".into(),
+        };
+        let mut r = crate::record::build_record(
+            &meta,
+            None,
+            None,
+            &crate::record::Ending::SourceTerminated,
+            Duration::from_secs(5),
+            Instant::now(),
+        );
+        r.result = result;
+        r
+    }
+
+    #[test]
+    fn the_side_that_passes_with_other_peers_is_not_blamed() {
+        use ProbeResult::*;
+        let slow = rec("9", "n3", "n2", Slow);
+        // Nothing known: both.
+        assert_eq!(blamed_nodes(&slow, &[]), ["n2", "n3"]);
+        // n2 passed as target with another source: only n3 is blamed.
+        let recent = vec![rec("1", "n4", "n2", Success), slow.clone()];
+        assert_eq!(blamed_nodes(&slow, &recent), ["n3"]);
+        // n3 passed as source with another target: only n2.
+        let recent = vec![rec("2", "n3", "n1", Success)];
+        assert_eq!(blamed_nodes(&slow, &recent), ["n2"]);
+        // Passes of the same pair or in the other role do not clear anyone.
+        let recent = vec![rec("3", "n3", "n2", Success), rec("4", "n2", "n1", Success)];
+        assert_eq!(blamed_nodes(&slow, &recent), ["n2", "n3"]);
+        // Both cleared: both.
+        let recent = vec![rec("1", "n4", "n2", Success), rec("2", "n3", "n1", Success)];
+        assert_eq!(blamed_nodes(&slow, &recent), ["n2", "n3"]);
+        // same_node: its one node.
+        assert_eq!(blamed_nodes(&rec("5", "n1", "n1", Failed), &[]), ["n1"]);
     }
 
     #[test]

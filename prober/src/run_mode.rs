@@ -307,7 +307,6 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
     let owner = owner_from_env(&p.namespace, |k| std::env::var(k).ok());
     let instance = run_instance(owner.as_ref());
     let seed: u64 = rand::rng().random();
-    console.seed(&instance, seed);
 
     let admin = Arc::new(AdminState::new(
         Metrics::new(&kinds),
@@ -325,7 +324,12 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
             flag: "--admin-addr",
             message: format!("cannot listen on {}: {e}", args.admin_addr),
         })?;
-    tracing::info!(addr = %args.admin_addr, "admin server listening");
+    console.run_started(
+        &instance,
+        &args.admin_addr,
+        args.probe_interval.as_secs_f64(),
+        p.concurrency,
+    );
     let server = {
         let router = crate::admin::router(admin.clone());
         tokio::spawn(async move {
@@ -562,6 +566,7 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
             in_flight_ids: in_flight_ids.clone(),
             client: conn.client.clone(),
             instance: instance.clone(),
+            console,
         };
         let cancel = cancel_rx.clone();
         set.spawn(task.run(plan, cancel));
@@ -655,6 +660,7 @@ struct ProbeTask {
     in_flight_ids: Arc<Mutex<HashSet<String>>>,
     client: kube::Client,
     instance: String,
+    console: Console,
 }
 
 impl ProbeTask {
@@ -662,7 +668,8 @@ impl ProbeTask {
         let id = plan.id.clone();
         let rec = run_probe(self.env.clone(), plan, cancel).await;
         let now_unix = Timestamp::now().as_millisecond() as f64 / 1000.0;
-        self.admin.record(rec.clone(), now_unix);
+        let n = self.admin.record(rec.clone(), now_unix);
+        self.console.run_probe_done(n, &rec);
         self.admin.metrics.in_flight.dec();
         lock(&self.in_flight_ids).remove(&id);
         // Agent findings on probes with normal TTFP: logged once each, not kept.
@@ -673,7 +680,8 @@ impl ProbeTask {
         let Some(reason) = event_reason(rec.result) else {
             return;
         };
-        for node in blamed_nodes(&rec) {
+        let recent: Vec<_> = lock(&self.admin.recent).records.iter().cloned().collect();
+        for node in blamed_nodes(&rec, &recent) {
             let uid = lock(&self.node_set)
                 .nodes
                 .get(&node)
