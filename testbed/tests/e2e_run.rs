@@ -332,3 +332,198 @@ fn run_metrics_agree_with_records_cover_every_node_and_sigterm_cleans_up() {
         );
     }
 }
+
+/// Wall-clock start time of a record (Unix seconds, from `timeline.started_at`).
+fn started_unix(p: &Value) -> f64 {
+    let s = p["timeline"]["started_at"].as_str().expect("started_at");
+    let ts: k8s_openapi::jiff::Timestamp = s.parse().expect("RFC 3339");
+    ts.as_millisecond() as f64 / 1000.0
+}
+
+/// `restartCount` of node's calico-node pod (Σ over containers), `None` when absent.
+fn agent_restarts(tb: &Testbed, node: &str) -> Option<(String, i64)> {
+    let out = tb.exec(&[
+        "kubectl",
+        "get",
+        "pods",
+        "-A",
+        "-l",
+        "k8s-app=calico-node",
+        "-o",
+        "json",
+        "--request-timeout=5s",
+    ]);
+    let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+    v["items"].as_array()?.iter().find_map(|p| {
+        (p["spec"]["nodeName"] == node).then(|| {
+            let uid = p["metadata"]["uid"].as_str().unwrap_or("").to_string();
+            let n = p["status"]["containerStatuses"]
+                .as_array()
+                .map(|c| {
+                    c.iter()
+                        .map(|c| c["restartCount"].as_i64().unwrap_or(0))
+                        .sum()
+                })
+                .unwrap_or(0);
+            (uid, n)
+        })
+    })
+}
+
+/// Whether node is source or target of a record started in [from, from + within].
+fn probed_within(probes: &[Value], node: &str, from: f64, within: f64) -> bool {
+    probes.iter().any(|p| {
+        (p["source"]["node"] == node || p["target"]["node"] == node) && {
+            let s = started_unix(p);
+            s >= from - 0.5 && s <= from + within
+        }
+    })
+}
+
+#[test]
+fn a_node_that_turns_ready_or_whose_agent_restarts_is_probed_within_two_intervals() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let tb = Testbed::up("runtrig", 6, FAULT, &[]);
+    let port = 20_000 + ((std::process::id() + 7) % 20_000) as u16;
+    let addr = format!("127.0.0.1:{port}");
+    let base = format!("http://{addr}");
+    let log = tb.state.join("prober-run.log");
+    let mut run = spawn_run(&tb, &addr, &log);
+    let logs = || std::fs::read_to_string(&log).unwrap_or_default();
+    let interval = 3.0;
+    let start = Instant::now();
+    while curl(&tb, &format!("{base}/readyz")).is_none() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "/readyz\n{}",
+            logs()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    std::thread::sleep(Duration::from_secs(8));
+
+    // node-3 goes NotReady and comes back: probed within two intervals of node_ready.
+    let status = tb
+        .cmd()
+        .args(["node", "stop", "node-3"])
+        .status()
+        .expect("stop");
+    assert!(status.success());
+    std::thread::sleep(Duration::from_secs(8));
+    let status = tb
+        .cmd()
+        .args(["node", "start", "node-3"])
+        .status()
+        .expect("start");
+    assert!(status.success());
+    let ready_at = tb
+        .truth()
+        .iter()
+        .filter(|e| {
+            e.node.as_deref() == Some("node-3") && e.event == testbed::truth::TruthKind::NodeReady
+        })
+        .map(|e| e.t)
+        .fold(f64::NEG_INFINITY, f64::max);
+    assert!(ready_at.is_finite(), "no node_ready for node-3");
+
+    // Agent restarts on node-3 only, every 15 s.
+    let fault = tb.state.join("restarts.yaml");
+    std::fs::write(
+        &fault,
+        format!("{FAULT}  - nodes: {{names: [node-3]}}\n    agent: {{restarts: {{every: 15s}}}}\n"),
+    )
+    .expect("fault");
+    let status = tb
+        .cmd()
+        .args(["fault", "set"])
+        .arg(&fault)
+        .status()
+        .expect("fault set");
+    assert!(status.success());
+    let mut restarts = Vec::new();
+    let mut last = agent_restarts(&tb, "node-3");
+    let watch_until = Instant::now() + Duration::from_secs(40);
+    while Instant::now() < watch_until {
+        std::thread::sleep(Duration::from_millis(500));
+        let now = agent_restarts(&tb, "node-3");
+        if now.is_some() && now != last && last.is_some() {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("clock")
+                .as_secs_f64();
+            restarts.push(t);
+        }
+        if now.is_some() {
+            last = now;
+        }
+    }
+    assert!(!restarts.is_empty(), "no agent restart seen on node-3");
+    // Let the last triggered probe start.
+    std::thread::sleep(Duration::from_secs(8));
+    let page: Value =
+        serde_json::from_str(&curl(&tb, &format!("{base}/api/v1/probes")).expect("probes"))
+            .expect("json");
+    let probes = page["probes"].as_array().expect("probes").clone();
+    // The probes the prober says it started because of a change, by id → trigger.
+    let triggered: BTreeMap<String, String> = logs()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["fields"]["message"] == "change-triggered probe")
+        .filter_map(|v| {
+            Some((
+                v["fields"]["probe_id"].as_str()?.to_string(),
+                v["fields"]["trigger"].as_str()?.to_string(),
+            ))
+        })
+        .collect();
+    let by_trigger = |what: &str| -> Vec<Value> {
+        probes
+            .iter()
+            .filter(|p| {
+                p["id"]
+                    .as_str()
+                    .and_then(|id| triggered.get(id))
+                    .is_some_and(|t| t.contains("node-3") && t.contains(what))
+            })
+            .cloned()
+            .collect()
+    };
+    let after_ready = by_trigger("became Ready");
+    assert!(
+        probed_within(&after_ready, "node-3", ready_at, 2.0 * interval),
+        "no change-triggered probe of node-3 within 2 intervals of node_ready at {ready_at}: {triggered:?}\n{}",
+        logs()
+    );
+    let after_agent = by_trigger("agent");
+    assert!(
+        !after_agent.is_empty(),
+        "no agent-triggered probe of node-3: {triggered:?}"
+    );
+    assert!(
+        probed_within(&probes, "node-3", ready_at, 2.0 * interval),
+        "node-3 not probed within 2 intervals of turning Ready at {ready_at}\n{}",
+        logs()
+    );
+    for t in &restarts {
+        // The restart was seen by polling (≤ 0.5 s + one kubectl late).
+        assert!(
+            probed_within(&after_agent, "node-3", t - 1.5, 2.0 * interval + 1.5),
+            "node-3 not probed within 2 intervals of the agent restart at {t}\n{}",
+            logs()
+        );
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(run.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("SIGTERM");
+    let stop = Instant::now();
+    while run.try_wait().expect("wait").is_none() {
+        assert!(
+            stop.elapsed() < Duration::from_secs(30),
+            "still running\n{}",
+            logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
