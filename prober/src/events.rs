@@ -3,8 +3,11 @@
 //! core/v1 Events in namespace `default` (where Events of cluster-scoped objects live),
 //! `involvedObject` the Node (kind, name, UID), so `kubectl describe node` shows them.
 //!
-//! Which nodes ([`blamed_nodes`]): the nodes the probe's suspects name; else both nodes
-//! of the pair (one for `same_node`) — nothing tells them apart. Rate limit
+//! Which nodes ([`blamed_nodes`], [`Blame`]): the nodes the probe's suspects name; else
+//! the side of the pair not cleared by a recent success with another peer; while
+//! neither side is cleared the decision waits ([`PendingBlames`]) for later probes to
+//! tell them apart, and after [`PENDING_PROBES`] further probes both nodes are blamed
+//! (one for `same_node`): nothing told them apart. Rate limit
 //! ([`EventLimiter`]): at most one Event per (node, reason) per window (default 5 min).
 //! Events are counted apart from the probes' API-write budget (DESIGN §7).
 
@@ -39,13 +42,34 @@ pub fn event_reason(result: ProbeResult) -> Option<&'static str> {
 /// the trouble then does not follow it); both nodes when neither or both are cleared
 /// (nothing tells them apart). Sorted, each once.
 pub fn blamed_nodes(rec: &ProbeRecord, recent: &[ProbeRecord]) -> Vec<String> {
+    match blame(rec, recent) {
+        Blame::Nodes(n) => n,
+        Blame::Undecided => {
+            let both: BTreeSet<String> = [rec.source.node.clone(), rec.target.node.clone()].into();
+            both.into_iter().collect()
+        }
+    }
+}
+
+/// How a slow/failed probe's blame stands ([`blame`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Blame {
+    /// These nodes (sorted): suspects, the one uncleared side, or both when both sides
+    /// were cleared (the trouble follows the pair).
+    Nodes(Vec<String>),
+    /// Neither side has been cleared yet: later probes may tell them apart.
+    Undecided,
+}
+
+/// The blame of `rec` given `recent` records ([`blamed_nodes`] without the fallback).
+pub fn blame(rec: &ProbeRecord, recent: &[ProbeRecord]) -> Blame {
     let suspects: BTreeSet<String> = rec.suspects.iter().map(|s| s.node.clone()).collect();
     if !suspects.is_empty() {
-        return suspects.into_iter().collect();
+        return Blame::Nodes(suspects.into_iter().collect());
     }
     let (src, dst) = (&rec.source.node, &rec.target.node);
     if src == dst {
-        return vec![src.clone()];
+        return Blame::Nodes(vec![src.clone()]);
     }
     let ok = |r: &ProbeRecord| r.id != rec.id && r.result == ProbeResult::Success;
     let src_cleared = recent
@@ -55,12 +79,75 @@ pub fn blamed_nodes(rec: &ProbeRecord, recent: &[ProbeRecord]) -> Vec<String> {
         .iter()
         .any(|r| ok(r) && r.target.node == *dst && r.source.node != *src);
     match (src_cleared, dst_cleared) {
-        (true, false) => vec![dst.clone()],
-        (false, true) => vec![src.clone()],
-        _ => {
+        (true, false) => Blame::Nodes(vec![dst.clone()]),
+        (false, true) => Blame::Nodes(vec![src.clone()]),
+        (true, true) => {
             let both: BTreeSet<String> = [src.clone(), dst.clone()].into();
-            both.into_iter().collect()
+            Blame::Nodes(both.into_iter().collect())
         }
+        (false, false) => Blame::Undecided,
+    }
+}
+
+/// Probes after which an undecided blame falls back to both nodes (16: two laps of 8
+/// nodes; on a small cluster several laps, so every healthy node had its chance to pass
+/// with another peer).
+pub const PENDING_PROBES: u64 = 16;
+
+/// At most this many undecided blames wait (the oldest falls back to both nodes).
+pub const PENDING_CAPACITY: usize = 64;
+
+/// Slow/failed records whose blame is undecided, with the running probe total when
+/// they were recorded.
+#[derive(Debug, Default)]
+pub struct PendingBlames {
+    waiting: std::collections::VecDeque<(ProbeRecord, u64)>,
+}
+
+impl PendingBlames {
+    /// Adds `rec` (recorded as probe number `total`) and re-decides every waiting
+    /// record against `recent` at probe number `now_total`. Returns the decided ones
+    /// with their nodes: cleared by now, or waiting for [`PENDING_PROBES`] probes (both
+    /// nodes), or pushed out by [`PENDING_CAPACITY`] (both nodes).
+    pub fn decide(
+        &mut self,
+        new: Option<(ProbeRecord, u64)>,
+        recent: &[ProbeRecord],
+        now_total: u64,
+    ) -> Vec<(ProbeRecord, Vec<String>)> {
+        if let Some(n) = new {
+            self.waiting.push_back(n);
+        }
+        let mut out = Vec::new();
+        let mut keep = std::collections::VecDeque::new();
+        for (rec, at) in self.waiting.drain(..) {
+            match blame(&rec, recent) {
+                Blame::Nodes(n) => out.push((rec, n)),
+                Blame::Undecided if now_total.saturating_sub(at) >= PENDING_PROBES => {
+                    let n = blamed_nodes(&rec, &[]);
+                    out.push((rec, n));
+                }
+                Blame::Undecided => keep.push_back((rec, at)),
+            }
+        }
+        while keep.len() > PENDING_CAPACITY {
+            if let Some((rec, _)) = keep.pop_front() {
+                let n = blamed_nodes(&rec, &[]);
+                out.push((rec, n));
+            }
+        }
+        self.waiting = keep;
+        out
+    }
+
+    /// Records waiting.
+    pub fn len(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// True when none waits.
+    pub fn is_empty(&self) -> bool {
+        self.waiting.is_empty()
     }
 }
 
@@ -261,8 +348,38 @@ mod tests {
         // Both cleared: both.
         let recent = vec![rec("1", "n4", "n2", Success), rec("2", "n3", "n1", Success)];
         assert_eq!(blamed_nodes(&slow, &recent), ["n2", "n3"]);
+        assert_eq!(blame(&slow, &[]), Blame::Undecided);
         // same_node: its one node.
         assert_eq!(blamed_nodes(&rec("5", "n1", "n1", Failed), &[]), ["n1"]);
+    }
+
+    #[test]
+    fn undecided_blames_wait_for_later_probes_then_fall_back_to_both() {
+        use ProbeResult::*;
+        let mut p = PendingBlames::default();
+        let slow = rec("1", "n1", "n2", Slow);
+        // Nothing known yet: it waits.
+        assert!(p
+            .decide(Some((slow.clone(), 1)), std::slice::from_ref(&slow), 1)
+            .is_empty());
+        assert_eq!(p.len(), 1);
+        // A later success of n1 with another target clears n1: n2 is blamed, alone.
+        let recent = vec![slow.clone(), rec("2", "n1", "n3", Success)];
+        let d = p.decide(None, &recent, 2);
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].1, ["n2"]);
+        assert!(p.is_empty());
+        // Never told apart: both, after PENDING_PROBES probes.
+        let other = rec("3", "n2", "n3", Failed);
+        assert!(p.decide(Some((other.clone(), 3)), &[], 3).is_empty());
+        assert!(p.decide(None, &[], 3 + PENDING_PROBES - 1).is_empty());
+        let d = p.decide(None, &[], 3 + PENDING_PROBES);
+        assert_eq!(d[0].1, ["n2", "n3"]);
+        // Bounded.
+        for i in 0..(PENDING_CAPACITY + 3) {
+            p.decide(Some((rec(&format!("x{i}"), "a", "b", Slow), 100)), &[], 100);
+        }
+        assert_eq!(p.len(), PENDING_CAPACITY);
     }
 
     #[test]

@@ -31,7 +31,7 @@ use crate::console::Console;
 use crate::engine::{delete_instance_pods, final_cleanup_within, lock, Signals};
 use crate::error::Error;
 use crate::events::{
-    blamed_nodes, event_message, event_reason, node_event, post_event, EventLimiter,
+    event_message, event_reason, node_event, post_event, EventLimiter, PendingBlames,
 };
 use crate::metrics::Metrics;
 use crate::podspec::{recreate_target_name, PodConfig, LABEL_PROBE_ID};
@@ -422,6 +422,7 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
     };
     let (cancel_tx, cancel_rx) = watch::channel(false);
     let limiter = Arc::new(Mutex::new(EventLimiter::new(crate::events::EVENT_WINDOW)));
+    let pending = Arc::new(Mutex::new(PendingBlames::default()));
     let in_flight_ids: Arc<Mutex<HashSet<String>>> = Arc::new(Mutex::new(HashSet::new()));
     let mut rotation = Rotation::new(kinds.clone(), seed);
     let mut set: JoinSet<()> = JoinSet::new();
@@ -517,7 +518,7 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
             lap_started = Instant::now();
             laps_seen = laps;
         }
-        let sizes = state_sizes(
+        let mut sizes = state_sizes(
             &admin,
             &env,
             &agents,
@@ -525,6 +526,7 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
             &rotation,
             known_nodes.len(),
         );
+        sizes.push(("pending_blames", lock(&pending).len()));
         for (k, v) in &sizes {
             admin
                 .metrics
@@ -562,6 +564,7 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
             env: env.clone(),
             admin: admin.clone(),
             limiter: limiter.clone(),
+            pending: pending.clone(),
             node_set: node_set.clone(),
             in_flight_ids: in_flight_ids.clone(),
             client: conn.client.clone(),
@@ -656,6 +659,7 @@ struct ProbeTask {
     env: Arc<ProbeEnv>,
     admin: Arc<AdminState>,
     limiter: Arc<Mutex<EventLimiter>>,
+    pending: Arc<Mutex<PendingBlames>>,
     node_set: Arc<Mutex<NodeSet>>,
     in_flight_ids: Arc<Mutex<HashSet<String>>>,
     client: kube::Client,
@@ -677,32 +681,39 @@ impl ProbeTask {
         for w in warnings {
             tracing::warn!(node = %w.node, signal = %crate::metrics::signal_label(&w), "node-agent warning");
         }
-        let Some(reason) = event_reason(rec.result) else {
-            return;
+        // Node Events: decide the blame now, or once later probes tell the sides apart.
+        let new = event_reason(rec.result).map(|_| (rec.clone(), n));
+        let decided = {
+            let recent: Vec<_> = lock(&self.admin.recent).records.iter().cloned().collect();
+            lock(&self.pending).decide(new, &recent, n)
         };
-        let recent: Vec<_> = lock(&self.admin.recent).records.iter().cloned().collect();
-        for node in blamed_nodes(&rec, &recent) {
-            let uid = lock(&self.node_set)
-                .nodes
-                .get(&node)
-                .and_then(|(_, u)| u.clone());
-            if !lock(&self.limiter).allow(&node, reason, Instant::now()) {
+        for (rec, nodes) in decided {
+            let Some(reason) = event_reason(rec.result) else {
                 continue;
-            }
-            let ev = node_event(
-                &node,
-                uid.as_deref(),
-                reason,
-                event_message(&rec, &node),
-                &self.instance,
-                Timestamp::now(),
-            );
-            if post_event(&self.client, &ev).await {
-                self.admin
-                    .metrics
-                    .node_events
-                    .with_label_values(&[reason])
-                    .inc();
+            };
+            for node in nodes {
+                let uid = lock(&self.node_set)
+                    .nodes
+                    .get(&node)
+                    .and_then(|(_, u)| u.clone());
+                if !lock(&self.limiter).allow(&node, reason, Instant::now()) {
+                    continue;
+                }
+                let ev = node_event(
+                    &node,
+                    uid.as_deref(),
+                    reason,
+                    event_message(&rec, &node),
+                    &self.instance,
+                    Timestamp::now(),
+                );
+                if post_event(&self.client, &ev).await {
+                    self.admin
+                        .metrics
+                        .node_events
+                        .with_label_values(&[reason])
+                        .inc();
+                }
             }
         }
     }

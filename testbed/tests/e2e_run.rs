@@ -527,3 +527,198 @@ fn a_node_that_turns_ready_or_whose_agent_restarts_is_probed_within_two_interval
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// SCENARIOS S2 in short: new endpoints on the two `os=debian13` nodes wait 6–8 s
+/// behind a slow dataplane apply (Felix apply time ≥ 1 s there).
+const SLOW_NODES_FAULT: &str = "rules:
+  - nodes: {all: true}
+    program_delay: {uniform: [200ms, 600ms]}
+  - nodes: {labels: {os: debian13}}
+    program_delay: {uniform: [6s, 8s]}
+    agent: {apply_time_floor: 1s}
+";
+
+#[test]
+fn slow_nodes_get_slow_events_and_metrics_and_the_healthy_side_gets_none() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let tb = Testbed::up(
+        "runslow",
+        4,
+        SLOW_NODES_FAULT,
+        &["--node-labels", "node-2=os=debian13,node-3=os=debian13"],
+    );
+    let port = 20_000 + ((std::process::id() + 13) % 20_000) as u16;
+    let addr = format!("127.0.0.1:{port}");
+    let base = format!("http://{addr}");
+    let log = tb.state.join("prober-run.log");
+    let mut run = spawn_run(&tb, &addr, &log);
+    let logs = || std::fs::read_to_string(&log).unwrap_or_default();
+    let slow_nodes = ["node-2", "node-3"];
+    let touches_slow = |p: &Value| {
+        slow_nodes
+            .iter()
+            .any(|n| p["source"]["node"] == *n || p["target"]["node"] == *n)
+    };
+    let events = || -> Vec<String> {
+        let out = tb.kubectl(&["get", "events", "-n", "default", "-o", "json"]);
+        let v: Value = serde_json::from_str(&out).expect("events JSON");
+        v["items"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter(|e| e["reason"] == "FirstPacketSlow")
+                    .filter_map(|e| e["involvedObject"]["name"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    // Within 10 probes touching the slow nodes: their last TTFP > 5 s and Events on both;
+    // then on until 10 such probes, for Events on the healthy side to show up if wrong.
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let mut met = false;
+    let (page, samples, on) = loop {
+        std::thread::sleep(Duration::from_secs(3));
+        assert!(
+            run.try_wait().expect("wait").is_none(),
+            "prober exited\n{}",
+            logs()
+        );
+        let Some(text) = curl(&tb, &format!("{base}/api/v1/probes")) else {
+            continue;
+        };
+        let page: Value = serde_json::from_str(&text).expect("json");
+        let probes = page["probes"].as_array().cloned().unwrap_or_default();
+        let touching = probes.iter().filter(|p| touches_slow(p)).count();
+        let samples = parse_metrics(&curl(&tb, &format!("{base}/metrics")).unwrap_or_default());
+        let last = |n: &str| {
+            ["source", "target"]
+                .iter()
+                .map(|r| {
+                    sum(
+                        &samples,
+                        "firstpacket_node_last_ttfp_seconds",
+                        &[("node", n), ("role", r)],
+                    )
+                })
+                .fold(0.0, f64::max)
+        };
+        let on: BTreeSet<String> = events().into_iter().collect();
+        let now_met = slow_nodes.iter().all(|n| last(n) > 5.0 && on.contains(*n));
+        assert!(
+            met || !now_met || touching <= 10,
+            "needed {touching} probes touching the slow nodes (> 10) for TTFP and Events"
+        );
+        met |= now_met;
+        if met && touching >= 10 {
+            break (page, samples, on);
+        }
+        assert!(
+            Instant::now() < deadline && (met || touching <= 10),
+            "after {touching} probes touching node-2/node-3: last TTFP node-2 {} node-3 {}, Events on {on:?}\n{}",
+            last("node-2"),
+            last("node-3"),
+            logs()
+        );
+    };
+    // No Event on a node that only met them as the healthy side.
+    assert!(
+        on.iter().all(|n| slow_nodes.contains(&n.as_str())),
+        "FirstPacketSlow Events on healthy nodes: {on:?}"
+    );
+    assert!(
+        sum(
+            &samples,
+            "firstpacket_node_events_total",
+            &[("reason", "FirstPacketSlow")]
+        ) >= 2.0
+    );
+    // Slow probes name the slow nodes' Felix apply time, on the status page too.
+    let probes = page["probes"].as_array().expect("probes");
+    let with_suspect: Vec<&Value> = probes
+        .iter()
+        .filter(|p| p["result"] == "slow")
+        .filter(|p| {
+            p["suspects"].as_array().is_some_and(|s| {
+                s.iter().any(|s| {
+                    s["signal"] == "dataplane_apply_slow"
+                        && slow_nodes.contains(&s["node"].as_str().unwrap_or(""))
+                })
+            })
+        })
+        .collect();
+    assert!(
+        !with_suspect.is_empty(),
+        "no slow probe with a dataplane_apply_slow suspect: {page:#}"
+    );
+    let html = curl(&tb, &format!("{base}/")).expect("status page");
+    assert!(
+        html.contains("dataplane_apply_slow"),
+        "status page lacks the suspects"
+    );
+    for p in &with_suspect {
+        assert!(
+            html.contains(p["id"].as_str().unwrap_or("?")),
+            "{} not listed",
+            p["id"]
+        );
+    }
+    // Screenshot of the status page, kept with the test output when chromium exists.
+    if std::path::Path::new("/usr/bin/chromium").exists() {
+        let png = std::env::temp_dir().join("firstpacket-status-slow-nodes.png");
+        let profile = tb.state.join("chromium-profile");
+        let out = tb.exec(&[
+            "chromium",
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            &format!("--user-data-dir={}", profile.display()),
+            "--window-size=1200,1100",
+            &format!("--screenshot={}", png.display()),
+            &format!("{base}/"),
+        ]);
+        assert!(out.status.success(), "chromium screenshot failed");
+        assert!(png.metadata().map(|m| m.len() > 1000).unwrap_or(false));
+        eprintln!("status page screenshot: {}", png.display());
+        let dom = tb.exec(&[
+            "chromium",
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            &format!("--user-data-dir={}", profile.display()),
+            "--dump-dom",
+            &format!("{base}/"),
+        ]);
+        let dom = String::from_utf8_lossy(&dom.stdout);
+        let pairs: BTreeSet<(String, String)> = probes
+            .iter()
+            .map(|p| {
+                (
+                    p["source"]["node"].as_str().unwrap_or("?").to_string(),
+                    p["target"]["node"].as_str().unwrap_or("?").to_string(),
+                )
+            })
+            .collect();
+        for (s, t) in pairs {
+            assert!(
+                dom.contains(&format!("data-source=\"{s}\" data-target=\"{t}\"")),
+                "rendered DOM has no cell {s} → {t}"
+            );
+        }
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(run.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("SIGTERM");
+    let stop = Instant::now();
+    while run.try_wait().expect("wait").is_none() {
+        assert!(
+            stop.elapsed() < Duration::from_secs(30),
+            "still running\n{}",
+            logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
