@@ -307,6 +307,7 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
     let owner = owner_from_env(&p.namespace, |k| std::env::var(k).ok());
     let instance = run_instance(owner.as_ref());
     let seed: u64 = rand::rng().random();
+    let tag = crate::gate_run::random_suffix(3);
 
     let admin = Arc::new(AdminState::new(
         Metrics::new(&kinds),
@@ -348,7 +349,9 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
     // pod): its probe pods are ours by name but no probe of ours owns them.
     match delete_instance_pods(&pods, &instance, &url).await {
         Ok(n) if n > 0 => {
-            tracing::info!(deleted = n, "deleted the previous incarnation's probe pods")
+            tracing::info!(deleted = n, "deleted the previous incarnation's probe pods");
+            // Their late watch events must not land on this incarnation's pods.
+            started.watch.with_tracker(|t| t.forget_all());
         }
         Ok(_) => {}
         Err(e) => tracing::warn!(error = %e, "cannot delete the previous incarnation's probe pods"),
@@ -554,7 +557,7 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
             continue;
         };
         counter += 1;
-        let plan = probe_plan(&instance, counter, &next, p.burst_size);
+        let plan = probe_plan(&instance, &tag, counter, &next, p.burst_size);
         lock(&in_flight_ids).insert(plan.id.clone());
         admin.metrics.in_flight.inc();
         if let Some(why) = &next.trigger {
@@ -637,12 +640,20 @@ fn state_sizes(
     v
 }
 
-/// The probe for `next`: id `<instance suffix>-<n>`, never a kept target (no later
-/// probe is known in advance), fillers only for `burst`.
-pub fn probe_plan(instance: &str, n: u64, next: &NextProbe, burst_size: u32) -> ProbePlan {
+/// The probe for `next`: id `<instance suffix>-<incarnation tag>-<n>` (the tag keeps
+/// the pod names of a restarted container apart from its previous incarnation's, which
+/// share the instance), never a kept target (no later probe is known in advance),
+/// fillers only for `burst`.
+pub fn probe_plan(
+    instance: &str,
+    tag: &str,
+    n: u64,
+    next: &NextProbe,
+    burst_size: u32,
+) -> ProbePlan {
     let suffix = instance.rsplit('-').next().unwrap_or(instance);
     ProbePlan {
-        id: format!("{suffix}-{n}"),
+        id: format!("{suffix}-{tag}-{n}"),
         kind: next.kind,
         source_node: next.source.clone(),
         target_node: next.target.clone(),
@@ -760,8 +771,8 @@ mod tests {
             lap: Some(1),
             trigger: None,
         };
-        let p = probe_plan("run-abcd1234", 17, &next, 10);
-        assert_eq!(p.id, "abcd1234-17");
+        let p = probe_plan("run-abcd1234", "x7q", 17, &next, 10);
+        assert_eq!(p.id, "abcd1234-x7q-17");
         assert!(!p.keep_target);
         assert_eq!(p.burst_size, 0);
     }

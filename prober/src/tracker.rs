@@ -337,6 +337,15 @@ impl Tracker {
         }
     }
 
+    /// Forgets every tracked pod ([`Tracker::forget`] each), e.g. the leftovers a
+    /// restarted prober listed and deleted before its first probe.
+    pub fn forget_all(&mut self) {
+        let names: Vec<String> = self.pods.keys().cloned().collect();
+        for n in names {
+            self.forget(&n);
+        }
+    }
+
     /// Number of forgotten UIDs remembered (≤ [`FORGOTTEN_CAPACITY`]).
     pub fn forgotten_len(&self) -> usize {
         self.forgotten.len()
@@ -625,6 +634,10 @@ mod tests {
             tr.get(&name).and_then(|s| s.uid.as_deref()),
             Some("new-uid")
         );
+        tr.forget_all();
+        assert!(tr.is_empty());
+        assert_eq!(tr.forgotten_len(), 2);
+        assert!(!tr.apply(&new, t0 + Duration::from_secs(4)));
     }
 
     #[test]
