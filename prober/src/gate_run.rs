@@ -769,6 +769,7 @@ async fn run_gate_inner(
         .as_deref()
         .map(|a| crate::gate::agents_report(&agent_facts(a, p.agent_scrape, &profile_names)));
     print!("{}", render_text(&report, &p.group_by_label));
+    console.verdict(&report);
     tracing::info!(
         api_writes = env.writes.load(Ordering::Relaxed),
         probes = n_probes,

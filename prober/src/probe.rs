@@ -1201,7 +1201,8 @@ pub async fn run_probe(
                 "probe exceeded its API-write budget"
             );
         }
-        tracing::info!(
+        // Debug only: the caller logs the one event per probe (`probe done`).
+        tracing::debug!(
             result = record.result.as_str(),
             reason = record.reason.map(|r| r.as_str()),
             ttfp_seconds = record.ttfp_seconds,

@@ -336,13 +336,24 @@ fn run_metrics_agree_with_records_cover_every_node_and_sigterm_cleans_up() {
         assert!(Instant::now() < deadline, "probe pods left: {left:?}");
         std::thread::sleep(Duration::from_millis(500));
     }
-    // Every stderr line is one JSON object.
+    // Every stderr line is one JSON object; one `probe done` per probe, `reason` always
+    // present.
+    let mut done = 0u64;
     for line in logs().lines().filter(|l| !l.trim().is_empty()) {
-        assert!(
-            serde_json::from_str::<Value>(line).is_ok(),
-            "not JSON: {line}"
-        );
+        let v: Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert_ne!(v["fields"]["message"], "probe finished", "{line}");
+        if v["fields"]["message"] == "probe done" {
+            done += 1;
+            let f = &v["fields"];
+            assert!(
+                f["reason"].is_string() && f["probe_id"].is_string(),
+                "{line}"
+            );
+            assert!(f["result"] != "success" || f["reason"] == "none", "{line}");
+        }
     }
+    assert!(done >= total, "{done} probe done events for {total} probes");
 }
 
 /// Wall-clock start time of a record (Unix seconds, from `timeline.started_at`).
