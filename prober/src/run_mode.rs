@@ -240,7 +240,9 @@ fn agent_snapshot(a: &crate::agents::scrape::AgentWatcher) -> AgentSnapshot {
 }
 
 /// Deletes the instance's pods and Services whose `firstpacket.io/probe-id` is not in
-/// `live` (leftovers of probes that could not delete them). Returns the deletes sent.
+/// `live` (leftovers of probes that could not delete them; 404 is fine: the probe's own
+/// cleanup won the race). Returns the deletes that took effect; other API errors are
+/// returned (the caller retries at the next [`JANITOR_INTERVAL`]).
 pub async fn delete_orphans(
     pods: &Api<Pod>,
     instance: &str,
@@ -260,8 +262,11 @@ pub async fn delete_orphans(
         }
         if let Some(name) = p.metadata.name {
             tracing::info!(pod = %name, "deleting leftover probe pod");
-            pods.delete(&name, &dp).await?;
-            n += 1;
+            match pods.delete(&name, &dp).await {
+                Ok(_) => n += 1,
+                Err(e) if crate::error::kube_status_code(&e) == Some(404) => {}
+                Err(e) => return Err(e),
+            }
         }
     }
     let services: Api<Service> = Api::namespaced(
@@ -278,8 +283,11 @@ pub async fn delete_orphans(
             continue;
         }
         if let Some(name) = s.metadata.name {
-            services.delete(&name, &DeleteParams::default()).await?;
-            n += 1;
+            match services.delete(&name, &DeleteParams::default()).await {
+                Ok(_) => n += 1,
+                Err(e) if crate::error::kube_status_code(&e) == Some(404) => {}
+                Err(e) => return Err(e),
+            }
         }
     }
     Ok(n)

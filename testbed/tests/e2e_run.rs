@@ -308,6 +308,31 @@ fn run_metrics_agree_with_records_cover_every_node_and_sigterm_cleans_up() {
     assert!(html.contains("<svg"), "no TTFP chart");
     assert!(!html.contains("src=\"http") && !html.contains("href=\"http"));
 
+    // A leftover of this instance that no probe in flight owns (as after a delete that
+    // failed) is removed in-run.
+    let instance = page["info"]["instance"]
+        .as_str()
+        .expect("instance")
+        .to_string();
+    let orphan = tb.state.join("orphan.yaml");
+    std::fs::write(
+        &orphan,
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: fp-orphan-t\n  namespace: firstpacket\n  labels: {{app.kubernetes.io/name: firstpacket, firstpacket.io/instance: {instance}, firstpacket.io/probe-id: orphan-1}}\nspec:\n  nodeName: node-1\n  containers:\n  - name: t\n    image: ghcr.io/firstpacket/target-server:0.1.0\n    args: [serve]\n"
+        ),
+    )
+    .expect("manifest");
+    tb.kubectl(&["apply", "-f", orphan.to_str().expect("path")]);
+    let deadline = Instant::now() + Duration::from_secs(45);
+    while tb.probe_pods().iter().any(|p| p == "pod/fp-orphan-t") {
+        assert!(
+            Instant::now() < deadline,
+            "leftover fp-orphan-t not removed within 45s\n{}",
+            logs()
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+
     // SIGTERM: exit 0 within the grace period, no probe pod left.
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(run.id() as i32),
