@@ -223,7 +223,7 @@ pub struct ProbeArgs {
     #[arg(long, env = "FIRSTPACKET_PRIORITY_CLASS")]
     pub priority_class: Option<String>,
 
-    /// Probes (pod pairs) in flight at once [gate default 4, run default 2].
+    /// Probes (pod pairs) in flight at once.
     #[arg(long, env = "FIRSTPACKET_CONCURRENCY", default_value_t = 4,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub concurrency: u32,
