@@ -97,7 +97,12 @@ pub enum Command {
     /// One-shot gate: probe every node as source and target, print a table, exit 0/1/2.
     #[command(long_about = GATE_LONG_ABOUT, after_help = GATE_AFTER_HELP)]
     Gate(GateArgs),
-    /// Continuous mode (not implemented yet).
+    /// Continuous mode: probe forever, serve /metrics, a status page and Node Events.
+    #[command(
+        long_about = RUN_LONG_ABOUT,
+        after_help = RUN_AFTER_HELP,
+        mut_arg("concurrency", |a| a.default_value("2"))
+    )]
     Run(RunArgs),
 }
 
@@ -145,6 +150,42 @@ Examples:
   prober gate --node-selector pool=web --toleration dedicated=web:NoSchedule
   prober gate --seed 42 --dry-run               # print the plan and pod specs only
   FIRSTPACKET_MAX_TTFP=2s prober gate           # every flag has an env fallback";
+
+const RUN_LONG_ABOUT: &str = "\
+Continuous mode (e.g. a Deployment feeding Prometheus, Grafana and Alertmanager).
+
+Every --probe-interval (jittered by ±20 %), at most --concurrency at a time, the prober
+runs one probe (the gate's probe: fresh target pod, fresh source pod dialing it, TTFP
+from the source's clock, both pods deleted). Node pairs rotate in laps: per lap every
+eligible node is source once and target once; kinds rotate over --kinds. The node set
+is watched: NotReady, cordoned, untolerated and non-matching nodes are skipped as they
+change. A node that joins, turns Ready or is uncordoned, and a node whose agent pod
+(calico-node, cilium, kube-proxy, aws-node) was replaced or restarted, is probed next,
+as source and as target.
+
+Admin server (--admin-addr): /metrics (Prometheus), /livez, /readyz (ready once the
+pod watch listed the probe pods), /api/v1/probes (recent records in the gate's record
+shape, with a running total), / (status page: TTFP over time, node-pair matrix, recent
+slow/failed probes with their suspects, lap time).
+
+Slow and failed probes raise Events on the blamed Nodes (reasons FirstPacketSlow,
+FirstPacketFailed; at most one per node and reason every 5 minutes), visible in
+`kubectl describe node`.
+
+In-cluster, set POD_NAME, POD_NAMESPACE and POD_UID from the downward API: probe pods
+then carry an ownerReference to the prober pod (same namespace only), and a restarted
+container removes its previous incarnation's probe pods at start-up.";
+
+const RUN_AFTER_HELP: &str = "\
+Signals: SIGTERM/SIGINT stops starting probes, cancels the running ones (their pods
+are deleted) and exits 0 within 25 s; a second signal deletes the probe pods
+best-effort and exits 2.
+
+Examples:
+  prober run                                    # defaults: a probe every 30s, 2 at a time
+  prober run --probe-interval 10s --kinds cross_node,same_node
+  prober run --admin-addr 127.0.0.1:9090        # out-of-cluster, local admin server
+  FIRSTPACKET_PROBE_INTERVAL=1m prober run      # every flag has an env fallback";
 
 /// Flags shared by `gate` and `run`.
 #[derive(Debug, Clone, Args)]
@@ -318,22 +359,23 @@ pub struct GateArgs {
     pub dry_run: bool,
 }
 
-/// `prober run` flags (continuous mode; not implemented yet).
+/// `prober run` flags (continuous mode).
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
     /// Shared probe flags.
     #[command(flatten)]
     pub probe: ProbeArgs,
 
-    /// Time between probes (jittered).
+    /// Time between probe starts (jittered by ±20 %). A lap (every eligible node source
+    /// and target once) takes about nodes × this, while --concurrency keeps up.
     #[arg(long, env = "FIRSTPACKET_PROBE_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     pub probe_interval: Duration,
 
-    /// Take part in leader election.
+    /// Take part in leader election (not implemented yet).
     #[arg(long, env = "FIRSTPACKET_LEADER_ELECT")]
     pub leader_elect: bool,
 
-    /// Admin HTTP server address.
+    /// Admin HTTP server address (/metrics, /livez, /readyz, /api/v1/probes, /).
     #[arg(long, env = "FIRSTPACKET_ADMIN_ADDR", default_value = "0.0.0.0:9090")]
     pub admin_addr: String,
 }
@@ -399,6 +441,46 @@ mod tests {
             ["--attempt-timeout"]
         );
         assert!(crate::gate_run::questionable_settings(&gate(&[]).expect("parse")).is_empty());
+    }
+
+    #[test]
+    fn run_defaults_follow_design() {
+        let cli = Cli::try_parse_from(["prober", "run"]).expect("parse");
+        let Command::Run(r) = cli.command else {
+            panic!("not run")
+        };
+        assert_eq!(r.probe.concurrency, 2);
+        assert_eq!(r.probe_interval, Duration::from_secs(30));
+        assert_eq!(r.admin_addr, "0.0.0.0:9090");
+        assert_eq!(
+            r.probe.hold_or(crate::run_mode::RUN_DEFAULT_HOLD),
+            Duration::from_secs(30)
+        );
+        let cli = Cli::try_parse_from([
+            "prober",
+            "run",
+            "--concurrency",
+            "5",
+            "--probe-interval",
+            "1.5s",
+            "--kinds",
+            "cross_node,same_node",
+        ])
+        .expect("parse");
+        let Command::Run(r) = cli.command else {
+            panic!("not run")
+        };
+        assert_eq!(r.probe.concurrency, 5);
+        assert_eq!(r.probe_interval, Duration::from_millis(1500));
+        assert_eq!(r.probe.kinds.len(), 2);
+        let mut cmd = Cli::command();
+        let help = cmd
+            .find_subcommand_mut("run")
+            .expect("run")
+            .render_long_help()
+            .to_string();
+        assert!(help.contains("FIRSTPACKET_PROBE_INTERVAL"), "{help}");
+        assert!(help.contains("/api/v1/probes"), "{help}");
     }
 
     #[test]

@@ -43,6 +43,60 @@ impl Console {
         }
     }
 
+    /// The gate's verdict (JSON only: the table on stdout says it for humans): one
+    /// `gate verdict` event with `verdict`, `exit_code`, `diagnosis`, `probes`.
+    pub fn verdict(&self, r: &target_server::report::GateReport) {
+        if self.json() {
+            let diagnosis = serde_json::to_value(r.summary.diagnosis)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default();
+            let verdict = serde_json::to_value(r.verdict)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default();
+            tracing::info!(target: "prober::console", verdict = %verdict, exit_code = r.exit_code,
+                diagnosis = %diagnosis, probes = r.probes.len(), "gate verdict");
+        }
+    }
+
+    /// `prober run` started: instance, admin address, interval and concurrency.
+    pub fn run_started(&self, instance: &str, admin_addr: &str, interval: f64, concurrency: u32) {
+        if self.json() {
+            tracing::info!(target: "prober::console", instance, admin_addr,
+                probe_interval_seconds = interval, concurrency, "prober run started");
+        } else {
+            eprintln!(
+                "firstpacket run {instance}: a probe every {interval}s (±20 %), {concurrency} at a time; admin server on {admin_addr}"
+            );
+        }
+    }
+
+    /// One finished probe of `prober run` (the `n`th): `#n id kind src → dst result
+    /// [ttfp] [(reason)]`; in JSON one `probe done` event with `reason` always present
+    /// (`none` on success).
+    pub fn run_probe_done(&self, n: u64, p: &ProbeRecord) {
+        if self.json() {
+            tracing::info!(
+                target: "prober::console",
+                n,
+                probe_id = %p.id,
+                kind = %p.kind,
+                src_node = %p.source.node,
+                dst_node = %p.target.node,
+                result = p.result.as_str(),
+                reason = p.reason.map_or("none", |r| r.as_str()),
+                ttfp_seconds = p.ttfp_seconds,
+                suspects = p.suspects.len(),
+                "probe done"
+            );
+        } else {
+            let line = crate::gate::progress_line(0, 0, p);
+            let rest = line.split_once("] ").map_or(line.as_str(), |(_, r)| r);
+            eprintln!("#{n} {} {rest}", p.id);
+        }
+    }
+
     /// One finished probe: `[done/total] kind src → dst result [ttfp] [(reason)]`
     /// ([`progress_line`]).
     pub fn progress(&self, done: usize, total: usize, p: &ProbeRecord) {
@@ -56,7 +110,7 @@ impl Console {
                 src_node = %p.source.node,
                 dst_node = %p.target.node,
                 result = p.result.as_str(),
-                reason = p.reason.map(|r| r.as_str()),
+                reason = p.reason.map_or("none", |r| r.as_str()),
                 ttfp_seconds = p.ttfp_seconds,
                 detail = p.detail.as_deref(),
                 "probe done"

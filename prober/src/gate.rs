@@ -42,29 +42,7 @@ use target_server::report::{
     Reason, Summary, Suspect, Thresholds, Verdict, SCHEMA_VERSION,
 };
 
-/// Nearest-rank quantile `q` in (0, 1] of `values` (any order). `None` when empty.
-pub fn nearest_rank(values: &[f64], q: f64) -> Option<f64> {
-    if values.is_empty() {
-        return None;
-    }
-    let mut v: Vec<f64> = values.iter().copied().filter(|x| !x.is_nan()).collect();
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    let rank = ((q * n as f64).ceil() as usize).clamp(1, n);
-    Some(v[rank - 1])
-}
-
-/// TTFPs (seconds) of conclusive probes that have one.
-pub fn conclusive_ttfps(probes: &[ProbeRecord]) -> Vec<f64> {
-    probes
-        .iter()
-        .filter(|p| p.result.is_conclusive())
-        .filter_map(|p| p.ttfp_seconds)
-        .collect()
-}
+pub use crate::stats::{conclusive_ttfps, nearest_rank};
 
 fn count(probes: &[ProbeRecord], r: ProbeResult) -> u64 {
     probes.iter().filter(|p| p.result == r).count() as u64

@@ -14,40 +14,39 @@
 //!
 //! Signals: the first SIGINT/SIGTERM stops starting probes, turns running ones into
 //! `interrupted` (their pods are deleted), writes the report and exits 2; a second
-//! signal deletes the instance's pods best-effort (5 s) and exits 2 at once.
+//! signal deletes the instance's pods best-effort (5 s) and ends the run at once
+//! ([`run_gate`] returns exit code 2).
+//!
+//! Start-up, the probes themselves and the cleanup helpers are the engine's
+//! ([`crate::engine`], shared with `prober run`); this module is the gate's policy: the
+//! finite plan, the early stop, `--timeout`, a forbidden create/delete stopping the run,
+//! the report.
 
 use crate::config::{check_kinds, GateArgs, ProbeKind, GATE_DEFAULT_HOLD};
 use crate::console::Console;
-use crate::error::{error_chain, kube_error_text, kube_status_code, Error};
+use crate::engine::lock;
+pub use crate::engine::{
+    check_watch_allowed, delete_instance_pods, final_cleanup, AGENT_SYNC_TIMEOUT,
+    FINAL_CLEANUP_DEADLINE, FINAL_CLEANUP_RETRY, WATCH_READY_TIMEOUT,
+};
+use crate::error::Error;
 use crate::gate::{build_report, early_stop, render_text, ReportInputs};
 use crate::podspec::{
-    active_deadline_seconds, instance_selector, pod_name, source_args, target_args, PodConfig,
-    PodRole, FIELD_MANAGER,
+    active_deadline_seconds, pod_name, source_args, target_args, PodConfig, PodRole,
 };
-use crate::podwatch::PodWatch;
-use crate::probe::{run_probe, write_budget, ProbeEnv, ProbePlan, API_CALL_TIMEOUT};
+use crate::probe::{run_probe, write_budget, EngineFault, ProbeEnv, ProbePlan};
 use crate::record::{build_record, Ending, ProbeMeta};
-use crate::schedule::{filter_nodes, plan_kinds, NodeInfo, PlannedProbe};
-use crate::sweep::{sweep, SWEEP_GRACE};
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use crate::schedule::{plan_kinds, NodeInfo, PlannedProbe};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, ListParams, PostParams};
-use kube::{Api, Client};
+use kube::Api;
 use rand::RngExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use target_server::report::{GateReport, ProbeRecord, Reason, Thresholds};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{watch, Notify, Semaphore};
 use tokio::task::JoinSet;
-
-/// How long the pod watch may take to deliver its initial list.
-pub const WATCH_READY_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// How long node-agent discovery may take to list the agent pods (10 s: one list per
-/// profile namespace; correlation works on what was found if it takes longer).
-pub const AGENT_SYNC_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A random `[a-z0-9]{n}` string.
 pub fn random_suffix(n: usize) -> String {
@@ -68,177 +67,6 @@ pub fn new_gate_instance() -> String {
 pub fn probe_id(instance: &str, index: usize) -> String {
     let suffix = instance.rsplit('-').next().unwrap_or(instance);
     format!("{suffix}-{index}")
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-async fn with_timeout<T>(
-    fut: impl std::future::Future<Output = Result<T, kube::Error>>,
-    url: &str,
-    verb: &'static str,
-    resource: &str,
-) -> Result<T, Error> {
-    match tokio::time::timeout(API_CALL_TIMEOUT, fut).await {
-        Ok(r) => r.map_err(|e| Error::from_kube(e, url, verb, resource.to_string())),
-        Err(_) => Err(Error::Unreachable {
-            url: url.to_string(),
-            verb,
-            resource: resource.to_string(),
-            message: format!("no answer within {}s", API_CALL_TIMEOUT.as_secs()),
-        }),
-    }
-}
-
-async fn ensure_namespace(client: &Client, url: &str, ns: &str) -> Result<(), Error> {
-    let api: Api<Namespace> = Api::all(client.clone());
-    let resource = format!("namespace {ns}");
-    if with_timeout(api.get_opt(ns), url, "get", &resource)
-        .await?
-        .is_some()
-    {
-        return Ok(());
-    }
-    let obj = Namespace {
-        metadata: ObjectMeta {
-            name: Some(ns.to_string()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let pp = PostParams {
-        dry_run: false,
-        field_manager: Some(FIELD_MANAGER.into()),
-    };
-    match tokio::time::timeout(API_CALL_TIMEOUT, api.create(&pp, &obj)).await {
-        Ok(Ok(_)) => {
-            tracing::info!(namespace = ns, "created namespace");
-            Ok(())
-        }
-        Ok(Err(e)) if kube_status_code(&e) == Some(409) => Ok(()),
-        Ok(Err(e)) => Err(Error::from_kube(e, url, "create", resource)),
-        Err(_) => Err(Error::Unreachable {
-            url: url.to_string(),
-            verb: "create",
-            resource,
-            message: "timed out".into(),
-        }),
-    }
-}
-
-/// Deletes every pod and Service of `instance` in `pods`' namespace (list by label, then
-/// one delete each, grace 0). Returns how many deletes were sent; errors name the verb
-/// (`list`/`delete`), the object and `url` ([`Error::from_kube`]).
-pub async fn delete_instance_pods(
-    pods: &Api<Pod>,
-    instance: &str,
-    url: &str,
-) -> Result<usize, Error> {
-    let namespace = pods.namespace().map(str::to_owned).unwrap_or_default();
-    let n = delete_labelled(pods, instance, url, "pod", &namespace).await?;
-    let services: Api<k8s_openapi::api::core::v1::Service> =
-        Api::namespaced(pods.clone().into_client(), &namespace);
-    Ok(n + delete_labelled(&services, instance, url, "service", &namespace).await?)
-}
-
-async fn delete_labelled<K>(
-    api: &Api<K>,
-    instance: &str,
-    url: &str,
-    what: &str,
-    namespace: &str,
-) -> Result<usize, Error>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let list = api
-        .list(&ListParams::default().labels(&instance_selector(instance)))
-        .await
-        .map_err(|e| {
-            Error::from_kube(e, url, "list", format!("{what}s in namespace {namespace}"))
-        })?;
-    let mut n = 0;
-    for obj in list.items {
-        let Some(name) = obj.meta().name.clone() else {
-            continue;
-        };
-        n += 1;
-        match api
-            .delete(&name, &DeleteParams::default().grace_period(0))
-            .await
-        {
-            Ok(_) => {}
-            Err(e) if kube_status_code(&e) == Some(404) => {}
-            Err(e) => {
-                return Err(Error::from_kube(
-                    e,
-                    url,
-                    "delete",
-                    format!("{what} {namespace}/{name}"),
-                ))
-            }
-        }
-    }
-    Ok(n)
-}
-
-/// Whether a cleanup error is RBAC/authentication (`401`/`403`): retrying cannot help.
-fn is_forbidden(err: &Error) -> bool {
-    matches!(
-        err,
-        Error::Api {
-            code: 401 | 403,
-            ..
-        }
-    )
-}
-
-/// How long the gate keeps retrying its final cleanup while the API fails (30 s: a
-/// restarting API server is normally back well within it; after that the pods end by
-/// their own `activeDeadlineSeconds` and the next run's start-up sweep).
-pub const FINAL_CLEANUP_DEADLINE: Duration = Duration::from_secs(30);
-
-/// Pause between final-cleanup attempts.
-pub const FINAL_CLEANUP_RETRY: Duration = Duration::from_secs(2);
-
-/// Deletes what is left of `instance` ([`delete_instance_pods`]), each attempt bounded
-/// by [`API_CALL_TIMEOUT`] and the time left, retrying every [`FINAL_CLEANUP_RETRY`] until
-/// [`FINAL_CLEANUP_DEADLINE`]. A `401`/`403` (RBAC forbids listing or deleting) is not
-/// retried: it cannot heal within the run. Returns the number of deletes sent, or the
-/// run error text naming the API URL, the last cause and what becomes of the leftovers.
-pub async fn final_cleanup(pods: &Api<Pod>, instance: &str, url: &str) -> Result<usize, String> {
-    let deadline = Instant::now() + FINAL_CLEANUP_DEADLINE;
-    let mut attempts = 0u32;
-    loop {
-        attempts += 1;
-        let bound = deadline
-            .saturating_duration_since(Instant::now())
-            .clamp(Duration::from_secs(1), API_CALL_TIMEOUT);
-        let last =
-            match tokio::time::timeout(bound, delete_instance_pods(pods, instance, url)).await {
-                Ok(Ok(n)) => return Ok(n),
-                Ok(Err(e)) if is_forbidden(&e) => {
-                    return Err(format!(
-                        "final cleanup cannot work: {e} (not retried); leftover probe pods \
-                     (label firstpacket.io/instance={instance}) end by their \
-                     activeDeadlineSeconds; the next run's start-up sweep needs the same \
-                     permission"
-                    ))
-                }
-                Ok(Err(e)) => e.to_string(),
-                Err(_) => format!("no answer within {}s", bound.as_secs()),
-            };
-        if Instant::now() + FINAL_CLEANUP_RETRY >= deadline {
-            return Err(format!(
-                "final cleanup at {url} gave up after {attempts} attempt(s): {last}; leftover \
-                 probe pods (label firstpacket.io/instance={instance}) end by their \
-                 activeDeadlineSeconds and are removed by the next run's start-up sweep"
-            ));
-        }
-        tracing::warn!(attempt = attempts, error = %last, "final cleanup failed; retrying");
-        tokio::time::sleep(FINAL_CLEANUP_RETRY).await;
-    }
 }
 
 /// The `--dry-run` text: plan (kind, nodes, pod names, write budget) and the key
@@ -310,37 +138,28 @@ pub fn render_plan(
 
 fn spawn_signal_handler(
     env: Arc<ProbeEnv>,
-    instance: String,
+    cancel: Arc<watch::Sender<bool>>,
     errors: Arc<Mutex<Vec<String>>>,
     console: Console,
+    abort: Arc<Notify>,
 ) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut int), Ok(mut term)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) else {
+    let Some(mut signals) = crate::engine::Signals::install() else {
         tracing::warn!("cannot install signal handlers; SIGINT/SIGTERM will kill the gate");
         return;
     };
     tokio::spawn(async move {
-        let name = tokio::select! {
-            _ = int.recv() => "SIGINT",
-            _ = term.recv() => "SIGTERM",
-        };
+        let name = signals.next().await;
         lock(&errors).push(format!("interrupted by {name}"));
         console.signal(name);
-        env.cancel.send_replace(true);
-        tokio::select! {
-            _ = int.recv() => {},
-            _ = term.recv() => {},
-        }
+        cancel.send_replace(true);
+        signals.next().await;
         console.second_signal();
         let _ = tokio::time::timeout(
             Duration::from_secs(5),
-            delete_instance_pods(&env.pods, &instance, &env.url),
+            delete_instance_pods(&env.pods, &env.pod_config.instance, &env.url),
         )
         .await;
-        std::process::exit(2);
+        abort.notify_one();
     });
 }
 
@@ -551,39 +370,6 @@ fn report_on_error(err: &Error) -> bool {
     )
 }
 
-/// One `watch` request on the probe pods (`timeoutSeconds=1`, dropped as soon as the
-/// API server accepted it): a `401`/`403` is returned as [`Error::Api`] with verb
-/// `watch`, resource `pods in namespace NS` and `url` — the run cannot see its pods, so
-/// it stops at start-up (exit 2) instead of waiting for `--timeout`. Any other failure
-/// is left to the pod watch's own retries (logged).
-pub async fn check_watch_allowed(
-    pods: &Api<Pod>,
-    url: &str,
-    namespace: &str,
-    selector: &str,
-) -> Result<(), Error> {
-    let wp = kube::api::WatchParams::default()
-        .labels(selector)
-        .timeout(1);
-    match tokio::time::timeout(API_CALL_TIMEOUT, pods.watch(&wp, "0")).await {
-        Ok(Ok(stream)) => {
-            drop(stream);
-            Ok(())
-        }
-        Ok(Err(e)) if matches!(kube_status_code(&e), Some(401) | Some(403)) => Err(
-            Error::from_kube(e, url, "watch", format!("pods in namespace {namespace}")),
-        ),
-        Ok(Err(e)) => {
-            tracing::warn!(error = %kube_error_text(&e), "pod watch check failed; the watch retries");
-            Ok(())
-        }
-        Err(_) => {
-            tracing::warn!("pod watch check got no answer; the watch retries");
-            Ok(())
-        }
-    }
-}
-
 /// What the [`AgentWatcher`](crate::agents::scrape::AgentWatcher) knows at the end of the
 /// run, as [`crate::gate::AgentScrapeFacts`]: discovered agents, scrape counts, per-node
 /// outcomes in the kept history, proxy fallbacks. `profiles` = the enabled profiles.
@@ -647,7 +433,13 @@ pub fn write_report(path: &std::path::Path, report: &GateReport) -> Result<(), E
 pub async fn run_gate(args: GateArgs) -> Result<i32, Error> {
     let console = Console::new(args.probe.log_format);
     let mut start = RunStart::new();
-    match run_gate_inner(&args, console, &mut start).await {
+    let abort = Arc::new(Notify::new());
+    let result = tokio::select! {
+        r = run_gate_inner(&args, console, &mut start, abort.clone()) => r,
+        // A second signal: the pods were deleted best-effort; stop at once.
+        _ = abort.notified() => return Ok(2),
+    };
+    match result {
         Ok(code) => Ok(code),
         Err(e) => {
             if let (Some(path), false) = (&args.report, args.dry_run) {
@@ -668,6 +460,7 @@ async fn run_gate_inner(
     args: &GateArgs,
     console: Console,
     start: &mut RunStart,
+    abort: Arc<Notify>,
 ) -> Result<i32, Error> {
     let p = &args.probe;
     let kinds = check_kinds(&p.kinds)?;
@@ -676,15 +469,7 @@ async fn run_gate_inner(
         console.setting_warning(flag, &message);
     }
     // Agent profiles first: a bad --agent-config fails before any API call.
-    let profiles = match &p.agent_config {
-        Some(path) => {
-            crate::agents::profiles::load_profiles_file(path).map_err(|e| Error::Config {
-                flag: "--agent-config",
-                message: e.to_string(),
-            })?
-        }
-        None => crate::agents::profiles::builtin_profiles(),
-    };
+    let profiles = crate::engine::load_profiles(p)?;
     for (flag, set) in [
         ("--junit", args.junit.is_some()),
         ("--save-baseline", args.save_baseline.is_some()),
@@ -701,28 +486,12 @@ async fn run_gate_inner(
     let started_at = start.started_at.clone();
     console.seed(&instance, seed);
 
-    let config = kube::Config::infer()
-        .await
-        .map_err(|e| Error::ClientConfig(error_chain(&e)))?;
-    let url = config.cluster_url.to_string();
+    let conn = crate::engine::connect().await?;
+    let url = conn.url.clone();
     start.url = Some(url.clone());
-    // Agent scrapes through the pod proxy go out once, without kube's retry of 503s: the
-    // API server's answer (e.g. "connection refused") is the result.
-    let scrape_client = crate::agents::scrape::no_retry_client(config.clone())
-        .map_err(|e| Error::ClientConfig(error_chain(&e)))?;
-    let client = Client::try_from(config).map_err(|e| Error::ClientConfig(error_chain(&e)))?;
-
-    let nodes_api: Api<Node> = Api::all(client.clone());
+    let nodes_api: Api<Node> = Api::all(conn.client.clone());
     let selector = p.node_selector.to_string();
-    let node_list = with_timeout(
-        nodes_api.list(&ListParams::default().labels(&selector)),
-        &url,
-        "list",
-        "nodes",
-    )
-    .await?;
-    let all_nodes: Vec<NodeInfo> = node_list.items.iter().map(NodeInfo::from_node).collect();
-    let (eligible, skipped) = filter_nodes(&all_nodes, &p.node_selector, &p.toleration);
+    let (eligible, skipped) = crate::engine::list_nodes(&conn, p).await?;
     start.eligible = eligible.clone();
     start.skipped = skipped.clone();
     for (n, r) in &skipped {
@@ -768,42 +537,38 @@ async fn run_gate_inner(
         return Ok(0);
     }
 
-    ensure_namespace(&client, &url, &p.namespace).await?;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &p.namespace);
-    let max_age = p.give_up * 2 + hold + SWEEP_GRACE;
-    let swept = sweep(&pods, &url, &p.namespace, &instance, max_age).await?;
-    if !swept.deleted.is_empty() {
-        console.swept(swept.deleted.len());
-    }
-    for k in &swept.kept {
-        console.kept_other_instance(k);
-    }
-
-    let watch = Arc::new(PodWatch::start(pods.clone(), &instance_selector(&instance)));
-    watch.wait_ready(&url, WATCH_READY_TIMEOUT).await?;
-    // RBAC may allow the list but not the watch: without the watch no probe can ever
-    // see its pods Ready, so fail now instead of at --timeout.
-    check_watch_allowed(&pods, &url, &p.namespace, &instance_selector(&instance)).await?;
-
-    // Node-agent correlation (DESIGN §3): discovery + a first scrape of the planned
-    // nodes, so the first probes have a cluster baseline.
+    let crate::engine::Started {
+        pods,
+        watch,
+        agents,
+        swept: _,
+    } = crate::engine::start(&conn, p, &instance, hold, profiles.clone(), console).await?;
+    // Node-agent correlation (DESIGN §3): a first scrape of the planned nodes, so the
+    // first probes have a cluster baseline.
     let profile_names: Vec<String> = profiles.iter().map(|p| p.name.clone()).collect();
-    let agents = crate::agents::scrape::AgentWatcher::start_with_scrape_client(
-        client.clone(),
-        scrape_client,
-        profiles,
-        crate::agents::scrape::ScrapeSettings {
-            mode: p.agent_scrape.into(),
-            ..Default::default()
-        },
-        crate::agents::correlate::Params::default(),
-    );
-    if !agents.wait_synced(AGENT_SYNC_TIMEOUT).await {
-        tracing::warn!("agent discovery not synced; correlating on what was found");
-    }
     agents.prime(&names).await;
 
     let (cancel_tx, cancel_rx) = watch::channel(false);
+    let cancel_tx = Arc::new(cancel_tx);
+    // The gate's policy on engine faults: a forbidden create or delete is run-fatal (the
+    // first one wins), the run stops at once.
+    let fatal: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
+    let set_fatal = {
+        let fatal = fatal.clone();
+        let cancel = cancel_tx.clone();
+        move |msg: String| {
+            let mut f = lock(&fatal);
+            if f.is_none() {
+                *f = Some(msg);
+            }
+            cancel.send_replace(true);
+        }
+    };
+    let on_fault: crate::probe::FaultSink = {
+        let set_fatal = set_fatal.clone();
+        let instance = instance.clone();
+        Arc::new(move |f: EngineFault| set_fatal(f.text(&instance)))
+    };
     let env = Arc::new(ProbeEnv {
         pods: pods.clone(),
         nodes: nodes_api,
@@ -812,8 +577,7 @@ async fn run_gate_inner(
         watch: watch.clone(),
         slow_threshold: p.slow_threshold,
         writes: AtomicU64::new(0),
-        fatal: Mutex::new(None),
-        cancel: cancel_tx,
+        on_fault,
         recreate_slots: Mutex::new(Default::default()),
         agents: Some(Arc::new(agents)),
         agent_warnings: Mutex::new(Vec::new()),
@@ -834,19 +598,26 @@ async fn run_gate_inner(
     let finished: Arc<Mutex<Vec<ProbeRecord>>> = Arc::new(Mutex::new(Vec::new()));
     let stopped_early: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
     let run_errors = Arc::new(Mutex::new(Vec::<String>::new()));
-    spawn_signal_handler(env.clone(), instance.clone(), run_errors.clone(), console);
+    spawn_signal_handler(
+        env.clone(),
+        cancel_tx.clone(),
+        run_errors.clone(),
+        console,
+        abort,
+    );
     // The pod watch forbidden before it ever worked (e.g. RBAC changed right after the
     // start-up check): run-fatal, like a forbidden create.
     {
-        let env = env.clone();
+        let url = url.clone();
         let watch = watch.clone();
+        let set_fatal = set_fatal.clone();
         tokio::spawn(async move {
             let f = watch.wait_forbidden().await;
-            env.set_fatal(f.to_error(&env.url, watch.namespace()).to_string());
+            set_fatal(f.to_error(&url, watch.namespace()).to_string());
         });
     }
     {
-        let env = env.clone();
+        let cancel = cancel_tx.clone();
         let errors = run_errors.clone();
         let timeout = args.timeout;
         tokio::spawn(async move {
@@ -855,7 +626,7 @@ async fn run_gate_inner(
                 "--timeout {} reached",
                 humantime::format_duration(timeout)
             ));
-            env.cancel.send_replace(true);
+            cancel.send_replace(true);
         });
     }
 
@@ -955,14 +726,14 @@ async fn run_gate_inner(
             tracing::info!(deleted = n, "deleted leftover probe pods");
         }
         Ok(_) => {}
-        Err(e) => lock(&run_errors).push(e),
+        Err(e) => lock(&run_errors).push(e.to_string()),
     }
     if not_started > 0 {
         lock(&run_errors).push(format!(
             "{not_started} of {total} planned probe(s) not started"
         ));
     }
-    if let Some(f) = lock(&env.fatal).clone() {
+    if let Some(f) = lock(&fatal).clone() {
         console.error(None, &f);
         lock(&run_errors).insert(0, f);
     }
@@ -998,6 +769,7 @@ async fn run_gate_inner(
         .as_deref()
         .map(|a| crate::gate::agents_report(&agent_facts(a, p.agent_scrape, &profile_names)));
     print!("{}", render_text(&report, &p.group_by_label));
+    console.verdict(&report);
     tracing::info!(
         api_writes = env.writes.load(Ordering::Relaxed),
         probes = n_probes,

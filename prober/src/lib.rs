@@ -4,19 +4,29 @@
 //! Pure modules (tested without I/O): [`config`], [`schedule`], [`podspec`],
 //! [`tracker`], [`record`], [`gate`], the decision half of [`sweep`] and [`probe`].
 //! I/O: [`podwatch`] (the shared pod watch), [`probe`] (one probe's lifecycle),
-//! [`gate_run`] (`prober gate`), [`console`] (stderr notices, plain or JSON). [`agents`]: node-agent metrics (another helper).
+//! [`gate_run`] (`prober gate`), [`console`] (stderr notices, plain or JSON). [`agents`]: node-agent metrics.
+//! Both modes share [`engine`] (start-up, cleanup) and [`probe::run_probe`];
+//! [`run_mode`] (`prober run`) adds [`rotation`] (pure), [`metrics`], [`admin`] (HTTP
+//! server, status page) and [`events`] (Node Events). [`stats`]: pure statistics.
 
+pub mod admin;
 pub mod agents;
 pub mod config;
 pub mod console;
+pub mod engine;
 pub mod error;
+pub mod events;
 pub mod gate;
 pub mod gate_run;
+pub mod metrics;
 pub mod podspec;
 pub mod podwatch;
 pub mod probe;
 pub mod record;
+pub mod rotation;
+pub mod run_mode;
 pub mod schedule;
+pub mod stats;
 pub mod sweep;
 pub mod tracker;
 

@@ -24,9 +24,7 @@ async fn main() -> ExitCode {
             prober::init_tracing(args.probe.log_format);
             (
                 Console::new(args.probe.log_format),
-                Err(prober::Error::NotImplemented(
-                    "prober run (continuous mode)".into(),
-                )),
+                prober::run_mode::run_continuous(args).await,
             )
         }
     };

@@ -140,10 +140,9 @@ pub struct ProbeEnv {
     pub slow_threshold: Duration,
     /// API writes made by the whole run (creates + deletes).
     pub writes: AtomicU64,
-    /// A run-fatal error (e.g. 403 on create): set once, stops the run.
-    pub fatal: Mutex<Option<String>>,
-    /// Cancels the whole run (set on a fatal error).
-    pub cancel: watch::Sender<bool>,
+    /// Where the engine reports a [`EngineFault`] (a forbidden create or delete); the
+    /// caller's policy decides (the gate stops the run, the continuous mode carries on).
+    pub on_fault: FaultSink,
     /// Stable-name `recreate` targets kept alive between probes.
     pub recreate_slots: RecreateSlots,
     /// Node-agent correlation (DESIGN §3); `None` turns it off.
@@ -166,16 +165,81 @@ pub fn delete_forbidden_text(err: &Error, instance: &str) -> String {
     )
 }
 
-impl ProbeEnv {
-    /// Records a run-fatal error (the first one wins) and cancels the run: no new probe
-    /// starts, running ones end `inconclusive`/`interrupted` and delete their pods. The
-    /// gate puts the text first in the report's `errors[]` and exits 2.
-    pub fn set_fatal(&self, msg: String) {
-        let mut f = self.fatal.lock().unwrap_or_else(|p| p.into_inner());
-        if f.is_none() {
-            *f = Some(msg);
+/// A fault in the engine that the caller's policy must decide on (the probe itself
+/// already ended `inconclusive`/`api_error` or logged the failed delete).
+#[derive(Debug)]
+pub enum EngineFault {
+    /// `401`/`403` creating a probe pod or Service ([`Error::Api`], verb `create`).
+    CreateForbidden(Error),
+    /// `401`/`403` deleting a probe pod or Service: cleanup cannot work.
+    DeleteForbidden(Error),
+}
+
+impl EngineFault {
+    /// The error text for the operator: the API error, and for a forbidden delete what
+    /// it means ([`delete_forbidden_text`]).
+    pub fn text(&self, instance: &str) -> String {
+        match self {
+            EngineFault::CreateForbidden(e) => e.to_string(),
+            EngineFault::DeleteForbidden(e) => delete_forbidden_text(e, instance),
         }
-        self.cancel.send_replace(true);
+    }
+}
+
+/// The caller's handler of [`EngineFault`]s (called from probe tasks; must not block).
+pub type FaultSink = Arc<dyn Fn(EngineFault) + Send + Sync>;
+
+/// `Some(fault)` when `code` is `401`/`403` (the create/delete cannot work at all).
+fn forbidden_fault(code: Option<u16>, err: &Error, delete: bool) -> Option<EngineFault> {
+    if !matches!(code, Some(401) | Some(403)) {
+        return None;
+    }
+    let e = match err {
+        Error::Api {
+            url,
+            verb,
+            resource,
+            code,
+            reason,
+            message,
+        } => Error::Api {
+            url: url.clone(),
+            verb,
+            resource: resource.clone(),
+            code: *code,
+            reason: reason.clone(),
+            message: message.clone(),
+        },
+        _ => return None,
+    };
+    Some(if delete {
+        EngineFault::DeleteForbidden(e)
+    } else {
+        EngineFault::CreateForbidden(e)
+    })
+}
+
+impl ProbeEnv {
+    fn fault(&self, f: EngineFault) {
+        (self.on_fault)(f)
+    }
+
+    /// Number of stable-name `recreate` slots held (bounded by the nodes probed; see
+    /// [`ProbeEnv::prune_recreate_slots`]).
+    pub fn recreate_slot_count(&self) -> usize {
+        self.recreate_slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+    }
+
+    /// Drops the `recreate` slots whose stable name `keep` rejects (e.g. of nodes that
+    /// left the cluster) and that no probe holds.
+    pub fn prune_recreate_slots(&self, keep: impl Fn(&str) -> bool) {
+        self.recreate_slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|name, slot| keep(name) || Arc::strong_count(slot) > 1);
     }
 
     fn slot(&self, name: &str) -> Arc<tokio::sync::Mutex<Option<Incarnation>>> {
@@ -418,10 +482,10 @@ async fn create_counted(env: &ProbeEnv, pod: &Pod) -> Result<(), Ending> {
             Ok(())
         }
         Ok(Err(e)) => {
-            let fatal = matches!(kube_status_code(&e), Some(401) | Some(403));
+            let code = kube_status_code(&e);
             let err = Error::from_kube(e, &env.url, "create", format!("pod {ns}/{name}"));
-            if fatal {
-                env.set_fatal(err.to_string());
+            if let Some(f) = forbidden_fault(code, &err, false) {
+                env.fault(f);
             }
             Err(Ending::Aborted {
                 reason: Reason::ApiError,
@@ -439,9 +503,11 @@ async fn create_counted(env: &ProbeEnv, pod: &Pod) -> Result<(), Ending> {
     }
 }
 
-/// Deletes a probe pod (grace 0; 404 is fine). Returns when the delete returned, or the
-/// error text. Counted in the run's writes.
-pub async fn delete_pod(env: &ProbeEnv, name: &str) -> Result<std::time::Instant, String> {
+/// Deletes a probe pod (grace 0; 404 is fine). Returns when the delete returned (prober
+/// clock), or the error ([`Error::Api`] with verb `delete`, or [`Error::Unreachable`]
+/// when no answer came within [`API_CALL_TIMEOUT`]). A `401`/`403` is also reported to
+/// the caller's [`FaultSink`]. Counted in the run's writes.
+pub async fn delete_pod(env: &ProbeEnv, name: &str) -> Result<std::time::Instant, Error> {
     delete_pod_with(env, name, DeleteParams::default().grace_period(0)).await
 }
 
@@ -452,25 +518,30 @@ async fn delete_pod_with(
     env: &ProbeEnv,
     name: &str,
     dp: DeleteParams,
-) -> Result<std::time::Instant, String> {
+) -> Result<std::time::Instant, Error> {
     env.writes.fetch_add(1, Ordering::Relaxed);
     match tokio::time::timeout(API_CALL_TIMEOUT, env.pods.delete(name, &dp)).await {
         Ok(Ok(_)) => Ok(std::time::Instant::now()),
         Ok(Err(e)) if kube_status_code(&e) == Some(404) => Ok(std::time::Instant::now()),
         Ok(Err(e)) => {
-            let fatal = matches!(kube_status_code(&e), Some(401) | Some(403));
+            let code = kube_status_code(&e);
             let err = Error::from_kube(
                 e,
                 &env.url,
                 "delete",
                 format!("pod {}/{name}", env.pod_config.namespace),
             );
-            if fatal {
-                env.set_fatal(delete_forbidden_text(&err, &env.pod_config.instance));
+            if let Some(f) = forbidden_fault(code, &err, true) {
+                env.fault(f);
             }
-            Err(err.to_string())
+            Err(err)
         }
-        Err(_) => Err(format!("delete pod {name} timed out")),
+        Err(_) => Err(Error::Unreachable {
+            url: env.url.clone(),
+            verb: "delete",
+            resource: format!("pod {}/{name}", env.pod_config.namespace),
+            message: format!("no answer within {}s", API_CALL_TIMEOUT.as_secs()),
+        }),
     }
 }
 
@@ -609,10 +680,10 @@ async fn create_service(
         match tokio::time::timeout(API_CALL_TIMEOUT, services_api(env).create(&pp, &svc)).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => {
-                let fatal = matches!(kube_status_code(&e), Some(401) | Some(403));
+                let code = kube_status_code(&e);
                 let err = Error::from_kube(e, &env.url, "create", format!("service {ns}/{name}"));
-                if fatal {
-                    env.set_fatal(err.to_string());
+                if let Some(f) = forbidden_fault(code, &err, false) {
+                    env.fault(f);
                 }
                 return Err(Ending::Aborted {
                     reason: Reason::ApiError,
@@ -647,8 +718,9 @@ async fn create_service(
     Ok(())
 }
 
-/// Deletes a probe's Service (404 is fine); counted in the run's writes.
-async fn delete_service(env: &ProbeEnv, name: &str) -> Result<(), String> {
+/// Deletes a probe's Service (404 is fine); counted in the run's writes. Errors as
+/// [`delete_pod`].
+async fn delete_service(env: &ProbeEnv, name: &str) -> Result<(), Error> {
     env.writes.fetch_add(1, Ordering::Relaxed);
     match tokio::time::timeout(
         API_CALL_TIMEOUT,
@@ -659,19 +731,24 @@ async fn delete_service(env: &ProbeEnv, name: &str) -> Result<(), String> {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(e)) if kube_status_code(&e) == Some(404) => Ok(()),
         Ok(Err(e)) => {
-            let fatal = matches!(kube_status_code(&e), Some(401) | Some(403));
+            let code = kube_status_code(&e);
             let err = Error::from_kube(
                 e,
                 &env.url,
                 "delete",
                 format!("service {}/{name}", env.pod_config.namespace),
             );
-            if fatal {
-                env.set_fatal(delete_forbidden_text(&err, &env.pod_config.instance));
+            if let Some(f) = forbidden_fault(code, &err, true) {
+                env.fault(f);
             }
-            Err(err.to_string())
+            Err(err)
         }
-        Err(_) => Err(format!("delete service {name} timed out")),
+        Err(_) => Err(Error::Unreachable {
+            url: env.url.clone(),
+            verb: "delete",
+            resource: format!("service {}/{name}", env.pod_config.namespace),
+            message: format!("no answer within {}s", API_CALL_TIMEOUT.as_secs()),
+        }),
     }
 }
 
@@ -1124,7 +1201,8 @@ pub async fn run_probe(
                 "probe exceeded its API-write budget"
             );
         }
-        tracing::info!(
+        // Debug only: the caller logs the one event per probe (`probe done`).
+        tracing::debug!(
             result = record.result.as_str(),
             reason = record.reason.map(|r| r.as_str()),
             ttfp_seconds = record.ttfp_seconds,

@@ -231,10 +231,18 @@ impl PodState {
     }
 }
 
+/// How many forgotten pod UIDs a [`Tracker`] remembers, so that a watch event arriving
+/// after [`Tracker::forget`] does not bring the pod back (4 096: far more than the pods
+/// in flight; the oldest is dropped first).
+pub const FORGOTTEN_CAPACITY: usize = 4096;
+
 /// Per-pod-name states of all probe pods of one prober instance.
 #[derive(Debug, Default)]
 pub struct Tracker {
     pods: HashMap<String, PodState>,
+    /// UIDs of forgotten pods (bounded, [`FORGOTTEN_CAPACITY`]), oldest first.
+    forgotten: std::collections::VecDeque<String>,
+    forgotten_set: std::collections::HashSet<String>,
 }
 
 impl Tracker {
@@ -249,6 +257,15 @@ impl Tracker {
         let Some(name) = pod.metadata.name.as_deref() else {
             return false;
         };
+        if pod
+            .metadata
+            .uid
+            .as_deref()
+            .is_some_and(|u| self.forgotten_set.contains(u))
+        {
+            // A late event of a pod already recorded and forgotten.
+            return false;
+        }
         let state = self
             .pods
             .entry(name.to_string())
@@ -262,8 +279,17 @@ impl Tracker {
         state.observe(pod, now)
     }
 
-    /// Feeds a deleted pod (its last state is applied first).
+    /// Feeds a deleted pod (its last state is applied first). A pod not tracked is not
+    /// added (its deletion ends it; nothing would forget it).
     pub fn delete(&mut self, pod: &Pod, now: Instant) -> bool {
+        if pod
+            .metadata
+            .name
+            .as_deref()
+            .is_none_or(|n| !self.pods.contains_key(n))
+        {
+            return false;
+        }
         let changed = self.apply(pod, now);
         match pod
             .metadata
@@ -294,9 +320,35 @@ impl Tracker {
         self.pods.get(name)
     }
 
-    /// Drops a pod's state (after its probe is recorded), keeping memory bounded.
+    /// Drops a pod's state (after its probe is recorded), keeping memory bounded. Later
+    /// events of the same pod (same UID) are ignored; a new pod of the same name (new
+    /// UID, e.g. the next `recreate` incarnation) is tracked afresh.
     pub fn forget(&mut self, name: &str) {
-        self.pods.remove(name);
+        let Some(uid) = self.pods.remove(name).and_then(|s| s.uid) else {
+            return;
+        };
+        if self.forgotten_set.insert(uid.clone()) {
+            self.forgotten.push_back(uid);
+        }
+        while self.forgotten.len() > FORGOTTEN_CAPACITY {
+            if let Some(old) = self.forgotten.pop_front() {
+                self.forgotten_set.remove(&old);
+            }
+        }
+    }
+
+    /// Forgets every tracked pod ([`Tracker::forget`] each), e.g. the leftovers a
+    /// restarted prober listed and deleted before its first probe.
+    pub fn forget_all(&mut self) {
+        let names: Vec<String> = self.pods.keys().cloned().collect();
+        for n in names {
+            self.forget(&n);
+        }
+    }
+
+    /// Number of forgotten UIDs remembered (≤ [`FORGOTTEN_CAPACITY`]).
+    pub fn forgotten_len(&self) -> usize {
+        self.forgotten.len()
     }
 
     /// Number of tracked pods.
@@ -550,6 +602,56 @@ mod tests {
         let s = tr.get("coredns-589f44dc88-4fpns").expect("tracked");
         assert_eq!(s.deleted, Some(t0 + Duration::from_secs(2)));
         tr.forget("coredns-589f44dc88-4fpns");
+        assert!(tr.is_empty());
+    }
+
+    #[test]
+    fn late_events_of_a_forgotten_pod_do_not_bring_it_back_but_a_new_incarnation_is_tracked() {
+        let mut tr = Tracker::new();
+        let t0 = Instant::now();
+        let old = ready_fixture();
+        let name = old.metadata.name.clone().expect("name");
+        tr.note_created(&name, t0);
+        tr.apply(&old, t0);
+        tr.forget(&name);
+        assert!(tr.is_empty());
+        assert_eq!(tr.forgotten_len(), 1);
+        // MODIFIED and DELETED of the forgotten UID arrive late: ignored.
+        assert!(!tr.apply(&old, t0 + Duration::from_secs(1)));
+        assert!(!tr.delete(&old, t0 + Duration::from_secs(2)));
+        assert!(tr.is_empty(), "forgotten pod re-inserted");
+        // A DELETED of a pod never tracked does not add it either.
+        let mut stranger = pending();
+        stranger.metadata.name = Some("fp-other-0-t".into());
+        stranger.metadata.uid = Some("stranger".into());
+        assert!(!tr.delete(&stranger, t0));
+        assert!(tr.is_empty());
+        // The same name with a new UID (the next recreate incarnation) is tracked.
+        let mut new = pending();
+        new.metadata.uid = Some("new-uid".into());
+        assert!(tr.apply(&new, t0 + Duration::from_secs(3)));
+        assert_eq!(
+            tr.get(&name).and_then(|s| s.uid.as_deref()),
+            Some("new-uid")
+        );
+        tr.forget_all();
+        assert!(tr.is_empty());
+        assert_eq!(tr.forgotten_len(), 2);
+        assert!(!tr.apply(&new, t0 + Duration::from_secs(4)));
+    }
+
+    #[test]
+    fn forgotten_uids_are_bounded() {
+        let mut tr = Tracker::new();
+        let t0 = Instant::now();
+        for i in 0..(FORGOTTEN_CAPACITY + 10) {
+            let mut p = pending();
+            p.metadata.name = Some(format!("fp-x-{i}-t"));
+            p.metadata.uid = Some(format!("uid-{i}"));
+            tr.apply(&p, t0);
+            tr.forget(&format!("fp-x-{i}-t"));
+        }
+        assert_eq!(tr.forgotten_len(), FORGOTTEN_CAPACITY);
         assert!(tr.is_empty());
     }
 

@@ -250,6 +250,16 @@ impl History {
         }
     }
 
+    /// Drops the rings of nodes `keep` rejects (nodes that left the cluster).
+    pub fn retain_nodes(&mut self, keep: impl Fn(&str) -> bool) {
+        self.rings.retain(|(node, _), _| keep(node));
+    }
+
+    /// Number of (node, profile) rings held.
+    pub fn rings_len(&self) -> usize {
+        self.rings.len()
+    }
+
     /// The ring of (node, profile), oldest first.
     pub fn ring(&self, node: &str, profile: &str) -> Option<&VecDeque<Observation>> {
         self.rings.get(&(node.to_owned(), profile.to_owned()))

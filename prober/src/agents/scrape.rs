@@ -1064,6 +1064,39 @@ impl AgentWatcher {
         self.inner.scraper.uses_proxy(node, profile)
     }
 
+    /// Forgets every per-node entry (observation rings, hot marks, proxy fallbacks) of
+    /// nodes `keep` rejects, so a long-running prober's memory follows the live nodes.
+    pub fn forget_nodes(&self, keep: impl Fn(&str) -> bool) {
+        if let Ok(mut h) = self.inner.history.lock() {
+            h.retain_nodes(&keep);
+        }
+        if let Ok(mut hot) = self.inner.hot.lock() {
+            hot.retain(|n, h| keep(n) || h.in_flight > 0);
+        }
+        if let Ok(mut v) = self.inner.scraper.via_proxy.lock() {
+            v.retain(|(n, _)| keep(n));
+        }
+    }
+
+    /// Sizes of the per-node structures: (`agent_history_rings`, `agent_hot_nodes`,
+    /// `agent_via_proxy`).
+    pub fn state_sizes(&self) -> [(&'static str, usize); 3] {
+        [
+            (
+                "agent_history_rings",
+                self.inner.history.lock().map_or(0, |h| h.rings_len()),
+            ),
+            (
+                "agent_hot_nodes",
+                self.inner.hot.lock().map_or(0, |h| h.len()),
+            ),
+            (
+                "agent_via_proxy",
+                self.inner.scraper.via_proxy.lock().map_or(0, |v| v.len()),
+            ),
+        ]
+    }
+
     /// A copy of the observation history (tests, debugging).
     pub fn history(&self) -> History {
         self.inner

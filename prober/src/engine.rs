@@ -1,0 +1,458 @@
+//! The probe engine both modes share (`prober gate`, `prober run`): connecting, the
+//! node list, the start-up (namespace, sweep of dead instances' pods, the shared pod
+//! watch, node-agent discovery), the [`crate::probe::ProbeEnv`] every probe runs in, and
+//! the cleanup helpers. Nothing here assumes one run: the caller scopes cancellation
+//! (per run or per probe, a `watch::Receiver<bool>` given to
+//! [`crate::probe::run_probe`]) and decides what a [`crate::probe::EngineFault`] (a
+//! forbidden create/delete) means — the gate stops, the continuous mode reports it and
+//! carries on.
+
+use crate::agents::scrape::AgentWatcher;
+use crate::config::ProbeArgs;
+use crate::console::Console;
+use crate::error::{error_chain, kube_error_text, kube_status_code, Error};
+use crate::podspec::{instance_selector, FIELD_MANAGER};
+use crate::podwatch::PodWatch;
+use crate::probe::API_CALL_TIMEOUT;
+use crate::schedule::{filter_nodes, NodeInfo, SkipReason};
+use crate::sweep::{sweep, SweepOutcome, SWEEP_GRACE};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, Client};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A connected client: the API client, a no-retry client for agent proxy scrapes, and
+/// the API server URL (for error texts).
+#[derive(Clone)]
+pub struct Connection {
+    /// The client (kubeconfig or in-cluster config, `kube::Config::infer`).
+    pub client: Client,
+    /// One request per scrape ([`crate::agents::scrape::no_retry_client`]).
+    pub scrape_client: Client,
+    /// `cluster_url` of the configuration.
+    pub url: String,
+}
+
+/// Loads the client configuration (`KUBECONFIG` or in-cluster) and builds the clients.
+/// No API call is made. Errors: [`Error::ClientConfig`].
+pub async fn connect() -> Result<Connection, Error> {
+    let config = kube::Config::infer()
+        .await
+        .map_err(|e| Error::ClientConfig(error_chain(&e)))?;
+    let url = config.cluster_url.to_string();
+    // Agent scrapes through the pod proxy go out once, without kube's retry of 503s: the
+    // API server's answer (e.g. "connection refused") is the result.
+    let scrape_client = crate::agents::scrape::no_retry_client(config.clone())
+        .map_err(|e| Error::ClientConfig(error_chain(&e)))?;
+    let client = Client::try_from(config).map_err(|e| Error::ClientConfig(error_chain(&e)))?;
+    Ok(Connection {
+        client,
+        scrape_client,
+        url,
+    })
+}
+
+/// Lists the nodes matching `--node-selector` once and splits them into eligible (sorted
+/// by name) and skipped ones ([`filter_nodes`]: NotReady, cordoned, untolerated taint).
+/// Errors name the verb `list`, `nodes` and the URL.
+pub async fn list_nodes(
+    conn: &Connection,
+    p: &ProbeArgs,
+) -> Result<(Vec<NodeInfo>, Vec<(String, SkipReason)>), Error> {
+    let nodes_api: Api<Node> = Api::all(conn.client.clone());
+    let selector = p.node_selector.to_string();
+    let node_list = with_timeout(
+        nodes_api.list(&ListParams::default().labels(&selector)),
+        &conn.url,
+        "list",
+        "nodes",
+    )
+    .await?;
+    let all_nodes: Vec<NodeInfo> = node_list.items.iter().map(NodeInfo::from_node).collect();
+    Ok(filter_nodes(&all_nodes, &p.node_selector, &p.toleration))
+}
+
+/// What the shared start-up brought up.
+pub struct Started {
+    /// Pods in the probe namespace.
+    pub pods: Api<Pod>,
+    /// The instance's pod watch (initial list done, watch allowed).
+    pub watch: Arc<PodWatch>,
+    /// Node-agent discovery and scraping (DESIGN §3).
+    pub agents: AgentWatcher,
+    /// What the start-up sweep deleted and kept.
+    pub swept: SweepOutcome,
+}
+
+/// The shared start-up, in order: ensure the namespace, sweep dead instances' pods
+/// (never a live instance's: [`crate::sweep`]), start the pod watch of `instance` and
+/// wait for its initial list ([`WATCH_READY_TIMEOUT`]), check that RBAC allows the
+/// watch ([`check_watch_allowed`]), start agent discovery and wait for it
+/// ([`AGENT_SYNC_TIMEOUT`], not fatal). The console notes what the sweep did. Errors:
+/// API errors naming verb, resource and URL; [`Error::WatchNotReady`].
+pub async fn start(
+    conn: &Connection,
+    p: &ProbeArgs,
+    instance: &str,
+    hold: Duration,
+    profiles: Vec<crate::agents::profiles::Profile>,
+    console: Console,
+) -> Result<Started, Error> {
+    let url = &conn.url;
+    ensure_namespace(&conn.client, url, &p.namespace).await?;
+    let pods: Api<Pod> = Api::namespaced(conn.client.clone(), &p.namespace);
+    let max_age = p.give_up * 2 + hold + SWEEP_GRACE;
+    let swept = sweep(&pods, url, &p.namespace, instance, max_age).await?;
+    if !swept.deleted.is_empty() {
+        console.swept(swept.deleted.len());
+    }
+    for k in &swept.kept {
+        console.kept_other_instance(k);
+    }
+    let watch = Arc::new(PodWatch::start(pods.clone(), &instance_selector(instance)));
+    watch.wait_ready(url, WATCH_READY_TIMEOUT).await?;
+    // RBAC may allow the list but not the watch: without the watch no probe can ever
+    // see its pods Ready, so fail now instead of at the first probe's give-up.
+    check_watch_allowed(&pods, url, &p.namespace, &instance_selector(instance)).await?;
+    let agents = AgentWatcher::start_with_scrape_client(
+        conn.client.clone(),
+        conn.scrape_client.clone(),
+        profiles,
+        crate::agents::scrape::ScrapeSettings {
+            mode: p.agent_scrape.into(),
+            ..Default::default()
+        },
+        crate::agents::correlate::Params::default(),
+    );
+    if !agents.wait_synced(AGENT_SYNC_TIMEOUT).await {
+        tracing::warn!("agent discovery not synced; correlating on what was found");
+    }
+    Ok(Started {
+        pods,
+        watch,
+        agents,
+        swept,
+    })
+}
+
+/// Loads `--agent-config` (or the built-in profiles). Errors: [`Error::Config`] naming
+/// `--agent-config`.
+pub fn load_profiles(p: &ProbeArgs) -> Result<Vec<crate::agents::profiles::Profile>, Error> {
+    match &p.agent_config {
+        Some(path) => {
+            crate::agents::profiles::load_profiles_file(path).map_err(|e| Error::Config {
+                flag: "--agent-config",
+                message: e.to_string(),
+            })
+        }
+        None => Ok(crate::agents::profiles::builtin_profiles()),
+    }
+}
+
+/// How long the pod watch may take to deliver its initial list.
+pub const WATCH_READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long node-agent discovery may take to list the agent pods (10 s: one list per
+/// profile namespace; correlation works on what was found if it takes longer).
+pub const AGENT_SYNC_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Locks a std mutex, using the data of a poisoned one (plain data, still usable).
+pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub async fn with_timeout<T>(
+    fut: impl std::future::Future<Output = Result<T, kube::Error>>,
+    url: &str,
+    verb: &'static str,
+    resource: &str,
+) -> Result<T, Error> {
+    match tokio::time::timeout(API_CALL_TIMEOUT, fut).await {
+        Ok(r) => r.map_err(|e| Error::from_kube(e, url, verb, resource.to_string())),
+        Err(_) => Err(Error::Unreachable {
+            url: url.to_string(),
+            verb,
+            resource: resource.to_string(),
+            message: format!("no answer within {}s", API_CALL_TIMEOUT.as_secs()),
+        }),
+    }
+}
+
+pub async fn ensure_namespace(client: &Client, url: &str, ns: &str) -> Result<(), Error> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let resource = format!("namespace {ns}");
+    if with_timeout(api.get_opt(ns), url, "get", &resource)
+        .await?
+        .is_some()
+    {
+        return Ok(());
+    }
+    let obj = Namespace {
+        metadata: ObjectMeta {
+            name: Some(ns.to_string()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let pp = PostParams {
+        dry_run: false,
+        field_manager: Some(FIELD_MANAGER.into()),
+    };
+    match tokio::time::timeout(API_CALL_TIMEOUT, api.create(&pp, &obj)).await {
+        Ok(Ok(_)) => {
+            tracing::info!(namespace = ns, "created namespace");
+            Ok(())
+        }
+        Ok(Err(e)) if kube_status_code(&e) == Some(409) => Ok(()),
+        Ok(Err(e)) => Err(Error::from_kube(e, url, "create", resource)),
+        Err(_) => Err(Error::Unreachable {
+            url: url.to_string(),
+            verb: "create",
+            resource,
+            message: "timed out".into(),
+        }),
+    }
+}
+
+/// Deletes every pod and Service of `instance` in `pods`' namespace (list by label, then
+/// one delete each, grace 0). Returns how many deletes were sent; errors name the verb
+/// (`list`/`delete`), the object and `url` ([`Error::from_kube`]).
+pub async fn delete_instance_pods(
+    pods: &Api<Pod>,
+    instance: &str,
+    url: &str,
+) -> Result<usize, Error> {
+    let namespace = pods.namespace().map(str::to_owned).unwrap_or_default();
+    let n = delete_labelled(pods, instance, url, "pod", &namespace).await?;
+    let services: Api<k8s_openapi::api::core::v1::Service> =
+        Api::namespaced(pods.clone().into_client(), &namespace);
+    Ok(n + delete_labelled(&services, instance, url, "service", &namespace).await?)
+}
+
+async fn delete_labelled<K>(
+    api: &Api<K>,
+    instance: &str,
+    url: &str,
+    what: &str,
+    namespace: &str,
+) -> Result<usize, Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let list = api
+        .list(&ListParams::default().labels(&instance_selector(instance)))
+        .await
+        .map_err(|e| {
+            Error::from_kube(e, url, "list", format!("{what}s in namespace {namespace}"))
+        })?;
+    let mut n = 0;
+    for obj in list.items {
+        let Some(name) = obj.meta().name.clone() else {
+            continue;
+        };
+        n += 1;
+        match api
+            .delete(&name, &DeleteParams::default().grace_period(0))
+            .await
+        {
+            Ok(_) => {}
+            Err(e) if kube_status_code(&e) == Some(404) => {}
+            Err(e) => {
+                return Err(Error::from_kube(
+                    e,
+                    url,
+                    "delete",
+                    format!("{what} {namespace}/{name}"),
+                ))
+            }
+        }
+    }
+    Ok(n)
+}
+
+/// Whether a cleanup error is RBAC/authentication (`401`/`403`): retrying cannot help.
+pub fn is_forbidden(err: &Error) -> bool {
+    matches!(
+        err,
+        Error::Api {
+            code: 401 | 403,
+            ..
+        }
+    )
+}
+
+/// How long the gate keeps retrying its final cleanup while the API fails (30 s: a
+/// restarting API server is normally back well within it; after that the pods end by
+/// their own `activeDeadlineSeconds` and the next run's start-up sweep).
+pub const FINAL_CLEANUP_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Pause between final-cleanup attempts.
+pub const FINAL_CLEANUP_RETRY: Duration = Duration::from_secs(2);
+
+/// Why [`final_cleanup`] gave up; its `Display` is the run error text, naming the API
+/// URL, the cause and what becomes of the leftovers.
+#[derive(Debug)]
+pub enum CleanupError {
+    /// `401`/`403` listing or deleting: not retried, it cannot heal within the run.
+    Forbidden {
+        /// The refused call.
+        error: Error,
+        /// The instance whose pods are left.
+        instance: String,
+    },
+    /// The API kept failing until [`FINAL_CLEANUP_DEADLINE`].
+    GaveUp {
+        /// API server URL.
+        url: String,
+        /// Attempts made.
+        attempts: u32,
+        /// The last cause.
+        last: String,
+        /// The instance whose pods are left.
+        instance: String,
+    },
+}
+
+impl std::fmt::Display for CleanupError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CleanupError::Forbidden { error, instance } => write!(
+                f,
+                "final cleanup cannot work: {error} (not retried); leftover probe pods \
+                 (label firstpacket.io/instance={instance}) end by their \
+                 activeDeadlineSeconds; the next run's start-up sweep needs the same \
+                 permission"
+            ),
+            CleanupError::GaveUp {
+                url,
+                attempts,
+                last,
+                instance,
+            } => write!(
+                f,
+                "final cleanup at {url} gave up after {attempts} attempt(s): {last}; leftover \
+                 probe pods (label firstpacket.io/instance={instance}) end by their \
+                 activeDeadlineSeconds and are removed by the next run's start-up sweep"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for CleanupError {}
+
+/// Deletes what is left of `instance` ([`delete_instance_pods`]), each attempt bounded
+/// by [`API_CALL_TIMEOUT`] and the time left, retrying every [`FINAL_CLEANUP_RETRY`] until
+/// `deadline` after the call ([`FINAL_CLEANUP_DEADLINE`] in the gate). A `401`/`403`
+/// (RBAC forbids listing or deleting) is not retried: it cannot heal within the run.
+/// Returns the number of deletes sent, or a [`CleanupError`].
+pub async fn final_cleanup_within(
+    pods: &Api<Pod>,
+    instance: &str,
+    url: &str,
+    within: Duration,
+) -> Result<usize, CleanupError> {
+    let deadline = Instant::now() + within;
+    let mut attempts = 0u32;
+    loop {
+        attempts += 1;
+        let bound = deadline
+            .saturating_duration_since(Instant::now())
+            .clamp(Duration::from_secs(1), API_CALL_TIMEOUT);
+        let last =
+            match tokio::time::timeout(bound, delete_instance_pods(pods, instance, url)).await {
+                Ok(Ok(n)) => return Ok(n),
+                Ok(Err(e)) if is_forbidden(&e) => {
+                    return Err(CleanupError::Forbidden {
+                        error: e,
+                        instance: instance.to_string(),
+                    })
+                }
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => format!("no answer within {}s", bound.as_secs()),
+            };
+        if Instant::now() + FINAL_CLEANUP_RETRY >= deadline {
+            return Err(CleanupError::GaveUp {
+                url: url.to_string(),
+                attempts,
+                last,
+                instance: instance.to_string(),
+            });
+        }
+        tracing::warn!(attempt = attempts, error = %last, "final cleanup failed; retrying");
+        tokio::time::sleep(FINAL_CLEANUP_RETRY).await;
+    }
+}
+
+/// [`final_cleanup_within`] [`FINAL_CLEANUP_DEADLINE`] (the gate's end of run).
+pub async fn final_cleanup(
+    pods: &Api<Pod>,
+    instance: &str,
+    url: &str,
+) -> Result<usize, CleanupError> {
+    final_cleanup_within(pods, instance, url, FINAL_CLEANUP_DEADLINE).await
+}
+
+/// One `watch` request on the probe pods (`timeoutSeconds=1`, dropped as soon as the
+/// API server accepted it): a `401`/`403` is returned as [`Error::Api`] with verb
+/// `watch`, resource `pods in namespace NS` and `url` — the run cannot see its pods, so
+/// it stops at start-up (exit 2) instead of waiting for `--timeout`. Any other failure
+/// is left to the pod watch's own retries (logged).
+pub async fn check_watch_allowed(
+    pods: &Api<Pod>,
+    url: &str,
+    namespace: &str,
+    selector: &str,
+) -> Result<(), Error> {
+    let wp = kube::api::WatchParams::default()
+        .labels(selector)
+        .timeout(1);
+    match tokio::time::timeout(API_CALL_TIMEOUT, pods.watch(&wp, "0")).await {
+        Ok(Ok(stream)) => {
+            drop(stream);
+            Ok(())
+        }
+        Ok(Err(e)) if matches!(kube_status_code(&e), Some(401) | Some(403)) => Err(
+            Error::from_kube(e, url, "watch", format!("pods in namespace {namespace}")),
+        ),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %kube_error_text(&e), "pod watch check failed; the watch retries");
+            Ok(())
+        }
+        Err(_) => {
+            tracing::warn!("pod watch check got no answer; the watch retries");
+            Ok(())
+        }
+    }
+}
+
+/// SIGINT/SIGTERM, installed once; [`Signals::next`] names the next one received. The
+/// callers decide what a first and a second signal mean (no process exit in here).
+pub struct Signals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Installs the handlers; `None` when the runtime cannot (then the default action,
+    /// termination, stays in force).
+    pub fn install() -> Option<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        match (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) {
+            (Ok(int), Ok(term)) => Some(Signals { int, term }),
+            _ => None,
+        }
+    }
+
+    /// Waits for the next signal: `"SIGINT"` or `"SIGTERM"`.
+    pub async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.int.recv() => "SIGINT",
+            _ = self.term.recv() => "SIGTERM",
+        }
+    }
+}

@@ -1,0 +1,320 @@
+//! Prometheus metrics of `prober run` (DESIGN §4 "Prometheus"): `firstpacket_` prefix,
+//! base units (seconds), `_total` only on counters, no pod names/UIDs and no
+//! per-(source, target) series (N² at 1 000 nodes; the pair matrix is on the status
+//! page). Known label sets are pre-initialised ([`Metrics::new`] for kinds × results ×
+//! reasons, [`Metrics::node_added`] per node), so series exist before the first event.
+//! Per-node series are removed when their node leaves ([`Metrics::node_removed`]).
+//!
+//! [`Metrics::observe`] turns one finished probe record into every metric at once; the
+//! continuous mode calls it under the same lock that appends the record to the recent
+//! records, so `/metrics` and `/api/v1/probes` agree (a scrape sees
+//! `firstpacket_ttfp_seconds_count{kind}` = the records of that kind with a non-null
+//! `ttfp_seconds`, up to the `total` read with them).
+
+use crate::config::ProbeKind;
+use prometheus::{
+    Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry, TextEncoder,
+};
+use std::collections::BTreeMap;
+use target_server::report::{ProbeRecord, ProbeResult, Reason, Role, Suspect};
+
+/// Buckets of `firstpacket_ttfp_seconds`, seconds: 50 ms steps below 0.5 s, 100–250 ms
+/// steps up to 2 s, then coarser up to 120 s (the longest give-up worth measuring).
+pub const TTFP_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25,
+    1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0,
+];
+
+/// Buckets of `firstpacket_pod_startup_seconds`, seconds.
+pub const STARTUP_BUCKETS: &[f64] = &[
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 30.0, 60.0, 120.0,
+];
+
+/// The `reason` label of a record: its reason, or `none` (success).
+pub fn reason_label(r: Option<Reason>) -> &'static str {
+    r.map_or("none", |r| r.as_str())
+}
+
+/// The `signal` label of a suspect (its JSON name, e.g. `dataplane_apply_slow`).
+pub fn signal_label(s: &Suspect) -> String {
+    serde_json::to_value(s.signal)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// The metrics of one prober instance and their registry.
+pub struct Metrics {
+    registry: Registry,
+    ttfp: HistogramVec,
+    probes: IntCounterVec,
+    pod_startup: HistogramVec,
+    hold_failures: IntCounterVec,
+    first_attempt_failures: IntCounterVec,
+    node_last_ttfp: GaugeVec,
+    node_probes: IntCounterVec,
+    suspects: IntCounterVec,
+    agent_scrapes: IntCounterVec,
+    /// Agent scrape counts already added (the watcher keeps absolute counts).
+    agent_seen: std::sync::Mutex<BTreeMap<(String, String), u64>>,
+    /// `firstpacket_probes_in_flight`.
+    pub in_flight: IntGauge,
+    last_probe: Gauge,
+    /// `firstpacket_lap_seconds`: how long the last complete lap took.
+    pub lap_seconds: Gauge,
+    /// `firstpacket_lap_expected_seconds`: eligible nodes × --probe-interval (the lap
+    /// time the settings give when probes are not held back by --concurrency).
+    pub lap_expected_seconds: Gauge,
+    /// `firstpacket_eligible_nodes`.
+    pub eligible_nodes: IntGauge,
+    /// `firstpacket_state_entries{structure}`: sizes of the prober's bounded structures.
+    pub state_entries: IntGaugeVec,
+    /// `firstpacket_node_events_total{reason}`: Node Events written.
+    pub node_events: IntCounterVec,
+    /// `firstpacket_engine_faults_total{fault}`: forbidden creates/deletes.
+    pub engine_faults: IntCounterVec,
+}
+
+fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: T) -> T {
+    // Names are static and distinct: registering cannot fail but for a programming error.
+    if let Err(e) = r.register(Box::new(c.clone())) {
+        tracing::error!(error = %e, "metric registration failed");
+    }
+    c
+}
+
+impl Metrics {
+    /// All metrics, registered, with the label sets of `kinds` pre-initialised:
+    /// `firstpacket_probes_total{kind, result, reason}` for every reason of each result
+    /// (`none` for success), ttfp/hold/first-attempt series per kind, startup phases per
+    /// role, `firstpacket_build_info{version}` = 1.
+    pub fn new(kinds: &[ProbeKind]) -> Metrics {
+        let r = Registry::new();
+        let hist = |name: &str, help: &str, buckets: &[f64], labels: &[&str]| {
+            HistogramVec::new(
+                HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+                labels,
+            )
+            .expect("valid histogram")
+        };
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter")
+        };
+        let m = Metrics {
+            ttfp: reg(&r, hist(
+                "firstpacket_ttfp_seconds",
+                "Time to first packet of probes that saw a success (seconds; source-node monotonic clock).",
+                TTFP_BUCKETS,
+                &["kind"],
+            )),
+            probes: reg(&r, counter(
+                "firstpacket_probes_total",
+                "Finished probes by kind, result and reason (reason none for success).",
+                &["kind", "result", "reason"],
+            )),
+            pod_startup: reg(&r, hist(
+                "firstpacket_pod_startup_seconds",
+                "Probe pod start-up: create to scheduled / ip_assigned / ready (seconds).",
+                STARTUP_BUCKETS,
+                &["role", "phase"],
+            )),
+            hold_failures: reg(&r, counter(
+                "firstpacket_hold_failures_total",
+                "Failed attempts after the first success, during --hold.",
+                &["kind"],
+            )),
+            first_attempt_failures: reg(&r, counter(
+                "firstpacket_first_attempt_failures_total",
+                "Attempts sent after the source was Ready that failed before the first success.",
+                &["kind"],
+            )),
+            node_last_ttfp: reg(&r, GaugeVec::new(
+                Opts::new("firstpacket_node_last_ttfp_seconds", "TTFP of the last probe with a TTFP that had the node in this role (seconds)."),
+                &["node", "role"],
+            ).expect("valid gauge")),
+            node_probes: reg(&r, counter(
+                "firstpacket_node_probes_total",
+                "Finished probes by node, role and result.",
+                &["node", "role", "result"],
+            )),
+            suspects: reg(&r, counter(
+                "firstpacket_suspects_total",
+                "Node-agent suspects named on slow/failed probes, by node and signal.",
+                &["node", "signal"],
+            )),
+            agent_scrapes: reg(&r, counter(
+                "firstpacket_agent_scrapes_total",
+                "Node-agent metric scrapes by profile and result (ok or the failure reason).",
+                &["profile", "result"],
+            )),
+            agent_seen: Default::default(),
+            in_flight: reg(&r, IntGauge::new("firstpacket_probes_in_flight", "Probes running now.").expect("gauge")),
+            last_probe: reg(&r, Gauge::new("firstpacket_last_probe_timestamp_seconds", "Unix time the last probe finished.").expect("gauge")),
+            lap_seconds: reg(&r, Gauge::new("firstpacket_lap_seconds", "Duration of the last complete lap (every eligible node source and target once), seconds.").expect("gauge")),
+            lap_expected_seconds: reg(&r, Gauge::new("firstpacket_lap_expected_seconds", "Eligible nodes x --probe-interval: the lap time of the settings, seconds.").expect("gauge")),
+            eligible_nodes: reg(&r, IntGauge::new("firstpacket_eligible_nodes", "Nodes probes can go to now (Ready, not cordoned, matching, tolerated).").expect("gauge")),
+            state_entries: reg(&r, IntGaugeVec::new(
+                Opts::new("firstpacket_state_entries", "Entries in the prober's bounded in-memory structures."),
+                &["structure"],
+            ).expect("gauge")),
+            node_events: reg(&r, counter(
+                "firstpacket_node_events_total",
+                "Kubernetes Events written on Nodes, by reason.",
+                &["reason"],
+            )),
+            engine_faults: reg(&r, counter(
+                "firstpacket_engine_faults_total",
+                "Forbidden probe-object creates/deletes (RBAC), by fault.",
+                &["fault"],
+            )),
+            registry: r,
+        };
+        let build = reg(
+            &m.registry,
+            IntGaugeVec::new(
+                Opts::new("firstpacket_build_info", "Build of the prober (always 1)."),
+                &["version"],
+            )
+            .expect("gauge"),
+        );
+        build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        for k in kinds {
+            let k = k.as_str();
+            m.ttfp.with_label_values(&[k]);
+            m.hold_failures.with_label_values(&[k]);
+            m.first_attempt_failures.with_label_values(&[k]);
+            m.probes.with_label_values(&[k, "success", "none"]);
+            for reason in Reason::ALL {
+                m.probes
+                    .with_label_values(&[k, reason.result().as_str(), reason.as_str()]);
+            }
+        }
+        for role in ["source", "target"] {
+            for phase in ["scheduled", "ip_assigned", "ready"] {
+                m.pod_startup.with_label_values(&[role, phase]);
+            }
+        }
+        for reason in ["FirstPacketFailed", "FirstPacketSlow"] {
+            m.node_events.with_label_values(&[reason]);
+        }
+        for f in ["create_forbidden", "delete_forbidden"] {
+            m.engine_faults.with_label_values(&[f]);
+        }
+        m
+    }
+
+    /// Pre-initialises the per-node series of `node` (probes by role × result).
+    pub fn node_added(&self, node: &str) {
+        for role in ["source", "target"] {
+            for result in ProbeResult::ALL {
+                self.node_probes
+                    .with_label_values(&[node, role, result.as_str()]);
+            }
+        }
+    }
+
+    /// Removes every per-node series of `node` (it left the cluster or the selector).
+    pub fn node_removed(&self, node: &str) {
+        for role in ["source", "target"] {
+            let _ = self.node_last_ttfp.remove_label_values(&[node, role]);
+            for result in ProbeResult::ALL {
+                let _ = self
+                    .node_probes
+                    .remove_label_values(&[node, role, result.as_str()]);
+            }
+        }
+        for signal in [
+            "dataplane_apply_slow",
+            "dataplane_apply_failures",
+            "datastore_resync",
+            "route_resync_slow",
+            "agent_restarted",
+            "agent_not_ready",
+            "agent_unreachable",
+            "agent_bad_metrics",
+        ] {
+            let _ = self.suspects.remove_label_values(&[node, signal]);
+        }
+    }
+
+    /// Counts one finished probe everywhere (module docs), `now_unix` = wall time.
+    pub fn observe(&self, rec: &ProbeRecord, now_unix: f64) {
+        let kind = rec.kind.as_str();
+        let result = rec.result.as_str();
+        self.probes
+            .with_label_values(&[kind, result, reason_label(rec.reason)])
+            .inc();
+        if let Some(t) = rec.ttfp_seconds {
+            self.ttfp.with_label_values(&[kind]).observe(t);
+        }
+        self.hold_failures
+            .with_label_values(&[kind])
+            .inc_by(rec.hold.failures);
+        self.first_attempt_failures
+            .with_label_values(&[kind])
+            .inc_by(rec.first_attempt_failures);
+        for (role, tl) in [
+            ("source", &rec.timeline.source),
+            ("target", &rec.timeline.target),
+        ] {
+            let Some(created) = tl.created else { continue };
+            for (phase, at) in [
+                ("scheduled", tl.scheduled),
+                ("ip_assigned", tl.ip_assigned),
+                ("ready", tl.ready),
+            ] {
+                if let Some(at) = at {
+                    self.pod_startup
+                        .with_label_values(&[role, phase])
+                        .observe((at - created).max(0.0));
+                }
+            }
+        }
+        for (role, node) in [("source", &rec.source.node), ("target", &rec.target.node)] {
+            self.node_probes
+                .with_label_values(&[node, role, result])
+                .inc();
+            if let Some(t) = rec.ttfp_seconds {
+                self.node_last_ttfp.with_label_values(&[node, role]).set(t);
+            }
+        }
+        for s in &rec.suspects {
+            self.suspects
+                .with_label_values(&[&s.node, &signal_label(s)])
+                .inc();
+        }
+        self.last_probe.set(now_unix);
+    }
+
+    /// Brings `firstpacket_agent_scrapes_total` up to the watcher's absolute counts.
+    pub fn sync_agent_scrapes(&self, counts: &BTreeMap<(String, String), u64>) {
+        let mut seen = self.agent_seen.lock().unwrap_or_else(|p| p.into_inner());
+        for ((profile, result), n) in counts {
+            let before = seen.entry((profile.clone(), result.clone())).or_insert(0);
+            if *n > *before {
+                self.agent_scrapes
+                    .with_label_values(&[profile, result])
+                    .inc_by(*n - *before);
+                *before = *n;
+            }
+        }
+    }
+
+    /// The text exposition (`text/plain; version=0.0.4`).
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
+            tracing::warn!(error = %e, "metrics encoding failed");
+        }
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+}
+
+/// The role label of a suspect.
+pub fn role_label(r: Role) -> &'static str {
+    match r {
+        Role::Source => "source",
+        Role::Target => "target",
+    }
+}
