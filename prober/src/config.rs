@@ -190,6 +190,16 @@ Examples:
 /// Flags shared by `gate` and `run`.
 #[derive(Debug, Clone, Args)]
 pub struct ProbeArgs {
+    /// Kubeconfig file to use. Unset: `KUBECONFIG`, then `~/.kube/config`, then the
+    /// in-cluster service account (kube-rs `Config::infer`).
+    #[arg(long, env = "FIRSTPACKET_KUBECONFIG", value_name = "FILE")]
+    pub kubeconfig: Option<std::path::PathBuf>,
+
+    /// Kubeconfig context to use (default: the file's `current-context`). Needs a
+    /// kubeconfig (from `--kubeconfig`, `KUBECONFIG` or `~/.kube/config`).
+    #[arg(long, env = "FIRSTPACKET_CONTEXT", value_name = "NAME")]
+    pub context: Option<String>,
+
     /// Namespace for probe pods (created if missing).
     #[arg(long, env = "FIRSTPACKET_NAMESPACE", default_value = "firstpacket")]
     pub namespace: String,

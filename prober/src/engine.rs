@@ -35,12 +35,49 @@ pub struct Connection {
     pub url: String,
 }
 
-/// Loads the client configuration (`KUBECONFIG` or in-cluster) and builds the clients.
-/// No API call is made. Errors: [`Error::ClientConfig`].
-pub async fn connect() -> Result<Connection, Error> {
-    let config = kube::Config::infer()
-        .await
-        .map_err(|e| Error::ClientConfig(error_chain(&e)))?;
+/// Loads the client configuration and builds the clients. No API call is made.
+///
+/// `kubeconfig` (`--kubeconfig`) and `context` (`--context`) pick a file and a context
+/// in it; with neither, kube-rs `Config::infer` decides (`KUBECONFIG`,
+/// `~/.kube/config`, then the in-cluster service account). Errors:
+/// [`Error::ClientConfig`] naming the file or context that could not be used.
+pub async fn connect(
+    kubeconfig: Option<&std::path::Path>,
+    context: Option<&str>,
+) -> Result<Connection, Error> {
+    let options = kube::config::KubeConfigOptions {
+        context: context.map(str::to_owned),
+        ..Default::default()
+    };
+    let config = match (kubeconfig, context) {
+        (Some(path), _) => {
+            let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| {
+                Error::ClientConfig(format!(
+                    "--kubeconfig {}: {}",
+                    path.display(),
+                    error_chain(&e)
+                ))
+            })?;
+            kube::Config::from_custom_kubeconfig(kc, &options)
+                .await
+                .map_err(|e| {
+                    Error::ClientConfig(format!(
+                        "--kubeconfig {}{}: {}",
+                        path.display(),
+                        context
+                            .map(|c| format!(" --context {c}"))
+                            .unwrap_or_default(),
+                        error_chain(&e)
+                    ))
+                })?
+        }
+        (None, Some(c)) => kube::Config::from_kubeconfig(&options)
+            .await
+            .map_err(|e| Error::ClientConfig(format!("--context {c}: {}", error_chain(&e))))?,
+        (None, None) => kube::Config::infer()
+            .await
+            .map_err(|e| Error::ClientConfig(error_chain(&e)))?,
+    };
     let url = config.cluster_url.to_string();
     // Agent scrapes through the pod proxy go out once, without kube's retry of 503s: the
     // API server's answer (e.g. "connection refused") is the result.

@@ -486,7 +486,7 @@ async fn run_gate_inner(
     let started_at = start.started_at.clone();
     console.seed(&instance, seed);
 
-    let conn = crate::engine::connect().await?;
+    let conn = crate::engine::connect(p.kubeconfig.as_deref(), p.context.as_deref()).await?;
     let url = conn.url.clone();
     start.url = Some(url.clone());
     let nodes_api: Api<Node> = Api::all(conn.client.clone());

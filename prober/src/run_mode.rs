@@ -348,7 +348,7 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
         })
     };
 
-    let conn = crate::engine::connect().await?;
+    let conn = crate::engine::connect(p.kubeconfig.as_deref(), p.context.as_deref()).await?;
     let url = conn.url.clone();
     let started = crate::engine::start(&conn, &p, &instance, hold, profiles, console).await?;
     admin.ready.store(true, Ordering::Relaxed);

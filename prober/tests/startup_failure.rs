@@ -210,3 +210,62 @@ fn dry_run_failure_writes_no_report() {
     assert!(!report.exists(), "--dry-run writes nothing");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn kubeconfig_and_context_flags_pick_the_file_and_context() {
+    let dir = tmp("flags");
+    let a = closed_port();
+    let b = loop {
+        let b = closed_port();
+        if b != a {
+            break b;
+        }
+    };
+    let kc = kubeconfig(&dir, &format!("https://127.0.0.1:{a}"));
+    // A second context in the same file, pointing at another (closed) API address.
+    let other = format!("https://127.0.0.1:{b}");
+    let two = std::fs::read_to_string(&kc)
+        .expect("kubeconfig")
+        .replace(
+            "clusters:\n",
+            &format!("clusters:\n- name: c2\n  cluster:\n    server: {other}\n    insecure-skip-tls-verify: true\n"),
+        )
+        .replace(
+            "contexts:\n",
+            "contexts:\n- name: other\n  context:\n    cluster: c2\n    user: u\n",
+        );
+    let file = dir.join("two-contexts");
+    std::fs::write(&file, two).expect("write kubeconfig");
+    let nowhere = dir.join("no-such-kubeconfig");
+    let report = dir.join("report.json");
+
+    // --kubeconfig wins over KUBECONFIG; --context over current-context.
+    let file_arg = file.to_string_lossy().into_owned();
+    let out = gate(
+        &nowhere,
+        &report,
+        &["--kubeconfig", &file_arg, "--context", "other"],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let v = checked_report(&report);
+    let err = v["errors"][0].as_str().expect("errors[0]");
+    assert!(err.contains(&other), "{err}");
+
+    // Without --context the file's current-context is used.
+    let out = gate(&nowhere, &report, &["--kubeconfig", &file_arg]);
+    assert_eq!(out.status.code(), Some(2));
+    let v = checked_report(&report);
+    let err = v["errors"][0].as_str().expect("errors[0]");
+    assert!(err.contains(&format!("127.0.0.1:{a}")), "{err}");
+
+    // A missing file or an unknown context is a clear start-up error naming it.
+    let missing = nowhere.to_string_lossy().into_owned();
+    let out = gate(&file, &report, &["--kubeconfig", &missing]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = checked_report(&report)["errors"][0].to_string();
+    assert!(err.contains("no-such-kubeconfig"), "{err}");
+    let out = gate(&file, &report, &["--context", "nope"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = checked_report(&report)["errors"][0].to_string();
+    assert!(err.contains("nope"), "{err}");
+}
