@@ -124,9 +124,17 @@ fn ca_params() -> Result<CertificateParams, TlsError> {
 }
 
 fn serving_cert(sans: &[String], ca_key: &KeyPair) -> Result<(String, String), TlsError> {
+    serving_cert_named("kube-apiserver", sans, ca_key)
+}
+
+fn serving_cert_named(
+    cn: &str,
+    sans: &[String],
+    ca_key: &KeyPair,
+) -> Result<(String, String), TlsError> {
     let mut p = CertificateParams::new(sans.to_vec())?;
     let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, "kube-apiserver");
+    dn.push(DnType::CommonName, cn);
     p.distinguished_name = dn;
     p.key_usages = vec![
         KeyUsagePurpose::DigitalSignature,
@@ -216,6 +224,23 @@ pub fn ensure_pki(dir: &Path, sans: &[String]) -> Result<Pki, TlsError> {
         key_pem,
         dir: Some(dir.to_path_buf()),
     })
+}
+
+/// A serving certificate with common name `cn` for `sans`, signed by the CA in `dir`
+/// (made by [`ensure_pki`]); returns (certificate PEM, key PEM). Nothing is written.
+/// Used for the kubelets' API (`<node IP>:10250`). Errors: no/unreadable `ca.key`,
+/// certificate generation.
+pub fn issue_serving_cert(
+    dir: &Path,
+    cn: &str,
+    sans: &[String],
+) -> Result<(String, String), TlsError> {
+    let path = dir.join("ca.key");
+    let key = read(&path)?.ok_or_else(|| TlsError::Io {
+        path: path.clone(),
+        source: std::io::Error::from(std::io::ErrorKind::NotFound),
+    })?;
+    serving_cert_named(cn, sans, &KeyPair::from_pem(&key)?)
 }
 
 /// The DER certificates in `pem` (kube-rs' `Config::root_cert` takes these). Errors:
