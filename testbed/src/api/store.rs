@@ -433,6 +433,68 @@ fn set_default(m: &mut Value, key: &str, v: Value) {
 /// Pod defaults from k8s.io/kubernetes pkg/apis/core/v1/defaults.go plus the
 /// DefaultTolerationSeconds admission plugin, and the create-time status
 /// (`phase: Pending`, `qosClass`).
+/// Where the ServiceAccount admission plugin mounts the API access volume.
+pub const SERVICE_ACCOUNT_MOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// ServiceAccount admission (k8s.io/kubernetes `plugin/pkg/admission/serviceaccount`):
+/// unless `automountServiceAccountToken` is false or a container already mounts
+/// something at [`SERVICE_ACCOUNT_MOUNT`], adds the projected `kube-api-access-XXXXX`
+/// volume (a bound token for 3607 s, `ca.crt` from the `kube-root-ca.crt` ConfigMap,
+/// the namespace) and mounts it read-only in every container.
+fn add_api_access_volume(spec: &mut Value) {
+    if spec["automountServiceAccountToken"] == false {
+        return;
+    }
+    let mounted = spec["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| {
+            c["volumeMounts"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|m| m["mountPath"] == SERVICE_ACCOUNT_MOUNT)
+        });
+    if mounted {
+        return;
+    }
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let suffix: String = (0..5)
+        .map(|_| ALPHABET[rand::random_range(0..ALPHABET.len())] as char)
+        .collect();
+    let name = format!("kube-api-access-{suffix}");
+    let volume = json!({
+        "name": name,
+        "projected": {
+            "defaultMode": 420,
+            "sources": [
+                { "serviceAccountToken": { "expirationSeconds": 3607, "path": "token" } },
+                { "configMap": { "name": "kube-root-ca.crt", "items": [{ "key": "ca.crt", "path": "ca.crt" }] } },
+                { "downwardAPI": { "items": [{ "path": "namespace", "fieldRef": { "apiVersion": "v1", "fieldPath": "metadata.namespace" } }] } },
+            ],
+        },
+    });
+    if !spec["volumes"].is_array() {
+        spec["volumes"] = json!([]);
+    }
+    if let Some(v) = spec["volumes"].as_array_mut() {
+        v.push(volume);
+    }
+    if let Some(cs) = spec["containers"].as_array_mut() {
+        for c in cs {
+            if !c["volumeMounts"].is_array() {
+                c["volumeMounts"] = json!([]);
+            }
+            if let Some(m) = c["volumeMounts"].as_array_mut() {
+                m.push(
+                    json!({ "name": name, "readOnly": true, "mountPath": SERVICE_ACCOUNT_MOUNT }),
+                );
+            }
+        }
+    }
+}
+
 fn default_pod(pod: &mut Value) {
     let spec = &mut pod["spec"];
     set_default(spec, "restartPolicy", json!("Always"));
@@ -445,6 +507,7 @@ fn default_pod(pod: &mut Value) {
     set_default(spec, "preemptionPolicy", json!("PreemptLowerPriority"));
     set_default(spec, "serviceAccountName", json!("default"));
     set_default(spec, "serviceAccount", json!("default"));
+    add_api_access_volume(spec);
     let mut qos_has_resources = false;
     if let Some(cs) = spec["containers"].as_array_mut() {
         for c in cs {
