@@ -339,7 +339,7 @@ pub fn up(state: &Path, args: &UpArgs) -> Result<()> {
             );
             if info.control_plane == crate::control_plane::Mode::Real.as_arg() {
                 eprintln!(
-                    "  real control plane: logs and audit log in {}; node components are not started in this mode yet",
+                    "  real control plane: logs and audit log in {}",
                     state.join("control-plane").display()
                 );
             }

@@ -240,61 +240,48 @@ fn create_kubernetes_service(
     Ok(())
 }
 
-/// Runs the daemon until asked to stop; always removes what it built.
-pub fn run(args: DaemonArgs) -> Result<()> {
-    let plan = Plan::new(&args.state_dir, args.nodes).context("plan the cluster")?;
-    plan.save().context("save plan.json")?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let result = rt.block_on(run_inner(&args, &plan));
-    // Teardown happens whatever happened above.
-    if let Err(e) = Dataplane::destroy(&plan) {
-        tracing::warn!(error = %e, "dataplane teardown");
-    }
-    for f in ["ready.json", "control.sock", "daemon.pid"] {
-        let _ = std::fs::remove_file(args.state_dir.join(f));
-    }
-    let _ = std::fs::remove_dir_all(args.state_dir.join("pods"));
-    rt.shutdown_timeout(std::time::Duration::from_secs(2));
-    result
+/// The node components of every node of `plan`, running on their node netns threads.
+pub struct Nodes {
+    /// One kubelet per node, in plan order.
+    pub kubelets: Vec<Arc<Kubelet>>,
+    proxies: Vec<crate::services::ServiceProxy>,
+    threads: Vec<NetnsThread>,
 }
 
-/// The plan's node names (`node-1`…).
-fn node_names(plan: &Plan) -> Vec<String> {
-    plan.nodes.iter().map(|n| n.name.clone()).collect()
-}
-
-async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
-    let state = &args.state_dir;
-    std::fs::write(state.join("daemon.pid"), std::process::id().to_string())?;
-    let truth = Truth::open(&state.join("truth.jsonl")).context("open truth log")?;
-    let faults = match &args.fault {
-        Some(p) => {
-            let text = std::fs::read_to_string(p)
-                .with_context(|| format!("read fault file {}", p.display()))?;
-            let f = FaultFile::parse(&text)
-                .map_err(|e| anyhow::anyhow!("fault file {}: {e}", p.display()))?;
-            f.check_nodes(&node_names(plan))
-                .map_err(|e| anyhow::anyhow!("fault file {}: {e}", p.display()))?;
-            f
+impl Nodes {
+    /// Kills every container (SIGKILL), stops the service proxies and the node threads.
+    pub async fn shutdown(self) {
+        for k in &self.kubelets {
+            k.kill_all();
         }
-        None => FaultFile::default(),
-    };
-    let faults = Faults::new(faults);
-
-    let dataplane = Arc::new(
-        Dataplane::create(plan).context("create the network (netns, bridge, veths, nftables)")?,
-    );
-    if args.control_plane == crate::control_plane::Mode::Real {
-        return crate::control_plane::daemon::run(args, plan, &truth, &faults).await;
+        for p in self.proxies {
+            let _ = p.shutdown().await;
+        }
+        drop(self.threads);
     }
-    let mut cp = start_builtin_control_plane(state, plan).await?;
-    let endpoint = cp.endpoint.clone();
-    let ca_path = cp.pod_ca.clone();
+}
+
+/// Starts the node components of every node against `endpoint` (whichever API server
+/// runs), one runtime inside each node netns: the kubelet (registers the Node and its
+/// Lease, runs pods, serves the kubelet API on `<node IP>:10250` with a serving
+/// certificate from the testbed CA in `state/pki`), the simulated CNI agent and its
+/// Felix metrics, the agent pods (created through the API), and the service proxy
+/// (kube-proxy metrics unless `--kube-proxy-metrics none`). `pod_ca` is the CA file
+/// copied into pods' service-account dirs. Errors: a node runtime, the kubelet's
+/// registration, the service proxy's start.
+pub async fn start_nodes(
+    args: &DaemonArgs,
+    plan: &Plan,
+    dataplane: &Arc<Dataplane>,
+    truth: &Truth,
+    faults: &Faults,
+    endpoint: &ClusterEndpoint,
+    pod_ca: &Path,
+) -> Result<Nodes> {
+    let state = &args.state_dir;
     let service_cidr = crate::api::service_cidr(plan.index);
     let pods_dir = state.join("pods");
+    let ca_path = pod_ca.to_path_buf();
     // Nodes: a runtime inside each node netns running its kubelet and agent.
     let testbed_exe = std::env::current_exe().context("locate the testbed executable")?;
     std::fs::create_dir_all(&pods_dir)?;
@@ -425,6 +412,74 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
         node_threads.push(thread);
         kubelets.push(kubelet);
     }
+    Ok(Nodes {
+        kubelets,
+        proxies,
+        threads: node_threads,
+    })
+}
+
+/// Runs the daemon until asked to stop; always removes what it built.
+pub fn run(args: DaemonArgs) -> Result<()> {
+    let plan = Plan::new(&args.state_dir, args.nodes).context("plan the cluster")?;
+    plan.save().context("save plan.json")?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let result = rt.block_on(run_inner(&args, &plan));
+    // Teardown happens whatever happened above.
+    if let Err(e) = Dataplane::destroy(&plan) {
+        tracing::warn!(error = %e, "dataplane teardown");
+    }
+    for f in ["ready.json", "control.sock", "daemon.pid"] {
+        let _ = std::fs::remove_file(args.state_dir.join(f));
+    }
+    let _ = std::fs::remove_dir_all(args.state_dir.join("pods"));
+    rt.shutdown_timeout(std::time::Duration::from_secs(2));
+    result
+}
+
+/// The plan's node names (`node-1`…).
+fn node_names(plan: &Plan) -> Vec<String> {
+    plan.nodes.iter().map(|n| n.name.clone()).collect()
+}
+
+async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
+    let state = &args.state_dir;
+    std::fs::write(state.join("daemon.pid"), std::process::id().to_string())?;
+    let truth = Truth::open(&state.join("truth.jsonl")).context("open truth log")?;
+    let faults = match &args.fault {
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("read fault file {}", p.display()))?;
+            let f = FaultFile::parse(&text)
+                .map_err(|e| anyhow::anyhow!("fault file {}: {e}", p.display()))?;
+            f.check_nodes(&node_names(plan))
+                .map_err(|e| anyhow::anyhow!("fault file {}: {e}", p.display()))?;
+            f
+        }
+        None => FaultFile::default(),
+    };
+    let faults = Faults::new(faults);
+
+    let dataplane = Arc::new(
+        Dataplane::create(plan).context("create the network (netns, bridge, veths, nftables)")?,
+    );
+    if args.control_plane == crate::control_plane::Mode::Real {
+        return crate::control_plane::daemon::run(args, plan, &dataplane, &truth, &faults).await;
+    }
+    let mut cp = start_builtin_control_plane(state, plan).await?;
+    let nodes = start_nodes(
+        args,
+        plan,
+        &dataplane,
+        &truth,
+        &faults,
+        &cp.endpoint,
+        &cp.pod_ca,
+    )
+    .await?;
 
     let info = ReadyInfo {
         pid: std::process::id(),
@@ -451,20 +506,14 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
             _ = sigint.recv() => break,
             conn = control.accept() => {
                 let Ok((stream, _)) = conn else { continue };
-                if handle_control(stream, &mut Control { faults: &faults, truth: &truth, builtin: cp.builtin.as_mut(), kubelets: &kubelets, nodes: node_names(plan) }).await {
+                if handle_control(stream, &mut Control { faults: &faults, truth: &truth, builtin: cp.builtin.as_mut(), kubelets: &nodes.kubelets, nodes: node_names(plan) }).await {
                     break;
                 }
             }
         }
     }
     tracing::info!("shutting down");
-    for k in &kubelets {
-        k.kill_all();
-    }
-    for p in proxies {
-        let _ = p.shutdown().await;
-    }
-    drop(node_threads);
+    nodes.shutdown().await;
     Ok(())
 }
 
@@ -561,13 +610,16 @@ async fn builtin_api_command(b: &mut BuiltIn, words: &[&str], line: &str) -> Str
 /// That view is the built-in control plane's; another control plane's node-lifecycle
 /// controller sees the kubelet's heartbeats stop and acts on its own.
 fn set_node_stopped(c: &Control<'_>, node: &str, stopped: bool) -> String {
+    let Some(b) = c.builtin.as_deref() else {
+        return match pause_kubelet(c.kubelets, c.truth, node, stopped) {
+            Ok(()) => "ok".to_string(),
+            Err(e) => format!("error {e}"),
+        };
+    };
     let Some(k) = c.kubelets.iter().find(|k| k.node() == node) else {
         return format!("error no node {node:?}");
     };
     k.set_paused(stopped);
-    let Some(b) = c.builtin.as_deref() else {
-        return "ok".to_string();
-    };
     let store = &b.store;
     let now = crate::kubelet::now_rfc3339();
     let r = store.modify(Kind::Node, None, node, |n| {
@@ -648,6 +700,32 @@ fn set_node_stopped(c: &Control<'_>, node: &str, stopped: bool) -> String {
         json!({"cause": if stopped { "testbed node stop" } else { "testbed node start" }}),
     ));
     "ok".to_string()
+}
+
+/// `testbed node stop|start NODE` on a control plane that watches heartbeats itself:
+/// the node's kubelet stops (or resumes) and the truth log records `node_not_ready`
+/// (or `node_ready`) with the cause. Errors: no such node.
+pub(crate) fn pause_kubelet(
+    kubelets: &[Arc<Kubelet>],
+    truth: &Truth,
+    node: &str,
+    stopped: bool,
+) -> Result<(), String> {
+    let Some(k) = kubelets.iter().find(|k| k.node() == node) else {
+        return Err(format!("no node {node:?}"));
+    };
+    k.set_paused(stopped);
+    let kind = if stopped {
+        TruthKind::NodeNotReady
+    } else {
+        TruthKind::NodeReady
+    };
+    truth.emit(TruthEvent::node(
+        kind,
+        node,
+        json!({"cause": if stopped { "testbed node stop" } else { "testbed node start" }}),
+    ));
+    Ok(())
 }
 
 pub(crate) fn apply_fault(path: &Path, faults: &Faults, truth: &Truth, nodes: &[String]) -> String {
