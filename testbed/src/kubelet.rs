@@ -1060,7 +1060,13 @@ impl PodWorker {
                     st["hostIP"] = json!(ip);
                     st["hostIPs"] = json!([{ "ip": ip }]);
                     st["startTime"] = json!(started);
-                    st["qosClass"] = json!("BestEffort");
+                    if st["qosClass"].is_null() {
+                        // The API server sets it at creation (immutable afterwards).
+                        if st["qosClass"].is_null() {
+                            // The API server sets it at creation (immutable afterwards).
+                            st["qosClass"] = json!("BestEffort");
+                        }
+                    }
                     set_condition(st, "PodReadyToStartContainers", true, None, None);
                     set_condition(st, "Initialized", true, None, None);
                     let (r, m) = if ready {
@@ -1102,7 +1108,10 @@ impl PodWorker {
             st["hostIP"] = json!(node_ip);
             st["hostIPs"] = json!([{ "ip": node_ip }]);
             st["startTime"] = json!(start_time);
-            st["qosClass"] = json!("BestEffort");
+            if st["qosClass"].is_null() {
+                // The API server sets it at creation (immutable afterwards).
+                st["qosClass"] = json!("BestEffort");
+            }
             set_condition(st, "PodReadyToStartContainers", false, None, None);
             set_condition(st, "Initialized", true, None, None);
             set_condition(

@@ -1056,11 +1056,11 @@ fn kubelet_registers_node_renews_lease_and_writes_status_through_pods_status() {
             std::thread::sleep(Duration::from_millis(200));
         }
     };
-    api(&["deny", "patch", "pods"]);
+    api(&["deny", "patch", "pods", "--nodes-too"]);
     pod("via-status");
     wait_running("via-status", Duration::from_secs(30));
     api(&["allow", "patch", "pods"]);
-    api(&["deny", "patch", "pods/status"]);
+    api(&["deny", "patch", "pods/status", "--nodes-too"]);
     pod("denied");
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(4) {

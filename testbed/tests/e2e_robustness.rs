@@ -206,17 +206,21 @@ fn api_gone_mid_run_ends_probes_as_api_error_and_still_reports() {
     assert_eq!(v["summary"]["diagnosis"], "inconclusive");
     let errors = v["errors"].to_string();
     assert!(errors.contains("final cleanup"), "{errors}");
-    // Each probe still deleted its own pods (delete was not denied).
-    let truth = tb.truth();
+    // Each probe still deleted its own pods (delete was not denied). The kubelet logs
+    // `pod_deleted` only after graceful termination, which may end after the gate
+    // exits: wait for it with a deadline.
+    let deadline = Instant::now() + Duration::from_secs(30);
     for p in &ps {
         for pod in [&p["source"]["pod"], &p["target"]["pod"]] {
             let pod = pod.as_str().expect("pod name");
-            assert!(
-                truth
-                    .iter()
-                    .any(|e| e.event == TruthKind::PodDeleted && e.pod.as_deref() == Some(pod)),
-                "{pod} not deleted"
-            );
+            while !tb
+                .truth()
+                .iter()
+                .any(|e| e.event == TruthKind::PodDeleted && e.pod.as_deref() == Some(pod))
+            {
+                assert!(Instant::now() < deadline, "{pod} not deleted");
+                std::thread::sleep(Duration::from_millis(250));
+            }
         }
     }
 }
