@@ -408,13 +408,26 @@ impl Kubelet {
         }
     }
 
-    /// Every [`HEARTBEAT`] while not stopped: lease renewal and Node conditions.
+    /// Every [`HEARTBEAT`] while not stopped, and at once when restarted: lease
+    /// renewal and Node conditions.
     async fn heartbeat_loop(self: Arc<Self>) {
         let mut tick = tokio::time::interval(HEARTBEAT);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
+        let mut paused = self.paused.subscribe();
         loop {
-            tick.tick().await;
+            tokio::select! {
+                _ = tick.tick() => {}
+                r = paused.changed() => {
+                    if r.is_err() {
+                        return;
+                    }
+                    if *paused.borrow_and_update() {
+                        continue;
+                    }
+                    tick.reset();
+                }
+            }
             if self.is_paused() {
                 continue;
             }
