@@ -190,7 +190,7 @@ pub async fn start_builtin_control_plane(state: &Path, plan: &Plan) -> Result<Co
         endpoint: ClusterEndpoint {
             url: api_cluster.clone(),
             ca_pem: Some(ca_pem),
-            identity: ClientIdentity::Token(crate::kubelet::SERVICE_ACCOUNT_TOKEN.to_string()),
+            identity: ClientIdentity::Token(crate::api::NODE_TOKEN.to_string()),
         },
         pod_ca: ca_path,
         api_local,
@@ -531,6 +531,7 @@ struct Control<'a> {
 /// Serves one control connection: one command line, one answer line (`ok …` or
 /// `error …`). Returns true on `shutdown`. Commands: `shutdown`, `fault-set PATH`,
 /// `node-stop NODE`, `node-start NODE`, `api-deny VERB RESOURCE [NAMESPACE]`,
+/// `api-deny-nodes-too VERB RESOURCE [NAMESPACE]` (also for the node components),
 /// `api-allow VERB RESOURCE [NAMESPACE]`, `api-allow-all`, `api-expire-watches`, `api-restart`, `api-stop`,
 /// `api-start`.
 async fn handle_control(stream: tokio::net::UnixStream, c: &mut Control<'_>) -> bool {
@@ -566,6 +567,11 @@ async fn builtin_api_command(b: &mut BuiltIn, words: &[&str], line: &str) -> Str
     match words {
         ["api-deny", verb, resource, ns @ ..] if ns.len() <= 1 => {
             b.store.deny_in(verb, resource, ns.first().copied());
+            "ok".to_string()
+        }
+        ["api-deny-nodes-too", verb, resource, ns @ ..] if ns.len() <= 1 => {
+            b.store
+                .deny_everyone_in(verb, resource, ns.first().copied());
             "ok".to_string()
         }
         ["api-allow", verb, resource, ns @ ..] if ns.len() <= 1 => {

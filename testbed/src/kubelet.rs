@@ -408,8 +408,8 @@ impl Kubelet {
         }
     }
 
-    /// Every [`HEARTBEAT`] while not stopped, and at once when restarted: lease renewal
-    /// and Node conditions.
+    /// Every [`HEARTBEAT`] while not stopped, and at once when restarted: lease
+    /// renewal and Node conditions.
     async fn heartbeat_loop(self: Arc<Self>) {
         let mut tick = tokio::time::interval(HEARTBEAT);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -422,6 +422,9 @@ impl Kubelet {
                 r = paused.changed() => {
                     if r.is_err() {
                         return;
+                    }
+                    if *paused.borrow_and_update() {
+                        continue;
                     }
                     tick.reset();
                 }
@@ -1071,7 +1074,13 @@ impl PodWorker {
                     st["hostIP"] = json!(ip);
                     st["hostIPs"] = json!([{ "ip": ip }]);
                     st["startTime"] = json!(started);
-                    st["qosClass"] = json!("BestEffort");
+                    if st["qosClass"].is_null() {
+                        // The API server sets it at creation (immutable afterwards).
+                        if st["qosClass"].is_null() {
+                            // The API server sets it at creation (immutable afterwards).
+                            st["qosClass"] = json!("BestEffort");
+                        }
+                    }
                     set_condition(st, "PodReadyToStartContainers", true, None, None);
                     set_condition(st, "Initialized", true, None, None);
                     let (r, m) = if ready {
@@ -1113,7 +1122,10 @@ impl PodWorker {
             st["hostIP"] = json!(node_ip);
             st["hostIPs"] = json!([{ "ip": node_ip }]);
             st["startTime"] = json!(start_time);
-            st["qosClass"] = json!("BestEffort");
+            if st["qosClass"].is_null() {
+                // The API server sets it at creation (immutable afterwards).
+                st["qosClass"] = json!("BestEffort");
+            }
             set_condition(st, "PodReadyToStartContainers", false, None, None);
             set_condition(st, "Initialized", true, None, None);
             set_condition(

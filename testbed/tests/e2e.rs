@@ -1125,6 +1125,31 @@ fn kubelet_registers_node_renews_lease_and_writes_status_through_pods_status() {
         );
         std::thread::sleep(Duration::from_millis(500));
     }
+    // `node stop` stops the heartbeats (what a real node-lifecycle controller goes by);
+    // `node start` resumes them at once.
+    let node_cmd = |action: &str| {
+        let mut c = tb.cmd();
+        c.args(["node", action, "node-1"]);
+        let out = common::output_within(c, common::command_timeout());
+        assert!(out.status.success(), "node {action}: {out:?}");
+    };
+    node_cmd("stop");
+    let stopped = lease()["spec"]["renewTime"].clone();
+    std::thread::sleep(Duration::from_secs(12));
+    assert_eq!(
+        lease()["spec"]["renewTime"],
+        stopped,
+        "a stopped kubelet renewed its lease"
+    );
+    node_cmd("start");
+    let start = Instant::now();
+    while lease()["spec"]["renewTime"] == stopped {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "lease not renewed after node start"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
 
     let pod = |name: &str| {
         let m = write_manifest(
@@ -1142,11 +1167,11 @@ fn kubelet_registers_node_renews_lease_and_writes_status_through_pods_status() {
             std::thread::sleep(Duration::from_millis(200));
         }
     };
-    api(&["deny", "patch", "pods"]);
+    api(&["deny", "patch", "pods", "--nodes-too"]);
     pod("via-status");
     wait_running("via-status", Duration::from_secs(30));
     api(&["allow", "patch", "pods"]);
-    api(&["deny", "patch", "pods/status"]);
+    api(&["deny", "patch", "pods/status", "--nodes-too"]);
     pod("denied");
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(4) {

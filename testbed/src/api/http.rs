@@ -220,6 +220,10 @@ async fn handle(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let verb = verb_of(method, &target, params);
+    let node = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v == format!("Bearer {}", super::NODE_TOKEN));
     match &target {
         Target::Root { core } => {
             if method != Method::GET {
@@ -254,7 +258,7 @@ async fn handle(
             .map(|v| json_response(200, &v))
             .ok_or_else(ApiError::no_route),
         Target::Collection { kind, ns } => {
-            if store.is_denied(verb, kind.plural(), ns.as_deref()) {
+            if store.is_denied_to(verb, kind.plural(), ns.as_deref(), node) {
                 return Err(forbidden(*kind, "", verb, kind.plural(), ns.as_deref()));
             }
             match *method {
@@ -276,7 +280,7 @@ async fn handle(
                 Some(s) => format!("{}/{s}", kind.plural()),
                 None => kind.plural().to_string(),
             };
-            if store.is_denied(verb, &resource, ns.as_deref()) {
+            if store.is_denied_to(verb, &resource, ns.as_deref(), node) {
                 return Err(forbidden(*kind, name, verb, &resource, ns.as_deref()));
             }
             let ns = ns.as_deref();

@@ -33,7 +33,7 @@ pub use service::{service_cidr, DEFAULT_SERVICE_CIDR, NODE_PORT_RANGE};
 pub use store::{
     now, rfc3339_now, LogQuery, LogSource, LogStream, PersistError, ProxyFuture, ProxyRequest,
     ProxyResponse, ProxySource, Store, StoreEvent, StoreSnapshot, WatchEventType, WatchStart,
-    DEFAULT_HISTORY, SERVICE_ACCOUNT_MOUNT, SNAPSHOT_FILE, WAL_FILE,
+    DEFAULT_HISTORY, NODE_TOKEN, SERVICE_ACCOUNT_MOUNT, SNAPSHOT_FILE, WAL_FILE,
 };
 
 /// `gitVersion` the testbed API server reports on `/version`.

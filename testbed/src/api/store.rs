@@ -299,6 +299,8 @@ pub struct Store {
     expire: tokio::sync::watch::Sender<u64>,
     /// (verb, resource, namespace or "" for everywhere) of [`Store::deny_in`].
     denied: Mutex<HashSet<(String, String, String)>>,
+    /// Denies that also reach the testbed's own node components ([`NODE_TOKEN`]).
+    denied_nodes: Mutex<HashSet<(String, String, String)>>,
     log_source: RwLock<Option<Arc<dyn LogSource>>>,
     proxy_source: RwLock<Option<Arc<dyn ProxySource>>>,
     service_cidr: RwLock<crate::plan::Ipv4Cidr>,
@@ -433,6 +435,10 @@ fn set_default(m: &mut Value, key: &str, v: Value) {
 /// Pod defaults from k8s.io/kubernetes pkg/apis/core/v1/defaults.go plus the
 /// DefaultTolerationSeconds admission plugin, and the create-time status
 /// (`phase: Pending`, `qosClass`).
+/// The bearer token the testbed's node components (kubelets, service proxies) send to
+/// the built-in API server; plain `api deny` rules do not apply to it.
+pub const NODE_TOKEN: &str = "testbed-node";
+
 /// Where the ServiceAccount admission plugin mounts the API access volume.
 pub const SERVICE_ACCOUNT_MOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
@@ -727,6 +733,7 @@ impl Store {
             history_cap: history.max(1),
             expire,
             denied: Mutex::new(HashSet::new()),
+            denied_nodes: Mutex::new(HashSet::new()),
             log_source: RwLock::new(None),
             proxy_source: RwLock::new(None),
             service_cidr: RwLock::new(super::service::DEFAULT_SERVICE_CIDR),
@@ -1668,15 +1675,37 @@ impl Store {
     /// Lifts one [`Store::deny_in`] (the same strings and namespace); true when it was in
     /// force.
     pub fn allow_in(&self, verb: &str, resource: &str, namespace: Option<&str>) -> bool {
+        let key = deny_key(verb, resource, namespace);
+        let nodes = self
+            .denied_nodes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&key);
         self.denied
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(&deny_key(verb, resource, namespace))
+            .remove(&key)
+            || nodes
+    }
+
+    /// [`Store::deny_in`] that also reaches the testbed's node components (requests
+    /// with the bearer token [`NODE_TOKEN`]), which plain denies leave alone: they stand
+    /// for "the API refuses the client", not "the cluster stops working".
+    pub fn deny_everyone_in(&self, verb: &str, resource: &str, namespace: Option<&str>) {
+        self.deny_in(verb, resource, namespace);
+        self.denied_nodes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(deny_key(verb, resource, namespace));
     }
 
     /// Lifts every [`Store::deny`].
     pub fn allow_all(&self) {
         self.denied
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        self.denied_nodes
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clear();
@@ -1686,7 +1715,24 @@ impl Store {
     /// `namespace` (`None`: a cluster-scoped request or one across all namespaces, which
     /// only an everywhere-deny covers).
     pub fn is_denied(&self, verb: &str, resource: &str, namespace: Option<&str>) -> bool {
-        let d = self.denied.lock().unwrap_or_else(|e| e.into_inner());
+        self.is_denied_to(verb, resource, namespace, false)
+    }
+
+    /// [`Store::is_denied`] for a request of a node component (`node`: only denies made
+    /// with [`Store::deny_everyone_in`] reach it) or of any other client.
+    pub fn is_denied_to(
+        &self,
+        verb: &str,
+        resource: &str,
+        namespace: Option<&str>,
+        node: bool,
+    ) -> bool {
+        let set = if node {
+            &self.denied_nodes
+        } else {
+            &self.denied
+        };
+        let d = set.lock().unwrap_or_else(|e| e.into_inner());
         let scopes: &[Option<&str>] = match namespace {
             Some(ns) => &[None, Some(ns)],
             None => &[None],
