@@ -771,7 +771,12 @@ mod tests {
         let ok = args(&["create", "pods/log", "-n", "a"]);
         assert_eq!(
             parse_deny_args("deny", &ok).unwrap(),
-            ("create", "pods/log", Some("a"))
+            ("create", "pods/log", Some("a"), false)
+        );
+        let too = args(&["create", "pods", "--nodes-too"]);
+        assert_eq!(
+            parse_deny_args("deny", &too).unwrap(),
+            ("create", "pods", None, true)
         );
         assert!(parse_deny_args("allow", &args(&["lst", "pods"])).is_err());
     }

@@ -1639,11 +1639,18 @@ async fn readiness_loop(
         if k.is_paused() {
             continue;
         }
-        // The node controller may have flipped Ready while the kubelet was stopped.
+        // The node controller may have flipped Ready while the kubelet was stopped: the
+        // built-in one sets the container unready too, kube-controller-manager's
+        // node-lifecycle controller only the pod's Ready condition (MarkPodsNotReady).
         if let Some(st) = status.resync_now().await {
+            let condition = st["conditions"]
+                .as_array()
+                .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
+                .map(|c| c["status"] == "True");
             ready = st["containerStatuses"][0]["ready"]
                 .as_bool()
-                .unwrap_or(ready);
+                .unwrap_or(ready)
+                && condition.unwrap_or(true);
         }
         let passed = http.is_object()
             && matches!(

@@ -287,6 +287,10 @@ async fn answer(
             deny.deny(verb, resource, ns.first().copied());
             ok()
         }
+        ["api-deny-nodes-too", verb, resource, ns @ ..] if ns.len() <= 1 => {
+            deny.deny_everyone(verb, resource, ns.first().copied());
+            ok()
+        }
         ["api-allow", verb, resource, ns @ ..] if ns.len() <= 1 => {
             if deny.allow(verb, resource, ns.first().copied()) {
                 ok()
