@@ -1018,6 +1018,24 @@ impl PodWorker {
         self.status.update(f).await
     }
 
+    /// Waits (up to 60 s) until no other worker on this node runs a pod of the same
+    /// namespace and name (an earlier incarnation still stopping its container).
+    async fn wait_for_namesake(&self) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let busy = lock(&self.k.workers).iter().any(|(uid, tx)| {
+                let p = tx.borrow();
+                *uid != self.uid
+                    && p["metadata"]["namespace"] == self.ns.as_str()
+                    && p["metadata"]["name"] == self.name.as_str()
+            });
+            if !busy || tokio::time::Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Whether the pod is gone from the API (not only being deleted).
     fn gone(&self) -> bool {
         !self.pod()["metadata"]["annotations"]["testbed.firstpacket.io/gone"].is_null()
@@ -1162,6 +1180,10 @@ impl PodWorker {
                 return;
             }
         };
+
+        // A pod of the same name still being torn down here (force-deleted, then
+        // recreated) holds the sandbox name and interface: wait for it first.
+        self.wait_for_namesake().await;
 
         // Sandbox network (CNI ADD) and the agent's view of the new endpoint.
         let net = match self
