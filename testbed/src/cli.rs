@@ -75,7 +75,8 @@ pub enum Cmd {
     /// API server operations: `deny VERB RESOURCE [-n NAMESPACE]` (answer 403 like
     /// missing RBAC; VERB one of get, list, watch, create, update, patch, delete,
     /// deletecollection or `*`; RESOURCE a plural like `pods`, a subresource like
-    /// `pods/proxy`, or `*`; without -n everywhere), `allow VERB RESOURCE [-n NAMESPACE]`
+    /// `pods/proxy`, or `*`; without -n everywhere; the testbed's own kubelets and service
+    /// proxies are spared unless `--nodes-too` comes last), `allow VERB RESOURCE [-n NAMESPACE]`
     /// / `allow all` (undo),
     /// `expire-watches` (the next watch resume gets 410 Gone), `restart`, `stop` (every
     /// API connection refused; nodes, kubelets and pods keep running) and `start`.
@@ -339,7 +340,7 @@ pub fn up(state: &Path, args: &UpArgs) -> Result<()> {
             );
             if info.control_plane == crate::control_plane::Mode::Real.as_arg() {
                 eprintln!(
-                    "  real control plane: logs and audit log in {}; node components are not started in this mode yet",
+                    "  real control plane: logs and audit log in {}",
                     state.join("control-plane").display()
                 );
             }
@@ -551,22 +552,28 @@ const API_VERBS: &[&str] = &[
     "*",
 ];
 
-/// `VERB RESOURCE [-n|--namespace NAMESPACE]` of `testbed api deny|allow`.
+/// `VERB RESOURCE [-n|--namespace NAMESPACE]` of `testbed api deny|allow`; a trailing
+/// `--nodes-too` (deny only) is returned as the flag.
 fn parse_deny_args<'a>(
     action: &str,
     rest: &'a [String],
-) -> Result<(&'a str, &'a str, Option<&'a str>)> {
+) -> Result<(&'a str, &'a str, Option<&'a str>, bool)> {
+    let (rest, nodes_too) = match rest.split_last() {
+        Some((last, head)) if action == "deny" && last == "--nodes-too" => (head, true),
+        _ => (rest, false),
+    };
     let (verb, resource, ns) = match rest {
         [v, r] => (v, r, None),
         [v, r, flag, ns] if flag == "-n" || flag == "--namespace" => (v, r, Some(ns.as_str())),
         _ => bail!(
-            "usage: testbed api {action} VERB RESOURCE [-n NAMESPACE] (e.g. `testbed api {action} list pods -n kube-system`){}",
+            "usage: testbed api {action} VERB RESOURCE [-n NAMESPACE]{} (e.g. `testbed api {action} list pods -n kube-system`){}",
+            if action == "deny" { " [--nodes-too]" } else { "" },
             if action == "allow" { " | testbed api allow all" } else { "" }
         ),
     };
     check_verb(verb)?;
     crate::control_plane::resources::check_resource(resource).map_err(|e| anyhow!("{e}"))?;
-    Ok((verb.as_str(), resource.as_str(), ns))
+    Ok((verb.as_str(), resource.as_str(), ns, nodes_too))
 }
 
 fn check_verb(verb: &str) -> Result<()> {
@@ -690,13 +697,19 @@ pub fn main_with(cli: Cli) -> Result<i32> {
                 Ok(0)
             }
             (action @ ("deny" | "allow"), rest) => {
-                let (verb, resource, ns) = parse_deny_args(action, rest)?;
+                let (verb, resource, ns, nodes_too) = parse_deny_args(action, rest)?;
                 let scope = ns.map(|n| format!(" in namespace {n}")).unwrap_or_default();
-                let line = format!("api-{action} {verb} {resource} {}", ns.unwrap_or_default());
+                let cmd = if nodes_too { "deny-nodes-too" } else { action };
+                let line = format!("api-{cmd} {verb} {resource} {}", ns.unwrap_or_default());
                 control(&state, line.trim_end())?;
                 if action == "deny" {
+                    let whom = if nodes_too {
+                        " (the testbed's kubelets and service proxies too)"
+                    } else {
+                        ""
+                    };
                     eprintln!(
-                        "testbed: the API now answers {verb} {resource}{scope} with 403 Forbidden"
+                        "testbed: the API now answers {verb} {resource}{scope} with 403 Forbidden{whom}"
                     );
                 } else {
                     eprintln!("testbed: {verb} {resource}{scope} is allowed again");
@@ -758,7 +771,12 @@ mod tests {
         let ok = args(&["create", "pods/log", "-n", "a"]);
         assert_eq!(
             parse_deny_args("deny", &ok).unwrap(),
-            ("create", "pods/log", Some("a"))
+            ("create", "pods/log", Some("a"), false)
+        );
+        let too = args(&["create", "pods", "--nodes-too"]);
+        assert_eq!(
+            parse_deny_args("deny", &too).unwrap(),
+            ("create", "pods", None, true)
         );
         assert!(parse_deny_args("allow", &args(&["lst", "pods"])).is_err());
     }

@@ -66,6 +66,62 @@ pub async fn run(store: Arc<Store>) {
     }
 }
 
+/// Name of the ConfigMap holding the cluster CA in every namespace (the real
+/// controller-manager's root-ca-cert-publisher).
+pub const ROOT_CA_CONFIGMAP: &str = "kube-root-ca.crt";
+
+/// The serviceaccount and root-ca-cert-publisher controllers of the built-in control
+/// plane: every active namespace gets the `default` ServiceAccount and the
+/// [`ROOT_CA_CONFIGMAP`] ConfigMap (`data["ca.crt"]` = `ca_pem`), re-created when
+/// deleted. Runs until the store's event channel closes.
+pub async fn run_namespace_publishers(store: Arc<Store>, ca_pem: String) {
+    let mut rx = store.subscribe();
+    loop {
+        for ns in store.list(Kind::Namespace, None).0 {
+            if ns["status"]["phase"] == "Terminating" {
+                continue;
+            }
+            let Some(n) = ns["metadata"]["name"].as_str() else {
+                continue;
+            };
+            if store.get(Kind::ServiceAccount, Some(n), "default").is_err() {
+                let _ = store.create(
+                    Kind::ServiceAccount,
+                    json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                           "metadata": {"name": "default", "namespace": n}}),
+                );
+            }
+            if store
+                .get(Kind::ConfigMap, Some(n), ROOT_CA_CONFIGMAP)
+                .is_err()
+            {
+                let _ = store.create(
+                    Kind::ConfigMap,
+                    json!({"apiVersion": "v1", "kind": "ConfigMap",
+                           "metadata": {"name": ROOT_CA_CONFIGMAP, "namespace": n,
+                                        "annotations": {"kubernetes.io/description": "Contains a CA bundle that can be used to verify the kube-apiserver when using internal endpoints such as the internal service IP or kubernetes.default.svc. No other usage is guaranteed across distributions of Kubernetes clusters."}},
+                           "data": {"ca.crt": ca_pem}}),
+                );
+            }
+        }
+        loop {
+            match rx.recv().await {
+                Ok(ev)
+                    if matches!(
+                        ev.kind,
+                        Kind::Namespace | Kind::ServiceAccount | Kind::ConfigMap
+                    ) =>
+                {
+                    break
+                }
+                Ok(_) => {}
+                Err(RecvError::Lagged(_)) => break,
+                Err(RecvError::Closed) => return,
+            }
+        }
+    }
+}
+
 /// One reconcile pass over every Deployment and Job in the store.
 pub fn reconcile_all(store: &Store) {
     for d in store.list(Kind::Deployment, None).0 {

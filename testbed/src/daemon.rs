@@ -21,6 +21,7 @@ use crate::api::{
     ApiError, ApiServer, Binder, Kind, LogQuery, LogSource, ProxyFuture, ProxyRequest,
     ProxyResponse, ProxySource, Store,
 };
+use crate::client::{ClientIdentity, ClusterEndpoint};
 use crate::dataplane::Dataplane;
 use crate::fault::{FaultFile, Faults};
 use crate::kubelet::{Kubelet, KubeletConfig};
@@ -85,59 +86,337 @@ pub fn kubeconfig(server: &str, ca: Option<&Path>) -> String {
     )
 }
 
-/// Node object as the testbed kubelet registers it (shape of a real v1 Node, e.g.
-/// `shared/fixtures/k8s-node-ready.json`).
-pub fn node_object(
-    plan: &Plan,
-    idx: usize,
-    labels: &BTreeMap<String, String>,
-) -> serde_json::Value {
-    let n = &plan.nodes[idx];
-    let now = crate::kubelet::now_rfc3339();
-    let mut all = BTreeMap::new();
-    all.insert("kubernetes.io/hostname".to_string(), n.name.clone());
-    all.insert("kubernetes.io/os".to_string(), "linux".to_string());
-    all.insert(
-        "kubernetes.io/arch".to_string(),
-        std::env::consts::ARCH
-            .replace("x86_64", "amd64")
-            .replace("aarch64", "arm64"),
-    );
-    all.insert("beta.kubernetes.io/os".to_string(), "linux".to_string());
-    all.extend(labels.clone());
-    let cidr = n.pod_cidr.to_string();
-    json!({
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": { "name": n.name, "labels": all },
-        "spec": { "podCIDR": cidr, "podCIDRs": [cidr] },
-        "status": {
-            "addresses": [
-                { "type": "InternalIP", "address": n.ip.to_string() },
-                { "type": "Hostname", "address": n.name },
+/// The control plane the node components talk to: the seam between "which API server
+/// runs" and everything else in the daemon. Node components (kubelets, agent pods) get
+/// only [`ControlPlane::endpoint`]; `builtin` is the in-process control plane (store,
+/// API server, scheduler, controllers), `None` when another one (e.g. a real
+/// kube-apiserver with its scheduler and controller-manager) was started instead.
+pub struct ControlPlane {
+    /// How node components reach the API server (URL, CA, identity).
+    pub endpoint: ClusterEndpoint,
+    /// CA certificate file copied into pods' service-account dirs.
+    pub pod_ca: PathBuf,
+    /// `ready.json`: API URL from this machine, API URL from the cluster, kubeconfigs.
+    pub api_local: String,
+    pub api_cluster: String,
+    pub kubeconfig: PathBuf,
+    pub kubeconfig_cluster: PathBuf,
+    /// The built-in control plane, when it is the one running.
+    pub builtin: Option<BuiltIn>,
+}
+
+/// The built-in control plane: the store, its API server and the host-netns runtime
+/// its pod proxy uses (scheduler and controllers run as tasks on the daemon's runtime).
+pub struct BuiltIn {
+    pub store: Arc<Store>,
+    pub server: ApiServer,
+    _host_thread: NetnsThread,
+}
+
+/// Starts the built-in control plane: the store (persisted in `state/etcd`, fresh on
+/// every `up`), the API server (HTTPS with the testbed's CA on the bridge IP in the host
+/// netns, plain HTTP on 127.0.0.1), kubeconfigs, scheduler and controllers. Node
+/// components reach it at `https://<bridge IP>:<api port>` with the placeholder token.
+pub async fn start_builtin_control_plane(state: &Path, plan: &Plan) -> Result<ControlPlane> {
+    // The store persists into state/etcd (snapshot + write-ahead log) so objects and
+    // resourceVersions survive `testbed api restart`; a fresh `up` starts empty. A new
+    // store already holds default, kube-system, kube-public and kube-node-lease.
+    let etcd = state.join("etcd");
+    let _ = std::fs::remove_dir_all(&etcd);
+    let store = Store::load_from(&etcd)
+        .map_err(|e| anyhow::anyhow!("open the store in {}: {e}", etcd.display()))?;
+    let service_cidr = crate::api::service_cidr(plan.index);
+    store.set_service_cidr(service_cidr);
+    // The `kubernetes` Service in `default` (first address of the service range, 443 →
+    // the API server's secure port) and its EndpointSlice, as kube-apiserver keeps
+    // them: pods reach the API through it.
+    let kubernetes_ip = service_cidr.nth(1);
+    create_kubernetes_service(&store, kubernetes_ip, plan.bridge_ip, plan.api_port)?;
+
+    // API: HTTPS with the testbed's own CA in the host netns (pods, node components,
+    // `testbed exec`), and plain HTTP on this machine's loopback (`$STATE/kubeconfig`).
+    let pki = tls::ensure_pki(
+        &state.join("pki"),
+        &tls::api_server_sans(
+            &[
+                std::net::IpAddr::V4(plan.bridge_ip),
+                std::net::IpAddr::V4(kubernetes_ip),
             ],
-            "capacity": { "cpu": "2", "memory": "4Gi", "pods": "110" },
-            "allocatable": { "cpu": "2", "memory": "4Gi", "pods": "110" },
-            "conditions": [
-                { "type": "MemoryPressure", "status": "False", "reason": "KubeletHasSufficientMemory", "message": "kubelet has sufficient memory available", "lastHeartbeatTime": now, "lastTransitionTime": now },
-                { "type": "DiskPressure", "status": "False", "reason": "KubeletHasNoDiskPressure", "message": "kubelet has no disk pressure", "lastHeartbeatTime": now, "lastTransitionTime": now },
-                { "type": "PIDPressure", "status": "False", "reason": "KubeletHasSufficientPID", "message": "kubelet has sufficient PID available", "lastHeartbeatTime": now, "lastTransitionTime": now },
-                { "type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status", "lastHeartbeatTime": now, "lastTransitionTime": now },
-            ],
-            "nodeInfo": {
-                "kubeletVersion": "v1.32.4-testbed", "kubeProxyVersion": "",
-                "osImage": "firstpacket testbed (network namespaces)",
-                "kernelVersion": kernel_version(), "operatingSystem": "linux",
-                "architecture": std::env::consts::ARCH, "containerRuntimeVersion": "testbed://0.1.0",
-                "machineID": "", "systemUUID": "", "bootID": "",
-            },
+            &[],
+        ),
+    )
+    .context("create the API server's CA and certificate")?;
+    let tls_config = pki.server_config().context("TLS configuration")?;
+    let ca_path = state.join("pki").join("ca.crt");
+    let host_ns = plan.host_netns.clone();
+    let binder: Binder = Arc::new(move |addr| {
+        netns::run_in_netns(&host_ns, move || std::net::TcpListener::bind(addr)).and_then(|r| r)
+    });
+    let mut server = ApiServer::new(store.clone());
+    let cluster_addr = std::net::SocketAddr::from((plan.bridge_ip, plan.api_port));
+    server
+        .listen(cluster_addr, Some(tls_config), Some(binder))
+        .with_context(|| format!("bind the API on {cluster_addr}"))?;
+    let local_addr = server
+        .listen("127.0.0.1:0".parse()?, None, None)
+        .context("bind the API on 127.0.0.1")?;
+    let api_local = format!("http://{local_addr}");
+    let api_cluster = format!("https://{cluster_addr}");
+    let kc = state.join("kubeconfig");
+    let kcc = state.join("kubeconfig-cluster");
+    std::fs::write(&kc, kubeconfig(&api_local, None))?;
+    std::fs::write(&kcc, kubeconfig(&api_cluster, Some(&ca_path)))?;
+
+    // Pod proxy and logs reach pods from the host netns, like the real API server.
+    let host_thread =
+        NetnsThread::spawn(&plan.host_netns).context("start the host netns runtime")?;
+    store.set_proxy_source(Arc::new(PodProxy {
+        rt: host_thread.handle(),
+    }));
+    store.set_log_source(Arc::new(PodLogs {
+        store: store.clone(),
+        pods_dir: state.join("pods"),
+    }));
+
+    tokio::spawn(crate::scheduler::run(store.clone()));
+    tokio::spawn(crate::controllers::run(store.clone()));
+    let ca_pem =
+        std::fs::read_to_string(&ca_path).with_context(|| format!("read {}", ca_path.display()))?;
+    tokio::spawn(crate::controllers::run_namespace_publishers(
+        store.clone(),
+        ca_pem.clone(),
+    ));
+    Ok(ControlPlane {
+        endpoint: ClusterEndpoint {
+            url: api_cluster.clone(),
+            ca_pem: Some(ca_pem),
+            identity: ClientIdentity::Token(crate::api::NODE_TOKEN.to_string()),
         },
+        pod_ca: ca_path,
+        api_local,
+        api_cluster,
+        kubeconfig: kc,
+        kubeconfig_cluster: kcc,
+        builtin: Some(BuiltIn {
+            store,
+            server,
+            _host_thread: host_thread,
+        }),
     })
 }
 
-fn kernel_version() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|s| s.trim().to_owned())
-        .unwrap_or_default()
+/// Creates `default/kubernetes` (ClusterIP `ip`, port `https` 443 → `api_port`) and
+/// its EndpointSlice (`api_ip:api_port`, ready) in the built-in store.
+fn create_kubernetes_service(
+    store: &Store,
+    ip: std::net::Ipv4Addr,
+    api_ip: std::net::Ipv4Addr,
+    api_port: u16,
+) -> Result<()> {
+    let svc = json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": { "name": "kubernetes", "namespace": "default",
+                      "labels": { "component": "apiserver", "provider": "kubernetes" } },
+        "spec": {
+            "type": "ClusterIP", "clusterIP": ip.to_string(), "clusterIPs": [ip.to_string()],
+            "ports": [{ "name": "https", "port": 443, "protocol": "TCP", "targetPort": api_port }],
+            "sessionAffinity": "None",
+        },
+    });
+    store
+        .create(Kind::Service, svc)
+        .map_err(|e| anyhow::anyhow!("create the kubernetes Service: {}", e.message))?;
+    let slice = json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": { "name": "kubernetes", "namespace": "default",
+                      "labels": { "kubernetes.io/service-name": "kubernetes" } },
+        "addressType": "IPv4",
+        "endpoints": [{ "addresses": [api_ip.to_string()], "conditions": { "ready": true } }],
+        "ports": [{ "name": "https", "port": api_port, "protocol": "TCP" }],
+    });
+    store
+        .create(Kind::EndpointSlice, slice)
+        .map_err(|e| anyhow::anyhow!("create the kubernetes EndpointSlice: {}", e.message))?;
+    Ok(())
+}
+
+/// The node components of every node of `plan`, running on their node netns threads.
+pub struct Nodes {
+    /// One kubelet per node, in plan order.
+    pub kubelets: Vec<Arc<Kubelet>>,
+    proxies: Vec<crate::services::ServiceProxy>,
+    threads: Vec<NetnsThread>,
+}
+
+impl Nodes {
+    /// Kills every container (SIGKILL), stops the service proxies and the node threads.
+    pub async fn shutdown(self) {
+        for k in &self.kubelets {
+            k.kill_all();
+        }
+        for p in self.proxies {
+            let _ = p.shutdown().await;
+        }
+        drop(self.threads);
+    }
+}
+
+/// Starts the node components of every node against `endpoint` (whichever API server
+/// runs), one runtime inside each node netns: the kubelet (registers the Node and its
+/// Lease, runs pods, serves the kubelet API on `<node IP>:10250` with a serving
+/// certificate from the testbed CA in `state/pki`), the simulated CNI agent and its
+/// Felix metrics, the agent pods (created through the API), and the service proxy
+/// (kube-proxy metrics unless `--kube-proxy-metrics none`). `pod_ca` is the CA file
+/// copied into pods' service-account dirs. Errors: a node runtime, the kubelet's
+/// registration, the service proxy's start.
+pub async fn start_nodes(
+    args: &DaemonArgs,
+    plan: &Plan,
+    dataplane: &Arc<Dataplane>,
+    truth: &Truth,
+    faults: &Faults,
+    endpoint: &ClusterEndpoint,
+    pod_ca: &Path,
+) -> Result<Nodes> {
+    let state = &args.state_dir;
+    let service_cidr = crate::api::service_cidr(plan.index);
+    let pods_dir = state.join("pods");
+    let ca_path = pod_ca.to_path_buf();
+    // Nodes: a runtime inside each node netns running its kubelet and agent.
+    let testbed_exe = std::env::current_exe().context("locate the testbed executable")?;
+    std::fs::create_dir_all(&pods_dir)?;
+    let mut node_threads = Vec::new();
+    let mut kubelets = Vec::new();
+    let mut proxies = Vec::new();
+    for n in plan.nodes.iter() {
+        let labels = args.node_labels.get(&n.name).cloned().unwrap_or_default();
+        let thread =
+            NetnsThread::spawn(&n.netns).with_context(|| format!("start {} runtime", n.name))?;
+        let agent = Arc::new(Agent::new(
+            n.clone(),
+            labels.clone(),
+            dataplane.clone(),
+            truth.clone(),
+            faults.clone(),
+        ));
+        let kcfg = KubeletConfig {
+            node: n.name.clone(),
+            node_ip: n.ip,
+            pod_cidr: n.pod_cidr.to_string(),
+            node_labels: labels.clone(),
+            bin_dir: args.bin_dir.clone(),
+            pods_dir: pods_dir.clone(),
+            testbed_exe: testbed_exe.clone(),
+            // Pods reach the API through the `kubernetes` Service, as on a real node.
+            api_host: service_cidr.nth(1).to_string(),
+            api_port: 443,
+            ca_cert: Some(ca_path.clone()),
+        };
+        // The kubelet registers its Node through the API (from the node netns).
+        let kubelet = thread
+            .handle()
+            .spawn({
+                let (ep, dp, agent, truth) = (
+                    endpoint.clone(),
+                    dataplane.clone(),
+                    agent.clone(),
+                    truth.clone(),
+                );
+                async move { Kubelet::start(kcfg, &ep, dp, agent, truth).await }
+            })
+            .await
+            .context("kubelet start task")?
+            .with_context(|| format!("start the kubelet of {}", n.name))?;
+        thread.handle().spawn(kubelet.clone().run());
+        // The kubelet API (`kubectl logs` on a real API server) on <node IP>:10250.
+        let (cert, key) = tls::issue_serving_cert(
+            &state.join("pki"),
+            &format!("{}@kubelet", n.name),
+            &[n.ip.to_string(), n.name.clone()],
+        )
+        .with_context(|| format!("kubelet serving certificate of {}", n.name))?;
+        thread.handle().spawn({
+            let (k, node) = (kubelet.clone(), n.name.clone());
+            async move {
+                if let Err(e) = k.serve_api(cert, key).await {
+                    tracing::error!(node = %node, error = %format!("{e:#}"), "kubelet API");
+                }
+            }
+        });
+        // Felix-compatible metrics on nodeIP:9091 (hostNetwork, like calico-node).
+        thread.handle().spawn({
+            let agent = agent.clone();
+            async move {
+                if let Err(e) = crate::felix::bind_and_serve(agent).await {
+                    tracing::error!(error = %e, "felix metrics server");
+                }
+            }
+        });
+        truth.emit(TruthEvent::node(
+            TruthKind::NodeReady,
+            &n.name,
+            json!({"ip": n.ip.to_string()}),
+        ));
+        // The node's agent pods, created through the API like a DaemonSet's; the
+        // kubelet writes their status from the simulated agent.
+        thread
+            .handle()
+            .spawn(create_agent_pods(
+                kubelet.api().clone(),
+                n.name.clone(),
+                args.kube_proxy_metrics.addr().is_some(),
+            ))
+            .await
+            .context("agent pod task")?;
+        // kube-proxy-like Service rules in the node netns, late by fault `service_delay`,
+        // with kube-proxy's metrics page and pod (unless `--kube-proxy-metrics none`).
+        let kp_metrics = crate::kube_proxy::KubeProxyMetrics::new(crate::truth::unix_now());
+        if let Some(addr) = args.kube_proxy_metrics.addr() {
+            let m = kp_metrics.clone();
+            let node = n.name.clone();
+            thread.handle().spawn(async move {
+                if let Err(e) = crate::kube_proxy::bind_and_serve(m, addr).await {
+                    tracing::error!(node = %node, error = %e, "kube-proxy metrics server");
+                }
+            });
+        }
+        let proxy_cfg = crate::services::ServiceProxyConfig {
+            node: n.name.clone(),
+            netns: n.netns.clone(),
+            service_cidr,
+            delay: {
+                let (faults, labels) = (faults.clone(), labels.clone());
+                Arc::new(move |node: &str| faults.service_delay(node, &labels))
+            },
+            on_programmed: {
+                let truth = truth.clone();
+                Arc::new(move |p: crate::services::ServiceProgrammed| {
+                    for ev in p.truth_events() {
+                        truth.emit(ev);
+                    }
+                })
+            },
+            metrics: Some(kp_metrics),
+        };
+        // It watches through the node's client, from the node netns.
+        let proxy = thread
+            .handle()
+            .spawn(crate::services::ServiceProxy::start(
+                kubelet.api().clone(),
+                proxy_cfg,
+            ))
+            .await
+            .context("service proxy start task")?
+            .map_err(|e| anyhow::anyhow!("start the service proxy on {}: {e}", n.name))?;
+        proxies.push(proxy);
+        node_threads.push(thread);
+        kubelets.push(kubelet);
+    }
+    Ok(Nodes {
+        kubelets,
+        proxies,
+        threads: node_threads,
+    })
 }
 
 /// Runs the daemon until asked to stop; always removes what it built.
@@ -188,170 +467,26 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
         Dataplane::create(plan).context("create the network (netns, bridge, veths, nftables)")?,
     );
     if args.control_plane == crate::control_plane::Mode::Real {
-        return crate::control_plane::daemon::run(args, plan, &truth, &faults).await;
+        return crate::control_plane::daemon::run(args, plan, &dataplane, &truth, &faults).await;
     }
-    // The store persists into state/etcd (snapshot + write-ahead log) so objects and
-    // resourceVersions survive `testbed api restart`; a fresh `up` starts empty. A new
-    // store already holds default, kube-system, kube-public and kube-node-lease.
-    let etcd = state.join("etcd");
-    let _ = std::fs::remove_dir_all(&etcd);
-    let store = Store::load_from(&etcd)
-        .map_err(|e| anyhow::anyhow!("open the store in {}: {e}", etcd.display()))?;
-    let service_cidr = crate::api::service_cidr(plan.index);
-    store.set_service_cidr(service_cidr);
-
-    // API: HTTPS with the testbed's own CA in the host netns (pods, `testbed exec`), and
-    // plain HTTP on this machine's loopback (`$STATE/kubeconfig`).
-    let pki = tls::ensure_pki(
-        &state.join("pki"),
-        &tls::api_server_sans(&[std::net::IpAddr::V4(plan.bridge_ip)], &[]),
+    let mut cp = start_builtin_control_plane(state, plan).await?;
+    let nodes = start_nodes(
+        args,
+        plan,
+        &dataplane,
+        &truth,
+        &faults,
+        &cp.endpoint,
+        &cp.pod_ca,
     )
-    .context("create the API server's CA and certificate")?;
-    let tls_config = pki.server_config().context("TLS configuration")?;
-    let ca_path = state.join("pki").join("ca.crt");
-    let host_ns = plan.host_netns.clone();
-    let binder: Binder = Arc::new(move |addr| {
-        netns::run_in_netns(&host_ns, move || std::net::TcpListener::bind(addr)).and_then(|r| r)
-    });
-    let mut server = ApiServer::new(store.clone());
-    let cluster_addr = std::net::SocketAddr::from((plan.bridge_ip, plan.api_port));
-    server
-        .listen(cluster_addr, Some(tls_config), Some(binder))
-        .with_context(|| format!("bind the API on {cluster_addr}"))?;
-    let local_addr = server
-        .listen("127.0.0.1:0".parse()?, None, None)
-        .context("bind the API on 127.0.0.1")?;
-    let api_local = local_addr.to_string();
-    let api_cluster = format!("https://{cluster_addr}");
-    let kc = state.join("kubeconfig");
-    let kcc = state.join("kubeconfig-cluster");
-    std::fs::write(&kc, kubeconfig(&format!("http://{api_local}"), None))?;
-    std::fs::write(&kcc, kubeconfig(&api_cluster, Some(&ca_path)))?;
-
-    // Pod proxy and logs reach pods from the host netns, like the real API server.
-    let host_thread =
-        NetnsThread::spawn(&plan.host_netns).context("start the host netns runtime")?;
-    let pods_dir = state.join("pods");
-    store.set_proxy_source(Arc::new(PodProxy {
-        rt: host_thread.handle(),
-    }));
-    store.set_log_source(Arc::new(PodLogs {
-        store: store.clone(),
-        pods_dir: pods_dir.clone(),
-    }));
-
-    tokio::spawn(crate::scheduler::run(store.clone()));
-    tokio::spawn(crate::controllers::run(store.clone()));
-
-    // Nodes: a runtime inside each node netns running its kubelet and agent.
-    let testbed_exe = std::env::current_exe().context("locate the testbed executable")?;
-    std::fs::create_dir_all(&pods_dir)?;
-    let mut node_threads = Vec::new();
-    let mut kubelets = Vec::new();
-    let mut proxies = Vec::new();
-    for (i, n) in plan.nodes.iter().enumerate() {
-        let labels = args.node_labels.get(&n.name).cloned().unwrap_or_default();
-        let thread =
-            NetnsThread::spawn(&n.netns).with_context(|| format!("start {} runtime", n.name))?;
-        let agent = Arc::new(Agent::new(
-            n.clone(),
-            labels.clone(),
-            dataplane.clone(),
-            truth.clone(),
-            faults.clone(),
-        ));
-        let kubelet = Kubelet::new(
-            KubeletConfig {
-                node: n.name.clone(),
-                node_ip: n.ip,
-                bin_dir: args.bin_dir.clone(),
-                pods_dir: pods_dir.clone(),
-                testbed_exe: testbed_exe.clone(),
-                api_host: plan.bridge_ip.to_string(),
-                api_port: plan.api_port,
-                ca_cert: Some(ca_path.clone()),
-            },
-            store.clone(),
-            dataplane.clone(),
-            agent.clone(),
-            truth.clone(),
-        );
-        thread.handle().spawn(kubelet.clone().run());
-        // Felix-compatible metrics on nodeIP:9091 (hostNetwork, like calico-node).
-        thread.handle().spawn({
-            let agent = agent.clone();
-            async move {
-                if let Err(e) = crate::felix::bind_and_serve(agent).await {
-                    tracing::error!(error = %e, "felix metrics server");
-                }
-            }
-        });
-        store
-            .create(Kind::Node, node_object(plan, i, &labels))
-            .map_err(|e| anyhow::anyhow!("register {}: {}", n.name, e.message))?;
-        truth.emit(TruthEvent::node(
-            TruthKind::NodeReady,
-            &n.name,
-            json!({"ip": n.ip.to_string()}),
-        ));
-        register_node_events(&store, &n.name);
-        tokio::spawn(agent_pod_loop(
-            store.clone(),
-            n.name.clone(),
-            n.ip.to_string(),
-            agent.clone(),
-        ));
-        // kube-proxy-like Service rules in the node netns, late by fault `service_delay`,
-        // with kube-proxy's metrics page and pod (unless `--kube-proxy-metrics none`).
-        let kp_metrics = crate::kube_proxy::KubeProxyMetrics::new(crate::truth::unix_now());
-        if let Some(addr) = args.kube_proxy_metrics.addr() {
-            let m = kp_metrics.clone();
-            let node = n.name.clone();
-            thread.handle().spawn(async move {
-                if let Err(e) = crate::kube_proxy::bind_and_serve(m, addr).await {
-                    tracing::error!(node = %node, error = %e, "kube-proxy metrics server");
-                }
-            });
-            tokio::spawn(kube_proxy_pod_loop(
-                store.clone(),
-                n.name.clone(),
-                n.ip.to_string(),
-            ));
-        }
-        let proxy = crate::services::ServiceProxy::start(
-            store.clone(),
-            crate::services::ServiceProxyConfig {
-                node: n.name.clone(),
-                netns: n.netns.clone(),
-                service_cidr,
-                delay: {
-                    let (faults, labels) = (faults.clone(), labels.clone());
-                    Arc::new(move |node: &str| faults.service_delay(node, &labels))
-                },
-                on_programmed: {
-                    let truth = truth.clone();
-                    Arc::new(move |p: crate::services::ServiceProgrammed| {
-                        for ev in p.truth_events() {
-                            truth.emit(ev);
-                        }
-                    })
-                },
-                metrics: Some(kp_metrics),
-            },
-        )
-        .await
-        .map_err(|e| anyhow::anyhow!("start the service proxy on {}: {e}", n.name))?;
-        proxies.push(proxy);
-        node_threads.push(thread);
-        kubelets.push(kubelet);
-    }
+    .await?;
 
     let info = ReadyInfo {
         pid: std::process::id(),
-        api_local: format!("http://{api_local}"),
-        api_cluster: api_cluster.clone(),
-        kubeconfig: kc,
-        kubeconfig_cluster: kcc,
+        api_local: cp.api_local.clone(),
+        api_cluster: cp.api_cluster.clone(),
+        kubeconfig: cp.kubeconfig.clone(),
+        kubeconfig_cluster: cp.kubeconfig_cluster.clone(),
         nodes: plan.nodes.iter().map(|n| n.name.clone()).collect(),
         control_plane: builtin_mode(),
     };
@@ -371,37 +506,32 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
             _ = sigint.recv() => break,
             conn = control.accept() => {
                 let Ok((stream, _)) = conn else { continue };
-                if handle_control(stream, &mut Control { faults: &faults, truth: &truth, store: &store, kubelets: &kubelets, server: &mut server, nodes: node_names(plan) }).await {
+                if handle_control(stream, &mut Control { faults: &faults, truth: &truth, builtin: cp.builtin.as_mut(), kubelets: &nodes.kubelets, nodes: node_names(plan) }).await {
                     break;
                 }
             }
         }
     }
     tracing::info!("shutting down");
-    for k in &kubelets {
-        k.kill_all();
-    }
-    for p in proxies {
-        let _ = p.shutdown().await;
-    }
-    drop(node_threads);
+    nodes.shutdown().await;
     Ok(())
 }
 
 /// What control commands act on.
 struct Control<'a> {
-    server: &'a mut ApiServer,
+    /// The built-in control plane (`None` when another API server runs).
+    builtin: Option<&'a mut BuiltIn>,
     /// The cluster's node names (fault files are checked against them).
     nodes: Vec<String>,
     faults: &'a Faults,
     truth: &'a Truth,
-    store: &'a Arc<Store>,
     kubelets: &'a [Arc<Kubelet>],
 }
 
 /// Serves one control connection: one command line, one answer line (`ok …` or
 /// `error …`). Returns true on `shutdown`. Commands: `shutdown`, `fault-set PATH`,
 /// `node-stop NODE`, `node-start NODE`, `api-deny VERB RESOURCE [NAMESPACE]`,
+/// `api-deny-nodes-too VERB RESOURCE [NAMESPACE]` (also for the node components),
 /// `api-allow VERB RESOURCE [NAMESPACE]`, `api-allow-all`, `api-expire-watches`, `api-restart`, `api-stop`,
 /// `api-start`.
 async fn handle_control(stream: tokio::net::UnixStream, c: &mut Control<'_>) -> bool {
@@ -419,61 +549,86 @@ async fn handle_control(stream: tokio::net::UnixStream, c: &mut Control<'_>) -> 
         ),
         ["node-stop", node] => (set_node_stopped(c, node, true), false),
         ["node-start", node] => (set_node_stopped(c, node, false), false),
-        ["api-deny", verb, resource, ns @ ..] if ns.len() <= 1 => {
-            c.store.deny_in(verb, resource, ns.first().copied());
-            ("ok".to_string(), false)
-        }
-        ["api-allow", verb, resource, ns @ ..] if ns.len() <= 1 => {
-            if c.store.allow_in(verb, resource, ns.first().copied()) {
-                ("ok".to_string(), false)
-            } else {
-                let scope = ns
-                    .first()
-                    .map(|n| format!(" in namespace {n}"))
-                    .unwrap_or_default();
-                (
-                    format!("error {verb} {resource}{scope} was not denied"),
-                    false,
-                )
-            }
-        }
-        ["api-allow-all"] => {
-            c.store.allow_all();
-            ("ok".to_string(), false)
-        }
-        ["api-stop"] => {
-            c.server.stop().await;
-            ("ok".to_string(), false)
-        }
-        ["api-start"] => match c.server.start() {
-            Ok(()) => ("ok".to_string(), false),
-            Err(e) => (format!("error start the API server: {e}"), false),
+        [cmd, ..] if cmd.starts_with("api-") => match c.builtin.as_deref_mut() {
+            Some(b) => (builtin_api_command(b, &words, &line).await, false),
+            None => (
+                format!("error {cmd} is not available for this control plane"),
+                false,
+            ),
         },
-        ["api-restart"] => match c.server.restart().await {
-            Ok(()) => ("ok".to_string(), false),
-            Err(e) => (format!("error restart the API server: {e}"), false),
-        },
-        ["api-expire-watches"] => {
-            c.store.expire_watches();
-            ("ok".to_string(), false)
-        }
         _ => (format!("error unknown control command {line:?}"), false),
     };
     let _ = w.write_all(format!("{answer}\n").as_bytes()).await;
     stop
 }
 
+/// The `api-*` control commands on the built-in API server.
+async fn builtin_api_command(b: &mut BuiltIn, words: &[&str], line: &str) -> String {
+    match words {
+        ["api-deny", verb, resource, ns @ ..] if ns.len() <= 1 => {
+            b.store.deny_in(verb, resource, ns.first().copied());
+            "ok".to_string()
+        }
+        ["api-deny-nodes-too", verb, resource, ns @ ..] if ns.len() <= 1 => {
+            b.store
+                .deny_everyone_in(verb, resource, ns.first().copied());
+            "ok".to_string()
+        }
+        ["api-allow", verb, resource, ns @ ..] if ns.len() <= 1 => {
+            if b.store.allow_in(verb, resource, ns.first().copied()) {
+                "ok".to_string()
+            } else {
+                let scope = ns
+                    .first()
+                    .map(|n| format!(" in namespace {n}"))
+                    .unwrap_or_default();
+                format!("error {verb} {resource}{scope} was not denied")
+            }
+        }
+        ["api-allow-all"] => {
+            b.store.allow_all();
+            "ok".to_string()
+        }
+        ["api-stop"] => {
+            b.server.stop().await;
+            "ok".to_string()
+        }
+        ["api-start"] => match b.server.start() {
+            Ok(()) => "ok".to_string(),
+            Err(e) => format!("error start the API server: {e}"),
+        },
+        ["api-restart"] => match b.server.restart().await {
+            Ok(()) => "ok".to_string(),
+            Err(e) => format!("error restart the API server: {e}"),
+        },
+        ["api-expire-watches"] => {
+            b.store.expire_watches();
+            "ok".to_string()
+        }
+        _ => format!("error unknown control command {line:?}"),
+    }
+}
+
 /// `testbed node stop|start NODE`: the kubelet stops (or resumes); the node controller's
 /// view follows at once (no 40 s grace): Ready `Unknown` with reason
 /// `NodeStatusUnknown` and the `node.kubernetes.io/unreachable` taints, and the node's
 /// pods turn unready (Kubernetes docs, "Node status" and "Taint based evictions").
+/// That view is the built-in control plane's; another control plane's node-lifecycle
+/// controller sees the kubelet's heartbeats stop and acts on its own.
 fn set_node_stopped(c: &Control<'_>, node: &str, stopped: bool) -> String {
+    let Some(b) = c.builtin.as_deref() else {
+        return match pause_kubelet(c.kubelets, c.truth, node, stopped) {
+            Ok(()) => "ok".to_string(),
+            Err(e) => format!("error {e}"),
+        };
+    };
     let Some(k) = c.kubelets.iter().find(|k| k.node() == node) else {
         return format!("error no node {node:?}");
     };
     k.set_paused(stopped);
+    let store = &b.store;
     let now = crate::kubelet::now_rfc3339();
-    let r = c.store.modify(Kind::Node, None, node, |n| {
+    let r = store.modify(Kind::Node, None, node, |n| {
         if let Some(conds) = n["status"]["conditions"].as_array_mut() {
             for cond in conds.iter_mut().filter(|c| c["type"] == "Ready") {
                 let (status, reason, message) = if stopped {
@@ -514,13 +669,13 @@ fn set_node_stopped(c: &Control<'_>, node: &str, stopped: bool) -> String {
         return format!("error {}", e.message);
     }
     if stopped {
-        let (pods, _) = c.store.list(Kind::Pod, None);
+        let (pods, _) = store.list(Kind::Pod, None);
         for p in pods.iter().filter(|p| p["spec"]["nodeName"] == node) {
             let (ns, name) = (
                 p["metadata"]["namespace"].as_str().unwrap_or(""),
                 p["metadata"]["name"].as_str().unwrap_or(""),
             );
-            let _ = c.store.modify(Kind::Pod, Some(ns), name, |obj| {
+            let _ = store.modify(Kind::Pod, Some(ns), name, |obj| {
                 if let Some(conds) = obj["status"]["conditions"].as_array_mut() {
                     for cond in conds
                         .iter_mut()
@@ -551,6 +706,32 @@ fn set_node_stopped(c: &Control<'_>, node: &str, stopped: bool) -> String {
         json!({"cause": if stopped { "testbed node stop" } else { "testbed node start" }}),
     ));
     "ok".to_string()
+}
+
+/// `testbed node stop|start NODE` on a control plane that watches heartbeats itself:
+/// the node's kubelet stops (or resumes) and the truth log records `node_not_ready`
+/// (or `node_ready`) with the cause. Errors: no such node.
+pub(crate) fn pause_kubelet(
+    kubelets: &[Arc<Kubelet>],
+    truth: &Truth,
+    node: &str,
+    stopped: bool,
+) -> Result<(), String> {
+    let Some(k) = kubelets.iter().find(|k| k.node() == node) else {
+        return Err(format!("no node {node:?}"));
+    };
+    k.set_paused(stopped);
+    let kind = if stopped {
+        TruthKind::NodeNotReady
+    } else {
+        TruthKind::NodeReady
+    };
+    truth.emit(TruthEvent::node(
+        kind,
+        node,
+        json!({"cause": if stopped { "testbed node stop" } else { "testbed node start" }}),
+    ));
+    Ok(())
 }
 
 pub(crate) fn apply_fault(path: &Path, faults: &Faults, truth: &Truth, nodes: &[String]) -> String {
@@ -708,102 +889,14 @@ fn agent_pod(
     })
 }
 
-/// Writes a simulated agent pod's status: Running on the node's IP (hostNetwork), Ready
-/// as `ready`, `restartCount` `restarts`. Errors: the store's (e.g. the pod is gone).
-fn set_agent_pod_status(
-    store: &Store,
-    name: &str,
-    (container, image): (&str, &str),
-    node_ip: &str,
-    started: &str,
-    (ready, restarts): (bool, u64),
-) -> Result<(), ApiError> {
-    let ts = crate::kubelet::now_rfc3339();
-    let (ip, started) = (node_ip.to_owned(), started.to_owned());
-    let (container, image) = (container.to_owned(), image.to_owned());
-    store
-        .modify(Kind::Pod, Some("kube-system"), name, move |p| {
-            let st = &mut p["status"];
-            st["phase"] = json!("Running");
-            st["podIP"] = json!(ip);
-            st["podIPs"] = json!([{ "ip": ip }]);
-            st["hostIP"] = json!(ip);
-            st["hostIPs"] = json!([{ "ip": ip }]);
-            st["startTime"] = json!(started);
-            let r = if ready { "True" } else { "False" };
-            st["conditions"] = json!([
-                { "type": "PodScheduled", "status": "True", "lastTransitionTime": started },
-                { "type": "Initialized", "status": "True", "lastTransitionTime": started },
-                { "type": "ContainersReady", "status": r, "lastTransitionTime": ts },
-                { "type": "Ready", "status": r, "lastTransitionTime": ts },
-            ]);
-            st["containerStatuses"] = json!([{
-                "name": container, "image": image, "imageID": "",
-                "containerID": format!("testbed://{container}-{restarts}"), "ready": ready, "started": true,
-                "restartCount": restarts, "state": { "running": { "startedAt": ts } },
-            }]);
-            Ok(())
-        })
-        .map(|_| ())
-}
-
-/// Whether `node`'s `Ready` condition is `True` (a stopped node's pods are NotReady).
-fn node_is_ready(store: &Store, node: &str) -> bool {
-    store.get(Kind::Node, None, node).is_ok_and(|n| {
-        n["status"]["conditions"].as_array().is_some_and(|cs| {
-            cs.iter()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True")
-        })
-    })
-}
-
-/// (Ready, restartCount) of a stored pod's first container, `None` when the pod is gone.
-fn stored_pod_state(store: &Store, name: &str) -> Option<(bool, u64)> {
-    let p = store.get(Kind::Pod, Some("kube-system"), name).ok()?;
-    let cs = &p["status"]["containerStatuses"][0];
-    Some((
-        cs["ready"] == true,
-        cs["restartCount"].as_u64().unwrap_or(0),
-    ))
-}
-
-/// Keeps a simulated agent pod's status in line, every second: Ready when `agent_state`
-/// says so and the node is Ready (`testbed node stop` marks it NotReady, `node start`
-/// brings it back), `restartCount` as `agent_state` counts. Ends when the pod is gone.
-async fn agent_pod_status_loop(
-    store: Arc<Store>,
-    name: String,
-    node: String,
-    node_ip: String,
-    container: (&'static str, &'static str),
-    agent_state: impl Fn() -> (bool, u64),
-) {
-    let started = crate::kubelet::now_rfc3339();
-    loop {
-        let (ready, restarts) = agent_state();
-        let want = (ready && node_is_ready(&store, &node), restarts);
-        match stored_pod_state(&store, &name) {
-            None => return, // deleted (or the cluster is going down)
-            Some(have) if have == want => {}
-            Some(_) => {
-                if set_agent_pod_status(&store, &name, container, &node_ip, &started, want).is_err()
-                {
-                    return;
-                }
-            }
-        }
-        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-    }
-}
-
-/// The calico-node pod of one node (`k8s-app=calico-node`): created once, then its
-/// status follows the simulated agent ([`agent_pod_status_loop`]) — Ready as the agent
-/// is, `restartCount` its restarts.
-async fn agent_pod_loop(store: Arc<Store>, node: String, node_ip: String, agent: Arc<Agent>) {
-    let name = format!("calico-node-{node}");
+/// The calico-node pod (`k8s-app=calico-node`, Felix's metrics port) and, with
+/// `kube_proxy`, the kube-proxy pod (`k8s-app=kube-proxy`; it stands for the node's
+/// [`crate::services::ServiceProxy`], its container runs kube-proxy the way kubeadm's
+/// DaemonSet does) of `node`, created through the API. An existing pod is kept.
+async fn create_agent_pods(api: crate::client::ApiClient, node: String, kube_proxy: bool) {
     let port = crate::felix::FELIX_METRICS_PORT;
-    let pod = agent_pod(
-        &name,
+    let mut pods = vec![agent_pod(
+        &format!("calico-node-{node}"),
         &node,
         "calico-node",
         json!({ "prometheus.io/scrape": "true", "prometheus.io/port": port.to_string() }),
@@ -815,69 +908,36 @@ async fn agent_pod_loop(store: Arc<Store>, node: String, node_ip: String, agent:
             ],
             "ports": [{ "name": "http-metrics", "containerPort": port, "hostPort": port, "protocol": "TCP" }],
         }),
-    );
-    if let Err(e) = store.create(Kind::Pod, pod) {
-        tracing::warn!(node = %node, error = %e.message, "create calico-node pod");
-        return;
+    )];
+    if kube_proxy {
+        pods.push(agent_pod(
+            &format!("kube-proxy-{node}"),
+            &node,
+            "kube-proxy",
+            json!({}),
+            json!({
+                "name": "kube-proxy", "image": KUBE_PROXY_IMAGE,
+                "command": ["/usr/local/bin/kube-proxy", "--config=/var/lib/kube-proxy/config.conf", "--hostname-override=$(NODE_NAME)"],
+                "env": [{ "name": "NODE_NAME", "valueFrom": { "fieldRef": { "apiVersion": "v1", "fieldPath": "spec.nodeName" } } }],
+            }),
+        ));
     }
-    let container = ("calico-node", CALICO_NODE_IMAGE);
-    agent_pod_status_loop(store, name, node, node_ip, container, move || {
-        (agent.is_ready(), agent.restart_count())
-    })
-    .await;
-}
-
-/// The kube-proxy pod of one node (`k8s-app=kube-proxy`, Running and Ready while its
-/// node is): it stands for the node's [`crate::services::ServiceProxy`]. Its container
-/// runs kube-proxy the way kubeadm's DaemonSet does (`--config`, `--hostname-override`);
-/// where the metrics listen is in the daemon's `--kube-proxy-metrics`
-/// ([`crate::kube_proxy`]).
-async fn kube_proxy_pod_loop(store: Arc<Store>, node: String, node_ip: String) {
-    let name = format!("kube-proxy-{node}");
-    let pod = agent_pod(
-        &name,
-        &node,
-        "kube-proxy",
-        json!({}),
-        json!({
-            "name": "kube-proxy", "image": KUBE_PROXY_IMAGE,
-            "command": ["/usr/local/bin/kube-proxy", "--config=/var/lib/kube-proxy/config.conf", "--hostname-override=$(NODE_NAME)"],
-            "env": [{ "name": "NODE_NAME", "valueFrom": { "fieldRef": { "apiVersion": "v1", "fieldPath": "spec.nodeName" } } }],
-        }),
-    );
-    if let Err(e) = store.create(Kind::Pod, pod) {
-        tracing::warn!(node = %node, error = %e.message, "create kube-proxy pod");
-        return;
-    }
-    let container = ("kube-proxy", KUBE_PROXY_IMAGE);
-    agent_pod_status_loop(store, name, node, node_ip, container, || (true, 0)).await;
-}
-
-/// The events a real kubelet records when it starts and its node turns Ready
-/// (`Starting`, `NodeReady`; core/v1 Events of cluster-scoped objects live in
-/// `default`), so `kubectl describe node` shows them.
-fn register_node_events(store: &Store, node: &str) {
-    let uid = store
-        .get(Kind::Node, None, node)
-        .ok()
-        .and_then(|n| n["metadata"]["uid"].as_str().map(str::to_owned))
-        .unwrap_or_default();
-    let now = crate::kubelet::now_rfc3339();
-    for (reason, message) in [
-        ("Starting", "Starting kubelet.".to_string()),
-        ("NodeReady", format!("Node {node} status is now: NodeReady")),
-    ] {
-        let ev = json!({
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": { "generateName": format!("{node}."), "namespace": "default" },
-            "involvedObject": { "kind": "Node", "name": node, "uid": uid, "apiVersion": "v1" },
-            "reason": reason, "message": message, "type": "Normal",
-            "source": { "component": "kubelet", "host": node },
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-            "reportingComponent": "kubelet", "reportingInstance": node,
-        });
-        if let Err(e) = store.create(Kind::Event, ev) {
-            tracing::warn!(node, error = %e.message, "record node event");
+    for pod in pods {
+        let name = pod["metadata"]["name"].as_str().unwrap_or("").to_owned();
+        let mut wait = std::time::Duration::from_millis(250);
+        for _ in 0..20 {
+            match api.post("/api/v1/namespaces/kube-system/pods", &pod).await {
+                Ok(_) => break,
+                Err(e) if e.code == 409 => break,
+                Err(e) if e.is_transient() => {
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(std::time::Duration::from_secs(2));
+                }
+                Err(e) => {
+                    tracing::warn!(node = %node, pod = %name, error = %e, "create agent pod");
+                    break;
+                }
+            }
         }
     }
 }

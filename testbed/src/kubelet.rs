@@ -2,14 +2,28 @@
 //! its readiness probes leave from the node's network namespace, as the real kubelet's
 //! do (which is why a pod is reachable from its node before the CNI agent programs it).
 //!
-//! Per pod bound to the node it: resolves the image to a local binary (pod-spec
-//! contract, DESIGN §6: last path component without `:tag`/`@digest`; anything unknown
-//! → `ErrImagePull`), sets up the sandbox network ([`Dataplane::add_pod`]) and tells the
-//! node's agent, starts the container through `testbed shim`, runs the readiness probe
-//! (`httpGet`, `User-Agent: kube-probe/1.32`), keeps `status` like the real kubelet
-//! (conditions with timestamps, container state, termination message), enforces
-//! `activeDeadlineSeconds`, and performs graceful deletion (SIGTERM, grace, SIGKILL,
-//! then the final removal from the store).
+//! It is a client of the API server like the real kubelet ([`crate::client`]; HTTPS
+//! from the node netns), whichever API server runs:
+//! - registers its Node (labels, capacity, conditions, addresses, nodeInfo,
+//!   `daemonEndpoints`, podCIDR) and, every [`HEARTBEAT`], renews its Lease in
+//!   `kube-node-lease` ([`LEASE_SECONDS`]) and brings the Node's conditions back to
+//!   Ready when they are not (a stopped kubelet sends nothing);
+//! - watches the pods with `spec.nodeName=<node>` and drives each through its life;
+//! - writes pod status only through `pods/NAME/status` (JSON merge patch of what
+//!   changed, carrying `metadata.uid` so it cannot land on a new pod of the same name);
+//! - finishes graceful deletion itself: SIGTERM, grace, SIGKILL, then `DELETE` with
+//!   `gracePeriodSeconds=0` and a UID precondition.
+//!
+//! Per pod it: resolves the image to a local binary (pod-spec contract, DESIGN §6:
+//! last path component without `:tag`/`@digest`; anything unknown → `ErrImagePull`),
+//! sets up the sandbox network ([`Dataplane::add_pod`]) and tells the node's agent,
+//! starts the container through `testbed shim`, runs the readiness probe (`httpGet`,
+//! `User-Agent: kube-probe/1.32`), keeps `status` like the real kubelet (conditions
+//! with timestamps, container state, termination message), enforces
+//! `activeDeadlineSeconds`.
+//!
+//! Simulated agent pods (calico-node, kube-proxy; [`SIMULATED_ANNOTATION`]) run no
+//! process: their status follows the node's simulated agent (Ready, restarts).
 //!
 //! Termination message: the last 4096 bytes of the container's
 //! `terminationMessagePath` file; with `FallbackToLogsOnError`, the tail of the logs
@@ -19,14 +33,16 @@
 //! [`NetnsThread`]: crate::netns::NetnsThread
 
 use crate::agent::Agent;
-use crate::api::{Kind, Store, StoreEvent, WatchEventType};
+use crate::client::{core_path, merge_diff, ApiCallError, ApiClient, ClusterEndpoint, PatchKind};
 use crate::dataplane::{Dataplane, PodNet};
 use crate::httpc;
 use crate::truth::{Truth, TruthEvent, TruthKind};
+use futures::StreamExt;
 use serde_json::{json, Value};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 use tokio::sync::watch;
@@ -40,13 +56,31 @@ pub const FALLBACK_LOG_LINES: usize = 80;
 /// Default `terminationGracePeriodSeconds` (Kubernetes API default).
 pub const DEFAULT_GRACE_SECONDS: i64 = 30;
 
-/// Pods carrying this annotation are simulated by the daemon (the calico-node agent
-/// pods); the kubelet leaves them alone.
+/// Pods carrying this annotation are simulated by the daemon (the calico-node and
+/// kube-proxy agent pods; the value is the app, `calico-node` or `kube-proxy`): the
+/// kubelet runs no container for them and writes their status from the agent.
 pub const SIMULATED_ANNOTATION: &str = "testbed.firstpacket.io/simulated";
 
 /// Token written into every pod's service-account directory (the testbed API
 /// authorises every request; clients only need something to send).
 pub const SERVICE_ACCOUNT_TOKEN: &str = "testbed";
+
+/// The kubelet API port (`daemonEndpoints.kubeletEndpoint.Port`).
+pub const KUBELET_PORT: u16 = 10250;
+
+/// How often the kubelet renews its Lease and checks its Node's conditions (the real
+/// kubelet's `nodeLeaseRenewInterval`, 10 s = a quarter of the lease duration).
+pub const HEARTBEAT: Duration = Duration::from_secs(10);
+
+/// `leaseDurationSeconds` of the node Lease (the real kubelet's default, 40 s).
+pub const LEASE_SECONDS: i64 = 40;
+
+/// A Node's conditions are re-posted (fresh `lastHeartbeatTime`) at least this often,
+/// even unchanged.
+pub const NODE_STATUS_REPORT: Duration = Duration::from_secs(60);
+
+/// A refused pod status write is sent again after this long.
+pub const STATUS_RESYNC: Duration = Duration::from_secs(5);
 
 /// What the kubelet of one node needs.
 #[derive(Clone)]
@@ -55,6 +89,10 @@ pub struct KubeletConfig {
     pub node: String,
     /// The node's InternalIP (`status.hostIP` of its pods).
     pub node_ip: Ipv4Addr,
+    /// `spec.podCIDR` of the Node (e.g. `10.244.1.0/24`).
+    pub pod_cidr: String,
+    /// Extra Node labels (`--node-labels`).
+    pub node_labels: BTreeMap<String, String>,
     /// Directory holding the image binaries (`target-server`, `prober`, …).
     pub bin_dir: PathBuf,
     /// Directory for per-pod files (`<pods_dir>/<uid>/…`).
@@ -71,14 +109,17 @@ pub struct KubeletConfig {
 /// One node's kubelet.
 pub struct Kubelet {
     cfg: KubeletConfig,
-    store: Arc<Store>,
+    api: ApiClient,
     dataplane: Arc<Dataplane>,
     agent: Arc<Agent>,
     truth: Truth,
     /// Running pod workers by pod uid: the sender tells the worker the pod's latest
     /// object (deletion requests arrive as `deletionTimestamp`).
     workers: Mutex<HashMap<String, watch::Sender<Arc<Value>>>>,
-    /// `testbed node stop`: the kubelet neither starts pods nor probes while set.
+    /// The status writer of every running worker (marked stale when the kubelet
+    /// resumes: others may have changed the status meanwhile).
+    writers: Mutex<HashMap<String, Arc<StatusWriter>>>,
+    /// `testbed node stop`: the kubelet neither starts pods, probes nor heartbeats.
     paused: watch::Sender<bool>,
     /// UIDs whose workers have finished (bounded, oldest dropped first): events for them
     /// still queued in the watch stream must not start a second sandbox.
@@ -88,29 +129,353 @@ pub struct Kubelet {
 /// How many finished pod UIDs a kubelet remembers.
 const FINISHED_MEMORY: usize = 4096;
 
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+/// Node object as the kubelet registers it (shape of a real v1 Node, e.g.
+/// `shared/fixtures/k8s-node-ready.json`).
+pub fn node_object(cfg: &KubeletConfig) -> Value {
+    let mut all = BTreeMap::new();
+    all.insert("kubernetes.io/hostname".to_string(), cfg.node.clone());
+    all.insert("kubernetes.io/os".to_string(), "linux".to_string());
+    all.insert(
+        "kubernetes.io/arch".to_string(),
+        std::env::consts::ARCH
+            .replace("x86_64", "amd64")
+            .replace("aarch64", "arm64"),
+    );
+    all.insert("beta.kubernetes.io/os".to_string(), "linux".to_string());
+    all.insert(
+        "beta.kubernetes.io/arch".to_string(),
+        all["kubernetes.io/arch"].clone(),
+    );
+    all.extend(cfg.node_labels.clone());
+    let cidr = cfg.pod_cidr.clone();
+    json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": { "name": cfg.node, "labels": all },
+        "spec": { "podCIDR": cidr, "podCIDRs": [cidr] },
+        "status": node_status(cfg, &Value::Null),
+    })
+}
+
+fn kernel_version() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// The four node conditions the kubelet owns, healthy, with transition times kept from
+/// `current` (a stored Node's `status.conditions`) where the status did not change.
+fn node_conditions(current: &Value) -> Vec<Value> {
+    let now = now_rfc3339();
+    [
+        (
+            "MemoryPressure",
+            "False",
+            "KubeletHasSufficientMemory",
+            "kubelet has sufficient memory available",
+        ),
+        (
+            "DiskPressure",
+            "False",
+            "KubeletHasNoDiskPressure",
+            "kubelet has no disk pressure",
+        ),
+        (
+            "PIDPressure",
+            "False",
+            "KubeletHasSufficientPID",
+            "kubelet has sufficient PID available",
+        ),
+        (
+            "Ready",
+            "True",
+            "KubeletReady",
+            "kubelet is posting ready status",
+        ),
+    ]
+    .into_iter()
+    .map(|(ty, status, reason, message)| {
+        let old = current
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["type"] == ty));
+        let transition = match old {
+            Some(c) if c["status"] == status => c["lastTransitionTime"].clone(),
+            _ => json!(now),
+        };
+        json!({ "type": ty, "status": status, "reason": reason, "message": message,
+                "lastHeartbeatTime": now, "lastTransitionTime": transition })
+    })
+    .collect()
+}
+
+/// The Node status the kubelet reports; conditions as [`node_conditions`].
+fn node_status(cfg: &KubeletConfig, current_conditions: &Value) -> Value {
+    json!({
+        "addresses": [
+            { "type": "InternalIP", "address": cfg.node_ip.to_string() },
+            { "type": "Hostname", "address": cfg.node },
+        ],
+        "capacity": { "cpu": "2", "memory": "4Gi", "pods": "110", "ephemeral-storage": "20Gi" },
+        "allocatable": { "cpu": "2", "memory": "4Gi", "pods": "110", "ephemeral-storage": "20Gi" },
+        "conditions": node_conditions(current_conditions),
+        "daemonEndpoints": { "kubeletEndpoint": { "Port": KUBELET_PORT } },
+        "nodeInfo": {
+            "kubeletVersion": "v1.32.4-testbed", "kubeProxyVersion": "",
+            "osImage": "firstpacket testbed (network namespaces)",
+            "kernelVersion": kernel_version(), "operatingSystem": "linux",
+            "architecture": std::env::consts::ARCH.replace("x86_64", "amd64").replace("aarch64", "arm64"),
+            "containerRuntimeVersion": "testbed://0.1.0",
+            "machineID": "", "systemUUID": "", "bootID": "",
+        },
+    })
+}
+
+/// A stored condition list needs a fresh post: a kubelet-owned condition is unhealthy
+/// or missing, or its heartbeat is older than [`NODE_STATUS_REPORT`].
+fn node_conditions_stale(current: &Value) -> bool {
+    let want = node_conditions(current);
+    want.iter().any(|w| {
+        let Some(c) = current
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["type"] == w["type"]))
+        else {
+            return true;
+        };
+        if c["status"] != w["status"] || c["reason"] != w["reason"] {
+            return true;
+        }
+        let hb = c["lastHeartbeatTime"]
+            .as_str()
+            .and_then(|s| humantime::parse_rfc3339(s).ok());
+        hb.is_none_or(|t| {
+            SystemTime::now()
+                .duration_since(t)
+                .is_ok_and(|age| age >= NODE_STATUS_REPORT)
+        })
+    })
+}
+
 impl Kubelet {
-    /// Builds the kubelet; call [`Kubelet::run`] on the node's runtime.
-    pub fn new(
+    /// Builds the kubelet's API client (on the current runtime: call this on the node's
+    /// runtime), registers the Node (or takes over an existing one), creates its Lease
+    /// and records the `Starting`/`NodeReady` events, then starts the heartbeat. Call
+    /// [`Kubelet::run`] next. Errors: client configuration, or the API refusing the
+    /// Node.
+    pub async fn start(
         cfg: KubeletConfig,
-        store: Arc<Store>,
+        endpoint: &ClusterEndpoint,
         dataplane: Arc<Dataplane>,
         agent: Arc<Agent>,
         truth: Truth,
-    ) -> Arc<Kubelet> {
-        Arc::new(Kubelet {
+    ) -> anyhow::Result<Arc<Kubelet>> {
+        let api = endpoint.client().await?;
+        let k = Arc::new(Kubelet {
             cfg,
-            store,
+            api,
             dataplane,
             agent,
             truth,
             workers: Mutex::new(HashMap::new()),
+            writers: Mutex::new(HashMap::new()),
             paused: watch::channel(false).0,
             finished: Mutex::new(std::collections::VecDeque::new()),
-        })
+        });
+        k.register_node().await?;
+        k.renew_lease().await;
+        k.record_node_events().await;
+        tokio::spawn(k.clone().heartbeat_loop());
+        Ok(k)
+    }
+
+    /// The kubelet's API client (other node components of the same node share it).
+    pub fn api(&self) -> &ApiClient {
+        &self.api
+    }
+
+    async fn register_node(&self) -> anyhow::Result<()> {
+        let node = node_object(&self.cfg);
+        let mut tries = 0;
+        loop {
+            match self.api.post("/api/v1/nodes", &node).await {
+                Ok(_) => break,
+                Err(e) if e.code == 409 => {
+                    // Already registered (a restarted kubelet): take it over.
+                    let patch = json!({ "metadata": { "labels": node["metadata"]["labels"] },
+                                        "spec": node["spec"] });
+                    self.api
+                        .patch(
+                            &core_path(None, "nodes", &self.cfg.node),
+                            PatchKind::Merge,
+                            &patch,
+                        )
+                        .await
+                        .map_err(|e| anyhow::anyhow!("update Node {}: {e}", self.cfg.node))?;
+                    break;
+                }
+                Err(e) if e.is_transient() && tries < 20 => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(e) => anyhow::bail!("register Node {}: {e}", self.cfg.node),
+            }
+        }
+        // The status is the kubelet's to post (the API keeps a create's status, but a
+        // taken-over Node's status is old).
+        self.post_node_status(true).await;
+        Ok(())
+    }
+
+    /// Posts the Node's conditions when `force` or when they are stale.
+    async fn post_node_status(&self, force: bool) {
+        let path = format!("{}/status", core_path(None, "nodes", &self.cfg.node));
+        let current = match self
+            .api
+            .get(&core_path(None, "nodes", &self.cfg.node))
+            .await
+        {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::debug!(node = %self.cfg.node, error = %e, "node status: get");
+                return;
+            }
+        };
+        let conds = &current["status"]["conditions"];
+        if !force && !node_conditions_stale(conds) {
+            return;
+        }
+        let mut status = node_status(&self.cfg, conds);
+        // Conditions others own (e.g. NetworkUnavailable) stay as they are.
+        if let (Some(mine), Some(theirs)) = (status["conditions"].as_array_mut(), conds.as_array())
+        {
+            let owned: Vec<Value> = mine.iter().map(|c| c["type"].clone()).collect();
+            mine.extend(
+                theirs
+                    .iter()
+                    .filter(|c| !owned.contains(&c["type"]))
+                    .cloned(),
+            );
+        }
+        if let Err(e) = self
+            .api
+            .patch(&path, PatchKind::Merge, &json!({ "status": status }))
+            .await
+        {
+            tracing::warn!(node = %self.cfg.node, error = %e, "node status not posted");
+        }
+    }
+
+    /// Renews (or creates) the node's Lease in `kube-node-lease`.
+    async fn renew_lease(&self) {
+        let node = &self.cfg.node;
+        let path = format!("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{node}");
+        let now = crate::client::now_micro();
+        let spec = json!({ "holderIdentity": node, "leaseDurationSeconds": LEASE_SECONDS, "renewTime": now });
+        match self
+            .api
+            .patch(&path, PatchKind::Merge, &json!({ "spec": spec }))
+            .await
+        {
+            Ok(_) => {}
+            Err(e) if e.code == 404 => {
+                let owner = match self.api.get(&core_path(None, "nodes", node)).await {
+                    Ok(n) => json!([{ "apiVersion": "v1", "kind": "Node", "name": node,
+                                      "uid": n["metadata"]["uid"] }]),
+                    Err(_) => json!([]),
+                };
+                let lease = json!({
+                    "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": { "name": node, "namespace": "kube-node-lease", "ownerReferences": owner },
+                    "spec": spec,
+                });
+                if let Err(e) = self
+                    .api
+                    .post(
+                        "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases",
+                        &lease,
+                    )
+                    .await
+                {
+                    tracing::warn!(node = %node, error = %e, "create node lease");
+                }
+            }
+            Err(e) => tracing::warn!(node = %node, error = %e, "renew node lease"),
+        }
+    }
+
+    /// Every [`HEARTBEAT`] while not stopped, and at once when restarted: lease
+    /// renewal and Node conditions.
+    async fn heartbeat_loop(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(HEARTBEAT);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        let mut paused = self.paused.subscribe();
+        loop {
+            // A restarted kubelet (`testbed node start`) heartbeats at once.
+            tokio::select! {
+                _ = tick.tick() => {}
+                r = paused.changed() => {
+                    if r.is_err() {
+                        return;
+                    }
+                    if *paused.borrow_and_update() {
+                        continue;
+                    }
+                    tick.reset();
+                }
+            }
+            if self.is_paused() {
+                continue;
+            }
+            self.renew_lease().await;
+            self.post_node_status(false).await;
+        }
+    }
+
+    /// The events a real kubelet records when it starts and its node turns Ready
+    /// (`Starting`, `NodeReady`; core/v1 Events of cluster-scoped objects live in
+    /// `default`), so `kubectl describe node` shows them.
+    async fn record_node_events(&self) {
+        let node = &self.cfg.node;
+        let uid = self
+            .api
+            .get(&core_path(None, "nodes", node))
+            .await
+            .ok()
+            .and_then(|n| n["metadata"]["uid"].as_str().map(str::to_owned))
+            .unwrap_or_default();
+        let now = now_rfc3339();
+        for (reason, message) in [
+            ("Starting", "Starting kubelet.".to_string()),
+            ("NodeReady", format!("Node {node} status is now: NodeReady")),
+        ] {
+            let ev = json!({
+                "apiVersion": "v1", "kind": "Event",
+                "metadata": { "generateName": format!("{node}."), "namespace": "default" },
+                "involvedObject": { "kind": "Node", "name": node, "uid": uid, "apiVersion": "v1" },
+                "reason": reason, "message": message, "type": "Normal",
+                "source": { "component": "kubelet", "host": node },
+                "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+                "reportingComponent": "kubelet", "reportingInstance": node,
+            });
+            if let Err(e) = self
+                .api
+                .post("/api/v1/namespaces/default/events", &ev)
+                .await
+            {
+                tracing::warn!(node = %node, error = %e, "record node event");
+            }
+        }
     }
 
     /// Stops (`true`) or restarts (`false`) this kubelet, as `testbed node stop|start`
-    /// does: a stopped kubelet starts no pod and runs no probe; containers keep running.
+    /// does: a stopped kubelet starts no pod, runs no probe and sends no heartbeat;
+    /// containers keep running.
     pub fn set_paused(&self, paused: bool) {
         self.paused.send_replace(paused);
     }
@@ -125,62 +490,113 @@ impl Kubelet {
         *self.paused.borrow()
     }
 
-    /// Watches the store for pods bound to this node and drives each through its life.
-    /// Runs until the store's event stream closes.
+    /// Watches the pods bound to this node (`fieldSelector=spec.nodeName=<node>`) and
+    /// drives each through its life. While stopped the watch is closed; on restart it
+    /// re-lists. Runs until the daemon stops.
     pub async fn run(self: Arc<Self>) {
-        let mut rx = self.store.subscribe();
+        use kube::runtime::watcher::{watcher, Config, Event};
+        use kube::runtime::WatchStreamExt;
         let mut paused = self.paused.subscribe();
-        let (pods, _) = self.store.list(Kind::Pod, None);
-        for p in pods {
-            self.observe(Arc::new(p), false);
-        }
+        let ar = kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::Pod>(&());
         loop {
-            if *paused.borrow() {
-                // Stopped: events pile up in the channel (or lag); re-list on restart.
-                while *paused.borrow_and_update() {
-                    if paused.changed().await.is_err() {
-                        return;
-                    }
+            while *paused.borrow_and_update() {
+                if paused.changed().await.is_err() {
+                    return;
                 }
-                rx = self.store.subscribe();
-                let (pods, _) = self.store.list(Kind::Pod, None);
-                for p in pods {
-                    self.observe(Arc::new(p), false);
-                }
-                continue;
             }
-            let ev = tokio::select! {
-                ev = rx.recv() => ev,
-                _ = paused.changed() => continue,
-            };
-            match ev {
-                Ok(StoreEvent {
-                    kind: Kind::Pod,
-                    ty,
-                    object,
-                    ..
-                }) => self.observe(object, ty == WatchEventType::Deleted),
-                Ok(_) => {}
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                    tracing::warn!(node = %self.cfg.node, missed = n, "kubelet lagged; re-listing");
-                    let (pods, _) = self.store.list(Kind::Pod, None);
-                    for p in pods {
-                        self.observe(Arc::new(p), false);
+            for w in lock(&self.writers).values() {
+                w.mark_stale();
+            }
+            let api = kube::Api::<kube::api::DynamicObject>::all_with(self.api.kube(), &ar);
+            let cfg = Config::default().fields(&format!("spec.nodeName={}", self.cfg.node));
+            let mut stream = watcher(api, cfg)
+                .backoff(crate::client::QuickBackoff::default())
+                .boxed();
+            let mut init: Option<HashSet<String>> = None;
+            loop {
+                let ev = tokio::select! {
+                    ev = stream.next() => ev,
+                    _ = paused.changed() => break,
+                };
+                let to_value = |o: kube::api::DynamicObject| {
+                    Arc::new(serde_json::to_value(o).unwrap_or_default())
+                };
+                match ev {
+                    Some(Ok(Event::Apply(o))) => self.observe(to_value(o), false),
+                    Some(Ok(Event::Delete(o))) => self.observe(to_value(o), true),
+                    Some(Ok(Event::Init)) => init = Some(HashSet::new()),
+                    Some(Ok(Event::InitApply(o))) => {
+                        let v = to_value(o);
+                        if let (Some(seen), Some(uid)) =
+                            (init.as_mut(), v["metadata"]["uid"].as_str())
+                        {
+                            seen.insert(uid.to_owned());
+                        }
+                        self.observe(v, false);
                     }
+                    Some(Ok(Event::InitDone)) => {
+                        // Pods gone while the watch was down: stop their workers.
+                        let seen = init.take().unwrap_or_default();
+                        let gone: Vec<Arc<Value>> = lock(&self.workers)
+                            .iter()
+                            .filter(|(uid, _)| !seen.contains(*uid))
+                            .map(|(_, tx)| tx.borrow().clone())
+                            .collect();
+                        for p in gone {
+                            self.observe(p, true);
+                        }
+                    }
+                    Some(Err(e)) => {
+                        tracing::debug!(node = %self.cfg.node, error = %e, "kubelet pod watch");
+                    }
+                    None => return,
                 }
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
             }
         }
+    }
+
+    /// Serves the kubelet API the API server calls for `kubectl logs`: HTTPS on
+    /// `<node IP>:`[`KUBELET_PORT`] (bind on the node's runtime) with `cert_pem`/`key_pem`,
+    /// `GET /containerLogs/{namespace}/{pod}/{container}` with `tailLines`, `follow`
+    /// (streams until the container's pod worker ends), `limitBytes`; `timestamps` and
+    /// `sinceSeconds` are accepted, but the log files carry no per-line times, so they
+    /// change nothing. No authentication (the testbed's network is private). Errors:
+    /// bad certificate, bind.
+    pub async fn serve_api(
+        self: Arc<Self>,
+        cert_pem: String,
+        key_pem: String,
+    ) -> anyhow::Result<()> {
+        use anyhow::Context as _;
+        let tls = crate::tls::server_config(&cert_pem, &key_pem).context("kubelet API TLS")?;
+        let addr = SocketAddr::from((self.cfg.node_ip, KUBELET_PORT));
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("bind the kubelet API on {addr}"))?;
+        let app = axum::Router::new()
+            .route(
+                "/containerLogs/{namespace}/{pod}/{container}",
+                axum::routing::get(container_logs),
+            )
+            .with_state(self.clone());
+        crate::api::serve_router_tls(app, listener, tls)
+            .await
+            .with_context(|| format!("kubelet API on {addr}"))
+    }
+
+    /// The uid and latest object of the running pod `ns/name` on this node.
+    fn find_pod(&self, ns: &str, name: &str) -> Option<(String, Arc<Value>)> {
+        lock(&self.workers).iter().find_map(|(uid, tx)| {
+            let p = tx.borrow().clone();
+            (p["metadata"]["namespace"] == ns && p["metadata"]["name"] == name)
+                .then(|| (uid.clone(), p))
+        })
     }
 
     /// Stops every container on this node at once (SIGKILL) and tears down its pods'
     /// networks; used when the daemon shuts down.
     pub fn kill_all(&self) {
-        let workers: Vec<_> = self
-            .workers
-            .lock()
-            .map(|w| w.keys().cloned().collect())
-            .unwrap_or_default();
+        let workers: Vec<String> = lock(&self.workers).keys().cloned().collect();
         for uid in workers {
             let pgid_file = self.cfg.pods_dir.join(&uid).join("pid");
             if let Ok(pid) = std::fs::read_to_string(&pgid_file) {
@@ -194,30 +610,176 @@ impl Kubelet {
         }
     }
 
-    fn observe(self: &Arc<Self>, pod: Arc<Value>, deleted: bool) {
-        if pod["spec"]["nodeName"].as_str() != Some(self.cfg.node.as_str()) {
-            return;
-        }
-        if !pod["metadata"]["annotations"][SIMULATED_ANNOTATION].is_null() {
-            // Simulated agent pods run no container: a graceful deletion ends at once.
-            if !deleted && !pod["metadata"]["deletionTimestamp"].is_null() {
-                if let (Some(ns), Some(name), Some(uid)) = (
-                    pod["metadata"]["namespace"].as_str(),
-                    pod["metadata"]["name"].as_str(),
-                    pod["metadata"]["uid"].as_str(),
-                ) {
-                    let _ = self.store.remove(Kind::Pod, Some(ns), name, uid);
+    /// The final step of a pod's deletion: `DELETE` with `gracePeriodSeconds=0` and a
+    /// UID precondition (a new pod of the same name answers 409 and stays). Retries
+    /// while the API does not answer.
+    async fn delete_final(&self, ns: &str, name: &str, uid: &str) {
+        let path = core_path(Some(ns), "pods", name);
+        let opts = json!({ "kind": "DeleteOptions", "apiVersion": "v1",
+                           "gracePeriodSeconds": 0, "preconditions": { "uid": uid } });
+        let mut wait = Duration::from_millis(250);
+        loop {
+            match self.api.delete(&path, &opts).await {
+                Ok(_) => return,
+                Err(e) if e.code == 404 || e.code == 409 => return,
+                Err(e) if e.is_transient() => {
+                    tracing::debug!(pod = %name, error = %e, "final delete; retrying");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(2));
+                }
+                Err(e) => {
+                    tracing::warn!(pod = %name, error = %e, "final delete refused");
+                    return;
                 }
             }
+        }
+    }
+
+    /// Fills the pod's projected `kube-api-access-*` volume, if its first container
+    /// mounts one at the service-account path, into `<pod_dir>/<volume>`: a
+    /// TokenRequest token (`POST serviceaccounts/NAME/token`, bound to the pod), the
+    /// items of the `kube-root-ca.crt` ConfigMap, downward-API items. Returns the
+    /// directory (`None`: no such volume). Retries for ~10 s while the ServiceAccount or
+    /// ConfigMap does not exist yet (their controllers create them with the namespace).
+    /// Errors: a message for `CreateContainerConfigError`.
+    async fn fill_api_access(
+        &self,
+        pod: &Value,
+        pod_dir: &Path,
+        pod_ip: &str,
+    ) -> Result<Option<PathBuf>, String> {
+        let Some(vol) = pod["spec"]["volumes"].as_array().and_then(|vs| {
+            vs.iter().find(|v| {
+                v["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("kube-api-access-"))
+                    && v["projected"].is_object()
+            })
+        }) else {
+            return Ok(None);
+        };
+        let vname = vol["name"].as_str().unwrap_or_default();
+        let mount = pod["spec"]["containers"][0]["volumeMounts"]
+            .as_array()
+            .and_then(|ms| ms.iter().find(|m| m["name"] == vname))
+            .and_then(|m| m["mountPath"].as_str());
+        match mount.map(|m| m.trim_end_matches('/')) {
+            None => return Ok(None),
+            Some(m)
+                if m == crate::api::SERVICE_ACCOUNT_MOUNT
+                    || m == crate::shim::SERVICE_ACCOUNT_DIR => {}
+            Some(m) => {
+                return Err(format!(
+                    "volume {vname}: mountPath {m}: this testbed mounts the API access volume only at {}",
+                    crate::api::SERVICE_ACCOUNT_MOUNT
+                ))
+            }
+        }
+        let ns = pod["metadata"]["namespace"].as_str().unwrap_or("default");
+        let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+        let sa = pod["spec"]["serviceAccountName"]
+            .as_str()
+            .unwrap_or("default");
+        let dir = pod_dir.join(vname);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
+        let write = |rel: &str, text: &str| -> Result<(), String> {
+            if rel.is_empty() || rel.starts_with('/') || rel.split('/').any(|p| p == "..") {
+                return Err(format!("volume {vname}: bad path {rel:?}"));
+            }
+            let p = dir.join(rel);
+            if let Some(parent) = p.parent() {
+                std::fs::create_dir_all(parent).map_err(|e| e.to_string())?;
+            }
+            std::fs::write(&p, text).map_err(|e| format!("write {}: {e}", p.display()))
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let retrying = |e: &ApiCallError| {
+            (e.code == 404 || e.is_transient()) && tokio::time::Instant::now() < deadline
+        };
+        for src in vol["projected"]["sources"].as_array().into_iter().flatten() {
+            if let Some(t) = src.get("serviceAccountToken").filter(|t| t.is_object()) {
+                let mut spec = json!({
+                    "expirationSeconds": t["expirationSeconds"].as_i64().unwrap_or(3607),
+                    "boundObjectRef": { "apiVersion": "v1", "kind": "Pod", "name": name, "uid": pod["metadata"]["uid"] },
+                });
+                if let Some(a) = t["audience"].as_str().filter(|a| !a.is_empty()) {
+                    spec["audiences"] = json!([a]);
+                }
+                let req = json!({ "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec });
+                let path = format!("{}/token", core_path(Some(ns), "serviceaccounts", sa));
+                let answer = loop {
+                    match self.api.post(&path, &req).await {
+                        Ok(a) => break a,
+                        Err(e) if retrying(&e) => {
+                            tokio::time::sleep(Duration::from_millis(250)).await
+                        }
+                        Err(e) => {
+                            return Err(format!(
+                                "MountVolume.SetUp failed for volume {vname:?}: {e}"
+                            ))
+                        }
+                    }
+                };
+                let token = answer["status"]["token"].as_str().unwrap_or_default();
+                write(t["path"].as_str().unwrap_or("token"), token)?;
+            } else if let Some(cm) = src.get("configMap").filter(|c| c.is_object()) {
+                let cm_name = cm["name"].as_str().unwrap_or_default();
+                let path = core_path(Some(ns), "configmaps", cm_name);
+                let obj = loop {
+                    match self.api.get(&path).await {
+                        Ok(o) => break o,
+                        Err(e) if retrying(&e) => {
+                            tokio::time::sleep(Duration::from_millis(250)).await
+                        }
+                        Err(e) => {
+                            return Err(format!(
+                                "MountVolume.SetUp failed for volume {vname:?}: configmap {cm_name:?}: {e}"
+                            ))
+                        }
+                    }
+                };
+                let data = obj["data"].as_object().cloned().unwrap_or_default();
+                match cm["items"].as_array() {
+                    Some(items) => {
+                        for it in items {
+                            let key = it["key"].as_str().unwrap_or_default();
+                            let v = data.get(key).and_then(Value::as_str).unwrap_or_default();
+                            write(it["path"].as_str().unwrap_or(key), v)?;
+                        }
+                    }
+                    None => {
+                        for (k, v) in &data {
+                            write(k, v.as_str().unwrap_or_default())?;
+                        }
+                    }
+                }
+            } else if let Some(d) = src.get("downwardAPI").filter(|d| d.is_object()) {
+                for it in d["items"].as_array().into_iter().flatten() {
+                    let fp = it["fieldRef"]["fieldPath"].as_str().unwrap_or_default();
+                    let v = downward_field(pod, fp, pod_ip, &self.cfg);
+                    write(it["path"].as_str().unwrap_or_default(), &v)?;
+                }
+            }
+        }
+        Ok(Some(dir))
+    }
+
+    /// (Ready, restarts) of the simulated agent `app` of this node.
+    fn simulated_state(&self, app: &str) -> (bool, u64) {
+        match app {
+            "calico-node" => (self.agent.is_ready(), self.agent.restart_count()),
+            _ => (true, 0),
+        }
+    }
+
+    fn observe(self: &Arc<Self>, pod: Arc<Value>, deleted: bool) {
+        if pod["spec"]["nodeName"].as_str() != Some(self.cfg.node.as_str()) {
             return;
         }
         let Some(uid) = pod["metadata"]["uid"].as_str().map(str::to_owned) else {
             return;
         };
-        let mut workers = match self.workers.lock() {
-            Ok(w) => w,
-            Err(p) => p.into_inner(),
-        };
+        let mut workers = lock(&self.workers);
         if let Some(tx) = workers.get(&uid) {
             let mut obj = (*pod).clone();
             if deleted && obj["metadata"]["deletionTimestamp"].is_null() {
@@ -225,54 +787,193 @@ impl Kubelet {
                 obj["metadata"]["deletionTimestamp"] = json!(now_rfc3339());
                 obj["metadata"]["deletionGracePeriodSeconds"] = json!(0);
             }
+            if deleted {
+                obj["metadata"]["annotations"]["testbed.firstpacket.io/gone"] = json!("true");
+            }
             let _ = tx.send(Arc::new(obj));
             return;
         }
         if deleted {
             return;
         }
-        let already_finished = self
-            .finished
-            .lock()
-            .map(|f| f.iter().any(|u| u == &uid))
-            .unwrap_or(false);
+        let already_finished = lock(&self.finished).iter().any(|u| u == &uid);
+        let ns = pod["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("default")
+            .to_owned();
+        let name = pod["metadata"]["name"].as_str().unwrap_or("").to_owned();
         if already_finished || !pod["metadata"]["deletionTimestamp"].is_null() {
             // A stale event for a pod this kubelet already finished, or a pod being
             // deleted that never started here: nothing to run.
             if !already_finished {
-                let ns = pod["metadata"]["namespace"].as_str().unwrap_or("default");
-                let name = pod["metadata"]["name"].as_str().unwrap_or("");
-                let _ = self.store.remove(Kind::Pod, Some(ns), name, &uid);
+                let me = self.clone();
+                tokio::spawn(async move { me.delete_final(&ns, &name, &uid).await });
             }
             return;
         }
         let (tx, rx) = watch::channel(pod.clone());
         workers.insert(uid.clone(), tx);
         drop(workers);
+        let writer = Arc::new(StatusWriter {
+            api: self.api.clone(),
+            ns: ns.clone(),
+            name: name.clone(),
+            uid: uid.clone(),
+            state: tokio::sync::Mutex::new(WriterState {
+                acked: pod["status"].clone(),
+                desired: pod["status"].clone(),
+            }),
+            stale: AtomicBool::new(false),
+            retrying: AtomicBool::new(false),
+        });
+        lock(&self.writers).insert(uid.clone(), writer.clone());
         let me = self.clone();
+        let simulated = pod["metadata"]["annotations"][SIMULATED_ANNOTATION]
+            .as_str()
+            .map(str::to_owned);
         tokio::spawn(async move {
-            let ns = pod["metadata"]["namespace"]
-                .as_str()
-                .unwrap_or("default")
-                .to_owned();
-            let name = pod["metadata"]["name"].as_str().unwrap_or("").to_owned();
             let worker = PodWorker {
                 k: me.clone(),
                 ns,
                 name,
                 uid: uid.clone(),
                 rx,
+                status: writer,
             };
-            worker.run().await;
-            if let Ok(mut f) = me.finished.lock() {
+            match simulated {
+                Some(app) => worker.run_simulated(&app).await,
+                None => worker.run().await,
+            }
+            {
+                let mut f = lock(&me.finished);
                 if f.len() >= FINISHED_MEMORY {
                     f.pop_front();
                 }
                 f.push_back(uid.clone());
             }
-            if let Ok(mut w) = me.workers.lock() {
-                w.remove(&uid);
+            lock(&me.workers).remove(&uid);
+            lock(&me.writers).remove(&uid);
+        });
+    }
+}
+
+struct WriterState {
+    /// The status as the API server last confirmed it (after our last patch).
+    acked: Value,
+    /// The status as the kubelet wants it.
+    desired: Value,
+}
+
+/// Writes one pod's status through `pods/NAME/status`: each change is sent as the
+/// merge patch from the last confirmed status to the wanted one, with `metadata.uid`
+/// (the server refuses it for another pod of the same name). A refused patch (e.g. 403)
+/// is sent again with the next change; when the API does not answer, it is retried
+/// every second.
+struct StatusWriter {
+    api: ApiClient,
+    ns: String,
+    name: String,
+    uid: String,
+    state: tokio::sync::Mutex<WriterState>,
+    /// Someone else may have changed the status (the kubelet was stopped): re-read it
+    /// before the next write.
+    stale: AtomicBool,
+    retrying: AtomicBool,
+}
+
+impl StatusWriter {
+    fn mark_stale(&self) {
+        self.stale.store(true, Ordering::SeqCst);
+    }
+
+    /// Re-reads the stored status when stale; returns it then (`None` otherwise or on
+    /// error). Unsent changes stay wanted.
+    async fn resync(&self, st: &mut WriterState) -> Option<Value> {
+        if !self.stale.swap(false, Ordering::SeqCst) {
+            return None;
+        }
+        match self
+            .api
+            .get(&core_path(Some(&self.ns), "pods", &self.name))
+            .await
+        {
+            Ok(p) if p["metadata"]["uid"].as_str() == Some(self.uid.as_str()) => {
+                let server = p["status"].clone();
+                if st.acked == st.desired {
+                    st.desired = server.clone();
+                }
+                st.acked = server.clone();
+                Some(server)
             }
+            Ok(_) => None,
+            Err(e) => {
+                if e.is_transient() {
+                    self.mark_stale();
+                }
+                None
+            }
+        }
+    }
+
+    /// After a stop: the stored status when someone else may have changed it.
+    async fn resync_now(&self) -> Option<Value> {
+        let mut st = self.state.lock().await;
+        self.resync(&mut st).await
+    }
+
+    /// Applies `f` to the wanted status and sends what changed.
+    async fn update(self: &Arc<Self>, f: impl FnOnce(&mut Value)) {
+        {
+            let mut st = self.state.lock().await;
+            if !st.desired.is_object() {
+                st.desired = json!({});
+            }
+            f(&mut st.desired);
+        }
+        self.flush().await;
+    }
+
+    async fn flush(self: &Arc<Self>) {
+        let mut st = self.state.lock().await;
+        self.resync(&mut st).await;
+        let acked = if st.acked.is_object() {
+            st.acked.clone()
+        } else {
+            json!({})
+        };
+        let Some(diff) = merge_diff(&acked, &st.desired) else {
+            return;
+        };
+        let path = format!("{}/status", core_path(Some(&self.ns), "pods", &self.name));
+        let body = json!({ "metadata": { "uid": self.uid }, "status": diff });
+        match self.api.patch(&path, PatchKind::Merge, &body).await {
+            Ok(_) => st.acked = st.desired.clone(),
+            Err(e) if e.code == 404 || e.code == 409 => {
+                tracing::debug!(pod = %self.name, error = %e, "status update skipped: pod gone");
+            }
+            Err(e) if e.is_transient() => {
+                tracing::debug!(pod = %self.name, error = %e, "status update failed; retrying");
+                self.retry_after(Duration::from_secs(1));
+            }
+            Err(e) => {
+                // Refused (e.g. 403): the real kubelet's status manager re-syncs
+                // periodically; so does this one.
+                tracing::warn!(pod = %self.name, error = %e, "status update refused");
+                self.retry_after(STATUS_RESYNC);
+            }
+        }
+    }
+
+    /// Sends the unsent changes again after `d` (one retry pending at a time).
+    fn retry_after(self: &Arc<Self>, d: Duration) {
+        if self.retrying.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(d).await;
+            me.retrying.store(false, Ordering::SeqCst);
+            Box::pin(me.flush()).await;
         });
     }
 }
@@ -284,6 +985,7 @@ struct PodWorker {
     name: String,
     uid: String,
     rx: watch::Receiver<Arc<Value>>,
+    status: Arc<StatusWriter>,
 }
 
 /// How the container ended.
@@ -311,29 +1013,117 @@ impl PodWorker {
         }
     }
 
-    /// Applies `f` to the stored pod's status (ignoring a pod that is already gone).
-    fn update(&self, f: impl FnOnce(&mut Value)) {
-        let uid = self.uid.clone();
-        let name = self.name.clone();
-        let r = self
-            .k
-            .store
-            .modify(Kind::Pod, Some(&self.ns), &self.name, move |obj| {
-                if obj["metadata"]["uid"].as_str() != Some(uid.as_str()) {
-                    return Err(crate::api::ApiError::conflict(
-                        Kind::Pod,
-                        &name,
-                        "uid changed",
-                    ));
-                }
-                if !obj["status"].is_object() {
-                    obj["status"] = json!({});
-                }
-                f(&mut obj["status"]);
-                Ok(())
+    /// Applies `f` to the pod's status and writes what changed ([`StatusWriter`]).
+    async fn update(&self, f: impl FnOnce(&mut Value)) {
+        self.status.update(f).await
+    }
+
+    /// Waits (up to 60 s) until no other worker on this node runs a pod of the same
+    /// namespace and name (an earlier incarnation still stopping its container).
+    async fn wait_for_namesake(&self) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let busy = lock(&self.k.workers).iter().any(|(uid, tx)| {
+                let p = tx.borrow();
+                *uid != self.uid
+                    && p["metadata"]["namespace"] == self.ns.as_str()
+                    && p["metadata"]["name"] == self.name.as_str()
             });
-        if let Err(e) = r {
-            tracing::debug!(pod = %self.name, error = %e.message, "status update skipped");
+            if !busy || tokio::time::Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Whether the pod is gone from the API (not only being deleted).
+    fn gone(&self) -> bool {
+        !self.pod()["metadata"]["annotations"]["testbed.firstpacket.io/gone"].is_null()
+    }
+
+    /// A simulated agent pod (no process): Running on the node's IP (hostNetwork),
+    /// Ready and `restartCount` as the node's simulated `app` says, checked every
+    /// second while the kubelet runs; a deletion ends at once (no container to stop).
+    async fn run_simulated(mut self, app: &str) {
+        let pod = self.pod();
+        let container = pod["spec"]["containers"][0]["name"]
+            .as_str()
+            .unwrap_or(app)
+            .to_owned();
+        let image = pod["spec"]["containers"][0]["image"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned();
+        let ip = self.k.cfg.node_ip.to_string();
+        let started = now_rfc3339();
+        let mut last_restarts: Option<(u64, String)> = None;
+        loop {
+            if self.gone() {
+                return;
+            }
+            if self.deletion_requested().is_some() {
+                self.k.delete_final(&self.ns, &self.name, &self.uid).await;
+                return;
+            }
+            if !self.k.is_paused() {
+                let (ready, restarts) = self.k.simulated_state(app);
+                let since = match &last_restarts {
+                    Some((n, t)) if *n == restarts => t.clone(),
+                    _ => {
+                        let t = if last_restarts.is_none() {
+                            started.clone()
+                        } else {
+                            now_rfc3339()
+                        };
+                        last_restarts = Some((restarts, t.clone()));
+                        t
+                    }
+                };
+                let (ip, started, container, image) = (
+                    ip.clone(),
+                    started.clone(),
+                    container.clone(),
+                    image.clone(),
+                );
+                self.update(move |st| {
+                    st["phase"] = json!("Running");
+                    st["podIP"] = json!(ip);
+                    st["podIPs"] = json!([{ "ip": ip }]);
+                    st["hostIP"] = json!(ip);
+                    st["hostIPs"] = json!([{ "ip": ip }]);
+                    st["startTime"] = json!(started);
+                    if st["qosClass"].is_null() {
+                        // The API server sets it at creation (immutable afterwards).
+                        if st["qosClass"].is_null() {
+                            // The API server sets it at creation (immutable afterwards).
+                            st["qosClass"] = json!("BestEffort");
+                        }
+                    }
+                    set_condition(st, "PodReadyToStartContainers", true, None, None);
+                    set_condition(st, "Initialized", true, None, None);
+                    let (r, m) = if ready {
+                        (None, None)
+                    } else {
+                        (
+                            Some("ContainersNotReady"),
+                            Some(format!("containers with unready status: [{container}]")),
+                        )
+                    };
+                    set_condition(st, "ContainersReady", ready, r, m.clone());
+                    set_condition(st, "Ready", ready, r, m);
+                    st["containerStatuses"] = json!([{
+                        "name": container, "image": image, "imageID": "",
+                        "containerID": format!("testbed://{container}-{restarts}"), "ready": ready,
+                        "started": true, "restartCount": restarts,
+                        "state": { "running": { "startedAt": since } },
+                    }]);
+                })
+                .await;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                r = self.rx.changed() => if r.is_err() { return },
+            }
         }
     }
 
@@ -350,7 +1140,10 @@ impl PodWorker {
             st["hostIP"] = json!(node_ip);
             st["hostIPs"] = json!([{ "ip": node_ip }]);
             st["startTime"] = json!(start_time);
-            st["qosClass"] = json!("BestEffort");
+            if st["qosClass"].is_null() {
+                // The API server sets it at creation (immutable afterwards).
+                st["qosClass"] = json!("BestEffort");
+            }
             set_condition(st, "PodReadyToStartContainers", false, None, None);
             set_condition(st, "Initialized", true, None, None);
             set_condition(
@@ -369,7 +1162,8 @@ impl PodWorker {
             );
             st["containerStatuses"] =
                 json!([waiting_status(&cname, &image, "ContainerCreating", None)]);
-        });
+        })
+        .await;
 
         // Image → local binary (pod-spec contract).
         let binary = match resolve_image(&self.k.cfg.bin_dir, &image) {
@@ -379,12 +1173,17 @@ impl PodWorker {
                 self.update(|st| {
                     st["containerStatuses"] =
                         json!([waiting_status(&cname, &image, "ErrImagePull", Some(&msg))]);
-                });
+                })
+                .await;
                 self.wait_for_deletion_only().await;
                 self.finish(None).await;
                 return;
             }
         };
+
+        // A pod of the same name still being torn down here (force-deleted, then
+        // recreated) holds the sandbox name and interface: wait for it first.
+        self.wait_for_namesake().await;
 
         // Sandbox network (CNI ADD) and the agent's view of the new endpoint.
         let net = match self
@@ -403,7 +1202,8 @@ impl PodWorker {
                         "CreateContainerError",
                         Some(&msg)
                     )]);
-                });
+                })
+                .await;
                 self.wait_for_deletion_only().await;
                 self.finish(None).await;
                 return;
@@ -416,10 +1216,38 @@ impl PodWorker {
         // with the kubelet's back-off: 10 s doubling up to 5 min (Kubernetes docs, "Pod
         // Lifecycle", container restart policy).
         let pod_dir = self.k.cfg.pods_dir.join(&self.uid);
+        // The projected `kube-api-access-*` volume (ServiceAccount admission adds it).
+        let api_access = match self.k.fill_api_access(&pod, &pod_dir, &pod_ip).await {
+            Ok(dir) => dir,
+            Err(msg) => {
+                tracing::warn!(pod = %self.name, "{msg}");
+                self.update(|st| {
+                    st["podIP"] = json!(pod_ip);
+                    st["podIPs"] = json!([{ "ip": pod_ip }]);
+                    st["containerStatuses"] = json!([waiting_status(
+                        &cname,
+                        &image,
+                        "CreateContainerConfigError",
+                        Some(&msg)
+                    )]);
+                })
+                .await;
+                self.wait_for_deletion_only().await;
+                self.finish(Some(&net)).await;
+                return;
+            }
+        };
         let mut restarts: u64 = 0;
         let mut last_state = json!({});
         let ended = loop {
-            let child = match self.start_container(&pod, &container, &binary, &net, &pod_dir) {
+            let child = match self.start_container(
+                &pod,
+                &container,
+                &binary,
+                &net,
+                &pod_dir,
+                api_access.as_deref(),
+            ) {
                 Ok(c) => c,
                 Err(msg) => {
                     self.update(|st| {
@@ -431,7 +1259,8 @@ impl PodWorker {
                             "CreateContainerError",
                             Some(&msg)
                         )]);
-                    });
+                    })
+                    .await;
                     self.wait_for_deletion_only().await;
                     self.finish(Some(&net)).await;
                     return;
@@ -466,7 +1295,8 @@ impl PodWorker {
                         set_condition(st, "Ready", true, None, None);
                         set_condition(st, "ContainersReady", true, None, None);
                     }
-                });
+                })
+                .await;
             }
             if !has_readiness {
                 self.readiness_ok(&net);
@@ -477,9 +1307,8 @@ impl PodWorker {
             let probe_task = if has_readiness {
                 Some(tokio::spawn(readiness_loop(
                     self.k.clone(),
-                    self.ns.clone(),
                     self.name.clone(),
-                    self.uid.clone(),
+                    self.status.clone(),
                     container["readinessProbe"].clone(),
                     net.clone(),
                     stop_rx,
@@ -537,7 +1366,7 @@ impl PodWorker {
                 }]);
                 set_condition(st, "Ready", false, Some("ContainersNotReady"), None);
                 set_condition(st, "ContainersReady", false, Some("ContainersNotReady"), None);
-            });
+            }).await;
                 if self.sleep_unless_deleted(backoff).await {
                     self.finish(Some(&net)).await;
                     return;
@@ -573,7 +1402,8 @@ impl PodWorker {
                     } else {
                         st["phase"] = json!("Failed");
                     }
-                });
+                })
+                .await;
             }
             break ended;
         };
@@ -603,6 +1433,7 @@ impl PodWorker {
         binary: &Path,
         net: &PodNet,
         pod_dir: &Path,
+        api_access: Option<&Path>,
     ) -> Result<tokio::process::Child, String> {
         let dev_dir = pod_dir.join("dev");
         std::fs::create_dir_all(&dev_dir)
@@ -633,7 +1464,11 @@ impl PodWorker {
             .arg(&dev_dir)
             .arg("--hostname")
             .arg(&self.name);
-        if pod["spec"]["automountServiceAccountToken"] != false {
+        if let Some(dir) = api_access {
+            cmd.arg("--sa-dir").arg(dir);
+        } else if pod["spec"]["automountServiceAccountToken"] != false {
+            // No API access volume (a pod created before admission added one): the
+            // placeholder token and the CA file.
             let sa = pod_dir.join("serviceaccount");
             std::fs::create_dir_all(&sa).map_err(|e| format!("mkdir {}: {e}", sa.display()))?;
             if let Some(ca) = &self.k.cfg.ca_cert {
@@ -781,10 +1616,9 @@ impl PodWorker {
             iface: None,
             detail: json!({}),
         });
-        let _ = self
-            .k
-            .store
-            .remove(Kind::Pod, Some(&self.ns), &self.name, &self.uid);
+        if !self.gone() {
+            self.k.delete_final(&self.ns, &self.name, &self.uid).await;
+        }
         let _ = std::fs::remove_dir_all(self.k.cfg.pods_dir.join(&self.uid));
     }
 }
@@ -793,9 +1627,8 @@ impl PodWorker {
 /// every transition and emits `readiness_ok` on the first pass.
 async fn readiness_loop(
     k: Arc<Kubelet>,
-    ns: String,
     name: String,
-    uid: String,
+    status: Arc<StatusWriter>,
     probe: Value,
     net: PodNet,
     mut stop: watch::Receiver<bool>,
@@ -828,13 +1661,18 @@ async fn readiness_loop(
         if k.is_paused() {
             continue;
         }
-        // The node controller may have flipped Ready while the kubelet was stopped.
-        if let Ok(obj) = k.store.get(Kind::Pod, Some(&ns), &name) {
-            if obj["metadata"]["uid"].as_str() == Some(uid.as_str()) {
-                ready = obj["status"]["containerStatuses"][0]["ready"]
-                    .as_bool()
-                    .unwrap_or(ready);
-            }
+        // The node controller may have flipped Ready while the kubelet was stopped: the
+        // built-in one sets the container unready too, kube-controller-manager's
+        // node-lifecycle controller only the pod's Ready condition (MarkPodsNotReady).
+        if let Some(st) = status.resync_now().await {
+            let condition = st["conditions"]
+                .as_array()
+                .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
+                .map(|c| c["status"] == "True");
+            ready = st["containerStatuses"][0]["ready"]
+                .as_bool()
+                .unwrap_or(ready)
+                && condition.unwrap_or(true);
         }
         let passed = http.is_object()
             && matches!(
@@ -862,36 +1700,108 @@ async fn readiness_loop(
         }
         if new_ready != ready {
             ready = new_ready;
-            let (uid, pod_name) = (uid.clone(), name.clone());
-            let _ = k.store.modify(Kind::Pod, Some(&ns), &name, move |obj| {
-                if obj["metadata"]["uid"].as_str() != Some(uid.as_str()) {
-                    return Err(crate::api::ApiError::conflict(
-                        Kind::Pod,
-                        &pod_name,
-                        "uid changed",
-                    ));
-                }
-                let st = &mut obj["status"];
-                if let Some(cs) = st["containerStatuses"].get_mut(0) {
-                    if cs["state"]["running"].is_null() {
-                        return Ok(());
+            status
+                .update(move |st| {
+                    if let Some(cs) = st["containerStatuses"].get_mut(0) {
+                        if cs["state"]["running"].is_null() {
+                            return;
+                        }
+                        cs["ready"] = json!(ready);
                     }
-                    cs["ready"] = json!(ready);
-                }
-                let (r, m) = if ready {
-                    (None, None)
-                } else {
-                    (
-                        Some("ContainersNotReady"),
-                        Some("containers with unready status".to_owned()),
-                    )
-                };
-                set_condition(st, "Ready", ready, r, m.clone());
-                set_condition(st, "ContainersReady", ready, r, m);
-                Ok(())
-            });
+                    let (r, m) = if ready {
+                        (None, None)
+                    } else {
+                        (
+                            Some("ContainersNotReady"),
+                            Some("containers with unready status".to_owned()),
+                        )
+                    };
+                    set_condition(st, "Ready", ready, r, m.clone());
+                    set_condition(st, "ContainersReady", ready, r, m);
+                })
+                .await;
         }
     }
+}
+
+/// `GET /containerLogs/{namespace}/{pod}/{container}` of the kubelet API.
+async fn container_logs(
+    axum::extract::State(k): axum::extract::State<Arc<Kubelet>>,
+    axum::extract::Path((ns, pod, container)): axum::extract::Path<(String, String, String)>,
+    axum::extract::Query(q): axum::extract::Query<HashMap<String, String>>,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let text = |code: u16, body: String| {
+        (
+            axum::http::StatusCode::from_u16(code)
+                .unwrap_or(axum::http::StatusCode::INTERNAL_SERVER_ERROR),
+            [("Content-Type", "text/plain")],
+            body,
+        )
+            .into_response()
+    };
+    let Some((uid, obj)) = k.find_pod(&ns, &pod) else {
+        return text(404, format!("pod {ns}/{pod} not found on {}\n", k.cfg.node));
+    };
+    let known = obj["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["name"] == container.as_str());
+    if !known {
+        return text(
+            404,
+            format!("container {container} is not valid for pod {pod}\n"),
+        );
+    }
+    let tail = q.get("tailLines").and_then(|t| t.parse::<usize>().ok());
+    let limit = q.get("limitBytes").and_then(|t| t.parse::<usize>().ok());
+    let Some(mut logs) = read_logs(&k.cfg.pods_dir, &uid, tail) else {
+        return text(
+            404,
+            format!("container {container} in pod {pod} has not started\n"),
+        );
+    };
+    if let Some(l) = limit {
+        logs.truncate(l.min(logs.len()));
+    }
+    if q.get("follow").is_none_or(|f| f != "true" && f != "1") {
+        return text(200, logs);
+    }
+    // Follow: what is there, then every new byte of the file until the pod's worker
+    // ends.
+    let path = k.cfg.pods_dir.join(&uid).join("container.log");
+    let start = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(16);
+    let k2 = k.clone();
+    tokio::spawn(async move {
+        if tx.send(Ok(logs.into_bytes())).await.is_err() {
+            return;
+        }
+        let mut pos = start;
+        loop {
+            let alive = lock(&k2.workers).contains_key(&uid);
+            let data = std::fs::read(&path).unwrap_or_default();
+            let len = data.len() as u64;
+            if len > pos {
+                let chunk = data[pos as usize..].to_vec();
+                pos = len;
+                if tx.send(Ok(chunk)).await.is_err() {
+                    return;
+                }
+            }
+            if !alive {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    let body = axum::body::Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+    axum::response::Response::builder()
+        .status(200)
+        .header("Content-Type", "text/plain")
+        .body(body)
+        .unwrap_or_else(|_| text(500, String::new()))
 }
 
 /// Maps an image reference to a binary in `bin_dir`: the last path component without

@@ -8,6 +8,7 @@
 pub mod agent;
 pub mod api;
 pub mod cli;
+pub mod client;
 pub mod control_plane;
 pub mod controllers;
 pub mod daemon;

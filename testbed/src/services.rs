@@ -1,8 +1,10 @@
 //! The testbed's service dataplane: a kube-proxy-like programmer per node (DESIGN §5,
 //! issue 5 `service` kind; `service_delay` fault, `service_programmed` truth events).
 //!
-//! Each node runs one [`ServiceProxy`]. It watches Services and EndpointSlices in the
-//! [`Store`] and keeps its **own** nftables table, `ip firstpacket-svc`
+//! Each node runs one [`ServiceProxy`]. It watches Services and EndpointSlices
+//! (`discovery.k8s.io/v1`) through the API ([`crate::client`]), as kube-proxy does, so
+//! it programs the same from the built-in API server and a real one (whose
+//! EndpointSlice controller writes the slices), and keeps its **own** nftables table, `ip firstpacket-svc`
 //! ([`NFT_SVC_TABLE`]), in the node netns (it never touches the CNI dataplane's `inet
 //! firstpacket` table). The table mirrors kube-proxy's nftables mode
 //! (k8s.io/kubernetes `pkg/proxy/nftables/proxier.go`), reduced to ClusterIPs:
@@ -31,10 +33,12 @@
 //! The table is rewritten whole in one `nft -f -` transaction (`ip netns exec NETNS nft
 //! -f -`, about 30 ms), so it is never half-programmed.
 
-use crate::api::{Kind, Store};
+use crate::api::Kind;
+use crate::client::ApiClient;
 use crate::controllers::SERVICE_NAME_LABEL;
 use crate::plan::Ipv4Cidr;
 use crate::truth::{unix_now, TruthEvent, TruthKind};
+use futures::StreamExt;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
@@ -42,7 +46,7 @@ use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
-use tokio::sync::broadcast::error::{RecvError, TryRecvError};
+use tokio::sync::mpsc::error::TryRecvError;
 use tokio::time::Instant;
 
 /// nftables table (family `ip`) of the service dataplane in each node netns.
@@ -201,11 +205,12 @@ fn nft_proto(p: &str) -> String {
 /// (discovery.k8s.io/v1: an unset `ready` means ready), on the slice port of the same
 /// name and protocol (kube-proxy's `EndpointSliceCache`). Services without a ready
 /// endpoint are listed with empty backends (their ports get rejected).
-pub fn desired_rules(store: &Store) -> BTreeMap<ServiceKey, ServiceRules> {
-    let (services, _) = store.list(Kind::Service, None);
-    let (slices, _) = store.list(Kind::EndpointSlice, None);
+pub fn desired_rules<'a>(
+    services: impl IntoIterator<Item = &'a Value>,
+    slices: impl IntoIterator<Item = &'a Value>,
+) -> BTreeMap<ServiceKey, ServiceRules> {
     let mut by_service: HashMap<ServiceKey, Vec<&Value>> = HashMap::new();
-    for s in &slices {
+    for s in slices {
         if s["addressType"] != "IPv4" {
             continue;
         }
@@ -218,7 +223,7 @@ pub fn desired_rules(store: &Store) -> BTreeMap<ServiceKey, ServiceRules> {
         }
     }
     let mut out = BTreeMap::new();
-    for svc in &services {
+    for svc in services {
         if svc["spec"]["type"] == "ExternalName" {
             continue;
         }
@@ -474,7 +479,7 @@ impl ServiceProxy {
     /// programmed after the delay like any change. Errors: [`ServiceError`] from `ip` or
     /// `nft`.
     pub async fn start(
-        store: Arc<Store>,
+        api: ApiClient,
         cfg: ServiceProxyConfig,
     ) -> Result<ServiceProxy, ServiceError> {
         let cidr = cfg.service_cidr.to_string();
@@ -492,7 +497,7 @@ impl ServiceProxy {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let netns = cfg.netns.clone();
         let mut proxy = Proxy {
-            store: store.clone(),
+            objects: HashMap::new(),
             cfg,
             seen: BTreeMap::new(),
             pending: Vec::new(),
@@ -503,10 +508,16 @@ impl ServiceProxy {
             seq: 0,
             retry_at: None,
         };
-        // Subscribe before the first read so no change falls in between.
-        let rx = store.subscribe();
+        let (tx, rx) = tokio::sync::mpsc::channel(1024);
+        let watches = [Kind::Service, Kind::EndpointSlice]
+            .map(|kind| tokio::spawn(watch_kind(api.kube(), kind, tx.clone())));
         proxy.observe();
-        let task = tokio::spawn(proxy.run(rx, stop_rx));
+        let task = tokio::spawn(async move {
+            proxy.run(rx, stop_rx).await;
+            for w in watches {
+                w.abort();
+            }
+        });
         Ok(ServiceProxy {
             netns,
             stop: Some(stop_tx),
@@ -552,8 +563,68 @@ struct Pending {
     delay: Duration,
 }
 
+/// A change seen by one of the proxy's watches.
+enum Seen {
+    /// Added or modified.
+    Upsert(Kind, Value),
+    /// Deleted.
+    Remove(Kind, Value),
+    /// A (re-)list: every object of the kind.
+    Replace(Kind, Vec<Value>),
+}
+
+fn object_key(o: &Value) -> ServiceKey {
+    (
+        o["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("")
+            .to_string(),
+        o["metadata"]["name"].as_str().unwrap_or("").to_string(),
+    )
+}
+
+/// Watches every object of `kind` (all namespaces) and forwards what it sees; re-lists
+/// after a watch loss like any informer. Ends when the proxy is gone.
+async fn watch_kind(client: kube::Client, kind: Kind, tx: tokio::sync::mpsc::Sender<Seen>) {
+    use kube::runtime::watcher::{watcher, Config, Event};
+    use kube::runtime::WatchStreamExt;
+    let ar = match kind {
+        Kind::Service => kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::Service>(&()),
+        _ => kube::api::ApiResource::erase::<k8s_openapi::api::discovery::v1::EndpointSlice>(&()),
+    };
+    let api = kube::Api::<kube::api::DynamicObject>::all_with(client, &ar);
+    let mut stream = watcher(api, Config::default())
+        .backoff(crate::client::QuickBackoff::default())
+        .boxed();
+    let mut init = Vec::new();
+    let to_value = |o: kube::api::DynamicObject| serde_json::to_value(o).unwrap_or_default();
+    while let Some(ev) = stream.next().await {
+        let msg = match ev {
+            Ok(Event::Apply(o)) => Seen::Upsert(kind, to_value(o)),
+            Ok(Event::Delete(o)) => Seen::Remove(kind, to_value(o)),
+            Ok(Event::Init) => {
+                init.clear();
+                continue;
+            }
+            Ok(Event::InitApply(o)) => {
+                init.push(to_value(o));
+                continue;
+            }
+            Ok(Event::InitDone) => Seen::Replace(kind, std::mem::take(&mut init)),
+            Err(e) => {
+                tracing::debug!(kind = ?kind, error = %e, "service proxy watch");
+                continue;
+            }
+        };
+        if tx.send(msg).await.is_err() {
+            return;
+        }
+    }
+}
+
 struct Proxy {
-    store: Arc<Store>,
+    /// Services and EndpointSlices as the watches last saw them.
+    objects: HashMap<Kind, BTreeMap<ServiceKey, Value>>,
     cfg: ServiceProxyConfig,
     /// Last desired rules seen per Service (to detect changes).
     seen: BTreeMap<ServiceKey, ServiceRules>,
@@ -573,7 +644,10 @@ impl Proxy {
     /// Compares the store's desired rules with the last seen ones and queues each
     /// change with its delay.
     fn observe(&mut self) {
-        let desired = desired_rules(&self.store);
+        let empty = BTreeMap::new();
+        let services = self.objects.get(&Kind::Service).unwrap_or(&empty);
+        let slices = self.objects.get(&Kind::EndpointSlice).unwrap_or(&empty);
+        let desired = desired_rules(services.values(), slices.values());
         let keys: BTreeSet<ServiceKey> = desired.keys().chain(self.seen.keys()).cloned().collect();
         for key in keys {
             let new = desired.get(&key);
@@ -705,9 +779,30 @@ impl Proxy {
         self.written = self.target.clone();
     }
 
+    fn apply_seen(&mut self, msg: Seen) {
+        match msg {
+            Seen::Upsert(kind, o) => {
+                self.objects
+                    .entry(kind)
+                    .or_default()
+                    .insert(object_key(&o), o);
+            }
+            Seen::Remove(kind, o) => {
+                self.objects
+                    .entry(kind)
+                    .or_default()
+                    .remove(&object_key(&o));
+            }
+            Seen::Replace(kind, all) => {
+                self.objects
+                    .insert(kind, all.into_iter().map(|o| (object_key(&o), o)).collect());
+            }
+        }
+    }
+
     async fn run(
         mut self,
-        mut rx: tokio::sync::broadcast::Receiver<crate::api::StoreEvent>,
+        mut rx: tokio::sync::mpsc::Receiver<Seen>,
         mut stop: tokio::sync::watch::Receiver<bool>,
     ) {
         loop {
@@ -721,18 +816,22 @@ impl Proxy {
             tokio::select! {
                 _ = stop.changed() => return,
                 r = rx.recv() => match r {
-                    Ok(ev) => dirty = matches!(ev.kind, Kind::Service | Kind::EndpointSlice),
-                    Err(RecvError::Lagged(_)) => dirty = true,
-                    Err(RecvError::Closed) => return,
+                    Some(msg) => {
+                        self.apply_seen(msg);
+                        dirty = true;
+                    }
+                    None => return,
                 },
                 _ = sleep_until_opt(wake) => {}
             }
             loop {
                 match rx.try_recv() {
-                    Ok(ev) => dirty |= matches!(ev.kind, Kind::Service | Kind::EndpointSlice),
-                    Err(TryRecvError::Lagged(_)) => dirty = true,
+                    Ok(msg) => {
+                        self.apply_seen(msg);
+                        dirty = true;
+                    }
                     Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Closed) => return,
+                    Err(TryRecvError::Disconnected) => return,
                 }
             }
             if *stop.borrow() {
@@ -824,7 +923,7 @@ mod tests {
 
     #[test]
     fn desired_rules_take_ready_endpoints_on_the_named_slice_port() {
-        let store = Store::new();
+        let store = crate::api::Store::new();
         store
             .create(
                 Kind::Service,
@@ -854,7 +953,9 @@ mod tests {
                     {"addresses": ["10.7.1.8"], "conditions": {}}]}),
             )
             .unwrap();
-        let d = desired_rules(&store);
+        let (services, _) = store.list(Kind::Service, None);
+        let (slices, _) = store.list(Kind::EndpointSlice, None);
+        let d = desired_rules(&services, &slices);
         assert_eq!(d.len(), 1, "headless Services get no rules: {d:?}");
         let r = &d[&key("web")];
         assert_eq!(r.cluster_ip, Ipv4Addr::new(10, 250, 0, 20));

@@ -306,6 +306,29 @@ pub fn write_pem(path: &Path, text: &str, private: bool) -> Result<(), TlsError>
     write(path, text, private)
 }
 
+/// A serving certificate with common name `cn` for `sans`, signed by the CA in `dir`
+/// (made by [`ensure_pki`]); returns (certificate PEM, key PEM). Nothing is written.
+/// Used for the kubelets' API (`<node IP>:10250`). Errors: no/unreadable `ca.key`,
+/// certificate generation.
+pub fn issue_serving_cert(
+    dir: &Path,
+    cn: &str,
+    sans: &[String],
+) -> Result<(String, String), TlsError> {
+    let path = dir.join("ca.key");
+    let key = read(&path)?.ok_or_else(|| TlsError::Io {
+        path: path.clone(),
+        source: std::io::Error::from(std::io::ErrorKind::NotFound),
+    })?;
+    leaf_cert(
+        cn,
+        &[],
+        sans,
+        ExtendedKeyUsagePurpose::ServerAuth,
+        &KeyPair::from_pem(&key)?,
+    )
+}
+
 /// The DER certificates in `pem` (kube-rs' `Config::root_cert` takes these). Errors:
 /// [`TlsError::Pem`] when there is none.
 pub fn certs_der(pem: &str) -> Result<Vec<Vec<u8>>, TlsError> {

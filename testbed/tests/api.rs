@@ -1171,3 +1171,78 @@ async fn kubectl_logs_follow_streams_until_the_container_ends() {
     assert_eq!((rc, out.as_str()), (0, "one\ntwo\n"), "{err}");
     assert!(t0.elapsed() >= Duration::from_millis(600));
 }
+
+/// The node components' client ([`testbed::client`]) against the built-in server: a
+/// status patch carrying a stale `metadata.uid` and a DELETE with a stale UID
+/// precondition both answer 409 and leave the new pod alone; with the right UID the
+/// patch lands only in `status` and the grace-0 DELETE removes a bound pod at once;
+/// `spec.nodeName` field selectors filter lists.
+#[tokio::test]
+async fn uid_preconditions_guard_status_patches_and_final_deletes() {
+    let store = Store::new();
+    store
+        .create(Kind::Node, node_json("node-1", "10.0.0.1"))
+        .expect("node");
+    let url = start(store.clone()).await;
+    let api = testbed::client::ClusterEndpoint {
+        url,
+        ca_pem: None,
+        identity: testbed::client::ClientIdentity::Token("t".into()),
+    }
+    .client()
+    .await
+    .expect("client");
+    let created = store
+        .create(Kind::Pod, pod_json("default", "p", "web", Some("node-1")))
+        .expect("pod");
+    let uid = created["metadata"]["uid"].as_str().expect("uid").to_owned();
+    let status = "/api/v1/namespaces/default/pods/p/status";
+    let stale = json!({"metadata": {"uid": "not-the-uid"}, "status": {"phase": "Running"}});
+    let e = api
+        .patch(status, testbed::client::PatchKind::Merge, &stale)
+        .await
+        .expect_err("stale uid patch");
+    assert_eq!(e.code, 409, "{e}");
+    let good = json!({"metadata": {"uid": uid}, "status": {"phase": "Running"},
+                      "spec": {"nodeName": "elsewhere"}});
+    let out = api
+        .patch(status, testbed::client::PatchKind::Merge, &good)
+        .await
+        .expect("status patch");
+    assert_eq!(out["status"]["phase"], "Running");
+    assert_eq!(
+        out["spec"]["nodeName"], "node-1",
+        "status patch left spec alone"
+    );
+
+    let list = api
+        .get("/api/v1/pods?fieldSelector=spec.nodeName%3Dnode-1")
+        .await
+        .expect("list");
+    assert_eq!(list["items"].as_array().map(Vec::len), Some(1));
+    let list = api
+        .get("/api/v1/pods?fieldSelector=spec.nodeName%3Dnode-2")
+        .await
+        .expect("list");
+    assert_eq!(list["items"].as_array().map(Vec::len), Some(0));
+
+    let path = "/api/v1/namespaces/default/pods/p";
+    let opts = |u: &str| json!({"gracePeriodSeconds": 0, "preconditions": {"uid": u}});
+    let e = api
+        .delete(path, &opts("not-the-uid"))
+        .await
+        .expect_err("stale uid delete");
+    assert_eq!(e.code, 409, "{e}");
+    assert!(e.message.contains("Precondition failed"), "{e}");
+    assert!(store.get(Kind::Pod, Some("default"), "p").is_ok());
+    api.delete(path, &opts(&uid)).await.expect("final delete");
+    assert_eq!(
+        store
+            .get(Kind::Pod, Some("default"), "p")
+            .map(|_| ())
+            .unwrap_err()
+            .code,
+        404,
+        "grace 0 removes a bound pod at once"
+    );
+}

@@ -132,6 +132,26 @@ fn store_with_controllers(rt: &tokio::runtime::Runtime, bed: &Bed) -> (Arc<Store
     (store, cidr)
 }
 
+/// An API client of `store` served over plain HTTP on 127.0.0.1 (the proxy watches
+/// through the API, as on a node). Built on `rt`, where the proxy runs.
+fn api_of(rt: &tokio::runtime::Runtime, store: &Arc<Store>) -> testbed::client::ApiClient {
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind API");
+        let addr = listener.local_addr().expect("API addr");
+        tokio::spawn(testbed::api::serve(store.clone(), listener));
+        testbed::client::ClusterEndpoint {
+            url: format!("http://{addr}"),
+            ca_pem: None,
+            identity: testbed::client::ClientIdentity::Anonymous,
+        }
+        .client()
+        .await
+        .expect("API client")
+    })
+}
+
 /// Client pod `client` on node-1 and target pod `target` (serving `target\n`) on
 /// node-2, both allowed in the CNI dataplane.
 fn client_and_target(bed: &Bed) -> (PodNet, PodNet, Server) {
@@ -193,7 +213,7 @@ fn cluster_ip_works_only_after_the_delayed_programming_and_stops_when_the_endpoi
         metrics: Some(kp_metrics.clone()),
     };
     let proxy = rt
-        .block_on(ServiceProxy::start(store.clone(), cfg))
+        .block_on(ServiceProxy::start(api_of(&rt, &store), cfg))
         .expect("start proxy");
     assert!(nft_tables(&bed.plan.nodes[0].netns).contains(NFT_SVC_TABLE));
 
@@ -395,7 +415,7 @@ fn a_newer_change_supersedes_one_still_waiting_for_its_delay() {
         std::thread::sleep(Duration::from_millis(10));
     }
     let proxy = rt
-        .block_on(ServiceProxy::start(store.clone(), cfg))
+        .block_on(ServiceProxy::start(api_of(&rt, &store), cfg))
         .expect("start");
     std::thread::sleep(Duration::from_millis(100));
     set_ready(&store, &t, false);

@@ -107,6 +107,7 @@ pub fn resource_list(group: &str, version: &str) -> Option<Value> {
                     &["create", "delete", "get", "patch", "update"],
                 ));
             }
+            Kind::ServiceAccount => resources.push(sub(k, "token", &["create"])),
             Kind::Node | Kind::Namespace | Kind::Deployment | Kind::Job => {
                 resources.push(sub(k, "status", &["get", "patch", "update"]))
             }

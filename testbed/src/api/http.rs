@@ -220,6 +220,10 @@ async fn handle(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let verb = verb_of(method, &target, params);
+    let node = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v == format!("Bearer {}", super::NODE_TOKEN));
     match &target {
         Target::Root { core } => {
             if method != Method::GET {
@@ -254,7 +258,7 @@ async fn handle(
             .map(|v| json_response(200, &v))
             .ok_or_else(ApiError::no_route),
         Target::Collection { kind, ns } => {
-            if store.is_denied(verb, kind.plural(), ns.as_deref()) {
+            if store.is_denied_to(verb, kind.plural(), ns.as_deref(), node) {
                 return Err(forbidden(*kind, "", verb, kind.plural(), ns.as_deref()));
             }
             match *method {
@@ -276,7 +280,7 @@ async fn handle(
                 Some(s) => format!("{}/{s}", kind.plural()),
                 None => kind.plural().to_string(),
             };
-            if store.is_denied(verb, &resource, ns.as_deref()) {
+            if store.is_denied_to(verb, &resource, ns.as_deref(), node) {
                 return Err(forbidden(*kind, name, verb, &resource, ns.as_deref()));
             }
             let ns = ns.as_deref();
@@ -311,6 +315,9 @@ async fn handle(
                         body,
                     )
                     .await
+                }
+                (Some("token"), &Method::POST) if *kind == Kind::ServiceAccount => {
+                    token_request(store, ns.unwrap_or("default"), name, &body)
                 }
                 (None, _) | (Some("status"), _) => Err(ApiError::method_not_allowed()),
                 _ => Err(ApiError::no_route()),
@@ -708,6 +715,18 @@ fn patch(
         }
     }
     let out = store.modify(kind, ns, name, |cur| {
+        // A `metadata.uid` in the patch is a precondition (the kubelet's status patches
+        // carry one so they cannot land on a recreated pod of the same name).
+        if let Some(want) = p["metadata"]["uid"].as_str() {
+            let have = cur["metadata"]["uid"].as_str().unwrap_or("");
+            if want != have {
+                return Err(ApiError::conflict(
+                    kind,
+                    name,
+                    &format!("Precondition failed: UID in precondition: {want}, UID in object meta: {have}"),
+                ));
+            }
+        }
         let mut patched = cur.clone();
         match ct.as_str() {
             "application/merge-patch+json" => merge_patch(&mut patched, &p),
@@ -747,6 +766,43 @@ fn delete(
     let uid = opts["preconditions"]["uid"].as_str();
     let out = store.delete(kind, ns, name, grace, uid)?;
     Ok(json_response(200, &out))
+}
+
+/// `serviceaccounts/NAME/token` (TokenRequest, authentication.k8s.io/v1): the built-in
+/// server authorises every request, so the token is the placeholder every client
+/// sends; the answer has the real shape (`status.token`, `status.expirationTimestamp`,
+/// the spec echoed with `expirationSeconds` defaulted to 3600). 404 when the
+/// ServiceAccount does not exist.
+fn token_request(
+    store: &Arc<Store>,
+    ns: &str,
+    name: &str,
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    store.get(Kind::ServiceAccount, Some(ns), name)?;
+    let req = parse_body(body)?;
+    let mut spec = req["spec"].clone();
+    if !spec.is_object() {
+        spec = json!({});
+    }
+    let secs = spec["expirationSeconds"].as_i64().unwrap_or(3600).max(600);
+    spec["expirationSeconds"] = json!(secs);
+    if !spec["audiences"].is_array() {
+        spec["audiences"] = json!([]);
+    }
+    let exp = humantime::format_rfc3339_seconds(
+        std::time::SystemTime::now() + Duration::from_secs(secs.unsigned_abs()),
+    )
+    .to_string();
+    Ok(json_response(
+        201,
+        &json!({
+            "kind": "TokenRequest", "apiVersion": "authentication.k8s.io/v1",
+            "metadata": { "name": name, "namespace": ns, "creationTimestamp": null },
+            "spec": spec,
+            "status": { "token": crate::kubelet::SERVICE_ACCOUNT_TOKEN, "expirationTimestamp": exp },
+        }),
+    ))
 }
 
 fn pod_log(

@@ -27,11 +27,15 @@ pub enum Kind {
     Deployment,
     /// batch/v1 Job (reconciled by [`crate::controllers`]).
     Job,
+    /// core/v1 ServiceAccount (`default` in every namespace; `token` subresource).
+    ServiceAccount,
+    /// core/v1 ConfigMap (`kube-root-ca.crt` in every namespace).
+    ConfigMap,
 }
 
 impl Kind {
     /// Every kind, in discovery order.
-    pub const ALL: [Kind; 10] = [
+    pub const ALL: [Kind; 12] = [
         Kind::Namespace,
         Kind::Node,
         Kind::Pod,
@@ -42,6 +46,8 @@ impl Kind {
         Kind::EventsV1,
         Kind::Deployment,
         Kind::Job,
+        Kind::ServiceAccount,
+        Kind::ConfigMap,
     ];
 
     /// The `kind` field, e.g. `Pod`.
@@ -57,6 +63,8 @@ impl Kind {
             Kind::EventsV1 => "Event",
             Kind::Deployment => "Deployment",
             Kind::Job => "Job",
+            Kind::ServiceAccount => "ServiceAccount",
+            Kind::ConfigMap => "ConfigMap",
         }
     }
 
@@ -73,6 +81,8 @@ impl Kind {
             Kind::EventsV1 => "events",
             Kind::Deployment => "deployments",
             Kind::Job => "jobs",
+            Kind::ServiceAccount => "serviceaccounts",
+            Kind::ConfigMap => "configmaps",
         }
     }
 
@@ -89,6 +99,8 @@ impl Kind {
             Kind::EventsV1 => "event",
             Kind::Deployment => "deployment",
             Kind::Job => "job",
+            Kind::ServiceAccount => "serviceaccount",
+            Kind::ConfigMap => "configmap",
         }
     }
 
@@ -135,6 +147,8 @@ impl Kind {
             Kind::Event => &["ev"],
             Kind::Service => &["svc"],
             Kind::Deployment => &["deploy"],
+            Kind::ServiceAccount => &["sa"],
+            Kind::ConfigMap => &["cm"],
             Kind::EndpointSlice | Kind::Lease | Kind::EventsV1 | Kind::Job => &[],
         }
     }

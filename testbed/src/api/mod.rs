@@ -28,12 +28,12 @@ pub use error::ApiError;
 pub use http::{router, serve};
 pub use kind::Kind;
 pub use patch::{apply_json_patch, merge_patch, strategic_merge_patch};
-pub use server::{serve_tls, ApiServer, Binder};
+pub use server::{serve_router_tls, serve_tls, ApiServer, Binder};
 pub use service::{service_cidr, DEFAULT_SERVICE_CIDR, NODE_PORT_RANGE};
 pub use store::{
     now, rfc3339_now, LogQuery, LogSource, LogStream, PersistError, ProxyFuture, ProxyRequest,
     ProxyResponse, ProxySource, Store, StoreEvent, StoreSnapshot, WatchEventType, WatchStart,
-    DEFAULT_HISTORY, SNAPSHOT_FILE, WAL_FILE,
+    DEFAULT_HISTORY, NODE_TOKEN, SERVICE_ACCOUNT_MOUNT, SNAPSHOT_FILE, WAL_FILE,
 };
 
 /// `gitVersion` the testbed API server reports on `/version`.

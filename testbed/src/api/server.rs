@@ -73,6 +73,16 @@ async fn accept_loop(
     }
 }
 
+/// Serves any router `app` over HTTPS on `listener` with `tls` until the listener fails
+/// (the kubelets' API uses it).
+pub async fn serve_router_tls(
+    app: Router,
+    listener: tokio::net::TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+) -> io::Result<()> {
+    accept_loop(app, listener, Some(tls)).await
+}
+
 /// Serves the API over HTTPS on `listener` with the certificate chain `cert_pem` and
 /// its key `key_pem` (PEM; see [`crate::tls::server_config`]) until the listener fails.
 /// Errors: a bad certificate/key (as `InvalidInput`), or the listener's error.

@@ -299,6 +299,8 @@ pub struct Store {
     expire: tokio::sync::watch::Sender<u64>,
     /// (verb, resource, namespace or "" for everywhere) of [`Store::deny_in`].
     denied: Mutex<HashSet<(String, String, String)>>,
+    /// Denies that also reach the testbed's own node components ([`NODE_TOKEN`]).
+    denied_nodes: Mutex<HashSet<(String, String, String)>>,
     log_source: RwLock<Option<Arc<dyn LogSource>>>,
     proxy_source: RwLock<Option<Arc<dyn ProxySource>>>,
     service_cidr: RwLock<crate::plan::Ipv4Cidr>,
@@ -433,6 +435,72 @@ fn set_default(m: &mut Value, key: &str, v: Value) {
 /// Pod defaults from k8s.io/kubernetes pkg/apis/core/v1/defaults.go plus the
 /// DefaultTolerationSeconds admission plugin, and the create-time status
 /// (`phase: Pending`, `qosClass`).
+/// The bearer token the testbed's node components (kubelets, service proxies) send to
+/// the built-in API server; plain `api deny` rules do not apply to it.
+pub const NODE_TOKEN: &str = "testbed-node";
+
+/// Where the ServiceAccount admission plugin mounts the API access volume.
+pub const SERVICE_ACCOUNT_MOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// ServiceAccount admission (k8s.io/kubernetes `plugin/pkg/admission/serviceaccount`):
+/// unless `automountServiceAccountToken` is false or a container already mounts
+/// something at [`SERVICE_ACCOUNT_MOUNT`], adds the projected `kube-api-access-XXXXX`
+/// volume (a bound token for 3607 s, `ca.crt` from the `kube-root-ca.crt` ConfigMap,
+/// the namespace) and mounts it read-only in every container.
+fn add_api_access_volume(spec: &mut Value) {
+    if spec["automountServiceAccountToken"] == false {
+        return;
+    }
+    let mounted = spec["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| {
+            c["volumeMounts"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|m| m["mountPath"] == SERVICE_ACCOUNT_MOUNT)
+        });
+    if mounted {
+        return;
+    }
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let suffix: String = (0..5)
+        .map(|_| ALPHABET[rand::random_range(0..ALPHABET.len())] as char)
+        .collect();
+    let name = format!("kube-api-access-{suffix}");
+    let volume = json!({
+        "name": name,
+        "projected": {
+            "defaultMode": 420,
+            "sources": [
+                { "serviceAccountToken": { "expirationSeconds": 3607, "path": "token" } },
+                { "configMap": { "name": "kube-root-ca.crt", "items": [{ "key": "ca.crt", "path": "ca.crt" }] } },
+                { "downwardAPI": { "items": [{ "path": "namespace", "fieldRef": { "apiVersion": "v1", "fieldPath": "metadata.namespace" } }] } },
+            ],
+        },
+    });
+    if !spec["volumes"].is_array() {
+        spec["volumes"] = json!([]);
+    }
+    if let Some(v) = spec["volumes"].as_array_mut() {
+        v.push(volume);
+    }
+    if let Some(cs) = spec["containers"].as_array_mut() {
+        for c in cs {
+            if !c["volumeMounts"].is_array() {
+                c["volumeMounts"] = json!([]);
+            }
+            if let Some(m) = c["volumeMounts"].as_array_mut() {
+                m.push(
+                    json!({ "name": name, "readOnly": true, "mountPath": SERVICE_ACCOUNT_MOUNT }),
+                );
+            }
+        }
+    }
+}
+
 fn default_pod(pod: &mut Value) {
     let spec = &mut pod["spec"];
     set_default(spec, "restartPolicy", json!("Always"));
@@ -445,6 +513,7 @@ fn default_pod(pod: &mut Value) {
     set_default(spec, "preemptionPolicy", json!("PreemptLowerPriority"));
     set_default(spec, "serviceAccountName", json!("default"));
     set_default(spec, "serviceAccount", json!("default"));
+    add_api_access_volume(spec);
     let mut qos_has_resources = false;
     if let Some(cs) = spec["containers"].as_array_mut() {
         for c in cs {
@@ -664,6 +733,7 @@ impl Store {
             history_cap: history.max(1),
             expire,
             denied: Mutex::new(HashSet::new()),
+            denied_nodes: Mutex::new(HashSet::new()),
             log_source: RwLock::new(None),
             proxy_source: RwLock::new(None),
             service_cidr: RwLock::new(super::service::DEFAULT_SERVICE_CIDR),
@@ -1605,15 +1675,37 @@ impl Store {
     /// Lifts one [`Store::deny_in`] (the same strings and namespace); true when it was in
     /// force.
     pub fn allow_in(&self, verb: &str, resource: &str, namespace: Option<&str>) -> bool {
+        let key = deny_key(verb, resource, namespace);
+        let nodes = self
+            .denied_nodes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&key);
         self.denied
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(&deny_key(verb, resource, namespace))
+            .remove(&key)
+            || nodes
+    }
+
+    /// [`Store::deny_in`] that also reaches the testbed's node components (requests
+    /// with the bearer token [`NODE_TOKEN`]), which plain denies leave alone: they stand
+    /// for "the API refuses the client", not "the cluster stops working".
+    pub fn deny_everyone_in(&self, verb: &str, resource: &str, namespace: Option<&str>) {
+        self.deny_in(verb, resource, namespace);
+        self.denied_nodes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(deny_key(verb, resource, namespace));
     }
 
     /// Lifts every [`Store::deny`].
     pub fn allow_all(&self) {
         self.denied
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        self.denied_nodes
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clear();
@@ -1623,7 +1715,24 @@ impl Store {
     /// `namespace` (`None`: a cluster-scoped request or one across all namespaces, which
     /// only an everywhere-deny covers).
     pub fn is_denied(&self, verb: &str, resource: &str, namespace: Option<&str>) -> bool {
-        let d = self.denied.lock().unwrap_or_else(|e| e.into_inner());
+        self.is_denied_to(verb, resource, namespace, false)
+    }
+
+    /// [`Store::is_denied`] for a request of a node component (`node`: only denies made
+    /// with [`Store::deny_everyone_in`] reach it) or of any other client.
+    pub fn is_denied_to(
+        &self,
+        verb: &str,
+        resource: &str,
+        namespace: Option<&str>,
+        node: bool,
+    ) -> bool {
+        let set = if node {
+            &self.denied_nodes
+        } else {
+            &self.denied
+        };
+        let d = set.lock().unwrap_or_else(|e| e.into_inner());
         let scopes: &[Option<&str>] = match namespace {
             Some(ns) => &[None, Some(ns)],
             None => &[None],

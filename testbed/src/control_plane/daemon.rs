@@ -4,43 +4,118 @@
 //! variants of the `api` commands.
 //!
 //! The built-in API server, scheduler and controllers are not started. The node
-//! components (kubelets, agents, service proxy) reach an API server only through
-//! [`ControlPlane::node_endpoint`]; until they take such an endpoint they are not
-//! started in this mode either, so `ready.json` lists no nodes and `node stop|start`
-//! answers that it needs them.
+//! components (kubelets, agents, service proxy) are the same as on the built-in control
+//! plane ([`crate::daemon::start_nodes`]) and reach kube-apiserver with
+//! [`ControlPlane::node_endpoint`]. They start once kube-controller-manager has created
+//! the `default` ServiceAccounts of `default` and `kube-system` (ServiceAccount
+//! admission rejects pods before that); `ready.json` is written once every Node is
+//! Ready and the node-lifecycle controller has removed its
+//! `node.kubernetes.io/not-ready` taint (TaintNodesByCondition puts it on every new
+//! Node), so pods created right after `testbed up` schedule at once.
 
 use super::{locate_binaries, ControlPlane};
-use crate::daemon::{DaemonArgs, ReadyInfo};
+use crate::client::{ClientIdentity, ClusterEndpoint};
+use crate::daemon::{DaemonArgs, Nodes, ReadyInfo};
+use crate::dataplane::Dataplane;
 use crate::fault::Faults;
 use crate::netns::NetnsThread;
 use crate::plan::Plan;
 use crate::truth::Truth;
 use anyhow::{anyhow, Context, Result};
+use serde_json::Value;
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
 /// Runs the daemon on the real control plane until SIGTERM/SIGINT or `shutdown`; stops
 /// every control-plane process before returning (the caller removes the network).
 /// Errors: binaries missing, a component not ready (with its log tail), file I/O.
-pub async fn run(args: &DaemonArgs, plan: &Plan, truth: &Truth, faults: &Faults) -> Result<()> {
-    let state = &args.state_dir;
+pub async fn run(
+    args: &DaemonArgs,
+    plan: &Plan,
+    dataplane: &Arc<Dataplane>,
+    truth: &Truth,
+    faults: &Faults,
+) -> Result<()> {
     let bin = locate_binaries(args.control_plane_bin.as_deref())?;
     let cfg = super::Config::for_plan(plan, &bin);
     let cp = ControlPlane::start(cfg)
         .await
         .context("start the real control plane")?;
-    let result = serve(plan, truth, faults, &cp, state).await;
+    let mut nodes = None;
+    let result = serve(args, plan, dataplane, truth, faults, &cp, &mut nodes).await;
+    if let Some(n) = nodes {
+        n.shutdown().await;
+    }
     cp.stop().await;
     result
 }
 
+/// How long `up` waits for the controller-manager's ServiceAccounts and for the Nodes
+/// to be Ready without the not-ready taint.
+const NODES_READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Polls `probe` (a GET as the bootstrap identity answering 200 with a JSON body) every
+/// 200 ms until `done` holds for the body or [`NODES_READY_TIMEOUT`] passes. Errors:
+/// the deadline, naming `what` and the last answer.
+async fn wait_object(
+    cp: &ControlPlane,
+    path: &str,
+    what: &str,
+    done: impl Fn(&Value) -> bool,
+) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + NODES_READY_TIMEOUT;
+    let mut last;
+    loop {
+        match cp.request("GET", path, None).await {
+            Ok((200, body)) => {
+                if serde_json::from_slice::<Value>(&body).is_ok_and(|v| done(&v)) {
+                    return Ok(());
+                }
+                last = String::from_utf8_lossy(&body).chars().take(400).collect();
+            }
+            Ok((code, body)) => {
+                last = format!("HTTP {code}: {}", String::from_utf8_lossy(&body))
+                    .chars()
+                    .take(400)
+                    .collect();
+            }
+            Err(e) => last = format!("{e:#}"),
+        }
+        if tokio::time::Instant::now() > deadline {
+            anyhow::bail!("{what} not within {NODES_READY_TIMEOUT:?}; GET {path}: {last}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Whether Node `n` is Ready (condition True) and carries no
+/// `node.kubernetes.io/not-ready` taint.
+fn node_schedulable_ready(n: &Value) -> bool {
+    let ready = n["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "Ready" && c["status"] == "True");
+    let tainted = n["spec"]["taints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|t| t["key"] == "node.kubernetes.io/not-ready");
+    ready && !tainted
+}
+
 async fn serve(
+    args: &DaemonArgs,
     plan: &Plan,
+    dataplane: &Arc<Dataplane>,
     truth: &Truth,
     faults: &Faults,
     cp: &ControlPlane,
-    state: &std::path::Path,
+    nodes_out: &mut Option<Nodes>,
 ) -> Result<()> {
+    let state = &args.state_dir;
     // `kubeconfig` (this machine): a TCP relay on 127.0.0.1 into the host netns, so the
     // server certificate's 127.0.0.1 SAN matches; `kubeconfig-cluster`: the bridge URL.
     let host = NetnsThread::spawn(&plan.host_netns).context("start the host netns runtime")?;
@@ -54,13 +129,53 @@ async fn serve(
     let kcc = state.join("kubeconfig-cluster");
     cp.write_kubeconfig(super::pki::ADMIN, &format!("https://{local}"), &kc)?;
     cp.write_kubeconfig(super::pki::ADMIN, &cp.config().api_url(), &kcc)?;
+
+    // ServiceAccount admission rejects pods ("error looking up service account") until
+    // kube-controller-manager has created the namespace's `default` ServiceAccount.
+    for ns in ["default", "kube-system"] {
+        wait_object(
+            cp,
+            &format!("/api/v1/namespaces/{ns}/serviceaccounts/default"),
+            &format!("ServiceAccount {ns}/default (kube-controller-manager)"),
+            |_| true,
+        )
+        .await?;
+    }
+    let ep = cp.node_endpoint();
+    let endpoint = ClusterEndpoint {
+        url: ep.url,
+        ca_pem: Some(ep.ca_pem),
+        identity: ClientIdentity::Certificate {
+            cert_pem: ep.cert_pem,
+            key_pem: ep.key_pem,
+        },
+    };
+    let pod_ca = cp.config().pki_dir().join("ca.crt");
+    let nodes =
+        crate::daemon::start_nodes(args, plan, dataplane, truth, faults, &endpoint, &pod_ca)
+            .await
+            .context("start the node components")?;
+    let kubelets = nodes.kubelets.clone();
+    *nodes_out = Some(nodes);
+    for n in &plan.nodes {
+        wait_object(
+            cp,
+            &format!("/api/v1/nodes/{}", n.name),
+            &format!(
+                "Node {} Ready without the node.kubernetes.io/not-ready taint",
+                n.name
+            ),
+            node_schedulable_ready,
+        )
+        .await?;
+    }
     let info = ReadyInfo {
         pid: std::process::id(),
         api_local: format!("https://{local}"),
         api_cluster: cp.config().api_url(),
         kubeconfig: kc,
         kubeconfig_cluster: kcc,
-        nodes: vec![],
+        nodes: plan.nodes.iter().map(|n| n.name.clone()).collect(),
         control_plane: super::Mode::Real.as_arg().to_owned(),
     };
     let sock_path = state.join("control.sock");
@@ -78,7 +193,7 @@ async fn serve(
             _ = sigint.recv() => break,
             conn = control.accept() => {
                 let Ok((stream, _)) = conn else { continue };
-                if handle_control(stream, cp, faults, truth, &nodes).await {
+                if handle_control(stream, cp, faults, truth, &nodes, &kubelets).await {
                     break;
                 }
             }
@@ -121,13 +236,14 @@ async fn handle_control(
     faults: &Faults,
     truth: &Truth,
     nodes: &[String],
+    kubelets: &[Arc<crate::kubelet::Kubelet>],
 ) -> bool {
     let (r, mut w) = stream.into_split();
     let mut lines = tokio::io::BufReader::new(r).lines();
     let Ok(Some(line)) = lines.next_line().await else {
         return false;
     };
-    let (answer, stop) = answer(&line, cp, faults, truth, nodes).await;
+    let (answer, stop) = answer(&line, cp, faults, truth, nodes, kubelets).await;
     let _ = w.write_all(format!("{answer}\n").as_bytes()).await;
     stop
 }
@@ -138,6 +254,7 @@ async fn answer(
     faults: &Faults,
     truth: &Truth,
     nodes: &[String],
+    kubelets: &[Arc<crate::kubelet::Kubelet>],
 ) -> (String, bool) {
     let ok = || ("ok".to_string(), false);
     let err = |e: anyhow::Error| {
@@ -154,11 +271,24 @@ async fn answer(
             crate::daemon::apply_fault(std::path::Path::new(path), faults, truth, nodes),
             false,
         ),
-        ["node-stop" | "node-start", node] => err(anyhow!(
-            "node {node}: node stop|start on the real control plane needs the testbed's node components, which this mode does not start yet"
-        )),
+        // The kubelet stops (or resumes) its heartbeats; kube-controller-manager's
+        // node-lifecycle controller marks the Node NotReady and taints it after its
+        // grace (`--node-monitor-grace-period`), and clears both once the Lease is
+        // renewed again.
+        ["node-stop", node] => match crate::daemon::pause_kubelet(kubelets, truth, node, true) {
+            Ok(()) => ok(),
+            Err(e) => err(anyhow!(e)),
+        },
+        ["node-start", node] => match crate::daemon::pause_kubelet(kubelets, truth, node, false) {
+            Ok(()) => ok(),
+            Err(e) => err(anyhow!(e)),
+        },
         ["api-deny", verb, resource, ns @ ..] if ns.len() <= 1 => {
             deny.deny(verb, resource, ns.first().copied());
+            ok()
+        }
+        ["api-deny-nodes-too", verb, resource, ns @ ..] if ns.len() <= 1 => {
+            deny.deny_everyone(verb, resource, ns.first().copied());
             ok()
         }
         ["api-allow", verb, resource, ns @ ..] if ns.len() <= 1 => {
@@ -189,7 +319,10 @@ async fn answer(
             Err(e) => err(e.context("restart kube-apiserver")),
         },
         ["api-expire-watches"] => match cp.expire_watches().await {
-            Ok(rev) => (format!("ok etcd compacted at revision {rev}, kube-apiserver restarted"), false),
+            Ok(rev) => (
+                format!("ok etcd compacted at revision {rev}, kube-apiserver restarted"),
+                false,
+            ),
             Err(e) => err(e.context("expire watches")),
         },
         _ => err(anyhow!("unknown control command {line:?}")),

@@ -456,6 +456,8 @@ impl ControlPlane {
         let ns = NetnsThread::spawn(&cfg.netns)
             .with_context(|| format!("start a thread in netns {}", cfg.netns))?;
         let deny = Arc::new(DenyList::default());
+        // `testbed api deny` spares the node components unless `--nodes-too`.
+        deny.spare(pki::identity_user(pki::NODE_COMPONENTS));
         let procs = Arc::new(Procs {
             cfg: cfg.clone(),
             rt: ns.handle(),

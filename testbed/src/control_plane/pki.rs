@@ -100,6 +100,15 @@ pub const IDENTITIES: &[IdentitySpec] = &[
     },
 ];
 
+/// The user name of identity `name` of [`IDENTITIES`] (empty for an unknown name).
+pub fn identity_user(name: &str) -> &'static str {
+    IDENTITIES
+        .iter()
+        .find(|i| i.name == name)
+        .map(|i| i.user)
+        .unwrap_or("")
+}
+
 /// An issued identity.
 #[derive(Debug, Clone)]
 pub struct Issued {

@@ -9,7 +9,10 @@
 //! `SubjectAccessReview`; the answer is
 //! `{"allowed":false,"denied":true,"reason":…}` when a deny rule matches the request's
 //! verb, resource (`RESOURCE` or `RESOURCE/SUBRESOURCE`, API group ignored) and
-//! namespace, otherwise `{"allowed":false}` ("no opinion": RBAC decides).
+//! namespace, otherwise `{"allowed":false}` ("no opinion": RBAC decides). Users marked
+//! with [`DenyList::spare`] (the testbed's node components) are denied only by rules
+//! added with `everyone` (`testbed api deny … --nodes-too`), as on the built-in API
+//! server.
 
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -21,18 +24,37 @@ use std::sync::{Arc, Mutex};
 /// as the built-in API server's `Store::deny_in`.
 #[derive(Debug, Default)]
 pub struct DenyList {
-    rules: Mutex<BTreeSet<(String, String, Option<String>)>>,
+    /// Rule → whether it reaches the spared users too.
+    rules: Mutex<std::collections::BTreeMap<RuleKey, bool>>,
+    spared: Mutex<BTreeSet<String>>,
 }
 
 impl DenyList {
-    /// Adds a rule.
+    /// Adds a rule (not for the spared users).
     pub fn deny(&self, verb: &str, resource: &str, namespace: Option<&str>) {
-        self.lock().insert(key(verb, resource, namespace));
+        self.lock()
+            .entry(key(verb, resource, namespace))
+            .or_insert(false);
+    }
+
+    /// Adds a rule that reaches the spared users too.
+    pub fn deny_everyone(&self, verb: &str, resource: &str, namespace: Option<&str>) {
+        self.lock().insert(key(verb, resource, namespace), true);
+    }
+
+    /// Rules added with [`DenyList::deny`] leave `user` alone.
+    pub fn spare(&self, user: &str) {
+        self.spared
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(user.to_owned());
     }
 
     /// Removes a rule (the same strings); true when it was in force.
     pub fn allow(&self, verb: &str, resource: &str, namespace: Option<&str>) -> bool {
-        self.lock().remove(&key(verb, resource, namespace))
+        self.lock()
+            .remove(&key(verb, resource, namespace))
+            .is_some()
     }
 
     /// Removes every rule.
@@ -41,8 +63,25 @@ impl DenyList {
     }
 
     /// Whether `verb` on `resource` in `namespace` (`None`: cluster-scoped or across all
-    /// namespaces) is denied; `resource` as RBAC names it (`pods`, `pods/log`).
+    /// namespaces) is denied to anyone not spared; `resource` as RBAC names it (`pods`,
+    /// `pods/log`).
     pub fn is_denied(&self, verb: &str, resource: &str, namespace: Option<&str>) -> bool {
+        self.is_denied_to("", verb, resource, namespace)
+    }
+
+    /// [`DenyList::is_denied`] for requests of `user`.
+    pub fn is_denied_to(
+        &self,
+        user: &str,
+        verb: &str,
+        resource: &str,
+        namespace: Option<&str>,
+    ) -> bool {
+        let spared = self
+            .spared
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(user);
         let rules = self.lock();
         let scopes: &[Option<&str>] = match namespace {
             Some(ns) => &[None, Some(ns)],
@@ -63,17 +102,24 @@ impl DenyList {
             ]
             .iter()
             .filter(|(_, r)| !r.is_empty())
-            .any(|(v, r)| rules.contains(&key(v, r, ns)))
+            .any(|(v, r)| {
+                rules
+                    .get(&key(v, r, ns))
+                    .is_some_and(|&everyone| everyone || !spared)
+            })
         })
     }
 
     /// The rules (a poisoned lock is still usable: the set has no invariant to break).
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeSet<(String, String, Option<String>)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<RuleKey, bool>> {
         self.rules.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
-fn key(verb: &str, resource: &str, ns: Option<&str>) -> (String, String, Option<String>) {
+/// `(verb, resource, namespace)` of a rule.
+type RuleKey = (String, String, Option<String>);
+
+fn key(verb: &str, resource: &str, ns: Option<&str>) -> RuleKey {
     (verb.to_owned(), resource.to_owned(), ns.map(str::to_owned))
 }
 
@@ -90,8 +136,8 @@ pub fn review_status(deny: &DenyList, review: &Value) -> Value {
         _ => resource.to_owned(),
     };
     let ns = ra["namespace"].as_str().filter(|s| !s.is_empty());
-    if deny.is_denied(verb, &resource, ns) {
-        let user = review["spec"]["user"].as_str().unwrap_or("");
+    let user = review["spec"]["user"].as_str().unwrap_or("");
+    if deny.is_denied_to(user, verb, &resource, ns) {
         let scope = ns.map(|n| format!(" in namespace {n}")).unwrap_or_default();
         json!({
             "allowed": false,
@@ -186,6 +232,24 @@ mod tests {
         );
         d.allow_all();
         assert!(review_status(&d, &sar("patch", "deployments", "scale", "a"))["denied"].is_null());
+    }
+
+    #[test]
+    fn spared_users_are_denied_only_by_everyone_rules() {
+        let d = DenyList::default();
+        d.spare("firstpacket-node-components");
+        let mut r = sar("list", "pods", "", "default");
+        r["spec"]["user"] = json!("firstpacket-node-components");
+        d.deny("list", "pods", None);
+        assert!(review_status(&d, &r)["denied"].is_null());
+        assert_eq!(
+            review_status(&d, &sar("list", "pods", "", "default"))["denied"],
+            true
+        );
+        d.deny_everyone("list", "pods", None);
+        assert_eq!(review_status(&d, &r)["denied"], true);
+        assert!(d.allow("list", "pods", None));
+        assert!(review_status(&d, &r)["denied"].is_null());
     }
 
     #[test]

@@ -30,6 +30,35 @@ pub struct Testbed {
     pub state: PathBuf,
 }
 
+/// Whether the tests run on the real control plane: `FIRSTPACKET_CONTROL_PLANE=real`
+/// (which `testbed up` reads too, so every [`Testbed::up`] then starts etcd,
+/// kube-apiserver, kube-controller-manager and kube-scheduler).
+pub fn on_real_control_plane() -> bool {
+    std::env::var("FIRSTPACKET_CONTROL_PLANE").is_ok_and(|v| v.trim() == "real")
+}
+
+/// How long after `testbed node stop` a node (and its pods) may take to turn NotReady:
+/// at once on the built-in control plane (10 s of slack); on the real one the
+/// node-lifecycle controller acts once its grace (20 s) has passed since the last
+/// Lease renewal (every 10 s), checking every 2 s.
+pub fn node_not_ready_within() -> Duration {
+    if on_real_control_plane() {
+        Duration::from_secs(20 + 2 + 10)
+    } else {
+        Duration::from_secs(10)
+    }
+}
+
+/// On the real control plane: prints why the test is skipped there (`reason` names
+/// the issue that will fix it) and returns true; on the built-in one returns false.
+pub fn skip_on_real(reason: &str) -> bool {
+    if on_real_control_plane() {
+        eprintln!("SKIPPED on the real control plane: {reason}");
+        return true;
+    }
+    false
+}
+
 impl Testbed {
     pub fn up(name: &str, nodes: usize, fault: &str, extra: &[&str]) -> Testbed {
         bin("prober");
