@@ -457,6 +457,15 @@ fn a_node_that_turns_ready_or_whose_agent_restarts_is_probed_within_two_interval
         .status()
         .expect("stop");
     assert!(status.success());
+    // The prober sees nodes through the API: wait until the Node is NotReady there (at
+    // once on the built-in control plane, after the node-lifecycle grace on the real one).
+    let jsonpath = "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}";
+    let seen = tb.kubectl_until(
+        &["get", "node", "node-3", "-o", jsonpath],
+        common::node_not_ready_within(),
+        |o| o.trim() != "True",
+    );
+    assert_ne!(seen.trim(), "True", "node-3 never NotReady in the API");
     std::thread::sleep(Duration::from_secs(8));
     let status = tb
         .cmd()
@@ -536,7 +545,11 @@ fn a_node_that_turns_ready_or_whose_agent_restarts_is_probed_within_two_interval
             .cloned()
             .collect()
     };
-    let after_ready = by_trigger("became Ready");
+    // On the real control plane the Node is Ready again before the node-lifecycle
+    // controller lifts its unreachable taint, so the prober's trigger names the last
+    // obstacle that went ("became eligible") rather than "became Ready".
+    let mut after_ready = by_trigger("became Ready");
+    after_ready.extend(by_trigger("became eligible"));
     assert!(
         probed_within(&after_ready, "node-3", ready_at, 2.0 * interval),
         "no change-triggered probe of node-3 within 2 intervals of node_ready at {ready_at}: {triggered:?}\n{}",
@@ -771,6 +784,31 @@ fn slow_nodes_get_slow_events_and_metrics_and_the_healthy_side_gets_none() {
     }
 }
 
+/// ServiceAccount `firstpacket/prober` with the verbs README's "RBAC of `prober run`"
+/// lists (cluster-wide here for brevity).
+const PROBER_RBAC: &str = "apiVersion: v1
+kind: ServiceAccount
+metadata: {name: prober, namespace: firstpacket}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: firstpacket-prober-test}
+rules:
+- {apiGroups: [''], resources: [pods], verbs: [get, list, watch, create, delete]}
+- {apiGroups: [''], resources: [services], verbs: [list, create, delete]}
+- {apiGroups: [''], resources: [namespaces], verbs: [get, create]}
+- {apiGroups: [''], resources: [nodes], verbs: [get, list, watch]}
+- {apiGroups: [''], resources: [events], verbs: [create]}
+- {apiGroups: [''], resources: [pods/proxy], verbs: [get]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: firstpacket-prober-test}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: firstpacket-prober-test}
+subjects:
+- {kind: ServiceAccount, name: prober, namespace: firstpacket}
+";
+
 const PROBER_DEPLOYMENT: &str = "apiVersion: apps/v1
 kind: Deployment
 metadata: {name: prober, namespace: firstpacket}
@@ -857,8 +895,21 @@ fn in_cluster_deployment_owns_its_probe_pods_exits_0_on_sigterm_and_cleans_up_af
     )
     .expect("manifest");
     tb.kubectl(&["apply", "-f", ns.to_str().expect("path")]);
+    let deployment = if common::on_real_control_plane() {
+        // A real API server authorises the pod's ServiceAccount by RBAC: grant exactly
+        // what README's "RBAC of `prober run`" lists (the built-in one allows everything).
+        let rbac = tb.state.join("prober-rbac.yaml");
+        std::fs::write(&rbac, PROBER_RBAC).expect("manifest");
+        tb.kubectl(&["apply", "-f", rbac.to_str().expect("path")]);
+        PROBER_DEPLOYMENT.replace(
+            "      terminationGracePeriodSeconds: 30\n",
+            "      terminationGracePeriodSeconds: 30\n      serviceAccountName: prober\n",
+        )
+    } else {
+        PROBER_DEPLOYMENT.to_string()
+    };
     let manifest = tb.state.join("prober-deployment.yaml");
-    std::fs::write(&manifest, PROBER_DEPLOYMENT).expect("manifest");
+    std::fs::write(&manifest, deployment).expect("manifest");
     tb.kubectl(&["apply", "-f", manifest.to_str().expect("path")]);
 
     // The prober pod: Ready (its /readyz) with an IP.
