@@ -509,19 +509,7 @@ async fn run_gate_inner(
         },
     })?;
 
-    let pod_config = PodConfig {
-        namespace: p.namespace.clone(),
-        image: p.image.clone(),
-        instance: instance.clone(),
-        tolerations: p.toleration.clone(),
-        image_pull_secrets: p.image_pull_secret.clone(),
-        priority_class: p.priority_class.clone(),
-        dial_interval: p.dial_interval,
-        attempt_timeout: p.attempt_timeout,
-        give_up: p.give_up,
-        hold,
-        owner: None,
-    };
+    let pod_config = PodConfig::from_args(p, &instance, hold, None);
     if args.dry_run {
         print!(
             "{}",

@@ -102,6 +102,33 @@ pub struct PodConfig {
     pub owner: Option<OwnerReference>,
 }
 
+impl PodConfig {
+    /// The configuration both `gate` and `run` derive from the shared flags
+    /// ([`crate::config::ProbeArgs`]): namespace, image, tolerations, pull secrets,
+    /// priority class and the source's timing, plus the caller's `instance`, `hold`
+    /// (mode-specific default) and `owner` (the prober pod in-cluster, else `None`).
+    pub fn from_args(
+        p: &crate::config::ProbeArgs,
+        instance: &str,
+        hold: Duration,
+        owner: Option<OwnerReference>,
+    ) -> PodConfig {
+        PodConfig {
+            namespace: p.namespace.clone(),
+            image: p.image.clone(),
+            instance: instance.to_owned(),
+            tolerations: p.toleration.clone(),
+            image_pull_secrets: p.image_pull_secret.clone(),
+            priority_class: p.priority_class.clone(),
+            dial_interval: p.dial_interval,
+            attempt_timeout: p.attempt_timeout,
+            give_up: p.give_up,
+            hold,
+            owner,
+        }
+    }
+}
+
 /// Pod name of one probe's pod: `fp-<probe id>-t` / `fp-<probe id>-s`.
 pub fn pod_name(probe_id: &str, role: PodRole) -> String {
     format!("fp-{probe_id}-{}", role.suffix())
