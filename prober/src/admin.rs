@@ -425,30 +425,10 @@ pub fn render_status(
 mod tests {
     use super::*;
     use crate::config::ProbeKind;
-    use std::time::{Duration, Instant};
 
     fn rec(id: usize, src: &str, dst: &str, ttfp: Option<f64>, result: ProbeResult) -> ProbeRecord {
-        let meta = crate::record::ProbeMeta {
-            id: format!("x-{id}"),
-            kind: "cross_node".into(),
-            namespace: "firstpacket".into(),
-            source_node: src.into(),
-            target_node: dst.into(),
-            source_pod: format!("fp-x-{id}-s"),
-            target_pod: format!("fp-x-{id}-t"),
-            started: Instant::now(),
-            started_at: "2026-12-01T00:00:00Z".into(),
-        };
-        let mut r = crate::record::build_record(
-            &meta,
-            None,
-            None,
-            &crate::record::Ending::SourceTerminated,
-            Duration::from_secs(5),
-            Instant::now(),
-        );
+        let mut r = crate::record::test_record(&format!("x-{id}"), src, dst, result);
         r.ttfp_seconds = ttfp;
-        r.result = result;
         r.reason = None;
         r
     }

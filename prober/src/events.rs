@@ -307,27 +307,7 @@ mod tests {
     }
 
     fn rec(id: &str, src: &str, dst: &str, result: ProbeResult) -> ProbeRecord {
-        let meta = crate::record::ProbeMeta {
-            id: id.into(),
-            kind: "cross_node".into(),
-            namespace: "firstpacket".into(),
-            source_node: src.into(),
-            target_node: dst.into(),
-            source_pod: format!("fp-{id}-s"),
-            target_pod: format!("fp-{id}-t"),
-            started: Instant::now(),
-            started_at: "2026-12-01T00:00:00Z".into(),
-        };
-        let mut r = crate::record::build_record(
-            &meta,
-            None,
-            None,
-            &crate::record::Ending::SourceTerminated,
-            Duration::from_secs(5),
-            Instant::now(),
-        );
-        r.result = result;
-        r
+        crate::record::test_record(id, src, dst, result)
     }
 
     #[test]

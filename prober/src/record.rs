@@ -335,6 +335,34 @@ pub fn first_attempt_failures(
     }
 }
 
+/// A record as [`build_record`] makes it for a source that terminated without a report
+/// (probe `id`, `src` → `dst`, cross-node), with `result` set: the fixture unit tests of
+/// the run-mode modules (admin, events) start from.
+#[cfg(test)]
+pub(crate) fn test_record(id: &str, src: &str, dst: &str, result: ProbeResult) -> ProbeRecord {
+    let meta = ProbeMeta {
+        id: id.into(),
+        kind: "cross_node".into(),
+        namespace: "firstpacket".into(),
+        source_node: src.into(),
+        target_node: dst.into(),
+        source_pod: format!("fp-{id}-s"),
+        target_pod: format!("fp-{id}-t"),
+        started: std::time::Instant::now(),
+        started_at: "2026-12-01T00:00:00Z".into(),
+    };
+    let mut r = build_record(
+        &meta,
+        None,
+        None,
+        &Ending::SourceTerminated,
+        std::time::Duration::from_secs(5),
+        std::time::Instant::now(),
+    );
+    r.result = result;
+    r
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
