@@ -249,41 +249,43 @@ pub async fn delete_orphans(
     live: &HashSet<String>,
 ) -> Result<usize, kube::Error> {
     let lp = ListParams::default().labels(&crate::podspec::instance_selector(instance));
-    let dp = DeleteParams::default().grace_period(0);
-    let mut n = 0;
-    for p in pods.list(&lp).await?.items {
-        let id = p
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(LABEL_PROBE_ID));
-        if id.is_some_and(|id| live.contains(id)) {
-            continue;
-        }
-        if let Some(name) = p.metadata.name {
-            tracing::info!(pod = %name, "deleting leftover probe pod");
-            match pods.delete(&name, &dp).await {
-                Ok(_) => n += 1,
-                Err(e) if crate::error::kube_status_code(&e) == Some(404) => {}
-                Err(e) => return Err(e),
-            }
-        }
-    }
     let services: Api<Service> = Api::namespaced(
         pods.clone().into_client(),
         pods.namespace().unwrap_or_default(),
     );
-    for s in services.list(&lp).await?.items {
-        let id = s
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(LABEL_PROBE_ID));
+    let n = delete_unlisted(
+        pods,
+        &lp,
+        &DeleteParams::default().grace_period(0),
+        live,
+        "pod",
+    )
+    .await?;
+    Ok(n + delete_unlisted(&services, &lp, &DeleteParams::default(), live, "Service").await?)
+}
+
+/// [`delete_orphans`] for one resource: deletes the objects `lp` lists whose probe id is
+/// not in `live`; 404 counts as done. Returns the deletes that took effect.
+async fn delete_unlisted<K>(
+    api: &Api<K>,
+    lp: &ListParams,
+    dp: &DeleteParams,
+    live: &HashSet<String>,
+    what: &str,
+) -> Result<usize, kube::Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut n = 0;
+    for obj in api.list(lp).await?.items {
+        let meta = obj.meta();
+        let id = meta.labels.as_ref().and_then(|l| l.get(LABEL_PROBE_ID));
         if id.is_some_and(|id| live.contains(id)) {
             continue;
         }
-        if let Some(name) = s.metadata.name {
-            match services.delete(&name, &DeleteParams::default()).await {
+        if let Some(name) = meta.name.as_deref() {
+            tracing::info!(name = %name, kind = what, "deleting leftover probe object");
+            match api.delete(name, dp).await {
                 Ok(_) => n += 1,
                 Err(e) if crate::error::kube_status_code(&e) == Some(404) => {}
                 Err(e) => return Err(e),
