@@ -1170,13 +1170,8 @@ impl PodWorker {
             Some(b) => b,
             None => {
                 let msg = format!("failed to pull and unpack image \"{image}\": not found (the testbed maps only images named like a binary in its bin dir)");
-                self.update(|st| {
-                    st["containerStatuses"] =
-                        json!([waiting_status(&cname, &image, "ErrImagePull", Some(&msg))]);
-                })
-                .await;
-                self.wait_for_deletion_only().await;
-                self.finish(None).await;
+                self.fail_waiting(&cname, &image, "ErrImagePull", &msg, None, None)
+                    .await;
                 return;
             }
         };
@@ -1195,17 +1190,8 @@ impl PodWorker {
             Err(e) => {
                 let msg = format!("failed to create pod sandbox: {e}");
                 tracing::warn!(pod = %self.name, "{msg}");
-                self.update(|st| {
-                    st["containerStatuses"] = json!([waiting_status(
-                        &cname,
-                        &image,
-                        "CreateContainerError",
-                        Some(&msg)
-                    )]);
-                })
-                .await;
-                self.wait_for_deletion_only().await;
-                self.finish(None).await;
+                self.fail_waiting(&cname, &image, "CreateContainerError", &msg, None, None)
+                    .await;
                 return;
             }
         };
@@ -1221,19 +1207,15 @@ impl PodWorker {
             Ok(dir) => dir,
             Err(msg) => {
                 tracing::warn!(pod = %self.name, "{msg}");
-                self.update(|st| {
-                    st["podIP"] = json!(pod_ip);
-                    st["podIPs"] = json!([{ "ip": pod_ip }]);
-                    st["containerStatuses"] = json!([waiting_status(
-                        &cname,
-                        &image,
-                        "CreateContainerConfigError",
-                        Some(&msg)
-                    )]);
-                })
+                self.fail_waiting(
+                    &cname,
+                    &image,
+                    "CreateContainerConfigError",
+                    &msg,
+                    Some(&pod_ip),
+                    Some(&net),
+                )
                 .await;
-                self.wait_for_deletion_only().await;
-                self.finish(Some(&net)).await;
                 return;
             }
         };
@@ -1250,19 +1232,15 @@ impl PodWorker {
             ) {
                 Ok(c) => c,
                 Err(msg) => {
-                    self.update(|st| {
-                        st["podIP"] = json!(pod_ip);
-                        st["podIPs"] = json!([{ "ip": pod_ip }]);
-                        st["containerStatuses"] = json!([waiting_status(
-                            &cname,
-                            &image,
-                            "CreateContainerError",
-                            Some(&msg)
-                        )]);
-                    })
+                    self.fail_waiting(
+                        &cname,
+                        &image,
+                        "CreateContainerError",
+                        &msg,
+                        Some(&pod_ip),
+                        Some(&net),
+                    )
                     .await;
-                    self.wait_for_deletion_only().await;
-                    self.finish(Some(&net)).await;
                     return;
                 }
             };
@@ -1588,6 +1566,30 @@ impl PodWorker {
                 r = self.rx.changed() => if r.is_err() { return true },
             }
         }
+    }
+
+    /// The container cannot be created: reports it `Waiting` with `reason` and `msg`
+    /// (plus the pod IP once the sandbox has one), then only waits for the pod's
+    /// deletion and tears down what exists (`net`: the sandbox network, if made).
+    async fn fail_waiting(
+        &mut self,
+        cname: &str,
+        image: &str,
+        reason: &str,
+        msg: &str,
+        pod_ip: Option<&str>,
+        net: Option<&PodNet>,
+    ) {
+        self.update(|st| {
+            if let Some(ip) = pod_ip {
+                st["podIP"] = json!(ip);
+                st["podIPs"] = json!([{ "ip": ip }]);
+            }
+            st["containerStatuses"] = json!([waiting_status(cname, image, reason, Some(msg))]);
+        })
+        .await;
+        self.wait_for_deletion_only().await;
+        self.finish(net).await;
     }
 
     async fn wait_for_deletion_only(&mut self) {
