@@ -365,25 +365,24 @@ fn a_newer_change_supersedes_one_still_waiting_for_its_delay() {
     let (store, cidr) = store_with_controllers(&rt, &bed);
     let (c, t, _server) = client_and_target(&bed);
 
-    // Long delay for the first change (Ready), a short one for the second (not Ready):
-    // the endpoint must never be programmed.
-    let delays = Arc::new(Mutex::new(vec![
-        Duration::from_millis(1500),
-        Duration::from_millis(200),
-    ]));
+    // A long delay for every change seen while the target is Ready (the proxy may see
+    // the Service and its slice as one change or two, by how its initial lists
+    // arrive), a short one once it is not Ready: the endpoint must never be programmed.
+    let not_ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen_changes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let rec = Arc::new(Record::default());
     let cfg = ServiceProxyConfig {
         node: "node-1".into(),
         netns: bed.plan.nodes[0].netns.clone(),
         service_cidr: cidr,
         delay: {
-            let d = delays.clone();
+            let (n, seen) = (not_ready.clone(), seen_changes.clone());
             Arc::new(move |_| {
-                let mut g = d.lock().unwrap_or_else(|p| p.into_inner());
-                if g.len() > 1 {
-                    g.remove(0)
+                seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if n.load(std::sync::atomic::Ordering::SeqCst) {
+                    Duration::from_millis(200)
                 } else {
-                    g[0]
+                    Duration::from_millis(1500)
                 }
             })
         },
@@ -417,7 +416,16 @@ fn a_newer_change_supersedes_one_still_waiting_for_its_delay() {
     let proxy = rt
         .block_on(ServiceProxy::start(api_of(&rt, &store), cfg))
         .expect("start");
+    // The proxy saw its first change; the rest of its initial lists a moment later.
+    let seen = poll_until(
+        EFFECT_TIMEOUT,
+        Duration::from_millis(10),
+        || seen_changes.load(std::sync::atomic::Ordering::SeqCst),
+        |n| *n > 0,
+    );
+    assert!(seen > 0, "the proxy saw no change");
     std::thread::sleep(Duration::from_millis(100));
+    not_ready.store(true, std::sync::atomic::Ordering::SeqCst);
     set_ready(&store, &t, false);
     // Past both delays: the not-Ready state won, the endpoint never went in. That the
     // endpoint was NOT programmed needs a bounded wait past both delays; that the
