@@ -81,6 +81,9 @@ pub const NODE_STATUS_REPORT: Duration = Duration::from_secs(60);
 
 /// A refused pod status write is sent again after this long.
 pub const STATUS_RESYNC: Duration = Duration::from_secs(5);
+/// How soon a Ready condition someone else turned False (while this kubelet wants True)
+/// is put back ([`StatusWriter::reconcile`]).
+pub const STATUS_RECONCILE_DELAY: Duration = Duration::from_secs(2);
 
 /// What the kubelet of one node needs.
 #[derive(Clone)]
@@ -504,8 +507,15 @@ impl Kubelet {
                     return;
                 }
             }
-            for w in lock(&self.writers).values() {
+            // Back from a stop: the node controller may have marked the pods NotReady
+            // meanwhile (kube-controller-manager's MarkPodsNotReady). As the real
+            // kubelet's status manager re-syncs what it holds against the API server,
+            // each pod's status is re-read and what differs from the wanted one is sent
+            // again (a pod without a readiness probe has no probe loop to do it).
+            let writers: Vec<Arc<StatusWriter>> = lock(&self.writers).values().cloned().collect();
+            for w in writers {
                 w.mark_stale();
+                tokio::spawn(async move { w.flush().await });
             }
             let api = kube::Api::<kube::api::DynamicObject>::all_with(self.api.kube(), &ar);
             let cfg = Config::default().fields(&format!("spec.nodeName={}", self.cfg.node));
@@ -779,6 +789,12 @@ impl Kubelet {
         let Some(uid) = pod["metadata"]["uid"].as_str().map(str::to_owned) else {
             return;
         };
+        if !deleted && pod["metadata"]["deletionTimestamp"].is_null() {
+            let writer = lock(&self.writers).get(&uid).cloned();
+            if let Some(w) = writer {
+                w.reconcile(&pod["status"]);
+            }
+        }
         let mut workers = lock(&self.workers);
         if let Some(tx) = workers.get(&uid) {
             let mut obj = (*pod).clone();
@@ -825,6 +841,7 @@ impl Kubelet {
             }),
             stale: AtomicBool::new(false),
             retrying: AtomicBool::new(false),
+            owns_ready: AtomicBool::new(false),
         });
         lock(&self.writers).insert(uid.clone(), writer.clone());
         let me = self.clone();
@@ -879,6 +896,9 @@ struct StatusWriter {
     /// before the next write.
     stale: AtomicBool,
     retrying: AtomicBool,
+    /// The pod has no readiness probe: its Ready condition follows the container alone,
+    /// so a Ready someone else changed is this kubelet's to put back.
+    owns_ready: AtomicBool,
 }
 
 impl StatusWriter {
@@ -900,7 +920,14 @@ impl StatusWriter {
             Ok(p) if p["metadata"]["uid"].as_str() == Some(self.uid.as_str()) => {
                 let server = p["status"].clone();
                 if st.acked == st.desired {
-                    st.desired = server.clone();
+                    let mine = std::mem::replace(&mut st.desired, server.clone());
+                    if self.owns_ready.load(Ordering::SeqCst) {
+                        // No readiness probe: readiness is the container's own state,
+                        // which only this kubelet knows; what the node controller wrote
+                        // meanwhile is put right (the real kubelet's status manager
+                        // does the same on its next sync).
+                        keep_readiness(&mut st.desired, &mine);
+                    }
                 }
                 st.acked = server.clone();
                 Some(server)
@@ -964,6 +991,32 @@ impl StatusWriter {
         }
     }
 
+    /// A watch event showed the pod's stored `status`: when its Ready condition is not
+    /// the wanted True (the node controller marked the pod not Ready while the node was
+    /// unreachable, and again for each pod update while the Node is not yet Ready), the
+    /// stored status is re-read and the wanted one sent again after
+    /// [`STATUS_RECONCILE_DELAY`], as the real kubelet's status manager reconciles the
+    /// API server's copy with its own (`syncBatch`, every 10 s). Only Ready is compared:
+    /// other fields the server fills in differ by design.
+    fn reconcile(self: &Arc<Self>, stored: &Value) {
+        let ready_of = |status: &Value| {
+            status["conditions"]
+                .as_array()
+                .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
+                .and_then(|c| c["status"].as_str())
+                .map(str::to_owned)
+        };
+        let got = ready_of(stored);
+        let me = self.clone();
+        tokio::spawn(async move {
+            let want = ready_of(&me.state.lock().await.desired);
+            if want.as_deref() == Some("True") && got.is_some() && got != want {
+                me.mark_stale();
+                me.retry_after(STATUS_RECONCILE_DELAY);
+            }
+        });
+    }
+
     /// Sends the unsent changes again after `d` (one retry pending at a time).
     fn retry_after(self: &Arc<Self>, d: Duration) {
         if self.retrying.swap(true, Ordering::SeqCst) {
@@ -975,6 +1028,36 @@ impl StatusWriter {
             me.retrying.store(false, Ordering::SeqCst);
             Box::pin(me.flush()).await;
         });
+    }
+}
+
+/// Copies the readiness a kubelet decides (the `Ready` and `ContainersReady` conditions,
+/// each container status's `ready`) from `mine` into `status`.
+fn keep_readiness(status: &mut Value, mine: &Value) {
+    for t in ["Ready", "ContainersReady"] {
+        let find = |v: &Value| {
+            v["conditions"]
+                .as_array()
+                .and_then(|cs| cs.iter().find(|c| c["type"] == t).cloned())
+        };
+        if let Some(c) = find(mine) {
+            if let Some(conds) = status["conditions"].as_array_mut() {
+                match conds.iter_mut().find(|x| x["type"] == t) {
+                    Some(x) => *x = c,
+                    None => conds.push(c),
+                }
+            }
+        }
+    }
+    if let (Some(theirs), Some(ours)) = (
+        status["containerStatuses"].as_array_mut(),
+        mine["containerStatuses"].as_array(),
+    ) {
+        for cs in theirs {
+            if let Some(o) = ours.iter().find(|o| o["name"] == cs["name"]) {
+                cs["ready"] = o["ready"].clone();
+            }
+        }
     }
 }
 
@@ -1277,6 +1360,7 @@ impl PodWorker {
                 .await;
             }
             if !has_readiness {
+                self.status.owns_ready.store(true, Ordering::SeqCst);
                 self.readiness_ok(&net);
             }
 
@@ -1954,6 +2038,25 @@ pub fn now_rfc3339() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keep_readiness_puts_back_what_the_node_controller_changed() {
+        let mine = json!({"conditions": [
+            {"type": "Ready", "status": "True", "lastTransitionTime": "t0"},
+            {"type": "ContainersReady", "status": "True", "lastTransitionTime": "t0"}],
+            "containerStatuses": [{"name": "web", "ready": true}]});
+        let mut stored = json!({"conditions": [
+            {"type": "Initialized", "status": "True"},
+            {"type": "Ready", "status": "False", "lastTransitionTime": "t1"}],
+            "containerStatuses": [{"name": "web", "ready": false}], "hostIP": "10.0.0.2"});
+        keep_readiness(&mut stored, &mine);
+        assert_eq!(stored["conditions"][1]["status"], "True");
+        assert_eq!(stored["conditions"][1]["lastTransitionTime"], "t0");
+        assert_eq!(stored["conditions"][2]["type"], "ContainersReady");
+        assert_eq!(stored["conditions"][0]["type"], "Initialized");
+        assert_eq!(stored["containerStatuses"][0]["ready"], true);
+        assert_eq!(stored["hostIP"], "10.0.0.2");
+    }
 
     #[test]
     fn image_maps_to_last_path_component_without_tag_or_digest() {

@@ -16,6 +16,9 @@ use serde_json::Value;
 use std::time::{Duration, Instant};
 use testbed::control_plane;
 
+/// `kubectl get pod -o` this: the pod's Ready condition status.
+const POD_READY: &str = "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}";
+
 /// kube-controller-manager's `--node-monitor-grace-period` as the testbed sets it
 /// (`control_plane::Config::for_plan`).
 const NODE_MONITOR_GRACE: Duration = Duration::from_secs(20);
@@ -305,8 +308,8 @@ fn real_in_cluster_kube_rs_lists_pods_through_the_kubernetes_service() {
 
 /// `testbed node stop node-2`: the real node-lifecycle controller turns the Node's Ready
 /// condition Unknown and taints it `node.kubernetes.io/unreachable` once its grace has
-/// passed since the last Lease renewal (not at once); `node start` brings it back Ready
-/// without the taints. node-1 stays Ready throughout. `testbed down` then leaves no
+/// passed since the last Lease renewal (not at once), and marks its pod not Ready; `node
+/// start` brings node and pod back Ready, the node without the taints. node-1 stays Ready throughout. `testbed down` then leaves no
 /// process of the control plane, the node components or the pods.
 #[test]
 fn real_node_stop_goes_not_ready_and_unreachable_within_grace_and_down_leaves_nothing() {
@@ -333,6 +336,20 @@ fn real_node_stop_goes_not_ready_and_unreachable_within_grace_and_down_leaves_no
             .filter(|t| t["key"] == "node.kubernetes.io/unreachable")
             .count()
     };
+    // A pod on node-2 without a readiness probe (it also puts a container in the
+    // process list checked at the end).
+    let manifest = write_manifest(
+        &tb,
+        "p.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: p, labels: {app: p}}\nspec:\n  nodeName: node-2\n  containers:\n  - {name: web, image: target-server, args: [serve]}\n",
+    );
+    tb.kubectl(&["apply", "-f", &manifest]);
+    let pod_ready = tb.kubectl_until(
+        &["get", "pod", "p", "-o", POD_READY],
+        Duration::from_secs(60),
+        |r| r == "True",
+    );
+    assert_eq!(pod_ready, "True", "pod p on node-2 never Ready");
     let out = tb.cmd().args(["node", "stop", "node-2"]).output().unwrap();
     assert!(out.status.success(), "{out:?}");
     let stopped = Instant::now();
@@ -362,6 +379,16 @@ fn real_node_stop_goes_not_ready_and_unreachable_within_grace_and_down_leaves_no
         "node-2 NotReady {first:?} after node stop, expected within [{earliest:?}, {latest:?}]"
     );
     assert_eq!(ready_status(&node("node-1")), "True");
+    // kube-controller-manager marks the unreachable node's pods not Ready.
+    let pod_ready = tb.kubectl_until(
+        &["get", "pod", "p", "-o", POD_READY],
+        Duration::from_secs(15),
+        |r| r == "False",
+    );
+    assert_eq!(
+        pod_ready, "False",
+        "pod p still Ready on the unreachable node-2"
+    );
     let out = tb.cmd().args(["node", "start", "node-2"]).output().unwrap();
     assert!(out.status.success(), "{out:?}");
     let back = poll_until(
@@ -372,17 +399,16 @@ fn real_node_stop_goes_not_ready_and_unreachable_within_grace_and_down_leaves_no
     assert_eq!(ready_status(&back), "True", "{back}");
     assert_eq!(unreachable(&back), 0, "taints left: {back}");
 
-    // A pod, so the process list includes a container.
-    let manifest = write_manifest(
-        &tb,
-        "p.yaml",
-        "apiVersion: v1\nkind: Pod\nmetadata: {name: p, labels: {app: p}}\nspec:\n  containers:\n  - {name: web, image: target-server, args: [serve]}\n",
+    // The pod on node-2 (no readiness probe): Ready again once its kubelet is back, as
+    // the real kubelet's status manager re-syncs the status the controller changed.
+    let pod_ready = tb.kubectl_until(
+        &["get", "pod", "p", "-o", POD_READY],
+        Duration::from_secs(30),
+        |r| r == "True",
     );
-    tb.kubectl(&["apply", "-f", &manifest]);
-    tb.kubectl_until(
-        &["get", "pod", "p", "-o", "jsonpath={.status.phase}"],
-        Duration::from_secs(60),
-        |p| p == "Running",
+    assert_eq!(
+        pod_ready, "True",
+        "pod p on node-2 not Ready after node start"
     );
     let state = tb.state.display().to_string();
     let prefix = tb.prefix();
