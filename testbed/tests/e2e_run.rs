@@ -101,6 +101,75 @@ fn consistent_scrape(tb: &Testbed, base: &str) -> (Value, Vec<Sample>) {
     panic!("no consistent scrape of {base} in 20 tries");
 }
 
+/// [`consistent_scrape`] from another pod, as Prometheus scrapes: one `curl` run in a
+/// pod of namespace `default` (image `curlimages/curl`, which the testbed kubelet maps
+/// to the host's curl in the pod's network namespace, see [`bin_dir_with_curl`]) fetches
+/// `/api/v1/probes`, `/metrics`, `/api/v1/probes`; its log is the three bodies. Retried
+/// (a new pod each time) until both probe pages have the same `total`.
+fn consistent_scrape_from_pod(tb: &Testbed, base: &str) -> (Value, Vec<Sample>) {
+    const SEP: &str = "=====";
+    for attempt in 0..20 {
+        let name = format!("scrape-{}-{attempt}", common::rand_suffix() % 100_000);
+        let manifest = tb.state.join(format!("{name}.yaml"));
+        std::fs::write(
+            &manifest,
+            format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  restartPolicy: Never\n  containers:\n  - name: curl\n    image: curlimages/curl:8.11.1\n    args: [-sf, -m, '5', -w, '\\n{SEP}\\n', {base}/api/v1/probes, {base}/metrics, {base}/api/v1/probes]\n"
+            ),
+        )
+        .expect("manifest");
+        tb.kubectl(&["apply", "-f", manifest.to_str().expect("path")]);
+        let phase = tb.kubectl_until(
+            &[
+                "get",
+                "pod",
+                "-n",
+                "default",
+                &name,
+                "-o",
+                "jsonpath={.status.phase}",
+            ],
+            Duration::from_secs(30),
+            |p| p == "Succeeded" || p == "Failed",
+        );
+        let logs = tb.kubectl(&["logs", "-n", "default", &name]);
+        tb.kubectl(&["delete", "pod", "-n", "default", &name, "--wait=false"]);
+        let parts: Vec<&str> = logs.split(SEP).collect();
+        if phase == "Succeeded" && parts.len() == 4 {
+            let a: Value = serde_json::from_str(parts[0].trim()).expect("probes JSON");
+            let b: Value = serde_json::from_str(parts[2].trim()).expect("probes JSON");
+            if a["total"] == b["total"] {
+                return (a, parse_metrics(parts[1]));
+            }
+        } else {
+            eprintln!("scrape pod {name}: {phase}, log {logs:?}");
+        }
+    }
+    panic!("no consistent scrape of {base} from a pod in 20 tries");
+}
+
+/// A `--bin-dir` for `testbed up`: the workspace's image binaries plus `curl` (the
+/// host's), so a pod with image `curlimages/curl` runs curl in its own network
+/// namespace.
+fn bin_dir_with_curl(tb_name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("fp-bin-{tb_name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("bin dir");
+    let curl = ["/usr/bin/curl", "/bin/curl"]
+        .into_iter()
+        .map(std::path::PathBuf::from)
+        .find(|p| p.is_file())
+        .expect("curl (apt-get install curl; scripts/setup.sh installs it)");
+    for (name, target) in [
+        ("prober", common::bin("prober")),
+        ("target-server", common::bin("target-server")),
+        ("curl", curl),
+    ] {
+        std::os::unix::fs::symlink(&target, dir.join(name)).expect("symlink");
+    }
+    dir
+}
+
 /// The checks of a consistent scrape: TTFP histogram count and sum = the records with a
 /// TTFP, probes_total = `total`, per-node counters and last-TTFP gauges = the records.
 fn assert_metrics_agree_with_records(
@@ -786,29 +855,6 @@ fn slow_nodes_get_slow_events_and_metrics_and_the_healthy_side_gets_none() {
 
 /// ServiceAccount `firstpacket/prober` with the verbs README's "RBAC of `prober run`"
 /// lists (cluster-wide here for brevity).
-const PROBER_RBAC: &str = "apiVersion: v1
-kind: ServiceAccount
-metadata: {name: prober, namespace: firstpacket}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {name: firstpacket-prober-test}
-rules:
-- {apiGroups: [''], resources: [pods], verbs: [get, list, watch, create, delete]}
-- {apiGroups: [''], resources: [services], verbs: [list, create, delete]}
-- {apiGroups: [''], resources: [namespaces], verbs: [get, create]}
-- {apiGroups: [''], resources: [nodes], verbs: [get, list, watch]}
-- {apiGroups: [''], resources: [events], verbs: [create]}
-- {apiGroups: [''], resources: [pods/proxy], verbs: [get]}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {name: firstpacket-prober-test}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: firstpacket-prober-test}
-subjects:
-- {kind: ServiceAccount, name: prober, namespace: firstpacket}
-";
-
 const PROBER_DEPLOYMENT: &str = "apiVersion: apps/v1
 kind: Deployment
 metadata: {name: prober, namespace: firstpacket}
@@ -819,6 +865,12 @@ spec:
     metadata: {labels: {app: fp-prober}}
     spec:
       terminationGracePeriodSeconds: 30
+      serviceAccountName: firstpacket
+      securityContext:
+        runAsNonRoot: true
+        runAsUser: 65532
+        runAsGroup: 65532
+        seccompProfile: {type: RuntimeDefault}
       containers:
       - name: prober
         image: ghcr.io/firstpacket/prober:0.1.0
@@ -828,6 +880,9 @@ spec:
         - {name: POD_NAMESPACE, valueFrom: {fieldRef: {fieldPath: metadata.namespace}}}
         - {name: POD_UID, valueFrom: {fieldRef: {fieldPath: metadata.uid}}}
         readinessProbe: {httpGet: {path: /readyz, port: 9090}, periodSeconds: 1}
+        securityContext:
+          allowPrivilegeEscalation: false
+          capabilities: {drop: [ALL]}
 ";
 
 /// The pid of the container process whose environment has `POD_UID=uid` (the testbed
@@ -887,27 +942,41 @@ fn restart_count(tb: &Testbed, pod: &str) -> (i64, Option<i64>) {
 #[test]
 fn in_cluster_deployment_owns_its_probe_pods_exits_0_on_sigterm_and_cleans_up_after_kill_9() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let tb = Testbed::up("runpod", 4, FAULT, &[]);
-    let ns = tb.state.join("namespace.yaml");
-    std::fs::write(
-        &ns,
-        "apiVersion: v1\nkind: Namespace\nmetadata: {name: firstpacket}\n",
-    )
-    .expect("manifest");
-    tb.kubectl(&["apply", "-f", ns.to_str().expect("path")]);
-    let deployment = if common::on_real_control_plane() {
-        // A real API server authorises the pod's ServiceAccount by RBAC: grant exactly
-        // what README's "RBAC of `prober run`" lists (the built-in one allows everything).
-        let rbac = tb.state.join("prober-rbac.yaml");
-        std::fs::write(&rbac, PROBER_RBAC).expect("manifest");
-        tb.kubectl(&["apply", "-f", rbac.to_str().expect("path")]);
-        PROBER_DEPLOYMENT.replace(
-            "      terminationGracePeriodSeconds: 30\n",
-            "      terminationGracePeriodSeconds: 30\n      serviceAccountName: prober\n",
-        )
+    let bin_dir = bin_dir_with_curl("runpod");
+    let tb = Testbed::up(
+        "runpod",
+        4,
+        FAULT,
+        &["--bin-dir", bin_dir.to_str().expect("path")],
+    );
+    // The probe namespace (Pod Security `restricted`) and the prober's RBAC as a user
+    // applies them: `kubectl apply -k manifests/base`. A real API server authorises the
+    // pod's ServiceAccount by exactly that RBAC (the built-in one allows everything).
+    if common::on_real_control_plane() {
+        tb.kubectl(&[
+            "apply",
+            "-k",
+            common::repo_file("manifests/base").to_str().expect("path"),
+        ]);
     } else {
-        PROBER_DEPLOYMENT.to_string()
-    };
+        // The built-in API server has no RBAC types: the namespace and the
+        // ServiceAccount only.
+        tb.kubectl(&[
+            "apply",
+            "-f",
+            common::repo_file("manifests/base/namespace.yaml")
+                .to_str()
+                .expect("path"),
+        ]);
+        let sa = tb.state.join("serviceaccount.yaml");
+        std::fs::write(
+            &sa,
+            "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: firstpacket, namespace: firstpacket}\n",
+        )
+        .expect("manifest");
+        tb.kubectl(&["apply", "-f", sa.to_str().expect("path")]);
+    }
+    let deployment = PROBER_DEPLOYMENT.to_string();
     let manifest = tb.state.join("prober-deployment.yaml");
     std::fs::write(&manifest, deployment).expect("manifest");
     tb.kubectl(&["apply", "-f", manifest.to_str().expect("path")]);
@@ -959,7 +1028,7 @@ fn in_cluster_deployment_owns_its_probe_pods_exits_0_on_sigterm_and_cleans_up_af
     let nodes: BTreeSet<String> = (1..=4).map(|i| format!("node-{i}")).collect();
     let deadline = Instant::now() + Duration::from_secs(150);
     loop {
-        let (page, samples) = consistent_scrape(&tb, &base);
+        let (page, samples) = consistent_scrape_from_pod(&tb, &base);
         let probes = page["probes"].as_array().cloned().unwrap_or_default();
         let src: BTreeSet<String> = probes
             .iter()
@@ -1030,6 +1099,39 @@ fn in_cluster_deployment_owns_its_probe_pods_exits_0_on_sigterm_and_cleans_up_af
         .filter(|n| before.contains(n))
         .collect();
     assert!(left.is_empty(), "probe pods left after SIGTERM: {left:?}");
+    if common::on_real_control_plane() {
+        // Who deleted them: kube-apiserver's audit log names the prober's ServiceAccount
+        // for every one, and the garbage collector for none (its owner still exists).
+        let user = "system:serviceaccount:firstpacket:firstpacket";
+        let gc = "system:serviceaccount:kube-system:generic-garbage-collector";
+        let deletes: Vec<(String, String)> = tb
+            .audit_events()
+            .iter()
+            .filter(|e| {
+                e["verb"] == "delete"
+                    && e["stage"] == "ResponseComplete"
+                    && e["objectRef"]["resource"] == "pods"
+                    && e["objectRef"]["namespace"] == "firstpacket"
+            })
+            .filter_map(|e| {
+                Some((
+                    e["objectRef"]["name"].as_str()?.to_owned(),
+                    e["user"]["username"].as_str()?.to_owned(),
+                ))
+            })
+            .collect();
+        for name in &before {
+            let by: Vec<&str> = deletes
+                .iter()
+                .filter(|(n, _)| n == name)
+                .map(|(_, u)| u.as_str())
+                .collect();
+            assert!(
+                by.contains(&user) && !by.contains(&gc),
+                "probe pod {name} deleted by {by:?}, want {user} and not the garbage collector"
+            );
+        }
+    }
 
     // kill -9: the kubelet restarts the container in the same pod; the restarted prober
     // removes the previous incarnation's probe pods within 60 s.

@@ -15,6 +15,14 @@ use testbed::truth::TruthEvent;
 
 pub static SERIAL: Mutex<()> = Mutex::new(());
 
+/// A file of the repository (the workspace root is this crate's parent directory), e.g.
+/// `repo_file("manifests/base/rbac.yaml")`.
+pub fn repo_file(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(rel)
+}
+
 pub fn bin(name: &str) -> PathBuf {
     let tb = PathBuf::from(env!("CARGO_BIN_EXE_testbed"));
     let p = tb.parent().unwrap().join(name);
@@ -157,6 +165,50 @@ impl Testbed {
             .lines()
             .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("truth line {l:?}: {e}")))
             .collect()
+    }
+
+    /// kube-apiserver's audit log (`audit.k8s.io/v1` Events, one JSON object per line,
+    /// level Metadata, stages ResponseStarted/ResponseComplete/Panic) of a testbed on the
+    /// real control plane; empty on the built-in one, which keeps no audit log.
+    pub fn audit_events(&self) -> Vec<Value> {
+        std::fs::read_to_string(self.state.join("control-plane/audit.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// A kubeconfig for ServiceAccount `namespace/name` (the cluster and CA of the
+    /// testbed's own kubeconfig, a 2 h token from `kubectl create token`), written into
+    /// the state dir: what an in-cluster prober authenticates as, for a prober run on the
+    /// host. The ServiceAccount must exist.
+    pub fn service_account_kubeconfig(&self, namespace: &str, name: &str) -> PathBuf {
+        let token = self.kubectl(&["create", "token", name, "-n", namespace, "--duration", "2h"]);
+        let field = |path: &str| {
+            self.kubectl(&[
+                "config",
+                "view",
+                "--raw",
+                "--minify",
+                "--flatten",
+                "-o",
+                &format!("jsonpath={{.clusters[0].cluster.{path}}}"),
+            ])
+        };
+        let (server, ca) = (field("server"), field("certificate-authority-data"));
+        assert!(!server.is_empty(), "no server in the testbed's kubeconfig");
+        let ca_line = if ca.is_empty() {
+            String::new()
+        } else {
+            format!("    certificate-authority-data: {ca}\n")
+        };
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: testbed\n  cluster:\n    server: {server}\n{ca_line}users:\n- name: {name}\n  user:\n    token: {}\ncontexts:\n- name: {name}\n  context: {{cluster: testbed, user: {name}, namespace: {namespace}}}\ncurrent-context: {name}\n",
+            token.trim()
+        );
+        let path = self.state.join(format!("kubeconfig-sa-{namespace}-{name}"));
+        std::fs::write(&path, text).expect("write ServiceAccount kubeconfig");
+        path
     }
 
     /// `kubectl ARGS…` through `testbed exec`; panics with its output unless it exits 0.

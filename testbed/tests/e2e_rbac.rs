@@ -1,0 +1,579 @@
+//! The prober's RBAC, `manifests/base/rbac.yaml`, as one source of truth, judged by the
+//! real control plane (`testbed up --control-plane real`):
+//!
+//! - the (verb, resource, namespace scope) set the prober used — `prober gate` with every
+//!   probe kind and agent scrapes through the pod proxy, then `prober run` until it has
+//!   put a `FirstPacketSlow` Event on a Node, both with the ServiceAccount's own
+//!   kubeconfig, read from kube-apiserver's audit log by that user — equals what
+//!   `rbac.yaml` grants: no verb more, none less, and no request refused;
+//! - for each (verb, resource) of `rbac.yaml` taken away, the prober does what README's
+//!   RBAC table says in its "without it" column (**exit 2** naming the verb, or a
+//!   **warning** naming it; the gate's, or `prober run`'s for rows marked "`prober run`
+//!   only");
+//! - README's table lists exactly what `rbac.yaml` grants (no testbed needed).
+//!
+//! Needs root, `ip`, `kubectl`, the workspace binaries and the control plane's binaries
+//! (`bash scripts/control-plane.sh`); without the latter the testbed tests print why and
+//! pass without checking anything.
+
+mod common;
+
+use common::{poll_until, repo_file, Testbed, SERIAL};
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+use testbed::control_plane;
+
+/// The probe namespace and ServiceAccount `rbac.yaml` is written for.
+const NAMESPACE: &str = "firstpacket";
+const SERVICE_ACCOUNT: &str = "firstpacket";
+const USER: &str = "system:serviceaccount:firstpacket:firstpacket";
+
+/// node-2 applies new pods' dataplane 6–8 s late (scenario S2), so `prober run` finds a
+/// slow probe to put an Event on; the other nodes are healthy.
+const FAULT: &str = "rules:
+  - nodes: {all: true}
+    program_delay: {uniform: [100ms, 300ms]}
+  - nodes: {labels: {os: debian13}}
+    program_delay: {uniform: [6s, 8s]}
+";
+
+/// Where a grant applies: every namespace and the cluster scope (a ClusterRole bound by
+/// a ClusterRoleBinding), or one namespace (a RoleBinding).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Scope {
+    Everywhere,
+    Namespace(String),
+}
+
+/// One (verb, resource, scope) of `rbac.yaml`; `resource` as RBAC names it
+/// (`pods/proxy` for a subresource).
+type Grant = (String, String, Scope);
+
+/// Everything `rbac.yaml` grants ServiceAccount `firstpacket/firstpacket`: each rule of
+/// each Role/ClusterRole a binding of that subject refers to, expanded per verb and
+/// resource. Panics on rules this check cannot judge (other API groups, resourceNames,
+/// wildcards), so they cannot slip through.
+fn granted(yaml: &str) -> BTreeSet<Grant> {
+    let docs: Vec<Value> = serde_yaml_ng::Deserializer::from_str(yaml)
+        .map(|d| serde::Deserialize::deserialize(d).expect("rbac.yaml document"))
+        .filter(|v: &Value| !v.is_null())
+        .collect();
+    let rules_of = |kind: &str, name: &str, ns: Option<&str>| -> Vec<Value> {
+        let role = docs
+            .iter()
+            .find(|d| {
+                d["kind"] == kind
+                    && d["metadata"]["name"] == name
+                    && (kind == "ClusterRole" || d["metadata"]["namespace"].as_str() == ns)
+            })
+            .unwrap_or_else(|| panic!("rbac.yaml binds {kind} {name} but does not define it"));
+        role["rules"].as_array().cloned().unwrap_or_default()
+    };
+    let mut out = BTreeSet::new();
+    for b in &docs {
+        let scope = match b["kind"].as_str() {
+            Some("ClusterRoleBinding") => Scope::Everywhere,
+            Some("RoleBinding") => Scope::Namespace(
+                b["metadata"]["namespace"]
+                    .as_str()
+                    .expect("RoleBinding namespace")
+                    .to_owned(),
+            ),
+            _ => continue,
+        };
+        let ours = b["subjects"].as_array().into_iter().flatten().any(|s| {
+            s["kind"] == "ServiceAccount"
+                && s["name"] == SERVICE_ACCOUNT
+                && s["namespace"] == NAMESPACE
+        });
+        if !ours {
+            continue;
+        }
+        let ns = match &scope {
+            Scope::Namespace(n) => Some(n.as_str()),
+            Scope::Everywhere => None,
+        };
+        let kind = b["roleRef"]["kind"].as_str().expect("roleRef.kind");
+        let name = b["roleRef"]["name"].as_str().expect("roleRef.name");
+        for rule in rules_of(kind, name, ns) {
+            assert_eq!(rule["apiGroups"], serde_json::json!([""]), "{rule}");
+            assert!(rule["resourceNames"].is_null(), "{rule}");
+            for r in rule["resources"].as_array().expect("resources") {
+                for v in rule["verbs"].as_array().expect("verbs") {
+                    let (r, v) = (r.as_str().unwrap(), v.as_str().unwrap());
+                    assert!(r != "*" && v != "*", "wildcard in {rule}");
+                    out.insert((v.to_owned(), r.to_owned(), scope.clone()));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The user's requests in the audit log, one per request (stage ResponseComplete), as
+/// (verb, resource[/subresource], namespace or "" for cluster-scoped, HTTP code).
+fn requests_of(tb: &Testbed, user: &str) -> Vec<(String, String, String, u64)> {
+    tb.audit_events()
+        .iter()
+        .filter(|e| e["user"]["username"] == user && e["stage"] == "ResponseComplete")
+        .filter_map(|e| {
+            let o = &e["objectRef"];
+            let mut resource = o["resource"].as_str()?.to_owned();
+            if let Some(sub) = o["subresource"].as_str() {
+                resource = format!("{resource}/{sub}");
+            }
+            Some((
+                e["verb"].as_str()?.to_owned(),
+                resource,
+                o["namespace"].as_str().unwrap_or("").to_owned(),
+                e["responseStatus"]["code"].as_u64().unwrap_or(0),
+            ))
+        })
+        .collect()
+}
+
+/// The grants a request needs: the namespaced one and the everywhere one, either does.
+fn grants_for(verb: &str, resource: &str, ns: &str) -> Vec<Grant> {
+    let mut g = vec![(verb.to_owned(), resource.to_owned(), Scope::Everywhere)];
+    if !ns.is_empty() {
+        g.push((
+            verb.to_owned(),
+            resource.to_owned(),
+            Scope::Namespace(ns.to_owned()),
+        ));
+    }
+    g
+}
+
+fn rbac_yaml() -> String {
+    std::fs::read_to_string(repo_file("manifests/base/rbac.yaml"))
+        .expect("manifests/base/rbac.yaml")
+}
+
+/// `testbed up --control-plane real` with node-2 slow, the probe namespace and
+/// `rbac.yaml` applied; `None` after printing why not.
+fn up_real(name: &str) -> Option<(Testbed, std::path::PathBuf)> {
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("SKIPPED: needs root (network namespaces)");
+        return None;
+    }
+    if let Err(e) = control_plane::locate_binaries(None) {
+        eprintln!("SKIPPED: {e}");
+        return None;
+    }
+    let tb = Testbed::up(
+        name,
+        3,
+        FAULT,
+        &[
+            "--control-plane",
+            "real",
+            "--node-labels",
+            "node-2=os=debian13",
+        ],
+    );
+    tb.kubectl(&[
+        "apply",
+        "-f",
+        repo_file("manifests/base/namespace.yaml").to_str().unwrap(),
+    ]);
+    apply_rbac(&tb, &rbac_yaml());
+    let kubeconfig = tb.service_account_kubeconfig(NAMESPACE, SERVICE_ACCOUNT);
+    Some((tb, kubeconfig))
+}
+
+/// `kubectl apply` of an RBAC manifest, then waits until the API server's authorizer
+/// says yes to every grant in it (RBAC changes reach the authorizer through its
+/// informers, a moment after the write).
+fn apply_rbac(tb: &Testbed, yaml: &str) {
+    let path = tb
+        .state
+        .join(format!("rbac-{}.yaml", common::rand_suffix()));
+    std::fs::write(&path, yaml).expect("write rbac");
+    tb.kubectl(&["apply", "-f", path.to_str().unwrap()]);
+    for (verb, resource, scope) in granted(yaml) {
+        wait_can_i(tb, &verb, &resource, &scope, true);
+    }
+}
+
+/// Polls `kubectl auth can-i --as USER` for one grant until it answers `want`.
+fn wait_can_i(tb: &Testbed, verb: &str, resource: &str, scope: &Scope, want: bool) {
+    let ns = match scope {
+        Scope::Namespace(n) => n.clone(),
+        // A namespace no rule names: only an everywhere grant answers yes there.
+        Scope::Everywhere => "kube-node-lease".to_owned(),
+    };
+    let answer = poll_until(
+        Duration::from_secs(20),
+        || {
+            let mut args = vec!["kubectl", "auth", "can-i", verb];
+            // kubectl names a subresource apart: `can-i get pods --subresource=proxy`.
+            let sub;
+            match resource.split_once('/') {
+                Some((r, s)) => {
+                    sub = format!("--subresource={s}");
+                    args.extend([r, sub.as_str()]);
+                }
+                None => args.push(resource),
+            }
+            args.extend(["-n", &ns, "--as", USER]);
+            let out = tb.exec(&args);
+            String::from_utf8_lossy(&out.stdout).trim() == "yes"
+        },
+        |yes| *yes == want,
+    );
+    assert_eq!(
+        answer, want,
+        "kubectl auth can-i {verb} {resource} -n {ns} --as {USER}"
+    );
+}
+
+/// `prober run` on the host with `kubeconfig`, until a `FirstPacketSlow` Event exists
+/// (or `within`), then SIGTERM; returns its stderr (JSON log lines) and exit code.
+fn run_until_slow_event(tb: &Testbed, kubeconfig: &str, within: Duration) -> (String, i32, bool) {
+    // Only this run's Events count: an earlier run's are removed first.
+    tb.kubectl(&[
+        "delete",
+        "events",
+        "-n",
+        "default",
+        "--field-selector",
+        "reason=FirstPacketSlow",
+    ]);
+    let log = tb.state.join(format!("run-{}.log", common::rand_suffix()));
+    let port = 20_000 + ((std::process::id() + 29) % 20_000) as u16;
+    let addr = format!("127.0.0.1:{port}");
+    let mut child = tb
+        .cmd()
+        .args([
+            "exec",
+            "--",
+            "prober",
+            "run",
+            "--kubeconfig",
+            kubeconfig,
+            "--probe-interval",
+            "2s",
+            "--hold",
+            "1s",
+            "--give-up",
+            "20s",
+            "--admin-addr",
+            &addr,
+            "--log-format",
+            "json",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(std::fs::File::create(&log).expect("log")))
+        .spawn()
+        .expect("spawn prober run");
+    let deadline = Instant::now() + within;
+    let mut seen = false;
+    while Instant::now() < deadline {
+        let out = tb.exec(&[
+            "kubectl",
+            "get",
+            "events",
+            "-n",
+            "default",
+            "--field-selector",
+            "reason=FirstPacketSlow",
+            "-o",
+            "name",
+        ]);
+        if !String::from_utf8_lossy(&out.stdout).trim().is_empty() {
+            seen = true;
+            break;
+        }
+        // The prober logs "probe done … slow" before it writes the Event: once a slow
+        // probe is logged and the Event write was refused, waiting longer shows nothing.
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("\"result\":\"slow\"") && text.contains("events") && text.contains("403") {
+            break;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    // The process `testbed exec` runs is `ip netns exec … prober`, which execs: the
+    // prober is the child itself.
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let code = loop {
+        if let Some(st) = child.try_wait().expect("wait prober run") {
+            break st.code().unwrap_or(-1);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("prober run did not exit within 40 s of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    (
+        std::fs::read_to_string(&log).unwrap_or_default(),
+        code,
+        seen,
+    )
+}
+
+/// `prober gate` with every probe kind, agent scrapes through the pod proxy.
+fn gate_every_kind(tb: &Testbed, kubeconfig: &str) -> (i32, Value, String) {
+    tb.gate(&[
+        "--kubeconfig",
+        kubeconfig,
+        "--kinds",
+        "cross_node,same_node,recreate,service,burst",
+        "--burst-size",
+        "2",
+        "--pairs",
+        "1",
+        "--agent-scrape",
+        "proxy",
+        "--give-up",
+        "20s",
+    ])
+}
+
+#[test]
+fn rbac_yaml_grants_exactly_what_gate_and_run_use() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some((tb, kubeconfig)) = up_real("rbacuse") else {
+        return;
+    };
+    let kubeconfig = kubeconfig.to_str().unwrap().to_owned();
+    let (code, report, out) = gate_every_kind(&tb, &kubeconfig);
+    assert!(
+        code == 0 || code == 1,
+        "gate with rbac.yaml exited {code}: {}\n{out}",
+        report["errors"]
+    );
+    assert!(
+        report["errors"].as_array().is_none_or(|e| e.is_empty()),
+        "gate errors with rbac.yaml: {}",
+        report["errors"]
+    );
+    let (log, code, seen) = run_until_slow_event(&tb, &kubeconfig, Duration::from_secs(120));
+    assert!(seen, "no FirstPacketSlow Event from prober run:\n{log}");
+    assert_eq!(code, 0, "prober run exit code after SIGTERM:\n{log}");
+
+    let grants = granted(&rbac_yaml());
+    let requests = requests_of(&tb, USER);
+    assert!(
+        !requests.is_empty(),
+        "no request by {USER} in the audit log"
+    );
+    let refused: BTreeSet<String> = requests
+        .iter()
+        .filter(|r| r.3 == 403)
+        .map(|(v, r, ns, _)| format!("{v} {r} in {ns:?}"))
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "rbac.yaml is missing what the prober used (refused: {refused:?})"
+    );
+    let mut used = BTreeSet::new();
+    let mut ungranted = BTreeSet::new();
+    for (verb, resource, ns, _) in &requests {
+        let g: Vec<Grant> = grants_for(verb, resource, ns)
+            .into_iter()
+            .filter(|g| grants.contains(g))
+            .collect();
+        if g.is_empty() {
+            ungranted.insert(format!("{verb} {resource} in {ns:?}"));
+        }
+        used.extend(g);
+    }
+    eprintln!("{USER} used: {used:?}");
+    assert!(
+        ungranted.is_empty(),
+        "used but not in rbac.yaml: {ungranted:?}"
+    );
+    let unused: Vec<&Grant> = grants.difference(&used).collect();
+    assert!(
+        unused.is_empty(),
+        "rbac.yaml grants what neither gate nor run used: {unused:?}"
+    );
+}
+
+/// README's RBAC table: (resource, verb, where, without-it) per row.
+fn readme_rbac_rows() -> Vec<(String, String, String, String)> {
+    let readme = std::fs::read_to_string(repo_file("README.md")).expect("README.md");
+    let start = readme
+        .find("\n## RBAC")
+        .expect("README has a `## RBAC` section");
+    let section = &readme[start + 1..];
+    let end = section[3..].find("\n## ").map_or(section.len(), |i| i + 3);
+    section[..end]
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .map(|l| {
+            let cells: Vec<String> = l
+                .trim_matches('|')
+                .split('|')
+                .map(|c| c.trim().trim_matches('`').to_owned())
+                .collect();
+            assert_eq!(cells.len(), 4, "README RBAC row {l:?}");
+            (
+                cells[0].clone(),
+                cells[1].clone(),
+                cells[2].clone(),
+                cells[3].clone(),
+            )
+        })
+        .collect()
+}
+
+/// README's "where" cell as a scope: `every namespace` or `cluster` (a ClusterRole
+/// bound cluster-wide), or `namespace NAME`.
+fn readme_scope(cell: &str) -> Scope {
+    if cell == "every namespace" || cell == "cluster" {
+        Scope::Everywhere
+    } else if let Some(ns) = cell.strip_prefix("namespace ") {
+        Scope::Namespace(ns.trim_matches('`').to_owned())
+    } else {
+        panic!("README RBAC where-cell {cell:?}: want `every namespace` or `namespace NAME`")
+    }
+}
+
+#[test]
+fn readme_rbac_table_lists_exactly_what_rbac_yaml_grants() {
+    let rows = readme_rbac_rows();
+    assert!(!rows.is_empty(), "README's RBAC table has no rows");
+    let documented: BTreeSet<Grant> = rows
+        .iter()
+        .map(|(r, v, w, _)| (v.clone(), r.clone(), readme_scope(w)))
+        .collect();
+    assert_eq!(
+        documented.len(),
+        rows.len(),
+        "a README RBAC row is repeated"
+    );
+    assert_eq!(
+        documented,
+        granted(&rbac_yaml()),
+        "README RBAC table vs rbac.yaml"
+    );
+    for (r, v, _, without) in &rows {
+        assert!(
+            without.starts_with("**exit 2**") || without.starts_with("**warning**"),
+            "README RBAC row {v} {r}: the without-it cell starts with **exit 2** or **warning**: {without:?}"
+        );
+    }
+}
+
+/// `rbac.yaml` with one verb of one resource taken away in every rule granting it.
+fn without(yaml: &str, verb: &str, resource: &str) -> String {
+    let mut docs: Vec<Value> = serde_yaml_ng::Deserializer::from_str(yaml)
+        .map(|d| serde::Deserialize::deserialize(d).expect("rbac.yaml document"))
+        .filter(|v: &Value| !v.is_null())
+        .collect();
+    for d in &mut docs {
+        let Some(rules) = d["rules"].as_array_mut() else {
+            continue;
+        };
+        for rule in rules.iter_mut() {
+            let has = rule["resources"]
+                .as_array()
+                .is_some_and(|r| r.iter().any(|r| r == resource));
+            if has {
+                if let Some(verbs) = rule["verbs"].as_array_mut() {
+                    verbs.retain(|v| v != verb);
+                }
+            }
+        }
+        rules.retain(|r| r["verbs"].as_array().is_some_and(|v| !v.is_empty()));
+    }
+    docs.iter()
+        .map(|d| serde_yaml_ng::to_string(d).expect("yaml"))
+        .collect::<Vec<_>>()
+        .join("---\n")
+}
+
+#[test]
+fn each_rbac_rule_taken_away_gives_the_consequence_readme_documents() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let rows = readme_rbac_rows();
+    let Some((tb, kubeconfig)) = up_real("rbacless") else {
+        return;
+    };
+    let kubeconfig = kubeconfig.to_str().unwrap().to_owned();
+    let full = rbac_yaml();
+    for (resource, verb, where_, documented) in &rows {
+        let scope = readme_scope(where_);
+        let less = without(&full, verb, resource);
+        // `kubectl apply` of a Role with fewer verbs replaces its rules; a Role whose
+        // last rule went is applied with `rules: []`.
+        apply_rbac(&tb, &less);
+        wait_can_i(&tb, verb, resource, &scope, false);
+        let label = format!("without {verb} {resource} ({where_})");
+        let fatal = documented.starts_with("**exit 2**");
+        if documented.contains("`prober run` only") {
+            let (log, code, seen) = run_until_slow_event(&tb, &kubeconfig, Duration::from_secs(90));
+            eprintln!("{label}: prober run exit {code}");
+            if resource == "events" {
+                assert!(!seen, "{label}: an Event was written anyway");
+            }
+            assert_eq!(code, 0, "{label}: prober run must keep running:\n{log}");
+            assert!(
+                log.lines().any(|l| l.to_lowercase().contains("warn")
+                    && l.contains(verb.as_str())
+                    && l.contains(resource.as_str())),
+                "{label}: no warning naming {verb} {resource}:\n{log}"
+            );
+        } else {
+            // node-2 is slow; `--max-ttfp 60s` keeps its probes under the threshold, as a
+            // failed threshold (exit 1) takes precedence over an errored run (exit 2).
+            let mut args = vec![
+                "--kubeconfig",
+                kubeconfig.as_str(),
+                "--pairs",
+                "1",
+                "--give-up",
+                "15s",
+                "--max-ttfp",
+                "60s",
+            ];
+            match resource.as_str() {
+                "services" => args.extend(["--kinds", "service"]),
+                "pods/proxy" => args.extend(["--agent-scrape", "proxy"]),
+                _ => {}
+            }
+            let (code, report, out) = tb.gate(&args);
+            eprintln!("{label}: gate exit {code}");
+            let named =
+                |text: &str| text.contains(verb.as_str()) && text.contains(resource.as_str());
+            if fatal {
+                assert_eq!(code, 2, "{label}: README says exit 2\n{out}");
+                assert!(
+                    named(&report["errors"].to_string()),
+                    "{label}: errors[] does not name {verb} {resource}: {}",
+                    report["errors"]
+                );
+            } else {
+                assert_ne!(code, 2, "{label}: README says a warning, not exit 2\n{out}");
+                assert!(
+                    named(&report["warnings"].to_string()),
+                    "{label}: no warning names {verb} {resource}: {}",
+                    report["warnings"]
+                );
+            }
+        }
+        apply_rbac(&tb, &full);
+        // Without delete (or watch) the prober could not clean up; the admin does.
+        tb.kubectl(&[
+            "delete",
+            "pods,services",
+            "-n",
+            NAMESPACE,
+            "-l",
+            "app.kubernetes.io/name=firstpacket",
+            "--wait=false",
+        ]);
+        let left = tb.wait_no_probe_pods(Duration::from_secs(60));
+        assert!(left.is_empty(), "{label}: probe pods left: {left:?}");
+    }
+}
