@@ -281,10 +281,9 @@ fn real_in_cluster_kube_rs_lists_pods_through_the_kubernetes_service() {
     assert!(has_volume, "no kube-api-access volume: {pod}");
     let audit = tb.state.join("control-plane/audit.log");
     let user = "system:serviceaccount:default:incluster";
-    let text = std::fs::read_to_string(&audit).unwrap();
-    let mine: Vec<Value> = text
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+    let mine: Vec<Value> = tb
+        .audit_events()
+        .into_iter()
         .filter(|e| {
             e["user"]["username"] == user
                 && e["responseStatus"]["code"] == 200
