@@ -106,6 +106,22 @@ pub enum Cmd {
         hostname: String,
         #[arg(long)]
         sa_dir: Option<PathBuf>,
+        /// Container user id (`securityContext.runAsUser`).
+        #[arg(long, default_value_t = 0)]
+        uid: u32,
+        /// Container group id (`securityContext.runAsGroup`).
+        #[arg(long, default_value_t = 0)]
+        gid: u32,
+        /// Supplementary groups, comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        groups: Vec<u32>,
+        /// Capabilities kept, as a hex bit mask (bit N = capability N); default: the
+        /// container runtime's default set.
+        #[arg(long, value_parser = parse_hex_caps)]
+        caps: Option<u64>,
+        /// Set `no_new_privs` (`allowPrivilegeEscalation: false`).
+        #[arg(long)]
+        no_new_privs: bool,
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
         cmd: Vec<String>,
     },
@@ -627,6 +643,11 @@ pub fn demo(state: &Path, args: &DemoArgs) -> Result<i32> {
     code
 }
 
+fn parse_hex_caps(s: &str) -> Result<u64, String> {
+    u64::from_str_radix(s.trim_start_matches("0x"), 16)
+        .map_err(|e| format!("capability mask {s:?}: {e}"))
+}
+
 /// Entry point used by `main`; returns the process exit code.
 pub fn main_with(cli: Cli) -> Result<i32> {
     let state = cli.state_dir.clone();
@@ -636,6 +657,11 @@ pub fn main_with(cli: Cli) -> Result<i32> {
             dev_dir,
             hostname,
             sa_dir,
+            uid,
+            gid,
+            groups,
+            caps,
+            no_new_privs,
             cmd,
         } => {
             let spec = crate::shim::ShimSpec {
@@ -643,6 +669,13 @@ pub fn main_with(cli: Cli) -> Result<i32> {
                 dev_dir,
                 hostname,
                 sa_dir,
+                identity: crate::security::Identity {
+                    uid,
+                    gid,
+                    groups,
+                    caps: caps.unwrap_or(crate::security::DEFAULT_CAPS),
+                    no_new_privs,
+                },
                 program: PathBuf::from(&cmd[0]),
                 args: cmd[1..].to_vec(),
             };

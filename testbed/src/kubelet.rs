@@ -1219,6 +1219,25 @@ impl PodWorker {
                 return;
             }
         };
+        // The process identity (runAsUser/runAsGroup, capabilities, no_new_privs);
+        // `runAsNonRoot` against the image's (root) user is checked here, as the real
+        // kubelet does when it generates the container config.
+        let identity = match crate::security::container_identity(&pod, &container) {
+            Ok(id) => id,
+            Err(msg) => {
+                tracing::warn!(pod = %self.name, "{msg}");
+                self.fail_waiting(
+                    &cname,
+                    &image,
+                    "CreateContainerConfigError",
+                    &msg,
+                    Some(&pod_ip),
+                    Some(&net),
+                )
+                .await;
+                return;
+            }
+        };
         let mut restarts: u64 = 0;
         let mut last_state = json!({});
         let ended = loop {
@@ -1229,6 +1248,7 @@ impl PodWorker {
                 &net,
                 &pod_dir,
                 api_access.as_deref(),
+                &identity,
             ) {
                 Ok(c) => c,
                 Err(msg) => {
@@ -1404,6 +1424,7 @@ impl PodWorker {
 
     /// Starts the container through the shim; returns the child or a message for
     /// `CreateContainerError`.
+    #[allow(clippy::too_many_arguments)]
     fn start_container(
         &self,
         pod: &Value,
@@ -1412,6 +1433,7 @@ impl PodWorker {
         net: &PodNet,
         pod_dir: &Path,
         api_access: Option<&Path>,
+        identity: &crate::security::Identity,
     ) -> Result<tokio::process::Child, String> {
         let dev_dir = pod_dir.join("dev");
         std::fs::create_dir_all(&dev_dir)
@@ -1424,7 +1446,15 @@ impl PodWorker {
                 "terminationMessagePath {tm_path}: this testbed supports only files directly under /dev"
             ));
         };
-        std::fs::write(dev_dir.join(tm_name), b"").map_err(|e| e.to_string())?;
+        let tm_file = dev_dir.join(tm_name);
+        std::fs::write(&tm_file, b"").map_err(|e| e.to_string())?;
+        // Writable by whatever user the container runs as (the real kubelet creates
+        // the termination-message file 0666).
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&tm_file, std::fs::Permissions::from_mode(0o666))
+                .map_err(|e| format!("chmod {}: {e}", tm_file.display()))?;
+        }
         let _ = std::fs::write(pod_dir.join("termination-path"), tm_name);
         let log_path = pod_dir.join("container.log");
         let log = std::fs::OpenOptions::new()
@@ -1457,6 +1487,7 @@ impl PodWorker {
             std::fs::write(sa.join("namespace"), &self.ns).map_err(|e| e.to_string())?;
             cmd.arg("--sa-dir").arg(&sa);
         }
+        cmd.args(identity.to_args());
         cmd.arg("--").arg(binary);
         if let Some(args) = container["args"].as_array() {
             for a in args {
