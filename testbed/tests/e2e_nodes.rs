@@ -118,3 +118,88 @@ fn containers_run_with_their_security_context_identity() {
     );
     assert_eq!(tb.container_pid("default", "nouser"), None);
 }
+
+/// `kubectl create -n NS -f FILE -v=6`: (exit code, the HTTP status of the POST as
+/// kubectl logged it, the `Error from server` line or else all of stderr).
+fn create_logged(tb: &Testbed, ns: &str, file: &str) -> (i32, String, String) {
+    let out = tb.exec(&["kubectl", "create", "-n", ns, "-f", file, "-v=6"]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    let post = err
+        .lines()
+        .find(|l| l.contains("POST") && l.contains("/pods"))
+        .unwrap_or_default();
+    let status = ["403 Forbidden", "201 Created"]
+        .into_iter()
+        .find(|s| post.contains(s))
+        .unwrap_or("?")
+        .to_owned();
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("Error from server"))
+        .map(str::to_owned)
+        // Anything else (a 422, a client-side error): all of it, for the message.
+        .unwrap_or_else(|| err.clone());
+    (out.status.code().unwrap_or(-1), status, line)
+}
+
+#[test]
+fn pod_security_admission_rejects_what_the_namespace_level_forbids() {
+    let _g = serial();
+    let tb = Testbed::up("psa", 1, "rules: []\n", &[]);
+    let ns = tb.manifest(
+        "ns.yaml",
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: r, labels: {pod-security.kubernetes.io/enforce: restricted}}\n---\napiVersion: v1\nkind: Namespace\nmetadata: {name: b, labels: {pod-security.kubernetes.io/enforce: baseline}}\n",
+    );
+    tb.kubectl(&["apply", "-f", &ns]);
+    let plain = tb.manifest(
+        "plain.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: plain}\nspec:\n  containers:\n  - {name: x, image: target-server, args: [serve]}\n",
+    );
+    let (code, status, line) = create_logged(&tb, "r", &plain);
+    assert_ne!(code, 0, "{line}");
+    assert_eq!(status, "403 Forbidden", "{line}");
+    let want = "pods \"plain\" is forbidden: violates PodSecurity \"restricted:latest\": allowPrivilegeEscalation != false (container \"x\" must set securityContext.allowPrivilegeEscalation=false), unrestricted capabilities (container \"x\" must set securityContext.capabilities.drop=[\"ALL\"]), runAsNonRoot != true (pod or container \"x\" must set securityContext.runAsNonRoot=true), seccompProfile (pod or container \"x\" must set securityContext.seccompProfile.type to \"RuntimeDefault\" or \"Localhost\")";
+    assert!(
+        line.starts_with("Error from server (Forbidden): "),
+        "{line}"
+    );
+    assert!(line.ends_with(want), "got:  {line}\nwant: …{want}");
+    // Baseline lets it through.
+    let (code, status, line) = create_logged(&tb, "b", &plain);
+    assert_eq!((code, status.as_str()), (0, "201 Created"), "{line}");
+
+    // Host namespaces, privileged and runAsUser=0: rejected by both levels, each with
+    // its own checks.
+    let host = tb.manifest(
+        "host.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: host}\nspec:\n  hostNetwork: true\n  securityContext: {runAsNonRoot: true, runAsUser: 0, seccompProfile: {type: RuntimeDefault}}\n  containers:\n  - name: cx\n    image: target-server\n    securityContext: {privileged: true, capabilities: {drop: [ALL]}}\n",
+    );
+    let (code, status, line) = create_logged(&tb, "r", &host);
+    assert_ne!(code, 0, "{line}");
+    assert_eq!(status, "403 Forbidden", "{line}");
+    assert!(
+        line.ends_with("pods \"host\" is forbidden: violates PodSecurity \"restricted:latest\": host namespaces (hostNetwork=true), privileged (container \"cx\" must not set securityContext.privileged=true), allowPrivilegeEscalation != false (container \"cx\" must set securityContext.allowPrivilegeEscalation=false), runAsUser=0 (pod must not set runAsUser=0)"),
+        "{line}"
+    );
+    let (code, status, line) = create_logged(&tb, "b", &host);
+    assert_ne!(code, 0, "{line}");
+    assert_eq!(status, "403 Forbidden", "{line}");
+    assert!(
+        line.ends_with("pods \"host\" is forbidden: violates PodSecurity \"baseline:latest\": host namespaces (hostNetwork=true), privileged (container \"cx\" must not set securityContext.privileged=true)"),
+        "{line}"
+    );
+
+    // A pod that meets restricted is created and runs (as its non-root user).
+    let ok = tb.manifest(
+        "ok.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: ok}\nspec:\n  nodeName: node-1\n  securityContext: {runAsNonRoot: true, runAsUser: 65532, runAsGroup: 65532, seccompProfile: {type: RuntimeDefault}}\n  containers:\n  - name: c\n    image: target-server\n    args: [serve]\n    securityContext: {allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}\n    readinessProbe: {httpGet: {path: /readyz, port: 8080}, periodSeconds: 1}\n",
+    );
+    let (code, status, line) = create_logged(&tb, "r", &ok);
+    assert_eq!((code, status.as_str()), (0, "201 Created"), "{line}");
+    assert!(
+        tb.wait_pod_ready("r", "ok", READY_TIMEOUT),
+        "restricted pod not Ready"
+    );
+    let pid = tb.container_pid("r", "ok").expect("no container pid");
+    assert_eq!(proc_status(pid)["Uid"], "65532\t65532\t65532\t65532");
+}

@@ -984,7 +984,8 @@ impl Store {
     /// `{phase: Pending, qosClass}` (any given status is replaced, as the real server
     /// does). Emits ADDED.
     ///
-    /// Errors: 404 NotFound (namespace missing), 403 Forbidden (namespace terminating),
+    /// Errors: 404 NotFound (namespace missing), 403 Forbidden (namespace terminating;
+    /// a Pod violating its namespace's Pod Security level, [`super::pod_security`]),
     /// 409 AlreadyExists, 422 Invalid (missing name, bad name, Pod without containers
     /// or with a container lacking name/image), 400 BadRequest (not a JSON object).
     pub fn create(&self, kind: Kind, mut obj: Value) -> Result<Value, ApiError> {
@@ -1085,6 +1086,16 @@ impl Store {
         if kind.namespaced() {
             self.ns_check(&g, kind, &ns, &given)?;
         }
+        // Pod Security admission reads the namespace's labels (checked once the name is
+        // known: kube-apiserver names a generated pod in its message).
+        let ns_labels = if kind == Kind::Pod {
+            g.objects
+                .get(&Kind::Namespace)
+                .and_then(|m| m.get(&(String::new(), ns.clone())))
+                .map(|o| o["metadata"]["labels"].clone())
+        } else {
+            None
+        };
         let table = g.objects.entry(kind).or_default();
         let name = if given.is_empty() {
             let mut tries = 0;
@@ -1115,6 +1126,16 @@ impl Store {
                     "metadata.name".into(),
                     format!("Invalid value: \"{name}\": a lowercase RFC 1123 {} must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character", if kind == Kind::Namespace { "label" } else { "subdomain" }),
                 )],
+            ));
+        }
+        if let Some((policy, found)) = ns_labels
+            .as_ref()
+            .and_then(|l| super::pod_security::violations(l, &obj))
+        {
+            return Err(ApiError::forbidden(
+                kind,
+                &name,
+                &super::pod_security::message(&policy, &found),
             ));
         }
         let key = (ns, name.clone());
