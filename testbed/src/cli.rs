@@ -139,6 +139,12 @@ pub struct UpArgs {
     /// e.g. `node-2=os=debian13,node-3=os=debian13`.
     #[arg(long, value_delimiter = ',')]
     pub node_labels: Vec<String>,
+    /// Make each node's `kubernetes.io/hostname` label differ from its name, as
+    /// `kubelet --hostname-override` or a cloud provider does: the label is
+    /// `NODE` + SUFFIX (e.g. `--hostname-label-suffix .ec2.internal` → `node-1.ec2.internal`).
+    /// A `--node-labels NODE=kubernetes.io/hostname=…` item wins for its node.
+    #[arg(long, value_name = "SUFFIX")]
+    pub hostname_label_suffix: Option<String>,
     /// Directory with the image binaries (`target-server`, `prober`); default: the
     /// directory of this executable.
     #[arg(long)]
@@ -258,6 +264,12 @@ pub fn up(state: &Path, args: &UpArgs) -> Result<()> {
             nodes.join(", ")
         );
     }
+    if let Some(sfx) = &args.hostname_label_suffix {
+        for n in &nodes {
+            check_label_value(&format!("{n}{sfx}"))
+                .map_err(|e| anyhow!("--hostname-label-suffix {sfx:?}: {e}"))?;
+        }
+    }
     if let Some(f) = &args.fault {
         let text = std::fs::read_to_string(f)
             .with_context(|| format!("read fault file {}", f.display()))?;
@@ -313,6 +325,9 @@ pub fn up(state: &Path, args: &UpArgs) -> Result<()> {
     }
     if !args.node_labels.is_empty() {
         cmd.arg("--node-labels").arg(args.node_labels.join(","));
+    }
+    if let Some(sfx) = &args.hostname_label_suffix {
+        cmd.arg(format!("--hostname-label-suffix={sfx}"));
     }
     cmd.arg("--kube-proxy-metrics")
         .arg(args.kube_proxy_metrics.as_arg());
@@ -612,6 +627,7 @@ pub fn demo(state: &Path, args: &DemoArgs) -> Result<i32> {
         nodes: args.nodes,
         fault: Some(fault),
         node_labels: vec![],
+        hostname_label_suffix: None,
         bin_dir: None,
         kube_proxy_metrics: Default::default(),
         timeout: None,
@@ -646,6 +662,25 @@ pub fn demo(state: &Path, args: &DemoArgs) -> Result<i32> {
 fn parse_hex_caps(s: &str) -> Result<u64, String> {
     u64::from_str_radix(s.trim_start_matches("0x"), 16)
         .map_err(|e| format!("capability mask {s:?}: {e}"))
+}
+
+/// The well-known Node label a kubelet sets to its hostname.
+pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+
+/// A Kubernetes label value: at most 63 characters, alphanumerics, `-`, `_`, `.`,
+/// beginning and ending with an alphanumeric (empty is allowed).
+pub fn check_label_value(v: &str) -> Result<()> {
+    let alnum = |c: char| c.is_ascii_alphanumeric();
+    if v.len() > 63 {
+        bail!("label value {v:?} is longer than 63 characters");
+    }
+    if !v.chars().all(|c| alnum(c) || "-_.".contains(c))
+        || !v.starts_with(alnum)
+        || !v.ends_with(alnum)
+    {
+        bail!("label value {v:?} must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character");
+    }
+    Ok(())
 }
 
 /// Entry point used by `main`; returns the process exit code.
@@ -683,7 +718,17 @@ pub fn main_with(cli: Cli) -> Result<i32> {
             Err(anyhow!("container start failed: {e}"))
         }
         Cmd::Daemon(a) => {
-            let node_labels = parse_node_labels(&a.node_labels)?;
+            let mut node_labels = parse_node_labels(&a.node_labels)?;
+            if let Some(sfx) = &a.hostname_label_suffix {
+                for i in 1..=a.nodes {
+                    let node = format!("node-{i}");
+                    node_labels
+                        .entry(node.clone())
+                        .or_default()
+                        .entry(HOSTNAME_LABEL.to_owned())
+                        .or_insert(format!("{node}{sfx}"));
+                }
+            }
             daemon::run(DaemonArgs {
                 state_dir: state,
                 nodes: a.nodes,
@@ -822,6 +867,14 @@ mod tests {
             _ => panic!("not up"),
         }
         assert!(Cli::try_parse_from(["testbed", "up", "--control-plane", "kind"]).is_err());
+    }
+
+    #[test]
+    fn hostname_label_values_are_checked_as_label_values() {
+        assert!(check_label_value("node-1.ec2.internal").is_ok());
+        assert!(check_label_value("node-1.").is_err());
+        assert!(check_label_value("node-1/x").is_err());
+        assert!(check_label_value(&"a".repeat(64)).is_err());
     }
 
     #[test]

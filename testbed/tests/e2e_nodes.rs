@@ -203,3 +203,80 @@ fn pod_security_admission_rejects_what_the_namespace_level_forbids() {
     let pid = tb.container_pid("r", "ok").expect("no container pid");
     assert_eq!(proc_status(pid)["Uid"], "65532\t65532\t65532\t65532");
 }
+
+/// A pod pinned by a required node affinity term (`term` is its YAML flow mapping).
+fn pinned_pod(name: &str, term: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  affinity:\n    nodeAffinity:\n      requiredDuringSchedulingIgnoredDuringExecution:\n        nodeSelectorTerms:\n        - {term}\n  containers:\n  - {{name: c, image: target-server, args: [serve]}}\n"
+    )
+}
+
+#[test]
+fn hostname_label_can_differ_from_the_node_name() {
+    let _g = serial();
+    let tb = Testbed::up(
+        "hostlabel",
+        3,
+        "rules: []\n",
+        &["--hostname-label-suffix", ".ec2.internal"],
+    );
+    let nodes = tb.kubectl(&[
+        "get",
+        "nodes",
+        "-o",
+        "jsonpath={range .items[*]}{.metadata.name}={.metadata.labels.kubernetes\\.io/hostname}{\"\\n\"}{end}",
+    ]);
+    let mut got: Vec<&str> = nodes.lines().collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            "node-1=node-1.ec2.internal",
+            "node-2=node-2.ec2.internal",
+            "node-3=node-3.ec2.internal"
+        ]
+    );
+    let shown = tb.kubectl(&["get", "nodes", "-L", "kubernetes.io/hostname"]);
+    assert!(shown.contains("node-2.ec2.internal"), "{shown}");
+
+    let m = tb.manifest(
+        "pinned.yaml",
+        &[
+            pinned_pod(
+                "by-name",
+                "{matchFields: [{key: metadata.name, operator: In, values: [node-2]}]}",
+            ),
+            pinned_pod(
+                "by-label",
+                "{matchExpressions: [{key: kubernetes.io/hostname, operator: In, values: [node-3.ec2.internal]}]}",
+            ),
+            pinned_pod(
+                "by-name-as-label",
+                "{matchExpressions: [{key: kubernetes.io/hostname, operator: In, values: [node-1]}]}",
+            ),
+        ]
+        .join("---\n"),
+    );
+    tb.kubectl(&["apply", "-f", &m]);
+    for (pod, node) in [("by-name", "node-2"), ("by-label", "node-3")] {
+        assert!(
+            tb.wait_pod_ready("default", pod, READY_TIMEOUT),
+            "{pod} not Ready"
+        );
+        let on = tb.kubectl(&["get", "pod", pod, "-o", "jsonpath={.spec.nodeName}"]);
+        assert_eq!(on, node, "{pod}");
+    }
+    // The node name as the label's value matches no node: unschedulable.
+    let cond = tb.kubectl_until(
+        &[
+            "get",
+            "pod",
+            "by-name-as-label",
+            "-o",
+            "jsonpath={.spec.nodeName}|{.status.conditions[?(@.type==\"PodScheduled\")].reason}",
+        ],
+        READY_TIMEOUT,
+        |o| o.ends_with("Unschedulable"),
+    );
+    assert_eq!(cond, "|Unschedulable");
+}
