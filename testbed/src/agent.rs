@@ -290,6 +290,15 @@ impl Agent {
         self.inner.ready.load(Ordering::Relaxed)
     }
 
+    /// The agent's pod was replaced (`testbed agent roll`): a new process, so the
+    /// Felix page starts again from zero (`process_start_time_seconds` = now), as
+    /// after a restart; the pod-level restart count is the new pod's own (the kubelet
+    /// counts from the pod's start).
+    pub fn rolled(&self) {
+        *self.inner.felix() = FelixMetrics::new(Instant::now(), unix_now());
+        tracing::info!(node = %self.inner.node.name, "agent: pod replaced (new process)");
+    }
+
     /// How many times the simulated agent restarted (fault `agent.restarts`): the
     /// calico-node pod's `restartCount` should follow it.
     pub fn restart_count(&self) -> u64 {

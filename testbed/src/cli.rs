@@ -66,6 +66,20 @@ pub enum Cmd {
         action: String,
         node: String,
     },
+    /// Node-agent operations: `agent roll NODE --image IMAGE` replaces NODE's
+    /// calico-node pod as a DaemonSet rollout does (old pod deleted gracefully and
+    /// gone, a new pod with a new name and UID and IMAGE created on NODE, the simulated
+    /// agent restarted: its Felix metrics start again, `process_start_time_seconds`
+    /// moves); returns once the new pod is Running and Ready; the truth log records
+    /// `agent_rolled`. Other nodes' agent pods are not touched.
+    Agent {
+        #[arg(value_parser = ["roll"])]
+        action: String,
+        node: String,
+        /// The new pod's container image (e.g. `docker.io/calico/node:v3.99.0`).
+        #[arg(long)]
+        image: String,
+    },
     /// Fault operations: `fault set FILE` applies a fault file at once.
     Fault {
         #[arg(value_parser = ["set"])]
@@ -768,6 +782,16 @@ pub fn main_with(cli: Cli) -> Result<i32> {
             }
         },
         Cmd::Fault { file, .. } => fault_set(&state, &file).map(|_| 0),
+        Cmd::Agent { node, image, .. } => {
+            if image.is_empty() || image.chars().any(char::is_whitespace) {
+                bail!("--image {image:?}: an image reference has no spaces and is not empty");
+            }
+            let answer = control(&state, &format!("agent-roll {node} {image}"))?;
+            let mut words = answer.split_whitespace().skip(1);
+            let (pod, uid) = (words.next().unwrap_or("?"), words.next().unwrap_or("?"));
+            eprintln!("testbed: {node}'s calico-node pod replaced by kube-system/{pod} (uid {uid}, image {image}); Running and Ready");
+            Ok(0)
+        }
         Cmd::Api { action, rest } => match (action.as_str(), rest.as_slice()) {
             ("allow", [all]) if all == "all" => {
                 control(&state, "api-allow-all")?;

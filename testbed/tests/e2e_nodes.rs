@@ -280,3 +280,127 @@ fn hostname_label_can_differ_from_the_node_name() {
     );
     assert_eq!(cond, "|Unschedulable");
 }
+
+/// Each node's calico-node pod: node → (name, uid, image, restartCount, Ready).
+fn agent_pods(tb: &Testbed) -> std::collections::BTreeMap<String, [String; 5]> {
+    tb.kubectl(&[
+        "get",
+        "pods",
+        "-n",
+        "kube-system",
+        "-l",
+        "k8s-app=calico-node",
+        "-o",
+        "jsonpath={range .items[*]}{.spec.nodeName} {.metadata.name} {.metadata.uid} {.spec.containers[0].image} {.status.containerStatuses[0].restartCount} {.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}{end}",
+    ])
+    .lines()
+    .filter_map(|l| {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        (w.len() == 6).then(|| (w[0].to_owned(), [1, 2, 3, 4, 5].map(|i| w[i].to_owned())))
+    })
+    .collect()
+}
+
+/// `process_start_time_seconds` of the Felix page at `ip:9091`, read from the host
+/// network namespace (`testbed exec -- curl`).
+fn felix_start_time(tb: &Testbed, ip: &str) -> Option<f64> {
+    let out = tb.exec(&[
+        "curl",
+        "-sS",
+        "--max-time",
+        "3",
+        &format!("http://{ip}:9091/metrics"),
+    ]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("process_start_time_seconds "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[test]
+fn agent_roll_replaces_one_nodes_calico_node_pod() {
+    let _g = serial();
+    let tb = Testbed::up("agentroll", 3, "rules: []\n", &[]);
+    let before = agent_pods(&tb);
+    assert_eq!(before.len(), 3, "{before:?}");
+    let node3_ip = tb.kubectl(&[
+        "get",
+        "node",
+        "node-3",
+        "-o",
+        "jsonpath={.status.addresses[?(@.type==\"InternalIP\")].address}",
+    ]);
+    let started_before = felix_start_time(&tb, node3_ip.trim())
+        .unwrap_or_else(|| panic!("no Felix page on {node3_ip}:9091"));
+
+    let image = "docker.io/calico/node:v3.99.0";
+    let mut roll = tb.cmd();
+    roll.args(["agent", "roll", "node-3", "--image", image]);
+    let out = common::output_within(roll, Duration::from_secs(120));
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "agent roll failed: {said}");
+
+    let after = agent_pods(&tb);
+    let (old, new) = (&before["node-3"], &after["node-3"]);
+    assert_ne!(new[0], old[0], "same pod name after the roll: {after:?}");
+    assert_ne!(new[1], old[1], "same UID after the roll: {after:?}");
+    assert_eq!(new[2], image, "{after:?}");
+    assert_eq!(
+        (new[3].as_str(), new[4].as_str()),
+        ("0", "True"),
+        "{after:?}"
+    );
+    assert!(said.contains(&new[0]) && said.contains(&new[1]), "{said}");
+    for n in ["node-1", "node-2"] {
+        assert_eq!(before[n], after[n], "{n}'s agent pod changed");
+    }
+    let uids = tb.kubectl(&[
+        "get",
+        "pods",
+        "-n",
+        "kube-system",
+        "-o",
+        "jsonpath={.items[*].metadata.uid}",
+    ]);
+    assert!(
+        !uids.contains(&old[1]),
+        "old UID {} still listed: {uids}",
+        old[1]
+    );
+    let wide = tb.kubectl(&["get", "pod", "-n", "kube-system", "-o", "wide"]);
+    let line = wide
+        .lines()
+        .find(|l| l.starts_with(&new[0]))
+        .unwrap_or_default();
+    assert!(
+        line.contains("node-3") && line.contains("Running"),
+        "{wide}"
+    );
+
+    // The agent process restarted: its Felix page starts later than before.
+    let started_after =
+        felix_start_time(&tb, node3_ip.trim()).expect("no Felix page after the roll");
+    assert!(
+        started_after > started_before,
+        "{started_after} vs {started_before}"
+    );
+
+    let truth = tb.truth();
+    let rolled: Vec<_> = truth
+        .iter()
+        .filter(|e| e.event == testbed::truth::TruthKind::AgentRolled)
+        .collect();
+    assert_eq!(rolled.len(), 1, "{rolled:?}");
+    assert_eq!(rolled[0].node.as_deref(), Some("node-3"));
+    assert_eq!(rolled[0].uid.as_deref(), Some(new[1].as_str()));
+    assert_eq!(rolled[0].detail["old_uid"], old[1].as_str());
+    assert_eq!(rolled[0].detail["image"], image);
+
+    // Unknown node: a clear error, nothing changes.
+    let mut bad = tb.cmd();
+    bad.args(["agent", "roll", "node-9", "--image", image]);
+    let out = common::output_within(bad, Duration::from_secs(30));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("node-9"));
+    assert_eq!(agent_pods(&tb), after);
+}
