@@ -136,6 +136,9 @@ pub enum Cmd {
         /// Set `no_new_privs` (`allowPrivilegeEscalation: false`).
         #[arg(long)]
         no_new_privs: bool,
+        /// `readOnlyRootFilesystem: true`: every mount read-only except /dev.
+        #[arg(long)]
+        read_only_root: bool,
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
         cmd: Vec<String>,
     },
@@ -711,6 +714,7 @@ pub fn main_with(cli: Cli) -> Result<i32> {
             groups,
             caps,
             no_new_privs,
+            read_only_root,
             cmd,
         } => {
             let spec = crate::shim::ShimSpec {
@@ -724,6 +728,7 @@ pub fn main_with(cli: Cli) -> Result<i32> {
                     groups,
                     caps: caps.unwrap_or(crate::security::DEFAULT_CAPS),
                     no_new_privs,
+                    read_only_root,
                 },
                 program: PathBuf::from(&cmd[0]),
                 args: cmd[1..].to_vec(),

@@ -78,6 +78,9 @@ pub struct Identity {
     pub caps: u64,
     /// `PR_SET_NO_NEW_PRIVS` (when `allowPrivilegeEscalation: false`).
     pub no_new_privs: bool,
+    /// `readOnlyRootFilesystem: true`: every mount of the container's view read-only
+    /// except its `/dev` (which holds the termination-message file).
+    pub read_only_root: bool,
 }
 
 impl Identity {
@@ -89,6 +92,7 @@ impl Identity {
             groups: vec![],
             caps: DEFAULT_CAPS,
             no_new_privs: false,
+            read_only_root: false,
         }
     }
 
@@ -110,6 +114,9 @@ impl Identity {
         }
         if self.no_new_privs {
             a.push("--no-new-privs".to_owned());
+        }
+        if self.read_only_root {
+            a.push("--read-only-root".to_owned());
         }
         a
     }
@@ -234,7 +241,54 @@ pub fn container_identity(pod: &Value, container: &Value) -> Result<Identity, St
         groups,
         caps,
         no_new_privs: csc["allowPrivilegeEscalation"] == false && !privileged,
+        read_only_root: csc["readOnlyRootFilesystem"] == true,
     })
+}
+
+/// `struct mount_attr` of mount_setattr(2).
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+const AT_RECURSIVE: nix::libc::c_uint = 0x8000;
+
+fn mount_setattr(path: &str, recursive: bool, set: u64, clr: u64) -> nix::Result<()> {
+    let p = std::ffi::CString::new(path).map_err(|_| nix::errno::Errno::EINVAL)?;
+    let attr = MountAttr {
+        attr_set: set,
+        attr_clr: clr,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    let flags = if recursive { AT_RECURSIVE } else { 0 };
+    // SAFETY: mount_setattr(2) reads `attr` (size given) and the NUL-terminated path.
+    let r = unsafe {
+        nix::libc::syscall(
+            nix::libc::SYS_mount_setattr,
+            nix::libc::AT_FDCWD,
+            p.as_ptr(),
+            flags,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    nix::errno::Errno::result(r).map(drop)
+}
+
+/// `readOnlyRootFilesystem`: makes every mount under `/` of the calling process's
+/// (private) mount namespace read-only, then `/dev` (the pod's device and
+/// termination-message directory, writable in a real container too) writable again.
+/// Call it after the container's mounts are in place. Errors name the step.
+pub fn make_root_read_only() -> Result<(), (String, nix::errno::Errno)> {
+    mount_setattr("/", true, MOUNT_ATTR_RDONLY, 0)
+        .map_err(|e| ("make / read-only (mount_setattr)".to_owned(), e))?;
+    mount_setattr("/dev", false, 0, MOUNT_ATTR_RDONLY)
+        .map_err(|e| ("make /dev writable (mount_setattr)".to_owned(), e))
 }
 
 #[repr(C)]

@@ -13,9 +13,10 @@
 //! 4. optionally mounts a tmpfs on `/run` and bind-mounts `--sa-dir` at
 //!    `/run/secrets/kubernetes.io/serviceaccount` (`/var/run` is a symlink to `/run`);
 //! 5. sets the hostname to the pod name (a real pod's hostname is its name);
-//! 6. takes the container's identity ([`crate::security::apply`]: capability sets,
+//! 6. with `readOnlyRootFilesystem`, makes every mount read-only except `/dev`;
+//! 7. takes the container's identity ([`crate::security::apply`]: capability sets,
 //!    supplementary groups, gid, uid, `no_new_privs`);
-//! 7. `execvp`s the binary with the environment it was given.
+//! 8. `execvp`s the binary with the environment it was given.
 //!
 //! It must run before any thread is started: `setns(CLONE_NEWNET)`/`unshare(CLONE_NEWNS)`
 //! act on the calling thread only, and `unshare(CLONE_NEWNS)` fails in a multi-threaded
@@ -152,6 +153,11 @@ pub fn enter_and_exec(spec: &ShimSpec) -> Result<std::convert::Infallible, ShimE
     }
 
     nix::unistd::sethostname(&spec.hostname).map_err(sys("sethostname"))?;
+
+    if spec.identity.read_only_root {
+        crate::security::make_root_read_only()
+            .map_err(|(step, source)| ShimError::Sys { step, source })?;
+    }
 
     crate::security::apply(&spec.identity)
         .map_err(|(step, source)| ShimError::Sys { step, source })?;

@@ -51,6 +51,11 @@ fn containers_run_with_their_security_context_identity() {
             pod("root", "{}", "{}"),
             pod("bind", "{runAsUser: 1000}", "{capabilities: {drop: [ALL], add: [NET_BIND_SERVICE]}}"),
             pod("nouser", "{runAsNonRoot: true}", restricted),
+            pod(
+                "readonly",
+                "{runAsUser: 65532}",
+                "{readOnlyRootFilesystem: true, allowPrivilegeEscalation: false}",
+            ),
         ]
         .join("---\n"),
     );
@@ -117,6 +122,37 @@ fn containers_run_with_their_security_context_identity() {
         "{got}"
     );
     assert_eq!(tb.container_pid("default", "nouser"), None);
+
+    // readOnlyRootFilesystem: the container's / is mounted read-only, its /dev (the
+    // termination-message file) writable, and it still serves.
+    assert!(
+        tb.wait_pod_ready("default", "readonly", READY_TIMEOUT),
+        "readonly not Ready"
+    );
+    let pid = tb
+        .container_pid("default", "readonly")
+        .expect("readonly: no pid");
+    let mounts = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap_or_default();
+    let opts = |point: &str| {
+        mounts
+            .lines()
+            .map(|l| l.split(' ').collect::<Vec<_>>())
+            .filter(|f| f.len() > 5 && f[4] == point)
+            .map(|f| f[5].split(',').next().unwrap_or_default().to_owned())
+            .last()
+    };
+    assert_eq!(opts("/").as_deref(), Some("ro"), "{mounts}");
+    assert_eq!(opts("/dev").as_deref(), Some("rw"), "{mounts}");
+    let root_mounts = std::fs::read_to_string(format!(
+        "/proc/{}/mountinfo",
+        tb.container_pid("default", "root").unwrap_or(0)
+    ))
+    .unwrap_or_default();
+    assert!(
+        root_mounts.lines().any(|l| l.split(' ').nth(4) == Some("/")
+            && l.split(' ').nth(5).is_some_and(|o| o.starts_with("rw"))),
+        "a container without readOnlyRootFilesystem has a writable /: {root_mounts}"
+    );
 }
 
 /// `kubectl create -n NS -f FILE -v=6`: (exit code, the HTTP status of the POST as
