@@ -139,7 +139,7 @@ fn containers_run_with_their_security_context_identity() {
             .map(|l| l.split(' ').collect::<Vec<_>>())
             .filter(|f| f.len() > 5 && f[4] == point)
             .map(|f| f[5].split(',').next().unwrap_or_default().to_owned())
-            .last()
+            .next_back()
     };
     assert_eq!(opts("/").as_deref(), Some("ro"), "{mounts}");
     assert_eq!(opts("/dev").as_deref(), Some("rw"), "{mounts}");
