@@ -79,6 +79,12 @@ pub enum Cmd {
         /// The new pod's container image (e.g. `docker.io/calico/node:v3.99.0`).
         #[arg(long)]
         image: String,
+        /// How long the agent is down (humantime, e.g. `15s`; default 0): from before
+        /// the old pod's deletion until this long after it, the node programs no new
+        /// endpoint (its new pods stay dark, as during a real CNI agent restart) and
+        /// the agent pod is not Ready.
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
+        down: Duration,
     },
     /// Fault operations: `fault set FILE` applies a fault file at once.
     Fault {
@@ -787,11 +793,16 @@ pub fn main_with(cli: Cli) -> Result<i32> {
             }
         },
         Cmd::Fault { file, .. } => fault_set(&state, &file).map(|_| 0),
-        Cmd::Agent { node, image, .. } => {
+        Cmd::Agent {
+            node, image, down, ..
+        } => {
             if image.is_empty() || image.chars().any(char::is_whitespace) {
                 bail!("--image {image:?}: an image reference has no spaces and is not empty");
             }
-            let answer = control(&state, &format!("agent-roll {node} {image}"))?;
+            let down = humantime::format_duration(down)
+                .to_string()
+                .replace(' ', "");
+            let answer = control(&state, &format!("agent-roll {node} {image} {down}"))?;
             let mut words = answer.split_whitespace().skip(1);
             let (pod, uid) = (words.next().unwrap_or("?"), words.next().unwrap_or("?"));
             eprintln!("testbed: {node}'s calico-node pod replaced by kube-system/{pod} (uid {uid}, image {image}); Running and Ready");

@@ -533,7 +533,7 @@ struct Control<'a> {
 /// `node-stop NODE`, `node-start NODE`, `api-deny VERB RESOURCE [NAMESPACE]`,
 /// `api-deny-nodes-too VERB RESOURCE [NAMESPACE]` (also for the node components),
 /// `api-allow VERB RESOURCE [NAMESPACE]`, `api-allow-all`, `api-expire-watches`, `api-restart`, `api-stop`,
-/// `api-start`, `agent-roll NODE IMAGE` (answer `ok NEW_POD NEW_UID`).
+/// `api-start`, `agent-roll NODE IMAGE [DOWN]` (answer `ok NEW_POD NEW_UID`).
 async fn handle_control(stream: tokio::net::UnixStream, c: &mut Control<'_>) -> bool {
     let (r, mut w) = stream.into_split();
     let mut lines = tokio::io::BufReader::new(r).lines();
@@ -549,7 +549,10 @@ async fn handle_control(stream: tokio::net::UnixStream, c: &mut Control<'_>) -> 
         ),
         ["node-stop", node] => (set_node_stopped(c, node, true), false),
         ["node-start", node] => (set_node_stopped(c, node, false), false),
-        ["agent-roll", node, image] => (roll_agent(c.kubelets, node, image).await, false),
+        ["agent-roll", node, image, down @ ..] if down.len() <= 1 => (
+            roll_agent(c.kubelets, node, image, down.first().copied()).await,
+            false,
+        ),
         [cmd, ..] if cmd.starts_with("api-") => match c.builtin.as_deref_mut() {
             Some(b) => (builtin_api_command(b, &words, &line).await, false),
             None => (
@@ -712,14 +715,23 @@ fn set_node_stopped(c: &Control<'_>, node: &str, stopped: bool) -> String {
 /// `testbed node stop|start NODE` on a control plane that watches heartbeats itself:
 /// the node's kubelet stops (or resumes) and the truth log records `node_not_ready`
 /// (or `node_ready`) with the cause. Errors: no such node.
-/// `agent-roll NODE IMAGE` on either control plane: the node's kubelet replaces its
+/// `agent-roll NODE IMAGE [DOWN]` on either control plane: the node's kubelet replaces its
 /// calico-node pod ([`Kubelet::roll_agent`]). Answers `ok NEW_POD NEW_UID` or
 /// `error …`.
-pub(crate) async fn roll_agent(kubelets: &[Arc<Kubelet>], node: &str, image: &str) -> String {
+pub(crate) async fn roll_agent(
+    kubelets: &[Arc<Kubelet>],
+    node: &str,
+    image: &str,
+    down: Option<&str>,
+) -> String {
     let Some(k) = kubelets.iter().find(|k| k.node() == node) else {
         return format!("error no node {node:?}");
     };
-    match k.roll_agent(image).await {
+    let down = match down.map(humantime::parse_duration).transpose() {
+        Ok(d) => d.unwrap_or_default(),
+        Err(e) => return format!("error down duration: {e}"),
+    };
+    match k.roll_agent(image, down).await {
         Ok((name, uid)) => format!("ok {name} {uid}"),
         Err(e) => format!("error {}", format!("{e:#}").replace('\n', " | ")),
     }

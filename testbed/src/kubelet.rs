@@ -302,21 +302,31 @@ impl Kubelet {
     /// this node, exactly one), deletes it gracefully (UID precondition) and waits
     /// until it is gone, creates a new one (`generateName: calico-node-`, container
     /// image `image`, otherwise the same spec), restarts the simulated agent's process
-    /// ([`Agent::rolled`]), waits until the new pod is Running and Ready, and records
-    /// `agent_rolled` in the truth log. Returns the new pod's (name, UID).
+    /// ([`Agent::rolled`]; with a non-zero `down`, the agent is down from before the
+    /// deletion until `down` after it, [`Agent::down_until`]: no endpoint of the node
+    /// is programmed meanwhile), waits until the new pod is Running and Ready, and
+    /// records `agent_rolled` in the truth log. Returns the new pod's (name, UID).
     ///
     /// Errors: the API refusing a step, no or several calico-node pods on the node, the
     /// old pod not gone or the new one not Ready within 60 s (each names the step).
-    pub async fn roll_agent(self: &Arc<Self>, image: &str) -> anyhow::Result<(String, String)> {
+    pub async fn roll_agent(
+        self: &Arc<Self>,
+        image: &str,
+        down: Duration,
+    ) -> anyhow::Result<(String, String)> {
         let me = self.clone();
         let image = image.to_owned();
         self.rt
-            .spawn(async move { me.roll_agent_here(&image).await })
+            .spawn(async move { me.roll_agent_here(&image, down).await })
             .await
             .map_err(|e| anyhow::anyhow!("agent roll task: {e}"))?
     }
 
-    async fn roll_agent_here(&self, image: &str) -> anyhow::Result<(String, String)> {
+    async fn roll_agent_here(
+        &self,
+        image: &str,
+        down: Duration,
+    ) -> anyhow::Result<(String, String)> {
         use anyhow::{anyhow, bail};
         let node = self.cfg.node.clone();
         let list_path = format!(
@@ -350,6 +360,18 @@ impl Kubelet {
             .as_str()
             .unwrap_or_default()
             .to_owned();
+        // The old process stops with its pod; with `down`, the new one is serving only
+        // `down` after the deletion (no endpoint programmed meanwhile).
+        let down_task = if down.is_zero() {
+            None
+        } else {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let agent = self.agent.clone();
+            let until = tokio::time::Instant::now() + down;
+            let t = tokio::spawn(async move { agent.down_until(until, tx).await });
+            let _ = rx.await;
+            Some(t)
+        };
         let old_path = core_path(Some("kube-system"), "pods", &old_name);
         let opts = json!({ "kind": "DeleteOptions", "apiVersion": "v1",
                            "preconditions": { "uid": old_uid } });
@@ -390,7 +412,12 @@ impl Kubelet {
             .as_str()
             .unwrap_or_default()
             .to_owned();
-        self.agent.rolled();
+        match down_task {
+            Some(t) => {
+                let _ = t.await;
+            }
+            None => self.agent.rolled(),
+        }
         let path = core_path(Some("kube-system"), "pods", &name);
         loop {
             if let Ok(p) = self.api.get(&path).await {
@@ -415,7 +442,8 @@ impl Kubelet {
             ..TruthEvent::node(
                 TruthKind::AgentRolled,
                 &node,
-                json!({ "image": image, "old_pod": old_name, "old_uid": old_uid, "old_image": old_image }),
+                json!({ "image": image, "old_pod": old_name, "old_uid": old_uid, "old_image": old_image,
+                        "down_seconds": down.as_secs_f64() }),
             )
         });
         Ok((name, uid))

@@ -440,3 +440,60 @@ fn agent_roll_replaces_one_nodes_calico_node_pod() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("node-9"));
     assert_eq!(agent_pods(&tb), after);
 }
+
+#[test]
+fn agent_roll_with_down_time_keeps_the_nodes_new_pods_dark_until_the_agent_is_back() {
+    let _g = serial();
+    let tb = Testbed::up("agentdown", 2, "rules: []\n", &[]);
+    let down = 4.0;
+    let start = testbed::truth::unix_now();
+    let mut roll = tb.cmd();
+    roll.args([
+        "agent",
+        "roll",
+        "node-2",
+        "--image",
+        "docker.io/calico/node:v3.99.0",
+        "--down",
+        "4s",
+    ]);
+    let roller = std::thread::spawn(move || common::output_within(roll, Duration::from_secs(120)));
+    // A pod created on node-2 while its agent is down.
+    std::thread::sleep(Duration::from_millis(500));
+    let m = tb.manifest(
+        "dark.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: dark}\nspec:\n  nodeName: node-2\n  containers:\n  - {name: c, image: target-server, args: [serve]}\n",
+    );
+    tb.kubectl(&["apply", "-f", &m]);
+    let out = roller.join().expect("roll thread");
+    assert!(
+        out.status.success(),
+        "agent roll failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let uid = tb.kubectl(&["get", "pod", "dark", "-o", "jsonpath={.metadata.uid}"]);
+    let of = |t: &[testbed::truth::TruthEvent], kind| {
+        t.iter()
+            .find(|e| e.event == kind && e.uid.as_deref() == Some(uid.as_str()))
+            .map(|e| e.t)
+    };
+    use testbed::truth::TruthKind::{AgentRolled, EndpointAdded, EndpointProgrammed};
+    let truth = tb.truth_until(READY_TIMEOUT, |t| of(t, EndpointProgrammed).is_some());
+    let added = of(&truth, EndpointAdded).expect("no endpoint_added for the pod");
+    let programmed = of(&truth, EndpointProgrammed).expect("pod never programmed");
+    assert!(
+        programmed >= start + down - 0.2,
+        "programmed {:.3}s after the roll started, before the agent was back ({down}s)",
+        programmed - start
+    );
+    assert!(
+        programmed - added > 1.5,
+        "added {added:.3}, programmed {programmed:.3}: not held back"
+    );
+    let rolled = truth
+        .iter()
+        .find(|e| e.event == AgentRolled)
+        .expect("no agent_rolled");
+    assert_eq!(rolled.detail["down_seconds"], down);
+    assert!(rolled.t >= programmed - 0.5, "{} vs {programmed}", rolled.t);
+}

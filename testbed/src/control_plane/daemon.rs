@@ -283,8 +283,8 @@ async fn answer(
             Ok(()) => ok(),
             Err(e) => err(anyhow!(e)),
         },
-        ["agent-roll", node, image] => (
-            crate::daemon::roll_agent(kubelets, node, image).await,
+        ["agent-roll", node, image, down @ ..] if down.len() <= 1 => (
+            crate::daemon::roll_agent(kubelets, node, image, down.first().copied()).await,
             false,
         ),
         ["api-deny", verb, resource, ns @ ..] if ns.len() <= 1 => {
