@@ -225,6 +225,23 @@ fn pod_security_admission_rejects_what_the_namespace_level_forbids() {
         "{line}"
     );
 
+    // privileged with allowPrivilegeEscalation=false: invalid before admission (422).
+    let invalid = tb.manifest(
+        "invalid.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: invalid}\nspec:\n  containers:\n  - name: cx\n    image: target-server\n    securityContext: {privileged: true, allowPrivilegeEscalation: false}\n",
+    );
+    let out = tb.exec(&["kubectl", "create", "-f", &invalid, "-v=6"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("422 Unprocessable Entity"), "{err}");
+    assert!(
+        err.contains(
+            "The Pod \"invalid\" is invalid: spec.containers[0].securityContext: Invalid value: "
+        ) && err
+            .contains(": cannot set `allowPrivilegeEscalation` to false and `privileged` to true"),
+        "{err}"
+    );
+
     // A pod that meets restricted is created and runs (as its non-root user).
     let ok = tb.manifest(
         "ok.yaml",

@@ -407,7 +407,10 @@ fn required(field: &str) -> (String, String, String) {
 }
 
 /// Pod validation subset: containers present, each with a name and an image
-/// (k8s.io/kubernetes pkg/apis/core/validation `validateContainers`).
+/// (k8s.io/kubernetes pkg/apis/core/validation `validateContainers`), and a
+/// `securityContext` that does not ask for `allowPrivilegeEscalation: false` together
+/// with `privileged` or an added `SYS_ADMIN` (`ValidateSecurityContext`; the real
+/// message prints the Go struct where this one prints the JSON).
 fn validate_pod(pod: &Value) -> Vec<(String, String, String)> {
     let mut causes = Vec::new();
     match pod["spec"]["containers"].as_array() {
@@ -418,6 +421,30 @@ fn validate_pod(pod: &Value) -> Vec<(String, String, String)> {
                 }
                 if c["image"].as_str().unwrap_or("").is_empty() {
                     causes.push(required(&format!("spec.containers[{i}].image")));
+                }
+                // ValidateSecurityContext: no_new_privs cannot hold for a privileged
+                // container or one adding CAP_SYS_ADMIN.
+                let sc = &c["securityContext"];
+                if sc["allowPrivilegeEscalation"] == false {
+                    let why = if sc["privileged"] == true {
+                        Some("cannot set `allowPrivilegeEscalation` to false and `privileged` to true")
+                    } else if sc["capabilities"]["add"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|a| a == "SYS_ADMIN" || a == "CAP_SYS_ADMIN")
+                    {
+                        Some("cannot set `allowPrivilegeEscalation` to false and `capabilities.Add` CAP_SYS_ADMIN")
+                    } else {
+                        None
+                    };
+                    if let Some(why) = why {
+                        causes.push((
+                            "FieldValueInvalid".into(),
+                            format!("spec.containers[{i}].securityContext"),
+                            format!("Invalid value: {sc}: {why}"),
+                        ));
+                    }
                 }
             }
         }
