@@ -123,6 +123,28 @@ fn containers_run_with_their_security_context_identity() {
     );
     assert_eq!(tb.container_pid("default", "nouser"), None);
 
+    // A non-root container writes its termination message (the probe source's report
+    // goes there): the file the kubelet prepares is writable by any uid.
+    let w = tb.manifest(
+        "writer.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: writer}\nspec:\n  nodeName: node-1\n  restartPolicy: Never\n  securityContext: {runAsNonRoot: true, runAsUser: 65532, runAsGroup: 65532}\n  containers:\n  - name: c\n    image: target-server\n    args: [probe, --target, '127.0.0.1:1', --expect-pod, nobody, --give-up, 1s, --hold, 0s, --ready-wait, 0s]\n    securityContext: {readOnlyRootFilesystem: true, allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}\n",
+    );
+    tb.kubectl(&["apply", "-f", &w]);
+    let msg = tb.kubectl_until(
+        &[
+            "get",
+            "pod",
+            "writer",
+            "-o",
+            "jsonpath={.status.containerStatuses[0].state.terminated.message}",
+        ],
+        READY_TIMEOUT,
+        |o| !o.is_empty(),
+    );
+    let report: serde_json::Value = serde_json::from_str(msg.trim())
+        .unwrap_or_else(|e| panic!("termination message {msg:?} is not the report: {e}"));
+    assert!(report.is_object(), "{report}");
+
     // readOnlyRootFilesystem: the container's / is mounted read-only, its /dev (the
     // termination-message file) writable, and it still serves.
     assert!(
