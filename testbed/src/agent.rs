@@ -113,6 +113,8 @@ struct Inner {
     /// Peers whose block route this node has removed now (fault `cross_node`).
     broken_peers: Mutex<BTreeSet<String>>,
     ready: AtomicBool,
+    /// The agent's process is down (`testbed agent roll --down`): not Ready, no applies.
+    down: AtomicBool,
     next_token: AtomicU64,
     counters: Counters,
     felix: Mutex<FelixMetrics>,
@@ -169,6 +171,7 @@ impl Agent {
             apply_loop: tokio::sync::Mutex::new(()),
             broken_peers: Mutex::new(BTreeSet::new()),
             ready: AtomicBool::new(true),
+            down: AtomicBool::new(false),
             next_token: AtomicU64::new(1),
             counters: Counters::default(),
             felix: Mutex::new(FelixMetrics::new(Instant::now(), unix_now())),
@@ -287,7 +290,35 @@ impl Agent {
     /// fault `agent.not_ready: true` is in force for this node. Updated by the node
     /// task within a second of a change.
     pub fn is_ready(&self) -> bool {
-        self.inner.ready.load(Ordering::Relaxed)
+        self.inner.ready.load(Ordering::Relaxed) && !self.inner.down.load(Ordering::Relaxed)
+    }
+
+    /// The agent's process is down until `until` (a pod replacement, `testbed agent
+    /// roll --down`): it takes the node's apply loop (so no endpoint is programmed
+    /// meanwhile: new pods stay dark, programmed ones keep flowing, as with a stopped
+    /// Felix) and reports not Ready; `acquired` is sent once the loop is held. At
+    /// `until` it comes back as a new process ([`Agent::rolled`]) and lets the waiting
+    /// applies through.
+    pub async fn down_until(
+        &self,
+        until: tokio::time::Instant,
+        acquired: tokio::sync::oneshot::Sender<()>,
+    ) {
+        let _apply = self.inner.apply_loop.lock().await;
+        self.inner.down.store(true, Ordering::Relaxed);
+        let _ = acquired.send(());
+        tokio::time::sleep_until(until).await;
+        self.rolled();
+        self.inner.down.store(false, Ordering::Relaxed);
+    }
+
+    /// The agent's pod was replaced (`testbed agent roll`): a new process, so the
+    /// Felix page starts again from zero (`process_start_time_seconds` = now), as
+    /// after a restart; the pod-level restart count is the new pod's own (the kubelet
+    /// counts from the pod's start).
+    pub fn rolled(&self) {
+        *self.inner.felix() = FelixMetrics::new(Instant::now(), unix_now());
+        tracing::info!(node = %self.inner.node.name, "agent: pod replaced (new process)");
     }
 
     /// How many times the simulated agent restarted (fault `agent.restarts`): the

@@ -66,6 +66,26 @@ pub enum Cmd {
         action: String,
         node: String,
     },
+    /// Node-agent operations: `agent roll NODE --image IMAGE` replaces NODE's
+    /// calico-node pod as a DaemonSet rollout does (old pod deleted gracefully and
+    /// gone, a new pod with a new name and UID and IMAGE created on NODE, the simulated
+    /// agent restarted: its Felix metrics start again, `process_start_time_seconds`
+    /// moves); returns once the new pod is Running and Ready; the truth log records
+    /// `agent_rolled`. Other nodes' agent pods are not touched.
+    Agent {
+        #[arg(value_parser = ["roll"])]
+        action: String,
+        node: String,
+        /// The new pod's container image (e.g. `docker.io/calico/node:v3.99.0`).
+        #[arg(long)]
+        image: String,
+        /// How long the agent is down (humantime, e.g. `15s`; default 0): from before
+        /// the old pod's deletion until this long after it, the node programs no new
+        /// endpoint (its new pods stay dark, as during a real CNI agent restart) and
+        /// the agent pod is not Ready.
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
+        down: Duration,
+    },
     /// Fault operations: `fault set FILE` applies a fault file at once.
     Fault {
         #[arg(value_parser = ["set"])]
@@ -106,6 +126,25 @@ pub enum Cmd {
         hostname: String,
         #[arg(long)]
         sa_dir: Option<PathBuf>,
+        /// Container user id (`securityContext.runAsUser`).
+        #[arg(long, default_value_t = 0)]
+        uid: u32,
+        /// Container group id (`securityContext.runAsGroup`).
+        #[arg(long, default_value_t = 0)]
+        gid: u32,
+        /// Supplementary groups, comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        groups: Vec<u32>,
+        /// Capabilities kept, as a hex bit mask (bit N = capability N); default: the
+        /// container runtime's default set.
+        #[arg(long, value_parser = parse_hex_caps)]
+        caps: Option<u64>,
+        /// Set `no_new_privs` (`allowPrivilegeEscalation: false`).
+        #[arg(long)]
+        no_new_privs: bool,
+        /// `readOnlyRootFilesystem: true`: every mount read-only except /dev.
+        #[arg(long)]
+        read_only_root: bool,
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
         cmd: Vec<String>,
     },
@@ -123,6 +162,12 @@ pub struct UpArgs {
     /// e.g. `node-2=os=debian13,node-3=os=debian13`.
     #[arg(long, value_delimiter = ',')]
     pub node_labels: Vec<String>,
+    /// Make each node's `kubernetes.io/hostname` label differ from its name, as
+    /// `kubelet --hostname-override` or a cloud provider does: the label is
+    /// `NODE` + SUFFIX (e.g. `--hostname-label-suffix .ec2.internal` → `node-1.ec2.internal`).
+    /// A `--node-labels NODE=kubernetes.io/hostname=…` item wins for its node.
+    #[arg(long, value_name = "SUFFIX")]
+    pub hostname_label_suffix: Option<String>,
     /// Directory with the image binaries (`target-server`, `prober`); default: the
     /// directory of this executable.
     #[arg(long)]
@@ -242,6 +287,12 @@ pub fn up(state: &Path, args: &UpArgs) -> Result<()> {
             nodes.join(", ")
         );
     }
+    if let Some(sfx) = &args.hostname_label_suffix {
+        for n in &nodes {
+            check_label_value(&format!("{n}{sfx}"))
+                .map_err(|e| anyhow!("--hostname-label-suffix {sfx:?}: {e}"))?;
+        }
+    }
     if let Some(f) = &args.fault {
         let text = std::fs::read_to_string(f)
             .with_context(|| format!("read fault file {}", f.display()))?;
@@ -297,6 +348,9 @@ pub fn up(state: &Path, args: &UpArgs) -> Result<()> {
     }
     if !args.node_labels.is_empty() {
         cmd.arg("--node-labels").arg(args.node_labels.join(","));
+    }
+    if let Some(sfx) = &args.hostname_label_suffix {
+        cmd.arg(format!("--hostname-label-suffix={sfx}"));
     }
     cmd.arg("--kube-proxy-metrics")
         .arg(args.kube_proxy_metrics.as_arg());
@@ -596,6 +650,7 @@ pub fn demo(state: &Path, args: &DemoArgs) -> Result<i32> {
         nodes: args.nodes,
         fault: Some(fault),
         node_labels: vec![],
+        hostname_label_suffix: None,
         bin_dir: None,
         kube_proxy_metrics: Default::default(),
         timeout: None,
@@ -627,6 +682,30 @@ pub fn demo(state: &Path, args: &DemoArgs) -> Result<i32> {
     code
 }
 
+fn parse_hex_caps(s: &str) -> Result<u64, String> {
+    u64::from_str_radix(s.trim_start_matches("0x"), 16)
+        .map_err(|e| format!("capability mask {s:?}: {e}"))
+}
+
+/// The well-known Node label a kubelet sets to its hostname.
+pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+
+/// A Kubernetes label value: at most 63 characters, alphanumerics, `-`, `_`, `.`,
+/// beginning and ending with an alphanumeric (empty is allowed).
+pub fn check_label_value(v: &str) -> Result<()> {
+    let alnum = |c: char| c.is_ascii_alphanumeric();
+    if v.len() > 63 {
+        bail!("label value {v:?} is longer than 63 characters");
+    }
+    if !v.chars().all(|c| alnum(c) || "-_.".contains(c))
+        || !v.starts_with(alnum)
+        || !v.ends_with(alnum)
+    {
+        bail!("label value {v:?} must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character");
+    }
+    Ok(())
+}
+
 /// Entry point used by `main`; returns the process exit code.
 pub fn main_with(cli: Cli) -> Result<i32> {
     let state = cli.state_dir.clone();
@@ -636,6 +715,12 @@ pub fn main_with(cli: Cli) -> Result<i32> {
             dev_dir,
             hostname,
             sa_dir,
+            uid,
+            gid,
+            groups,
+            caps,
+            no_new_privs,
+            read_only_root,
             cmd,
         } => {
             let spec = crate::shim::ShimSpec {
@@ -643,6 +728,14 @@ pub fn main_with(cli: Cli) -> Result<i32> {
                 dev_dir,
                 hostname,
                 sa_dir,
+                identity: crate::security::Identity {
+                    uid,
+                    gid,
+                    groups,
+                    caps: caps.unwrap_or(crate::security::DEFAULT_CAPS),
+                    no_new_privs,
+                    read_only_root,
+                },
                 program: PathBuf::from(&cmd[0]),
                 args: cmd[1..].to_vec(),
             };
@@ -650,7 +743,17 @@ pub fn main_with(cli: Cli) -> Result<i32> {
             Err(anyhow!("container start failed: {e}"))
         }
         Cmd::Daemon(a) => {
-            let node_labels = parse_node_labels(&a.node_labels)?;
+            let mut node_labels = parse_node_labels(&a.node_labels)?;
+            if let Some(sfx) = &a.hostname_label_suffix {
+                for i in 1..=a.nodes {
+                    let node = format!("node-{i}");
+                    node_labels
+                        .entry(node.clone())
+                        .or_default()
+                        .entry(HOSTNAME_LABEL.to_owned())
+                        .or_insert(format!("{node}{sfx}"));
+                }
+            }
             daemon::run(DaemonArgs {
                 state_dir: state,
                 nodes: a.nodes,
@@ -690,6 +793,21 @@ pub fn main_with(cli: Cli) -> Result<i32> {
             }
         },
         Cmd::Fault { file, .. } => fault_set(&state, &file).map(|_| 0),
+        Cmd::Agent {
+            node, image, down, ..
+        } => {
+            if image.is_empty() || image.chars().any(char::is_whitespace) {
+                bail!("--image {image:?}: an image reference has no spaces and is not empty");
+            }
+            let down = humantime::format_duration(down)
+                .to_string()
+                .replace(' ', "");
+            let answer = control(&state, &format!("agent-roll {node} {image} {down}"))?;
+            let mut words = answer.split_whitespace().skip(1);
+            let (pod, uid) = (words.next().unwrap_or("?"), words.next().unwrap_or("?"));
+            eprintln!("testbed: {node}'s calico-node pod replaced by kube-system/{pod} (uid {uid}, image {image}); Running and Ready");
+            Ok(0)
+        }
         Cmd::Api { action, rest } => match (action.as_str(), rest.as_slice()) {
             ("allow", [all]) if all == "all" => {
                 control(&state, "api-allow-all")?;
@@ -789,6 +907,14 @@ mod tests {
             _ => panic!("not up"),
         }
         assert!(Cli::try_parse_from(["testbed", "up", "--control-plane", "kind"]).is_err());
+    }
+
+    #[test]
+    fn hostname_label_values_are_checked_as_label_values() {
+        assert!(check_label_value("node-1.ec2.internal").is_ok());
+        assert!(check_label_value("node-1.").is_err());
+        assert!(check_label_value("node-1/x").is_err());
+        assert!(check_label_value(&"a".repeat(64)).is_err());
     }
 
     #[test]

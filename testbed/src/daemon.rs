@@ -533,7 +533,7 @@ struct Control<'a> {
 /// `node-stop NODE`, `node-start NODE`, `api-deny VERB RESOURCE [NAMESPACE]`,
 /// `api-deny-nodes-too VERB RESOURCE [NAMESPACE]` (also for the node components),
 /// `api-allow VERB RESOURCE [NAMESPACE]`, `api-allow-all`, `api-expire-watches`, `api-restart`, `api-stop`,
-/// `api-start`.
+/// `api-start`, `agent-roll NODE IMAGE [DOWN]` (answer `ok NEW_POD NEW_UID`).
 async fn handle_control(stream: tokio::net::UnixStream, c: &mut Control<'_>) -> bool {
     let (r, mut w) = stream.into_split();
     let mut lines = tokio::io::BufReader::new(r).lines();
@@ -549,6 +549,10 @@ async fn handle_control(stream: tokio::net::UnixStream, c: &mut Control<'_>) -> 
         ),
         ["node-stop", node] => (set_node_stopped(c, node, true), false),
         ["node-start", node] => (set_node_stopped(c, node, false), false),
+        ["agent-roll", node, image, down @ ..] if down.len() <= 1 => (
+            roll_agent(c.kubelets, node, image, down.first().copied()).await,
+            false,
+        ),
         [cmd, ..] if cmd.starts_with("api-") => match c.builtin.as_deref_mut() {
             Some(b) => (builtin_api_command(b, &words, &line).await, false),
             None => (
@@ -711,6 +715,28 @@ fn set_node_stopped(c: &Control<'_>, node: &str, stopped: bool) -> String {
 /// `testbed node stop|start NODE` on a control plane that watches heartbeats itself:
 /// the node's kubelet stops (or resumes) and the truth log records `node_not_ready`
 /// (or `node_ready`) with the cause. Errors: no such node.
+/// `agent-roll NODE IMAGE [DOWN]` on either control plane: the node's kubelet replaces its
+/// calico-node pod ([`Kubelet::roll_agent`]). Answers `ok NEW_POD NEW_UID` or
+/// `error …`.
+pub(crate) async fn roll_agent(
+    kubelets: &[Arc<Kubelet>],
+    node: &str,
+    image: &str,
+    down: Option<&str>,
+) -> String {
+    let Some(k) = kubelets.iter().find(|k| k.node() == node) else {
+        return format!("error no node {node:?}");
+    };
+    let down = match down.map(humantime::parse_duration).transpose() {
+        Ok(d) => d.unwrap_or_default(),
+        Err(e) => return format!("error down duration: {e}"),
+    };
+    match k.roll_agent(image, down).await {
+        Ok((name, uid)) => format!("ok {name} {uid}"),
+        Err(e) => format!("error {}", format!("{e:#}").replace('\n', " | ")),
+    }
+}
+
 pub(crate) fn pause_kubelet(
     kubelets: &[Arc<Kubelet>],
     truth: &Truth,
@@ -854,7 +880,7 @@ impl LogSource for PodLogs {
 
 /// Image of the simulated calico-node pods (the Calico release whose Felix page the
 /// testbed's metrics mirror, `shared/fixtures/felix-3.20-1.prom`).
-const CALICO_NODE_IMAGE: &str = "docker.io/calico/node:v3.20.0";
+pub const CALICO_NODE_IMAGE: &str = "docker.io/calico/node:v3.20.0";
 
 /// Image of the simulated kube-proxy pods.
 const KUBE_PROXY_IMAGE: &str = "registry.k8s.io/kube-proxy:v1.32.0";
@@ -889,26 +915,32 @@ fn agent_pod(
     })
 }
 
-/// The calico-node pod (`k8s-app=calico-node`, Felix's metrics port) and, with
-/// `kube_proxy`, the kube-proxy pod (`k8s-app=kube-proxy`; it stands for the node's
-/// [`crate::services::ServiceProxy`], its container runs kube-proxy the way kubeadm's
-/// DaemonSet does) of `node`, created through the API. An existing pod is kept.
-async fn create_agent_pods(api: crate::client::ApiClient, node: String, kube_proxy: bool) {
+/// The simulated calico-node pod of `node` (`calico-node-NODE` in kube-system,
+/// `k8s-app=calico-node`, Felix's metrics port as hostPort) with container image `image`.
+pub fn calico_node_pod(node: &str, image: &str) -> serde_json::Value {
     let port = crate::felix::FELIX_METRICS_PORT;
-    let mut pods = vec![agent_pod(
+    agent_pod(
         &format!("calico-node-{node}"),
-        &node,
+        node,
         "calico-node",
         json!({ "prometheus.io/scrape": "true", "prometheus.io/port": port.to_string() }),
         json!({
-            "name": "calico-node", "image": CALICO_NODE_IMAGE,
+            "name": "calico-node", "image": image,
             "env": [
                 { "name": "FELIX_PROMETHEUSMETRICSENABLED", "value": "true" },
                 { "name": "FELIX_PROMETHEUSMETRICSPORT", "value": port.to_string() },
             ],
             "ports": [{ "name": "http-metrics", "containerPort": port, "hostPort": port, "protocol": "TCP" }],
         }),
-    )];
+    )
+}
+
+/// The calico-node pod (`k8s-app=calico-node`, Felix's metrics port) and, with
+/// `kube_proxy`, the kube-proxy pod (`k8s-app=kube-proxy`; it stands for the node's
+/// [`crate::services::ServiceProxy`], its container runs kube-proxy the way kubeadm's
+/// DaemonSet does) of `node`, created through the API. An existing pod is kept.
+async fn create_agent_pods(api: crate::client::ApiClient, node: String, kube_proxy: bool) {
+    let mut pods = vec![calico_node_pod(&node, CALICO_NODE_IMAGE)];
     if kube_proxy {
         pods.push(agent_pod(
             &format!("kube-proxy-{node}"),

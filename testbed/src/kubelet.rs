@@ -127,6 +127,9 @@ pub struct Kubelet {
     /// UIDs whose workers have finished (bounded, oldest dropped first): events for them
     /// still queued in the watch stream must not start a second sandbox.
     finished: Mutex<std::collections::VecDeque<String>>,
+    /// The node's runtime (its sockets live in the node netns): work requested from
+    /// elsewhere (the daemon's control socket) runs here.
+    rt: tokio::runtime::Handle,
 }
 
 /// How many finished pod UIDs a kubelet remembers.
@@ -288,12 +291,165 @@ impl Kubelet {
             writers: Mutex::new(HashMap::new()),
             paused: watch::channel(false).0,
             finished: Mutex::new(std::collections::VecDeque::new()),
+            rt: tokio::runtime::Handle::current(),
         });
         k.register_node().await?;
         k.renew_lease().await;
         k.record_node_events().await;
         tokio::spawn(k.clone().heartbeat_loop());
         Ok(k)
+    }
+
+    /// Replaces this node's calico-node pod as a DaemonSet rollout does (`testbed
+    /// agent roll`), on the node's runtime: finds the pod (`k8s-app=calico-node` on
+    /// this node, exactly one), deletes it gracefully (UID precondition) and waits
+    /// until it is gone, creates a new one (`generateName: calico-node-`, container
+    /// image `image`, otherwise the same spec), restarts the simulated agent's process
+    /// ([`Agent::rolled`]; with a non-zero `down`, the agent is down from before the
+    /// deletion until `down` after it, [`Agent::down_until`]: no endpoint of the node
+    /// is programmed meanwhile), waits until the new pod is Running and Ready, and
+    /// records `agent_rolled` in the truth log. Returns the new pod's (name, UID).
+    ///
+    /// Errors: the API refusing a step, no or several calico-node pods on the node, the
+    /// old pod not gone or the new one not Ready within 60 s (each names the step).
+    pub async fn roll_agent(
+        self: &Arc<Self>,
+        image: &str,
+        down: Duration,
+    ) -> anyhow::Result<(String, String)> {
+        let me = self.clone();
+        let image = image.to_owned();
+        self.rt
+            .spawn(async move { me.roll_agent_here(&image, down).await })
+            .await
+            .map_err(|e| anyhow::anyhow!("agent roll task: {e}"))?
+    }
+
+    async fn roll_agent_here(
+        &self,
+        image: &str,
+        down: Duration,
+    ) -> anyhow::Result<(String, String)> {
+        use anyhow::{anyhow, bail};
+        let node = self.cfg.node.clone();
+        let list_path = format!(
+            "/api/v1/namespaces/kube-system/pods?labelSelector=k8s-app%3Dcalico-node&fieldSelector=spec.nodeName%3D{node}"
+        );
+        let list = self
+            .api
+            .get(&list_path)
+            .await
+            .map_err(|e| anyhow!("list calico-node pods on {node}: {e}"))?;
+        let items: Vec<&Value> = list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+            .collect();
+        let old = match items.as_slice() {
+            [one] => (*one).clone(),
+            [] => bail!("no calico-node pod on {node}"),
+            more => bail!("{} calico-node pods on {node}; expected one", more.len()),
+        };
+        let old_name = old["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let old_uid = old["metadata"]["uid"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let old_image = old["spec"]["containers"][0]["image"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        // The old process stops with its pod; with `down`, the new one is serving only
+        // `down` after the deletion (no endpoint programmed meanwhile).
+        let down_task = if down.is_zero() {
+            None
+        } else {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let agent = self.agent.clone();
+            let until = tokio::time::Instant::now() + down;
+            let t = tokio::spawn(async move { agent.down_until(until, tx).await });
+            let _ = rx.await;
+            Some(t)
+        };
+        let old_path = core_path(Some("kube-system"), "pods", &old_name);
+        let opts = json!({ "kind": "DeleteOptions", "apiVersion": "v1",
+                           "preconditions": { "uid": old_uid } });
+        self.api
+            .delete(&old_path, &opts)
+            .await
+            .map_err(|e| anyhow!("delete pod kube-system/{old_name}: {e}"))?;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            match self.api.get(&old_path).await {
+                Err(e) if e.code == 404 => break,
+                Ok(p) if p["metadata"]["uid"] != old_uid.as_str() => break,
+                Err(e) if !e.is_transient() => {
+                    bail!("wait for kube-system/{old_name} to go: {e}")
+                }
+                _ => {}
+            }
+            if tokio::time::Instant::now() >= deadline {
+                bail!("pod kube-system/{old_name} still there 60 s after its deletion");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let mut pod = crate::daemon::calico_node_pod(&node, image);
+        if let Some(m) = pod["metadata"].as_object_mut() {
+            m.remove("name");
+            m.insert("generateName".into(), json!("calico-node-"));
+        }
+        let created = self
+            .api
+            .post("/api/v1/namespaces/kube-system/pods", &pod)
+            .await
+            .map_err(|e| anyhow!("create the new calico-node pod on {node}: {e}"))?;
+        let name = created["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let uid = created["metadata"]["uid"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        match down_task {
+            Some(t) => {
+                let _ = t.await;
+            }
+            None => self.agent.rolled(),
+        }
+        let path = core_path(Some("kube-system"), "pods", &name);
+        loop {
+            if let Ok(p) = self.api.get(&path).await {
+                let ready = p["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True");
+                if p["status"]["phase"] == "Running" && ready {
+                    break;
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                bail!("new pod kube-system/{name} not Running and Ready within 60 s");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.truth.emit(TruthEvent {
+            namespace: Some("kube-system".into()),
+            pod: Some(name.clone()),
+            uid: Some(uid.clone()),
+            ..TruthEvent::node(
+                TruthKind::AgentRolled,
+                &node,
+                json!({ "image": image, "old_pod": old_name, "old_uid": old_uid, "old_image": old_image,
+                        "down_seconds": down.as_secs_f64() }),
+            )
+        });
+        Ok((name, uid))
     }
 
     /// The kubelet's API client (other node components of the same node share it).
@@ -1139,6 +1295,9 @@ impl PodWorker {
             .to_owned();
         let ip = self.k.cfg.node_ip.to_string();
         let started = now_rfc3339();
+        // The pod's restartCount counts the agent's restarts since this pod started (a
+        // pod that replaced another, `testbed agent roll`, starts from 0).
+        let base = self.k.simulated_state(app).1;
         let mut last_restarts: Option<(u64, String)> = None;
         loop {
             if self.gone() {
@@ -1149,7 +1308,8 @@ impl PodWorker {
                 return;
             }
             if !self.k.is_paused() {
-                let (ready, restarts) = self.k.simulated_state(app);
+                let (ready, total) = self.k.simulated_state(app);
+                let restarts = total.saturating_sub(base);
                 let since = match &last_restarts {
                     Some((n, t)) if *n == restarts => t.clone(),
                     _ => {
@@ -1162,11 +1322,12 @@ impl PodWorker {
                         t
                     }
                 };
-                let (ip, started, container, image) = (
+                let (ip, started, container, image, uid) = (
                     ip.clone(),
                     started.clone(),
                     container.clone(),
                     image.clone(),
+                    self.uid.clone(),
                 );
                 self.update(move |st| {
                     st["phase"] = json!("Running");
@@ -1196,7 +1357,7 @@ impl PodWorker {
                     set_condition(st, "Ready", ready, r, m);
                     st["containerStatuses"] = json!([{
                         "name": container, "image": image, "imageID": "",
-                        "containerID": format!("testbed://{container}-{restarts}"), "ready": ready,
+                        "containerID": format!("testbed://{container}-{uid}-{restarts}"), "ready": ready,
                         "started": true, "restartCount": restarts,
                         "state": { "running": { "startedAt": since } },
                     }]);
@@ -1302,6 +1463,25 @@ impl PodWorker {
                 return;
             }
         };
+        // The process identity (runAsUser/runAsGroup, capabilities, no_new_privs);
+        // `runAsNonRoot` against the image's (root) user is checked here, as the real
+        // kubelet does when it generates the container config.
+        let identity = match crate::security::container_identity(&pod, &container) {
+            Ok(id) => id,
+            Err(msg) => {
+                tracing::warn!(pod = %self.name, "{msg}");
+                self.fail_waiting(
+                    &cname,
+                    &image,
+                    "CreateContainerConfigError",
+                    &msg,
+                    Some(&pod_ip),
+                    Some(&net),
+                )
+                .await;
+                return;
+            }
+        };
         let mut restarts: u64 = 0;
         let mut last_state = json!({});
         let ended = loop {
@@ -1312,6 +1492,7 @@ impl PodWorker {
                 &net,
                 &pod_dir,
                 api_access.as_deref(),
+                &identity,
             ) {
                 Ok(c) => c,
                 Err(msg) => {
@@ -1488,6 +1669,7 @@ impl PodWorker {
 
     /// Starts the container through the shim; returns the child or a message for
     /// `CreateContainerError`.
+    #[allow(clippy::too_many_arguments)]
     fn start_container(
         &self,
         pod: &Value,
@@ -1496,6 +1678,7 @@ impl PodWorker {
         net: &PodNet,
         pod_dir: &Path,
         api_access: Option<&Path>,
+        identity: &crate::security::Identity,
     ) -> Result<tokio::process::Child, String> {
         let dev_dir = pod_dir.join("dev");
         std::fs::create_dir_all(&dev_dir)
@@ -1508,7 +1691,15 @@ impl PodWorker {
                 "terminationMessagePath {tm_path}: this testbed supports only files directly under /dev"
             ));
         };
-        std::fs::write(dev_dir.join(tm_name), b"").map_err(|e| e.to_string())?;
+        let tm_file = dev_dir.join(tm_name);
+        std::fs::write(&tm_file, b"").map_err(|e| e.to_string())?;
+        // Writable by whatever user the container runs as (the real kubelet creates
+        // the termination-message file 0666).
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&tm_file, std::fs::Permissions::from_mode(0o666))
+                .map_err(|e| format!("chmod {}: {e}", tm_file.display()))?;
+        }
         let _ = std::fs::write(pod_dir.join("termination-path"), tm_name);
         let log_path = pod_dir.join("container.log");
         let log = std::fs::OpenOptions::new()
@@ -1541,6 +1732,7 @@ impl PodWorker {
             std::fs::write(sa.join("namespace"), &self.ns).map_err(|e| e.to_string())?;
             cmd.arg("--sa-dir").arg(&sa);
         }
+        cmd.args(identity.to_args());
         cmd.arg("--").arg(binary);
         if let Some(args) = container["args"].as_array() {
             for a in args {

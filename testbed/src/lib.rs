@@ -21,6 +21,7 @@ pub mod kubelet;
 pub mod netns;
 pub mod plan;
 pub mod scheduler;
+pub mod security;
 pub mod services;
 pub mod shim;
 pub mod tls;

@@ -13,7 +13,10 @@
 //! 4. optionally mounts a tmpfs on `/run` and bind-mounts `--sa-dir` at
 //!    `/run/secrets/kubernetes.io/serviceaccount` (`/var/run` is a symlink to `/run`);
 //! 5. sets the hostname to the pod name (a real pod's hostname is its name);
-//! 6. `execvp`s the binary with the environment it was given.
+//! 6. with `readOnlyRootFilesystem`, makes every mount read-only except `/dev`;
+//! 7. takes the container's identity ([`crate::security::apply`]: capability sets,
+//!    supplementary groups, gid, uid, `no_new_privs`);
+//! 8. `execvp`s the binary with the environment it was given.
 //!
 //! It must run before any thread is started: `setns(CLONE_NEWNET)`/`unshare(CLONE_NEWNS)`
 //! act on the calling thread only, and `unshare(CLONE_NEWNS)` fails in a multi-threaded
@@ -44,6 +47,8 @@ pub struct ShimSpec {
     pub hostname: String,
     /// Optional directory bind-mounted at [`SERVICE_ACCOUNT_DIR`].
     pub sa_dir: Option<PathBuf>,
+    /// Identity the container runs with (uid, gid, groups, capabilities).
+    pub identity: crate::security::Identity,
     /// Binary to exec (absolute path) and its arguments (without argv\[0\]).
     pub program: PathBuf,
     pub args: Vec<String>,
@@ -148,6 +153,14 @@ pub fn enter_and_exec(spec: &ShimSpec) -> Result<std::convert::Infallible, ShimE
     }
 
     nix::unistd::sethostname(&spec.hostname).map_err(sys("sethostname"))?;
+
+    if spec.identity.read_only_root {
+        crate::security::make_root_read_only()
+            .map_err(|(step, source)| ShimError::Sys { step, source })?;
+    }
+
+    crate::security::apply(&spec.identity)
+        .map_err(|(step, source)| ShimError::Sys { step, source })?;
 
     nix::unistd::execvp(&prog, &argv).map_err(sys(format!("exec {}", spec.program.display())))
 }

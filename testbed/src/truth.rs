@@ -61,6 +61,10 @@ pub enum TruthKind {
     PodDeleted,
     /// A new fault file is in force (`detail` describes it).
     FaultChanged,
+    /// `testbed agent roll`: `node`'s calico-node pod was replaced, as a DaemonSet
+    /// rollout replaces it (`namespace`/`pod`/`uid` = the new pod; `detail`: `image`,
+    /// `old_pod`, `old_uid`, `old_image`); stamped once the new pod is Running.
+    AgentRolled,
 }
 
 /// One line of the truth log. Field order and names are the §6 contract.

@@ -18,6 +18,7 @@ mod error;
 mod http;
 mod kind;
 mod patch;
+pub mod pod_security;
 pub mod selector;
 mod server;
 mod service;

@@ -407,7 +407,10 @@ fn required(field: &str) -> (String, String, String) {
 }
 
 /// Pod validation subset: containers present, each with a name and an image
-/// (k8s.io/kubernetes pkg/apis/core/validation `validateContainers`).
+/// (k8s.io/kubernetes pkg/apis/core/validation `validateContainers`), and a
+/// `securityContext` that does not ask for `allowPrivilegeEscalation: false` together
+/// with `privileged` or an added `SYS_ADMIN` (`ValidateSecurityContext`; the real
+/// message prints the Go struct where this one prints the JSON).
 fn validate_pod(pod: &Value) -> Vec<(String, String, String)> {
     let mut causes = Vec::new();
     match pod["spec"]["containers"].as_array() {
@@ -418,6 +421,30 @@ fn validate_pod(pod: &Value) -> Vec<(String, String, String)> {
                 }
                 if c["image"].as_str().unwrap_or("").is_empty() {
                     causes.push(required(&format!("spec.containers[{i}].image")));
+                }
+                // ValidateSecurityContext: no_new_privs cannot hold for a privileged
+                // container or one adding CAP_SYS_ADMIN.
+                let sc = &c["securityContext"];
+                if sc["allowPrivilegeEscalation"] == false {
+                    let why = if sc["privileged"] == true {
+                        Some("cannot set `allowPrivilegeEscalation` to false and `privileged` to true")
+                    } else if sc["capabilities"]["add"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|a| a == "SYS_ADMIN" || a == "CAP_SYS_ADMIN")
+                    {
+                        Some("cannot set `allowPrivilegeEscalation` to false and `capabilities.Add` CAP_SYS_ADMIN")
+                    } else {
+                        None
+                    };
+                    if let Some(why) = why {
+                        causes.push((
+                            "FieldValueInvalid".into(),
+                            format!("spec.containers[{i}].securityContext"),
+                            format!("Invalid value: {sc}: {why}"),
+                        ));
+                    }
                 }
             }
         }
@@ -984,7 +1011,8 @@ impl Store {
     /// `{phase: Pending, qosClass}` (any given status is replaced, as the real server
     /// does). Emits ADDED.
     ///
-    /// Errors: 404 NotFound (namespace missing), 403 Forbidden (namespace terminating),
+    /// Errors: 404 NotFound (namespace missing), 403 Forbidden (namespace terminating;
+    /// a Pod violating its namespace's Pod Security level, [`super::pod_security`]),
     /// 409 AlreadyExists, 422 Invalid (missing name, bad name, Pod without containers
     /// or with a container lacking name/image), 400 BadRequest (not a JSON object).
     pub fn create(&self, kind: Kind, mut obj: Value) -> Result<Value, ApiError> {
@@ -1085,6 +1113,16 @@ impl Store {
         if kind.namespaced() {
             self.ns_check(&g, kind, &ns, &given)?;
         }
+        // Pod Security admission reads the namespace's labels (checked once the name is
+        // known: kube-apiserver names a generated pod in its message).
+        let ns_labels = if kind == Kind::Pod {
+            g.objects
+                .get(&Kind::Namespace)
+                .and_then(|m| m.get(&(String::new(), ns.clone())))
+                .map(|o| o["metadata"]["labels"].clone())
+        } else {
+            None
+        };
         let table = g.objects.entry(kind).or_default();
         let name = if given.is_empty() {
             let mut tries = 0;
@@ -1115,6 +1153,16 @@ impl Store {
                     "metadata.name".into(),
                     format!("Invalid value: \"{name}\": a lowercase RFC 1123 {} must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character", if kind == Kind::Namespace { "label" } else { "subdomain" }),
                 )],
+            ));
+        }
+        if let Some((policy, found)) = ns_labels
+            .as_ref()
+            .and_then(|l| super::pod_security::violations(l, &obj))
+        {
+            return Err(ApiError::forbidden(
+                kind,
+                &name,
+                &super::pod_security::message(&policy, &found),
             ));
         }
         let key = (ns, name.clone());

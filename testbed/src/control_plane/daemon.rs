@@ -283,6 +283,10 @@ async fn answer(
             Ok(()) => ok(),
             Err(e) => err(anyhow!(e)),
         },
+        ["agent-roll", node, image, down @ ..] if down.len() <= 1 => (
+            crate::daemon::roll_agent(kubelets, node, image, down.first().copied()).await,
+            false,
+        ),
         ["api-deny", verb, resource, ns @ ..] if ns.len() <= 1 => {
             deny.deny(verb, resource, ns.first().copied());
             ok()

@@ -469,3 +469,61 @@ pub fn validate(report: &Value) {
         "report does not match the schema: {errors:#?}"
     );
 }
+
+impl Testbed {
+    /// Writes `text` as `name` into the state dir and returns its path (for `kubectl
+    /// apply -f`).
+    pub fn manifest(&self, name: &str, text: &str) -> String {
+        let p = self.state.join(name);
+        std::fs::write(&p, text).unwrap_or_else(|e| panic!("write {}: {e}", p.display()));
+        p.display().to_string()
+    }
+
+    /// Polls until pod `ns/name` has condition Ready=True; returns whether it did.
+    pub fn wait_pod_ready(&self, ns: &str, name: &str, timeout: Duration) -> bool {
+        let got = self.kubectl_until(
+            &[
+                "get",
+                "pod",
+                "-n",
+                ns,
+                name,
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+            ],
+            timeout,
+            |o| o.trim() == "True",
+        );
+        got.trim() == "True"
+    }
+
+    /// The host pid of pod `ns/name`'s container process, read on the node side: the
+    /// pod's UID from the API, then the pid file the kubelet writes
+    /// (`STATE/pods/UID/pid`). `None` while the pod has no running container.
+    pub fn container_pid(&self, ns: &str, name: &str) -> Option<i32> {
+        let uid = self.kubectl(&[
+            "get",
+            "pod",
+            "-n",
+            ns,
+            name,
+            "-o",
+            "jsonpath={.metadata.uid}",
+        ]);
+        let text =
+            std::fs::read_to_string(self.state.join("pods").join(uid.trim()).join("pid")).ok()?;
+        text.trim().parse().ok().filter(|p| *p > 0)
+    }
+}
+
+/// `/proc/PID/status` as `field → value` (values trimmed; e.g. `Uid` →
+/// `"65532\t65532\t65532\t65532"`, `CapEff` → `"0000000000000000"`); empty when the
+/// process is gone.
+pub fn proc_status(pid: i32) -> std::collections::BTreeMap<String, String> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.to_owned(), v.trim().to_owned()))
+        .collect()
+}
