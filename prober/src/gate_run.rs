@@ -32,7 +32,8 @@ pub use crate::engine::{
 use crate::error::Error;
 use crate::gate::{build_report, early_stop, render_text, ReportInputs};
 use crate::podspec::{
-    active_deadline_seconds, pod_name, source_args, target_args, PodConfig, PodRole,
+    active_deadline_seconds, pod_name, source_args, target_args, PodConfig, PodRole, CPU_REQUEST,
+    MEMORY_LIMIT, MEMORY_REQUEST, PROBE_GID, PROBE_UID,
 };
 use crate::probe::{run_probe, write_budget, EngineFault, ProbeEnv, ProbePlan};
 use crate::record::{build_record, Ending, ProbeMeta};
@@ -116,9 +117,21 @@ pub fn render_plan(
     let _ = writeln!(out, "  namespace {}  image {}", cfg.namespace, cfg.image);
     let _ = writeln!(
         out,
-        "  affinity kubernetes.io/hostname In [<node>]; readiness GET /readyz :8080 every 1s; \
+        "  affinity matchFields metadata.name In [<node>]; readiness GET /readyz :8080 every 1s; \
          restartPolicy Never; activeDeadlineSeconds {}",
         active_deadline_seconds(cfg.give_up, cfg.hold)
+    );
+    let _ = writeln!(
+        out,
+        "  securityContext {}; requests cpu {CPU_REQUEST} memory {MEMORY_REQUEST}, limit memory {MEMORY_LIMIT}",
+        if cfg.unsafe_privileged {
+            "PRIVILEGED (--unsafe-probe-pod-privileged: violates Pod Security baseline/restricted)".to_string()
+        } else {
+            format!(
+                "restricted (runAsNonRoot, uid/gid {PROBE_UID}/{PROBE_GID}, seccomp RuntimeDefault, \
+                 no privilege escalation, capabilities drop ALL, read-only root)"
+            )
+        }
     );
     let _ = writeln!(
         out,
@@ -805,6 +818,7 @@ mod tests {
             give_up: Duration::from_secs(60),
             hold: Duration::from_secs(5),
             owner: None,
+            unsafe_privileged: false,
         };
         let kinds = [ProbeKind::CrossNode, ProbeKind::Recreate, ProbeKind::Burst];
         let plan = plan_kinds(&["n1".into(), "n2".into()], &kinds, 2, 1).expect("plan");
@@ -812,6 +826,14 @@ mod tests {
         assert!(text.contains("seed 1"));
         assert!(text.contains("fp-abcdefgh-0-t"));
         assert!(text.contains("activeDeadlineSeconds 185"));
+        assert!(
+            text.contains("matchFields metadata.name In [<node>]"),
+            "{text}"
+        );
+        assert!(
+            text.contains("restricted (runAsNonRoot, uid/gid 65532/65532"),
+            "{text}"
+        );
         assert!(text.contains("k:NoSchedule"));
         assert!(text.contains(&format!("{} → {}", plan[0].source, plan[0].target)));
         assert!(text.contains("fp-abcdefgh-rc-n1"), "{text}");

@@ -50,9 +50,9 @@
 use crate::config::ProbeKind;
 use crate::error::{kube_status_code, Error};
 use crate::podspec::{
-    calico_iface_name, filler_pod, filler_pod_name, pod_name, probe_pod_named, probe_service,
-    recreate_target_name, service_name, source_args, source_args_to, target_args, PodConfig,
-    PodRole, FIELD_MANAGER, SERVICE_PORT,
+    calico_iface_name, filler_pod, filler_pod_name, host_port, pod_name, probe_pod_named,
+    probe_service, recreate_target_name, service_name, source_args, source_args_to, target_args,
+    PodConfig, PodRole, FIELD_MANAGER, SERVICE_PORT,
 };
 use crate::podwatch::{PodWatch, Wait};
 use crate::record::{build_record, Ending, ProbeMeta};
@@ -962,9 +962,7 @@ async fn lifecycle(
         PodRole::Source,
         &plan.source_node,
         match st.service.as_ref().and_then(|s| s.cluster_ip.as_deref()) {
-            Some(cluster_ip) => {
-                source_args_to(cfg, &format!("{cluster_ip}:{SERVICE_PORT}"), t_name)
-            }
+            Some(cluster_ip) => source_args_to(cfg, &host_port(cluster_ip, SERVICE_PORT), t_name),
             None => source_args(cfg, &ip, t_name),
         },
     );

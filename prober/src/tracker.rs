@@ -16,6 +16,7 @@
 //!
 //! No I/O and no clock reads: the caller passes `now`.
 
+use crate::podspec::CONTAINER_NAME;
 use k8s_openapi::api::core::v1::Pod;
 use std::collections::HashMap;
 use std::time::Instant;
@@ -186,9 +187,11 @@ impl PodState {
             self.ready = Some(now);
         }
 
+        // By name: a sidecar (a mesh proxy injected despite the annotations) may sort
+        // first in the list.
         let cs = status
             .and_then(|s| s.container_statuses.as_deref())
-            .and_then(|v| v.first());
+            .and_then(|v| v.iter().find(|c| c.name == CONTAINER_NAME));
         if let Some(state) = cs.and_then(|c| c.state.as_ref()) {
             if state.running.is_some() && self.running.is_none() {
                 self.running = Some(now);
@@ -362,6 +365,24 @@ impl Tracker {
     }
 }
 
+/// Test helper: names every container (spec and status) of a fixture pod
+/// [`CONTAINER_NAME`], as in a probe pod (the tracker reads the status of that name).
+#[cfg(test)]
+pub(crate) fn as_probe_containers(pod: &mut Pod) {
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.containers
+            .iter_mut()
+            .for_each(|c| c.name = CONTAINER_NAME.into());
+    }
+    if let Some(cs) = pod
+        .status
+        .as_mut()
+        .and_then(|s| s.container_statuses.as_mut())
+    {
+        cs.iter_mut().for_each(|c| c.name = CONTAINER_NAME.into());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -372,8 +393,11 @@ mod tests {
     use std::time::Duration;
 
     fn ready_fixture() -> Pod {
-        serde_json::from_str(include_str!("../tests/fixtures/k8s-pod-running-ready.json"))
-            .expect("fixture parses as Pod")
+        let mut p: Pod =
+            serde_json::from_str(include_str!("../tests/fixtures/k8s-pod-running-ready.json"))
+                .expect("fixture parses as Pod");
+        as_probe_containers(&mut p);
+        p
     }
 
     /// A freshly created pod: the fixture with status and nodeName stripped.
@@ -575,7 +599,8 @@ mod tests {
             "../tests/fixtures/k8s-podlist-job-pod-terminated.json"
         ))
         .expect("fixture json");
-        let pod: Pod = serde_json::from_value(list["items"][0].clone()).expect("pod");
+        let mut pod: Pod = serde_json::from_value(list["items"][0].clone()).expect("pod");
+        as_probe_containers(&mut pod);
         let mut tr = Tracker::new();
         tr.apply(&pod, Instant::now());
         let name = pod.metadata.name.clone().expect("name");
@@ -653,6 +678,56 @@ mod tests {
         }
         assert_eq!(tr.forgotten_len(), FORGOTTEN_CAPACITY);
         assert!(tr.is_empty());
+    }
+
+    #[test]
+    fn container_status_is_read_by_name_not_position() {
+        // A mesh sidecar ("istio-proxy" sorts before "target-server") listed first and
+        // running must not be taken for the probe container, which terminated.
+        let mut p = ready_fixture();
+        set_container_state(
+            &mut p,
+            ContainerState {
+                terminated: Some(ContainerStateTerminated {
+                    exit_code: 3,
+                    reason: Some("Error".into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        );
+        let statuses = p
+            .status
+            .as_mut()
+            .and_then(|s| s.container_statuses.as_mut())
+            .expect("statuses");
+        let mut sidecar = statuses[0].clone();
+        sidecar.name = "istio-proxy".into();
+        sidecar.state = Some(ContainerState {
+            running: Some(ContainerStateRunning::default()),
+            ..Default::default()
+        });
+        sidecar.ready = true;
+        statuses.insert(0, sidecar);
+        let mut tr = Tracker::new();
+        tr.apply(&p, Instant::now());
+        let s = tr.get("coredns-589f44dc88-4fpns").expect("tracked");
+        assert_eq!(s.terminated.as_ref().map(|t| t.exit_code), Some(3));
+        assert!(s.running.is_none(), "the sidecar's running state was taken");
+        // And a pod whose only container has another name yields no container state.
+        let mut other = ready_fixture();
+        if let Some(cs) = other
+            .status
+            .as_mut()
+            .and_then(|s| s.container_statuses.as_mut())
+        {
+            cs[0].name = "linkerd-proxy".into();
+        }
+        let mut tr = Tracker::new();
+        tr.apply(&other, Instant::now());
+        assert!(tr
+            .get("coredns-589f44dc88-4fpns")
+            .is_some_and(|s| s.running.is_none() && s.terminated.is_none()));
     }
 
     #[test]
