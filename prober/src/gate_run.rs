@@ -6,7 +6,9 @@
 //! the pod watch ([`check_watch_allowed`]), < 2 nodes, pod watch never ready) still
 //! writes its `--report` ([`startup_failure_report`]) and exits 2. A 401/403 later on —
 //! creating or deleting a probe object, or the pod watch before it ever delivered an
-//! event (`crate::podwatch::WatchForbidden`) — is run-fatal: the run stops at once, the
+//! event (`crate::podwatch::WatchForbidden`) — is run-fatal, and so is an admission
+//! rejection of a probe object (`crate::admission`: every probe has the same spec; that
+//! probe is `inconclusive`/`admission_rejected`): the run stops at once, the
 //! pods created so far are deleted where RBAC allows it (a forbidden delete is reported
 //! as "cleanup cannot work"), the 403 is first in `errors[]`, exit 2. When the API fails mid-run, probes whose
 //! waits ran out end `inconclusive`/`api_error` (`crate::probe`), the final cleanup is
@@ -568,7 +570,17 @@ async fn run_gate_inner(
     let on_fault: crate::probe::FaultSink = {
         let set_fatal = set_fatal.clone();
         let instance = instance.clone();
-        Arc::new(move |f: EngineFault| set_fatal(f.text(&instance)))
+        Arc::new(move |f: EngineFault| {
+            let text = f.text(&instance);
+            set_fatal(match f {
+                // Every probe pod has the same spec: all would be rejected. Stop now.
+                EngineFault::AdmissionRejected(_) => format!(
+                    "probe pods are rejected by admission (the next probes would meet the same \
+                     policy); the gate stops: {text}"
+                ),
+                _ => text,
+            })
+        })
     };
     let env = Arc::new(ProbeEnv {
         pods: pods.clone(),

@@ -372,16 +372,20 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
         let admin = admin.clone();
         let instance = instance.clone();
         Arc::new(move |f: EngineFault| {
-            let label = match f {
-                EngineFault::CreateForbidden(_) => "create_forbidden",
-                EngineFault::DeleteForbidden(_) => "delete_forbidden",
-            };
+            let label = f.label();
             admin
                 .metrics
                 .engine_faults
                 .with_label_values(&[label])
                 .inc();
-            tracing::error!(fault = label, error = %f.text(&instance), "probe object forbidden; probing carries on");
+            match f {
+                EngineFault::AdmissionRejected(_) => {
+                    tracing::error!(fault = label, error = %f.text(&instance), "probe object rejected by admission; probing carries on")
+                }
+                _ => {
+                    tracing::error!(fault = label, error = %f.text(&instance), "probe object forbidden; probing carries on")
+                }
+            }
         })
     };
     let env = Arc::new(ProbeEnv {
