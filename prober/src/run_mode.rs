@@ -170,7 +170,7 @@ fn spawn_node_watch(
     tx: mpsc::UnboundedSender<NodeChange>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let cfg = watcher::Config::default().labels(&p.node_selector.to_string());
+        let cfg = crate::podwatch::watcher_config(&p.node_selector.to_string());
         let mut stream = watcher::watcher(api, cfg).default_backoff().boxed();
         let mut pending: BTreeMap<String, (NodeInfo, Option<String>)> = BTreeMap::new();
         let apply = |set: &mut NodeSet, info: NodeInfo, uid: Option<String>| {

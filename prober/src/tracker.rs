@@ -246,6 +246,9 @@ pub struct Tracker {
     /// UIDs of forgotten pods (bounded, [`FORGOTTEN_CAPACITY`]), oldest first.
     forgotten: std::collections::VecDeque<String>,
     forgotten_set: std::collections::HashSet<String>,
+    /// UIDs listed by the re-list in progress ([`Tracker::begin_relist`]), `None`
+    /// outside one.
+    relisted: Option<std::collections::HashSet<String>>,
 }
 
 impl Tracker {
@@ -306,6 +309,42 @@ impl Tracker {
             }
             _ => changed,
         }
+    }
+
+    /// A (re-)list starts (watch event `Init`): the pods it lists are collected until
+    /// [`Tracker::end_relist`]. kube-runtime re-lists after a `410 Gone` or when a watch
+    /// cannot resume; a pod deleted meanwhile never gets a `DELETED` event.
+    pub fn begin_relist(&mut self) {
+        self.relisted = Some(Default::default());
+    }
+
+    /// Feeds a pod of the (re-)list (`InitApply`): [`Tracker::apply`], and the pod's UID
+    /// counts as listed.
+    pub fn apply_listed(&mut self, pod: &Pod, now: Instant) -> bool {
+        if let (Some(set), Some(uid)) = (self.relisted.as_mut(), pod.metadata.uid.as_deref()) {
+            set.insert(uid.to_string());
+        }
+        self.apply(pod, now)
+    }
+
+    /// The (re-)list is complete (`InitDone`): every tracked pod seen by the watch (it has
+    /// a UID), not yet deleted and not listed is gone — it is marked deleted at `now`
+    /// (mark and sweep). Pods only known from our create call (no UID yet: the list may
+    /// predate them; their `ADDED` follows) are left alone. Without a preceding
+    /// [`Tracker::begin_relist`] nothing happens. Returns true if a pod was marked.
+    pub fn end_relist(&mut self, now: Instant) -> bool {
+        let Some(listed) = self.relisted.take() else {
+            return false;
+        };
+        let mut changed = false;
+        for s in self.pods.values_mut() {
+            let gone = s.deleted.is_none() && s.uid.as_ref().is_some_and(|u| !listed.contains(u));
+            if gone {
+                s.deleted = Some(now);
+                changed = true;
+            }
+        }
+        changed
     }
 
     /// Records that our create call for `name` returned at `at` (earlier than any
@@ -728,6 +767,47 @@ mod tests {
         assert!(tr
             .get("coredns-589f44dc88-4fpns")
             .is_some_and(|s| s.running.is_none() && s.terminated.is_none()));
+    }
+
+    #[test]
+    fn a_relist_marks_pods_that_vanished_meanwhile_as_deleted() {
+        let t0 = Instant::now();
+        let pod = |name: &str, uid: &str| {
+            let mut p = ready_fixture();
+            p.metadata.name = Some(name.into());
+            p.metadata.uid = Some(uid.into());
+            p
+        };
+        let mut tr = Tracker::new();
+        // The initial list (nothing tracked yet), then a and b seen by the watch.
+        tr.begin_relist();
+        assert!(!tr.end_relist(t0));
+        tr.apply(&pod("a", "uid-a"), t0);
+        tr.apply(&pod("b", "uid-b"), t0);
+        tr.note_created("c", t0); // created, not seen by the watch yet
+                                  // The watch expires (410); b is deleted before the re-list: Init, InitApply(a),
+                                  // InitDone.
+        let t1 = t0 + Duration::from_secs(5);
+        tr.begin_relist();
+        tr.apply_listed(&pod("a", "uid-a"), t1);
+        assert!(tr.end_relist(t1), "b's deletion must be noticed");
+        assert_eq!(tr.get("b").and_then(|s| s.deleted), Some(t1));
+        assert_eq!(tr.get("a").and_then(|s| s.deleted), None);
+        assert_eq!(
+            tr.get("c").and_then(|s| s.deleted),
+            None,
+            "c has no UID yet"
+        );
+        // A same-name pod with a new UID in the re-list replaces the old incarnation.
+        let t2 = t1 + Duration::from_secs(1);
+        tr.begin_relist();
+        tr.apply_listed(&pod("a", "uid-a2"), t2);
+        tr.end_relist(t2);
+        let a = tr.get("a").expect("a");
+        assert_eq!(a.uid.as_deref(), Some("uid-a2"));
+        assert_eq!(a.deleted, None);
+        // InitDone without Init changes nothing.
+        assert!(!tr.end_relist(t2));
     }
 
     #[test]
