@@ -463,3 +463,86 @@ fn report_shows_which_node_agents_were_scraped() {
     assert_eq!(v["agents"]["profiles"], serde_json::json!({}), "{v:#}");
     assert!(out.contains("correlation off"), "{out}");
 }
+
+/// The prober's shared pod watch (`prober::podwatch::PodWatch`) notices a deletion it
+/// never got an event for. The watch is cut (`api deny watch pods` + `api restart`: the
+/// stream ends and cannot resume), the pod is deleted, the watch history is expired
+/// (`api expire-watches`), then watching is allowed again: the resume gets 410 Gone,
+/// kube-runtime re-lists without the pod, and the mark-and-sweep on `InitDone` marks it
+/// deleted (before, a `recreate` probe waiting for that `DELETED` ran out as
+/// `api_error`).
+#[test]
+fn pod_watch_relist_after_410_marks_a_pod_deleted_meanwhile() {
+    let _g = serial();
+    let tb = Testbed::up("relist", 1, "rules: []\n", &[]);
+    let selector = "firstpacket.io/instance=relist-test";
+    let manifest = tb.state.join("w-a.yaml");
+    std::fs::write(
+        &manifest,
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: w-a, labels: {firstpacket.io/instance: relist-test}}\nspec:\n  nodeName: node-1\n  containers:\n  - {name: target-server, image: target-server, args: [serve]}\n",
+    )
+    .expect("manifest");
+    tb.kubectl(&[
+        "apply",
+        "--validate=false",
+        "-f",
+        manifest.to_str().expect("path"),
+    ]);
+    let kubeconfig = tb.state.join("kubeconfig");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let deleted = rt.block_on(async {
+        let cfg = kube::Config::from_custom_kubeconfig(
+            kube::config::Kubeconfig::read_from(&kubeconfig).expect("kubeconfig"),
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await
+        .expect("config");
+        let url = cfg.cluster_url.to_string();
+        let client = kube::Client::try_from(cfg).expect("client");
+        let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+            kube::Api::namespaced(client, "default");
+        let watch = prober::podwatch::PodWatch::start(pods, selector);
+        watch
+            .wait_ready(&url, Duration::from_secs(30))
+            .await
+            .expect("pod watch ready");
+        let listed = Instant::now() + Duration::from_secs(20);
+        while watch.snapshot("w-a").and_then(|s| s.uid).is_none() {
+            assert!(Instant::now() < listed, "w-a never seen by the pod watch");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::task::block_in_place(|| {
+            testbed_ok(&tb, &["api", "deny", "watch", "pods"]);
+            testbed_ok(&tb, &["api", "restart"]);
+            tb.kubectl(&[
+                "delete",
+                "pod",
+                "w-a",
+                "--grace-period=0",
+                "--force",
+                "--wait=false",
+            ]);
+            testbed_ok(&tb, &["api", "expire-watches"]);
+            testbed_ok(&tb, &["api", "allow", "all"]);
+        });
+        // kube-runtime's backoff after the denied resumes is at most ~30 s.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(s) = watch.snapshot("w-a").filter(|s| s.deleted.is_some()) {
+                return Some(s);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    assert!(
+        deleted.is_some(),
+        "the pod watch never noticed w-a's deletion after the re-list"
+    );
+}
