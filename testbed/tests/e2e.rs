@@ -283,13 +283,15 @@ fn restricted_namespace_admits_probe_pods_and_a_violating_spec_is_an_admission_r
     let fault = "rules:\n  - nodes: {all: true}\n    program_delay: 100ms\n";
     let tb = Testbed::up("psa", 2, fault, &[]);
     let ns = "fp-restricted";
-    tb.kubectl(&["create", "namespace", ns]);
-    tb.kubectl(&[
-        "label",
-        "namespace",
-        ns,
-        "pod-security.kubernetes.io/enforce=restricted",
-    ]);
+    let manifest = write_manifest(
+        &tb,
+        "ns.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n  labels: \
+             {{pod-security.kubernetes.io/enforce: restricted}}\n"
+        ),
+    );
+    tb.kubectl(&["apply", "-f", &manifest]);
     let (code, report, out) = tb.gate(&["--namespace", ns, "--pairs", "1", "--hold", "1s"]);
     assert_eq!(code, 0, "restricted must admit the probe pods: {out}");
     assert_eq!(report["probes"][0]["result"], "success", "{out}");

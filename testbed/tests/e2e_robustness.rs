@@ -546,3 +546,63 @@ fn pod_watch_relist_after_410_marks_a_pod_deleted_meanwhile() {
         "the pod watch never noticed w-a's deletion after the re-list"
     );
 }
+
+/// The gate never needs to create its namespace: a missing one it may not create is one
+/// error saying what to create and grant (exit 2, nothing probed); once an administrator
+/// created it, the gate uses it as it is; and a forbidden GET of the Namespace is not
+/// fatal (a Role on the namespace's pods is enough).
+#[test]
+fn a_missing_namespace_is_created_only_when_allowed_and_a_forbidden_get_is_not_fatal() {
+    let _g = serial();
+    let tb = Testbed::up("robust-ns", 2, FAULT, &[]);
+    let ns = "fp-made-by-admin";
+    let args = [
+        "--namespace",
+        ns,
+        "--pairs",
+        "1",
+        "--give-up",
+        "10s",
+        "--hold",
+        "1s",
+        "--timeout",
+        "60s",
+    ];
+    testbed_ok(&tb, &["api", "deny", "create", "namespaces"]);
+    let (code, v, out, _) = timed_gate(&tb, &args);
+    assert_eq!(code, 2, "{out}");
+    let first = v["errors"][0].as_str().unwrap_or_default();
+    assert!(
+        first.contains(&format!("namespace {ns} does not exist"))
+            && first.contains(&format!("kubectl create namespace {ns}"))
+            && first.contains("grant create on namespaces"),
+        "the error must say what to create: {first}"
+    );
+    assert!(probes(&v).is_empty(), "{v:#}");
+
+    // The administrator (this test's kubectl user) creates it; the prober still may not.
+    testbed_ok(&tb, &["api", "allow", "create", "namespaces"]);
+    // (`kubectl apply`: the built-in API server cannot decode the protobuf body of
+    // `kubectl create namespace`.)
+    let manifest = tb.state.join("ns.yaml");
+    std::fs::write(
+        &manifest,
+        format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {ns}}}\n"),
+    )
+    .expect("manifest");
+    tb.kubectl(&["apply", "-f", manifest.to_str().expect("path")]);
+    testbed_ok(&tb, &["api", "deny", "create", "namespaces"]);
+    let (code, v, out, _) = timed_gate(&tb, &args);
+    assert_eq!(code, 0, "an existing namespace is used as it is: {out}");
+    assert_eq!(probes(&v).len(), 1, "{v:#}");
+
+    testbed_ok(&tb, &["api", "deny", "get", "namespaces"]);
+    let (code, _, out, _) = timed_gate(&tb, &args);
+    assert_eq!(
+        code, 0,
+        "a forbidden namespace GET must not stop the gate: {out}"
+    );
+    testbed_ok(&tb, &["api", "allow", "all"]);
+    let left = tb.wait_no_probe_pods(POD_GONE_TIMEOUT);
+    assert!(left.is_empty(), "probe pods left: {left:?}");
+}
