@@ -200,7 +200,8 @@ pub struct ProbeArgs {
     #[arg(long, env = "FIRSTPACKET_CONTEXT", value_name = "NAME")]
     pub context: Option<String>,
 
-    /// Namespace for probe pods (created if missing).
+    /// Namespace for probe pods: used as it is when it exists; created only when it is
+    /// missing and RBAC allows creating namespaces (else the error says what to create).
     #[arg(long, env = "FIRSTPACKET_NAMESPACE", default_value = "firstpacket")]
     pub namespace: String,
 
@@ -312,6 +313,17 @@ pub struct ProbeArgs {
         default_value = "plain"
     )]
     pub log_format: LogFormat,
+
+    /// Test hook, hidden from --help: probe containers run `privileged`, so the pod spec
+    /// violates Pod Security `baseline` and `restricted` (tests provoke an admission
+    /// rejection with it). Never for real use.
+    #[arg(
+        long,
+        env = "FIRSTPACKET_UNSAFE_PROBE_POD_PRIVILEGED",
+        hide = true,
+        hide_env = true
+    )]
+    pub unsafe_probe_pod_privileged: bool,
 }
 
 /// `prober gate` flags.

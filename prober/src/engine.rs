@@ -217,14 +217,35 @@ pub async fn with_timeout<T>(
     }
 }
 
+/// Makes sure the probe namespace `ns` can be used, needing as little RBAC as it can:
+///
+/// - `GET namespaces/ns` finds it: used as it is (nothing is created or changed);
+/// - `404`: it is created (`409 AlreadyExists` from a concurrent creator is fine); a
+///   `401`/`403` on that create is [`Error::NamespaceMissing`], which says what to create
+///   (`kubectl create namespace NS`) or grant;
+/// - `401`/`403` on the GET (a Role limited to the namespace cannot read the Namespace
+///   object): not fatal, the namespace is assumed to exist and the run goes on with what
+///   the pod permissions allow (the sweep lists pods, the pod watch starts). If it does
+///   not exist after all, the first probe pod create is answered `namespaces "NS" not
+///   found` and the gate stops on that admission rejection, naming the namespace.
+///
+/// Other errors name the verb, the namespace and the URL ([`Error::from_kube`]).
 pub async fn ensure_namespace(client: &Client, url: &str, ns: &str) -> Result<(), Error> {
     let api: Api<Namespace> = Api::all(client.clone());
     let resource = format!("namespace {ns}");
-    if with_timeout(api.get_opt(ns), url, "get", &resource)
-        .await?
-        .is_some()
-    {
-        return Ok(());
+    match with_timeout(api.get_opt(ns), url, "get", &resource).await {
+        Ok(Some(_)) => return Ok(()),
+        Ok(None) => {}
+        Err(Error::Api {
+            code: code @ (401 | 403),
+            message,
+            ..
+        }) => {
+            tracing::info!(namespace = ns, code, error = %message,
+                "cannot read the probe namespace; assuming it exists (the pod permissions decide)");
+            return Ok(());
+        }
+        Err(e) => return Err(e),
     }
     let obj = Namespace {
         metadata: ObjectMeta {
@@ -243,6 +264,13 @@ pub async fn ensure_namespace(client: &Client, url: &str, ns: &str) -> Result<()
             Ok(())
         }
         Ok(Err(e)) if kube_status_code(&e) == Some(409) => Ok(()),
+        Ok(Err(kube::Error::Api(s))) if matches!(s.code, 401 | 403) => {
+            Err(Error::NamespaceMissing {
+                namespace: ns.to_string(),
+                url: url.to_string(),
+                cause: format!("HTTP {} {}: {}", s.code, s.reason, s.message),
+            })
+        }
         Ok(Err(e)) => Err(Error::from_kube(e, url, "create", resource)),
         Err(_) => Err(Error::Unreachable {
             url: url.to_string(),

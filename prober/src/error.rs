@@ -53,6 +53,21 @@ pub enum Error {
         message: String,
     },
 
+    /// The probe namespace does not exist and RBAC does not let the prober create it.
+    #[error(
+        "namespace {namespace} does not exist and the Kubernetes API at {url} refused to \
+         create it ({cause}): create it (`kubectl create namespace {namespace}`), or grant \
+         create on namespaces (cluster scope), or pick an existing --namespace"
+    )]
+    NamespaceMissing {
+        /// The `--namespace`.
+        namespace: String,
+        /// API server URL.
+        url: String,
+        /// `HTTP 403 Forbidden: <Status.message>`.
+        cause: String,
+    },
+
     /// Too few Nodes are eligible to form a `cross_node` pair.
     #[error("need at least 2 eligible nodes for cross_node probes, found {eligible}{detail}")]
     NotEnoughNodes {
@@ -95,6 +110,7 @@ impl Error {
             Error::Unreachable { .. } => "api_unreachable",
             Error::Api { code: 403, .. } => "api_forbidden",
             Error::Api { .. } => "api_error",
+            Error::NamespaceMissing { .. } => "namespace_missing",
             Error::NotEnoughNodes { .. } => "not_enough_nodes",
             Error::WatchNotReady { .. } => "watch_not_ready",
             Error::Output { .. } => "output",
@@ -176,5 +192,30 @@ pub fn kube_status_code(err: &kube::Error) -> Option<u16> {
     match err {
         kube::Error::Api(s) => Some(s.code),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_namespace_says_what_to_create_and_grant() {
+        let e = Error::NamespaceMissing {
+            namespace: "fp".into(),
+            url: "https://10.0.0.1:6443/".into(),
+            cause: "HTTP 403 Forbidden: namespaces is forbidden: User \"x\" cannot create \
+                    resource \"namespaces\""
+                .into(),
+        };
+        let t = e.to_string();
+        assert!(t.starts_with("namespace fp does not exist"), "{t}");
+        assert!(t.contains("`kubectl create namespace fp`"), "{t}");
+        assert!(
+            t.contains("grant create on namespaces (cluster scope)"),
+            "{t}"
+        );
+        assert!(t.contains("https://10.0.0.1:6443/"), "{t}");
+        assert_eq!(e.reason(), "namespace_missing");
     }
 }

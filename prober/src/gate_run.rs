@@ -6,7 +6,9 @@
 //! the pod watch ([`check_watch_allowed`]), < 2 nodes, pod watch never ready) still
 //! writes its `--report` ([`startup_failure_report`]) and exits 2. A 401/403 later on —
 //! creating or deleting a probe object, or the pod watch before it ever delivered an
-//! event (`crate::podwatch::WatchForbidden`) — is run-fatal: the run stops at once, the
+//! event (`crate::podwatch::WatchForbidden`) — is run-fatal, and so is an admission
+//! rejection of a probe object (`crate::admission`: every probe has the same spec; that
+//! probe is `inconclusive`/`admission_rejected`): the run stops at once, the
 //! pods created so far are deleted where RBAC allows it (a forbidden delete is reported
 //! as "cleanup cannot work"), the 403 is first in `errors[]`, exit 2. When the API fails mid-run, probes whose
 //! waits ran out end `inconclusive`/`api_error` (`crate::probe`), the final cleanup is
@@ -32,7 +34,8 @@ pub use crate::engine::{
 use crate::error::Error;
 use crate::gate::{build_report, early_stop, render_text, ReportInputs};
 use crate::podspec::{
-    active_deadline_seconds, pod_name, source_args, target_args, PodConfig, PodRole,
+    active_deadline_seconds, pod_name, source_args, target_args, PodConfig, PodRole, CPU_REQUEST,
+    MEMORY_LIMIT, MEMORY_REQUEST, PROBE_GID, PROBE_UID,
 };
 use crate::probe::{run_probe, write_budget, EngineFault, ProbeEnv, ProbePlan};
 use crate::record::{build_record, Ending, ProbeMeta};
@@ -116,9 +119,21 @@ pub fn render_plan(
     let _ = writeln!(out, "  namespace {}  image {}", cfg.namespace, cfg.image);
     let _ = writeln!(
         out,
-        "  affinity kubernetes.io/hostname In [<node>]; readiness GET /readyz :8080 every 1s; \
+        "  affinity matchFields metadata.name In [<node>]; readiness GET /readyz :8080 every 1s; \
          restartPolicy Never; activeDeadlineSeconds {}",
         active_deadline_seconds(cfg.give_up, cfg.hold)
+    );
+    let _ = writeln!(
+        out,
+        "  securityContext {}; requests cpu {CPU_REQUEST} memory {MEMORY_REQUEST}, limit memory {MEMORY_LIMIT}",
+        if cfg.unsafe_privileged {
+            "PRIVILEGED (--unsafe-probe-pod-privileged: violates Pod Security baseline/restricted)".to_string()
+        } else {
+            format!(
+                "restricted (runAsNonRoot, uid/gid {PROBE_UID}/{PROBE_GID}, seccomp RuntimeDefault, \
+                 no privilege escalation, capabilities drop ALL, read-only root)"
+            )
+        }
     );
     let _ = writeln!(
         out,
@@ -555,7 +570,17 @@ async fn run_gate_inner(
     let on_fault: crate::probe::FaultSink = {
         let set_fatal = set_fatal.clone();
         let instance = instance.clone();
-        Arc::new(move |f: EngineFault| set_fatal(f.text(&instance)))
+        Arc::new(move |f: EngineFault| {
+            let text = f.text(&instance);
+            set_fatal(match f {
+                // Every probe pod has the same spec: all would be rejected. Stop now.
+                EngineFault::AdmissionRejected(_) => format!(
+                    "probe pods are rejected by admission (the next probes would meet the same \
+                     policy); the gate stops: {text}"
+                ),
+                _ => text,
+            })
+        })
     };
     let env = Arc::new(ProbeEnv {
         pods: pods.clone(),
@@ -805,6 +830,7 @@ mod tests {
             give_up: Duration::from_secs(60),
             hold: Duration::from_secs(5),
             owner: None,
+            unsafe_privileged: false,
         };
         let kinds = [ProbeKind::CrossNode, ProbeKind::Recreate, ProbeKind::Burst];
         let plan = plan_kinds(&["n1".into(), "n2".into()], &kinds, 2, 1).expect("plan");
@@ -812,6 +838,14 @@ mod tests {
         assert!(text.contains("seed 1"));
         assert!(text.contains("fp-abcdefgh-0-t"));
         assert!(text.contains("activeDeadlineSeconds 185"));
+        assert!(
+            text.contains("matchFields metadata.name In [<node>]"),
+            "{text}"
+        );
+        assert!(
+            text.contains("restricted (runAsNonRoot, uid/gid 65532/65532"),
+            "{text}"
+        );
         assert!(text.contains("k:NoSchedule"));
         assert!(text.contains(&format!("{} → {}", plan[0].source, plan[0].target)));
         assert!(text.contains("fp-abcdefgh-rc-n1"), "{text}");

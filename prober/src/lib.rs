@@ -10,6 +10,7 @@
 //! server, status page) and [`events`] (Node Events). [`stats`]: pure statistics.
 
 pub mod admin;
+pub mod admission;
 pub mod agents;
 pub mod config;
 pub mod console;

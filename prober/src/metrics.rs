@@ -72,7 +72,9 @@ pub struct Metrics {
     pub state_entries: IntGaugeVec,
     /// `firstpacket_node_events_total{reason}`: Node Events written.
     pub node_events: IntCounterVec,
-    /// `firstpacket_engine_faults_total{fault}`: forbidden creates/deletes.
+    /// `firstpacket_engine_faults_total{fault}`: forbidden creates/deletes
+    /// (`create_forbidden`, `delete_forbidden`) and admission rejections
+    /// (`admission_rejected`).
     pub engine_faults: IntCounterVec,
 }
 
@@ -165,7 +167,7 @@ impl Metrics {
             )),
             engine_faults: reg(&r, counter(
                 "firstpacket_engine_faults_total",
-                "Forbidden probe-object creates/deletes (RBAC), by fault.",
+                "Forbidden probe-object creates/deletes (RBAC) and admission rejections, by fault.",
                 &["fault"],
             )),
             registry: r,
@@ -198,7 +200,7 @@ impl Metrics {
         for reason in ["FirstPacketFailed", "FirstPacketSlow"] {
             m.node_events.with_label_values(&[reason]);
         }
-        for f in ["create_forbidden", "delete_forbidden"] {
+        for f in ["create_forbidden", "delete_forbidden", "admission_rejected"] {
             m.engine_faults.with_label_values(&[f]);
         }
         m

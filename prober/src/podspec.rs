@@ -8,15 +8,35 @@
 //! from the termination message), and `activeDeadlineSeconds` =
 //! 2 × give-up + hold + 60 s so a killed prober never leaks a running pod
 //! (<https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/>).
-//! Placement is a required node affinity on `kubernetes.io/hostname`, so the pods go
-//! through the scheduler (taints, cordon) like real workloads.
+//! Placement is a required node affinity with `matchFields` on `metadata.name` (the
+//! node's name itself, as the DaemonSet controller pins its pods:
+//! `ReplaceDaemonSetPodNodeNameNodeAffinity`, pkg/controller/daemon/util), not the
+//! `kubernetes.io/hostname` label, which differs from the node name under
+//! `--hostname-override` and on some cloud providers. The pods still go through the
+//! scheduler (taints, cordon) like real workloads.
+//!
+//! The spec passes the Pod Security Standard `restricted`
+//! (<https://kubernetes.io/docs/concepts/security/pod-security-standards/>): pod
+//! `securityContext` `runAsNonRoot: true`, `runAsUser`/`runAsGroup`
+//! [`PROBE_UID`]/[`PROBE_GID`] (65532, the conventional "nonroot" UID of distroless
+//! images), `seccompProfile: RuntimeDefault`; container `securityContext`
+//! `allowPrivilegeEscalation: false`, `capabilities.drop: [ALL]`,
+//! `readOnlyRootFilesystem: true` (target-server writes only its termination message,
+//! `/dev/termination-log`, which the kubelet mounts writable), `privileged: false`.
+//! Resources: requests `cpu` [`CPU_REQUEST`], `memory` [`MEMORY_REQUEST`], limit
+//! `memory` [`MEMORY_LIMIT`] (no CPU limit: CFS throttling would distort the timing).
+//! `automountServiceAccountToken: false`, `enableServiceLinks: false`. Annotations keep
+//! meshes and the cluster autoscaler away ([`probe_annotations`]): no sidecar may stand
+//! between the probe and the network, and a probe pod never blocks a scale-down.
 
 use crate::schedule::TolerationSpec;
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, LocalObjectReference,
-    NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector,
-    Pod, PodSpec, Probe, Service, ServicePort, ServiceSpec,
+    Affinity, Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
+    LocalObjectReference, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
+    ObjectFieldSelector, Pod, PodSecurityContext, PodSpec, Probe, ResourceRequirements,
+    SeccompProfile, SecurityContext, Service, ServicePort, ServiceSpec,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use sha1::{Digest, Sha1};
@@ -43,6 +63,22 @@ pub const CONTAINER_NAME: &str = "target-server";
 pub const SERVER_PORT: i32 = 8080;
 /// Margin added to `activeDeadlineSeconds` beyond 2 × give-up + hold.
 pub const DEADLINE_MARGIN: Duration = Duration::from_secs(60);
+/// `runAsUser` of probe pods: 65532, the "nonroot" user of distroless
+/// images; any non-zero UID passes `restricted`, target-server needs no file of its own.
+pub const PROBE_UID: i64 = 65532;
+/// `runAsGroup` of probe pods.
+pub const PROBE_GID: i64 = 65532;
+/// CPU request of the probe container (10 millicores: target-server idles between
+/// dials; a burst of fillers must still fit small nodes).
+pub const CPU_REQUEST: &str = "10m";
+/// Memory request of the probe container.
+pub const MEMORY_REQUEST: &str = "16Mi";
+/// Memory limit of the probe container (target-server stays well below: a few
+/// connections in flight and a ≤ 3 KB report).
+pub const MEMORY_LIMIT: &str = "64Mi";
+/// Field key of the node-name pinning (`matchFields`; the only field Kubernetes
+/// supports there).
+pub const NODE_NAME_FIELD: &str = "metadata.name";
 
 /// Which pod of a probe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,6 +136,10 @@ pub struct PodConfig {
     pub hold: Duration,
     /// Owner (the prober pod) when running in-cluster.
     pub owner: Option<OwnerReference>,
+    /// Test hook (hidden `--unsafe-probe-pod-privileged`): the container runs
+    /// `privileged`, so the spec violates Pod Security `baseline` and `restricted` and a
+    /// test can provoke an admission rejection. Never for real use.
+    pub unsafe_privileged: bool,
 }
 
 impl PodConfig {
@@ -125,6 +165,7 @@ impl PodConfig {
             give_up: p.give_up,
             hold,
             owner,
+            unsafe_privileged: p.unsafe_probe_pod_privileged,
         }
     }
 }
@@ -224,10 +265,21 @@ pub fn target_args() -> Vec<String> {
     ["serve", "--port", "8080"].map(String::from).to_vec()
 }
 
+/// `host:port`, with an IPv6 address in brackets (`[fd00::5]:8080`, RFC 3986 §3.2.2), as
+/// `std::net::SocketAddr` parses it. `host` is an IP address or a name; anything with a
+/// `:` is taken for IPv6 (an already bracketed host is kept as it is).
+pub fn host_port(host: &str, port: impl std::fmt::Display) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
 /// Args of the source container (`target-server probe`, DESIGN §6 flags), dialing
-/// `<target_ip>:8080` ([`SERVER_PORT`]).
+/// `<target_ip>:8080` ([`SERVER_PORT`]; `[ip]:8080` for IPv6, [`host_port`]).
 pub fn source_args(cfg: &PodConfig, target_ip: &str, target_pod: &str) -> Vec<String> {
-    source_args_to(cfg, &format!("{target_ip}:{SERVER_PORT}"), target_pod)
+    source_args_to(cfg, &host_port(target_ip, SERVER_PORT), target_pod)
 }
 
 /// Args of the source container dialing `target_addr` (`IP:port`, e.g. a ClusterIP
@@ -265,11 +317,98 @@ fn field_env(name: &str, path: &str) -> EnvVar {
     }
 }
 
+/// Annotations of every probe pod: `sidecar.istio.io/inject: "false"`,
+/// `linkerd.io/inject: disabled` (no mesh proxy between the probe and the network; the
+/// mesh would also delay Ready and intercept the dials), and
+/// `cluster-autoscaler.kubernetes.io/safe-to-evict: "true"` (a probe pod never blocks a
+/// node scale-down; it is short-lived and the probe ends on its deletion).
+pub fn probe_annotations() -> BTreeMap<String, String> {
+    [
+        ("sidecar.istio.io/inject", "false"),
+        ("linkerd.io/inject", "disabled"),
+        ("cluster-autoscaler.kubernetes.io/safe-to-evict", "true"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+/// Required node affinity pinning a pod to the node named `node`: one term with
+/// `matchFields` `metadata.name In [node]` (module docs).
+pub fn node_name_affinity(node: &str) -> Affinity {
+    Affinity {
+        node_affinity: Some(NodeAffinity {
+            required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                node_selector_terms: vec![NodeSelectorTerm {
+                    match_expressions: None,
+                    match_fields: Some(vec![NodeSelectorRequirement {
+                        key: NODE_NAME_FIELD.into(),
+                        operator: "In".into(),
+                        values: Some(vec![node.to_string()]),
+                    }]),
+                }],
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The pod-level `securityContext` (module docs: `restricted`).
+fn pod_security_context() -> PodSecurityContext {
+    PodSecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(PROBE_UID),
+        run_as_group: Some(PROBE_GID),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            localhost_profile: None,
+        }),
+        ..Default::default()
+    }
+}
+
+/// The container `securityContext`: `restricted` (module docs), or with `privileged`
+/// (the test hook [`PodConfig::unsafe_privileged`]) a privileged container that keeps
+/// its capabilities and may escalate.
+fn container_security_context(privileged: bool) -> SecurityContext {
+    if privileged {
+        return SecurityContext {
+            privileged: Some(true),
+            ..Default::default()
+        };
+    }
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        privileged: Some(false),
+        read_only_root_filesystem: Some(true),
+        capabilities: Some(Capabilities {
+            add: None,
+            drop: Some(vec!["ALL".into()]),
+        }),
+        ..Default::default()
+    }
+}
+
+fn resources() -> ResourceRequirements {
+    let q = |pairs: &[(&str, &str)]| -> BTreeMap<String, Quantity> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+            .collect()
+    };
+    ResourceRequirements {
+        requests: Some(q(&[("cpu", CPU_REQUEST), ("memory", MEMORY_REQUEST)])),
+        limits: Some(q(&[("memory", MEMORY_LIMIT)])),
+        ..Default::default()
+    }
+}
+
 /// Builds one probe pod.
 ///
 /// `role` picks name suffix, component label and args (`target_args()` or
 /// `source_args(cfg, target_ip, target_pod)` — pass the latter in `args`). The pod is
-/// pinned to `node` by a required node affinity on `kubernetes.io/hostname`.
+/// pinned to `node` by [`node_name_affinity`] and passes `restricted` (module docs).
 pub fn probe_pod(
     cfg: &PodConfig,
     probe_id: &str,
@@ -333,24 +472,11 @@ pub fn probe_pod_named(
         }]),
         readiness_probe: Some(readiness),
         termination_message_policy: Some("FallbackToLogsOnError".into()),
+        security_context: Some(container_security_context(cfg.unsafe_privileged)),
+        resources: Some(resources()),
         ..Default::default()
     };
-    let affinity = Affinity {
-        node_affinity: Some(NodeAffinity {
-            required_during_scheduling_ignored_during_execution: Some(NodeSelector {
-                node_selector_terms: vec![NodeSelectorTerm {
-                    match_expressions: Some(vec![NodeSelectorRequirement {
-                        key: "kubernetes.io/hostname".into(),
-                        operator: "In".into(),
-                        values: Some(vec![node.to_string()]),
-                    }]),
-                    match_fields: None,
-                }],
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    let affinity = node_name_affinity(node);
     let tolerations: Vec<_> = cfg.tolerations.iter().map(TolerationSpec::to_k8s).collect();
     let pull_secrets: Vec<_> = cfg
         .image_pull_secrets
@@ -362,12 +488,14 @@ pub fn probe_pod_named(
             name: Some(name),
             namespace: Some(cfg.namespace.clone()),
             labels: Some(probe_labels(&cfg.instance, probe_id, kind, role)),
+            annotations: Some(probe_annotations()),
             owner_references: cfg.owner.clone().map(|o| vec![o]),
             ..Default::default()
         },
         spec: Some(PodSpec {
             containers: vec![container],
             affinity: Some(affinity),
+            security_context: Some(pod_security_context()),
             restart_policy: Some("Never".into()),
             termination_grace_period_seconds: Some(1),
             active_deadline_seconds: Some(active_deadline_seconds(cfg.give_up, cfg.hold)),
@@ -552,7 +680,7 @@ mod tests {
             .and_then(|n| n.required_during_scheduling_ignored_during_execution)
             .expect("affinity")
             .node_selector_terms[0];
-        let vals = term.match_expressions.as_ref().expect("exprs")[0]
+        let vals = term.match_fields.as_ref().expect("fields")[0]
             .values
             .clone();
         assert_eq!(vals, Some(vec!["node-3".to_string()]));
@@ -571,7 +699,67 @@ mod tests {
             give_up: Duration::from_secs(60),
             hold: Duration::from_secs(5),
             owner: None,
+            unsafe_privileged: false,
         }
+    }
+
+    #[test]
+    fn probe_pods_pass_pod_security_restricted_and_keep_meshes_away() {
+        for pod in [
+            target_pod(&cfg(), "p1", "cross_node", "n1"),
+            source_pod(&cfg(), "p1", "cross_node", "n2", "10.0.0.1", "fp-p1-t"),
+            filler_pod(&cfg(), "p1", "burst", "n1", 0),
+        ] {
+            let v = serde_json::to_value(&pod).expect("json");
+            let psc = &v["spec"]["securityContext"];
+            assert_eq!(psc["runAsNonRoot"], true, "{psc}");
+            assert_eq!(psc["runAsUser"], 65532);
+            assert_eq!(psc["runAsGroup"], 65532);
+            assert_eq!(psc["seccompProfile"]["type"], "RuntimeDefault");
+            let c = &v["spec"]["containers"][0];
+            let sc = &c["securityContext"];
+            assert_eq!(sc["allowPrivilegeEscalation"], false, "{sc}");
+            assert_eq!(sc["privileged"], false);
+            assert_eq!(sc["readOnlyRootFilesystem"], true);
+            assert_eq!(sc["capabilities"]["drop"], serde_json::json!(["ALL"]));
+            assert!(sc["capabilities"].get("add").is_none());
+            // restricted forbids hostPath volumes, host namespaces and host ports.
+            assert!(v["spec"].get("volumes").is_none());
+            assert!(v["spec"].get("hostNetwork").is_none());
+            assert!(c["ports"][0].get("hostPort").is_none());
+            assert_eq!(c["resources"]["requests"]["cpu"], "10m");
+            assert_eq!(c["resources"]["requests"]["memory"], "16Mi");
+            assert_eq!(c["resources"]["limits"]["memory"], "64Mi");
+            assert!(c["resources"]["limits"].get("cpu").is_none());
+            assert_eq!(v["spec"]["automountServiceAccountToken"], false);
+            let a = &v["metadata"]["annotations"];
+            assert_eq!(a["sidecar.istio.io/inject"], "false");
+            assert_eq!(a["linkerd.io/inject"], "disabled");
+            assert_eq!(a["cluster-autoscaler.kubernetes.io/safe-to-evict"], "true");
+        }
+    }
+
+    #[test]
+    fn unsafe_privileged_hook_makes_the_container_privileged() {
+        let mut c = cfg();
+        c.unsafe_privileged = true;
+        let v = serde_json::to_value(target_pod(&c, "p1", "cross_node", "n1")).expect("json");
+        let sc = &v["spec"]["containers"][0]["securityContext"];
+        assert_eq!(sc["privileged"], true, "{sc}");
+        // allowPrivilegeEscalation=false with privileged=true is invalid (API validation).
+        assert!(sc.get("allowPrivilegeEscalation").is_none(), "{sc}");
+    }
+
+    #[test]
+    fn host_port_brackets_ipv6_only() {
+        assert_eq!(host_port("fd00::5", 8080), "[fd00::5]:8080");
+        assert_eq!(host_port("10.0.1.5", 8080), "10.0.1.5:8080");
+        assert_eq!(host_port("[fd00::5]", 80), "[fd00::5]:80");
+        assert_eq!(host_port("node-1.example", 9090), "node-1.example:9090");
+        let a: std::net::SocketAddr = host_port("fd00::5", 8080).parse().expect("parses");
+        assert_eq!(a.port(), 8080);
+        let args = source_args(&cfg(), "fd00:10::7", "fp-p1-t");
+        assert_eq!(args[2], "[fd00:10::7]:8080");
     }
 
     #[test]
@@ -598,8 +786,9 @@ mod tests {
             .and_then(|n| n.required_during_scheduling_ignored_during_execution)
             .expect("required affinity")
             .node_selector_terms[0];
-        let req = &term.match_expressions.as_ref().expect("exprs")[0];
-        assert_eq!(req.key, "kubernetes.io/hostname");
+        assert!(term.match_expressions.is_none(), "no hostname label");
+        let req = &term.match_fields.as_ref().expect("matchFields")[0];
+        assert_eq!(req.key, "metadata.name");
         assert_eq!(req.operator, "In");
         assert_eq!(req.values.as_deref(), Some(&["node-2".to_string()][..]));
         assert!(spec.node_name.is_none(), "must go through the scheduler");

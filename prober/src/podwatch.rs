@@ -7,6 +7,12 @@
 //! on a `tokio::sync::watch` generation counter with [`PodWatch::wait_for`], always with
 //! a deadline.
 //!
+//! Re-lists (kube-runtime's `Init`, `InitApply`…, `InitDone` after a `410 Gone`) are
+//! mark-and-sweep: a tracked pod missing from the re-list was deleted meanwhile and is
+//! marked deleted ([`Tracker::end_relist`]), so a wait for a `DELETED` event (the
+//! `recreate` kind) does not run out. Every watch request is bounded
+//! ([`WATCH_TIMEOUT_SECS`]).
+//!
 //! Watch trouble (list/watch failing: connection refused, 5xx, 403, timeouts — anything
 //! but a `410 Gone`, which is the API server's normal "resourceVersion too old" and is
 //! followed by a re-list) is stamped, so a probe whose wait ran out while the watch was
@@ -109,6 +115,25 @@ struct Shared {
     trouble: Mutex<Option<(std::time::Instant, String)>>,
 }
 
+/// Server-side `timeoutSeconds` of every watch request the prober makes (pods, nodes,
+/// agent pods): 50 s. The API server ends each watch after it and kube-runtime resumes
+/// from the last resourceVersion (a re-list only after a `410 Gone`). kube-runtime
+/// (5.x) also treats a watch that delivered nothing for this + 5 s as dead and
+/// reconnects: that is the client-side timeout that catches a connection cut silently
+/// (a load balancer or NAT dropping it without a FIN/RST). 50 s keeps both below the
+/// shortest common idle cut-off of load balancers in front of API servers (60 s, e.g.
+/// AWS ALB's default; others range up to 350 s), so a quiet watch is never idle long
+/// enough to be cut, and a cut one is noticed within 55 s.
+pub const WATCH_TIMEOUT_SECS: u32 = 50;
+
+/// The kube-runtime watcher configuration of every prober watch: `label_selector` and
+/// [`WATCH_TIMEOUT_SECS`].
+pub fn watcher_config(label_selector: &str) -> watcher::Config {
+    watcher::Config::default()
+        .labels(label_selector)
+        .timeout(WATCH_TIMEOUT_SECS)
+}
+
 /// How often [`PodWatch::wait_for`] re-evaluates its predicate without a watch event, so
 /// predicates that depend on elapsed time (e.g. the unschedulable grace,
 /// `crate::probe::UNSCHEDULABLE_GRACE`) fire even when the pod does not change.
@@ -120,6 +145,28 @@ pub const RECHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// else (list/watch start failed, stream failed, other error events) is.
 pub fn is_watch_trouble(err: &watcher::Error) -> bool {
     !matches!(err, watcher::Error::WatchError(s) if s.code == 410)
+}
+
+/// Feeds one watcher event into the tracker (pure): `Apply` → [`Tracker::apply`],
+/// `Delete` → [`Tracker::delete`], `Init` / `InitApply` / `InitDone` → the mark-and-sweep
+/// re-list ([`Tracker::begin_relist`], [`Tracker::apply_listed`],
+/// [`Tracker::end_relist`]: pods deleted while the watch re-listed get no `DELETED`
+/// event). Returns whether waiters should re-check (`InitDone` always: the watch is
+/// ready).
+pub fn feed(t: &mut Tracker, ev: &Event<Pod>, now: std::time::Instant) -> bool {
+    match ev {
+        Event::Apply(p) => t.apply(p, now),
+        Event::InitApply(p) => t.apply_listed(p, now),
+        Event::Delete(p) => t.delete(p, now),
+        Event::Init => {
+            t.begin_relist();
+            false
+        }
+        Event::InitDone => {
+            t.end_relist(now);
+            true
+        }
+    }
 }
 
 /// Handle on the running pod watch. Dropping it stops the watch task.
@@ -155,7 +202,7 @@ impl PodWatch {
             last_error: Mutex::new(None),
             trouble: Mutex::new(None),
         });
-        let cfg = watcher::Config::default().labels(label_selector);
+        let cfg = watcher_config(label_selector);
         let s = shared.clone();
         let task = tokio::spawn(async move {
             let mut stream = watcher::watcher(api, cfg).default_backoff().boxed();
@@ -164,19 +211,15 @@ impl PodWatch {
             while let Some(ev) = stream.next().await {
                 let now = std::time::Instant::now();
                 let changed = match ev {
-                    Ok(Event::Apply(p)) => {
-                        established = true;
-                        lock(&s.tracker).apply(&p, now)
-                    }
-                    Ok(Event::InitApply(p)) => lock(&s.tracker).apply(&p, now),
-                    Ok(Event::Delete(p)) => {
-                        established = true;
-                        lock(&s.tracker).delete(&p, now)
-                    }
-                    Ok(Event::Init) => false,
-                    Ok(Event::InitDone) => {
-                        s.ready.send_replace(true);
-                        true
+                    Ok(ev) => {
+                        if matches!(ev, Event::Apply(_) | Event::Delete(_)) {
+                            established = true;
+                        }
+                        let changed = feed(&mut lock(&s.tracker), &ev, now);
+                        if matches!(ev, Event::InitDone) {
+                            s.ready.send_replace(true);
+                        }
+                        changed
                     }
                     Err(e) => {
                         let msg = watcher_error_text(&e);
@@ -335,6 +378,50 @@ mod tests {
 
     fn status(code: u16) -> Box<Status> {
         Box::new(Status::failure("x", "y").with_code(code))
+    }
+
+    fn pod(name: &str, uid: &str) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.name = Some(name.into());
+        p.metadata.uid = Some(uid.into());
+        p
+    }
+
+    #[test]
+    fn a_relist_after_410_turns_a_missed_deletion_into_deleted() {
+        let t0 = std::time::Instant::now();
+        let mut t = Tracker::new();
+        for ev in [
+            Event::Init,
+            Event::InitDone,
+            Event::Apply(pod("a", "ua")),
+            Event::Apply(pod("b", "ub")),
+        ] {
+            feed(&mut t, &ev, t0);
+        }
+        assert!(t.get("b").is_some_and(|s| s.deleted.is_none()));
+        // 410 Gone → kube-runtime re-lists; b was deleted in between.
+        let t1 = t0 + Duration::from_secs(3);
+        feed(&mut t, &Event::Init, t1);
+        feed(&mut t, &Event::InitApply(pod("a", "ua")), t1);
+        assert!(
+            t.get("b").is_some_and(|s| s.deleted.is_none()),
+            "not before InitDone"
+        );
+        assert!(feed(&mut t, &Event::InitDone, t1));
+        assert_eq!(t.get("b").and_then(|s| s.deleted), Some(t1));
+        assert_eq!(t.get("a").and_then(|s| s.deleted), None);
+    }
+
+    #[test]
+    fn every_watch_is_bounded_below_load_balancer_idle_cut_offs() {
+        let c = watcher_config("firstpacket.io/instance=gate-x");
+        assert_eq!(c.timeout, Some(WATCH_TIMEOUT_SECS));
+        const { assert!(WATCH_TIMEOUT_SECS + 5 < 60) };
+        assert_eq!(
+            c.label_selector.as_deref(),
+            Some("firstpacket.io/instance=gate-x")
+        );
     }
 
     #[test]

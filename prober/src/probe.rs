@@ -50,9 +50,9 @@
 use crate::config::ProbeKind;
 use crate::error::{kube_status_code, Error};
 use crate::podspec::{
-    calico_iface_name, filler_pod, filler_pod_name, pod_name, probe_pod_named, probe_service,
-    recreate_target_name, service_name, source_args, source_args_to, target_args, PodConfig,
-    PodRole, FIELD_MANAGER, SERVICE_PORT,
+    calico_iface_name, filler_pod, filler_pod_name, host_port, pod_name, probe_pod_named,
+    probe_service, recreate_target_name, service_name, source_args, source_args_to, target_args,
+    PodConfig, PodRole, FIELD_MANAGER, SERVICE_PORT,
 };
 use crate::podwatch::{PodWatch, Wait};
 use crate::record::{build_record, Ending, ProbeMeta};
@@ -166,13 +166,19 @@ pub fn delete_forbidden_text(err: &Error, instance: &str) -> String {
 }
 
 /// A fault in the engine that the caller's policy must decide on (the probe itself
-/// already ended `inconclusive`/`api_error` or logged the failed delete).
+/// already ended `inconclusive`/`api_error` or `admission_rejected`, or logged the
+/// failed delete).
 #[derive(Debug)]
 pub enum EngineFault {
-    /// `401`/`403` creating a probe pod or Service ([`Error::Api`], verb `create`).
+    /// `401`/`403` from RBAC/authentication creating a probe pod or Service
+    /// ([`Error::Api`], verb `create`).
     CreateForbidden(Error),
     /// `401`/`403` deleting a probe pod or Service: cleanup cannot work.
     DeleteForbidden(Error),
+    /// An admission plugin or webhook rejected a probe object
+    /// ([`crate::admission::classify`]): every probe of this spec would be rejected too.
+    /// Carries the text of [`crate::admission::Rejection::text`] and the API URL.
+    AdmissionRejected(String),
 }
 
 impl EngineFault {
@@ -182,7 +188,62 @@ impl EngineFault {
         match self {
             EngineFault::CreateForbidden(e) => e.to_string(),
             EngineFault::DeleteForbidden(e) => delete_forbidden_text(e, instance),
+            EngineFault::AdmissionRejected(t) => t.clone(),
         }
+    }
+
+    /// The `firstpacket_engine_faults_total{fault}` label: `create_forbidden`,
+    /// `delete_forbidden`, `admission_rejected`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            EngineFault::CreateForbidden(_) => "create_forbidden",
+            EngineFault::DeleteForbidden(_) => "delete_forbidden",
+            EngineFault::AdmissionRejected(_) => "admission_rejected",
+        }
+    }
+}
+
+/// How long a create refused because the namespace's ServiceAccount does not exist yet
+/// ([`crate::admission::is_service_account_pending`]) is retried (every
+/// [`SERVICE_ACCOUNT_RETRY`]): the controller-manager creates `default` within about a
+/// second of the namespace; 10 s covers a busy one. After that it is an admission
+/// rejection like any other.
+pub const SERVICE_ACCOUNT_WAIT: Duration = Duration::from_secs(10);
+
+/// Pause between the retries of [`SERVICE_ACCOUNT_WAIT`].
+pub const SERVICE_ACCOUNT_RETRY: Duration = Duration::from_millis(500);
+
+/// The API error's code and `Status.message`, if it is an API answer.
+fn status_of(err: &kube::Error) -> Option<(u16, &str)> {
+    match err {
+        kube::Error::Api(s) => Some((s.code, s.message.as_str())),
+        _ => None,
+    }
+}
+
+/// The ending and fault of a failed create of `what` (`pod NS/NAME`, `service NS/NAME`):
+/// an admission rejection ([`crate::admission::classify`]) ends the probe
+/// `admission_rejected` and reports [`EngineFault::AdmissionRejected`]; a `401`/`403`
+/// from RBAC is [`EngineFault::CreateForbidden`] and the probe ends `api_error`, as does
+/// any other API error (no fault).
+fn create_failed(env: &ProbeEnv, e: kube::Error, what: String) -> Ending {
+    let rejection = status_of(&e).and_then(|(code, msg)| crate::admission::classify(code, msg));
+    if let Some(r) = rejection {
+        let text = format!("Kubernetes API at {}: {}", env.url, r.text(&what));
+        env.fault(EngineFault::AdmissionRejected(text.clone()));
+        return Ending::Aborted {
+            reason: Reason::AdmissionRejected,
+            detail: text,
+        };
+    }
+    let code = kube_status_code(&e);
+    let err = Error::from_kube(e, &env.url, "create", what);
+    if let Some(f) = forbidden_fault(code, &err, false) {
+        env.fault(f);
+    }
+    Ending::Aborted {
+        reason: Reason::ApiError,
+        detail: err.to_string(),
     }
 }
 
@@ -467,6 +528,9 @@ async fn create(env: &ProbeEnv, st: &mut ProbeState, pod: &Pod) -> Result<(), En
 }
 
 /// One create call (counted in the run's writes); the watch's tracker learns the time.
+/// A create refused because the namespace's ServiceAccount does not exist yet is retried
+/// for [`SERVICE_ACCOUNT_WAIT`] (each retry counted as a write); other failures end as
+/// [`create_failed`] says.
 async fn create_counted(env: &ProbeEnv, pod: &Pod) -> Result<(), Ending> {
     let name = pod.metadata.name.clone().unwrap_or_default();
     let ns = env.pod_config.namespace.as_str();
@@ -474,32 +538,36 @@ async fn create_counted(env: &ProbeEnv, pod: &Pod) -> Result<(), Ending> {
         dry_run: false,
         field_manager: Some(FIELD_MANAGER.into()),
     };
-    env.writes.fetch_add(1, Ordering::Relaxed);
-    match tokio::time::timeout(API_CALL_TIMEOUT, env.pods.create(&pp, pod)).await {
-        Ok(Ok(_)) => {
-            let now = std::time::Instant::now();
-            env.watch.with_tracker(|t| t.note_created(&name, now));
-            Ok(())
-        }
-        Ok(Err(e)) => {
-            let code = kube_status_code(&e);
-            let err = Error::from_kube(e, &env.url, "create", format!("pod {ns}/{name}"));
-            if let Some(f) = forbidden_fault(code, &err, false) {
-                env.fault(f);
+    let sa_deadline = Instant::now() + SERVICE_ACCOUNT_WAIT;
+    loop {
+        env.writes.fetch_add(1, Ordering::Relaxed);
+        match tokio::time::timeout(API_CALL_TIMEOUT, env.pods.create(&pp, pod)).await {
+            Ok(Ok(_)) => {
+                let now = std::time::Instant::now();
+                env.watch.with_tracker(|t| t.note_created(&name, now));
+                return Ok(());
             }
-            Err(Ending::Aborted {
-                reason: Reason::ApiError,
-                detail: err.to_string(),
-            })
+            Ok(Err(e))
+                if status_of(&e)
+                    .is_some_and(|(c, m)| crate::admission::is_service_account_pending(c, m))
+                    && Instant::now() + SERVICE_ACCOUNT_RETRY < sa_deadline =>
+            {
+                tracing::info!(pod = %name, error = %crate::error::kube_error_text(&e),
+                    "the namespace's ServiceAccount does not exist yet; retrying the create");
+                tokio::time::sleep(SERVICE_ACCOUNT_RETRY).await;
+            }
+            Ok(Err(e)) => return Err(create_failed(env, e, format!("pod {ns}/{name}"))),
+            Err(_) => {
+                return Err(Ending::Aborted {
+                    reason: Reason::ApiError,
+                    detail: format!(
+                        "create pod {ns}/{name} at {} timed out after {}s",
+                        env.url,
+                        API_CALL_TIMEOUT.as_secs()
+                    ),
+                })
+            }
         }
-        Err(_) => Err(Ending::Aborted {
-            reason: Reason::ApiError,
-            detail: format!(
-                "create pod {ns}/{name} at {} timed out after {}s",
-                env.url,
-                API_CALL_TIMEOUT.as_secs()
-            ),
-        }),
     }
 }
 
@@ -679,17 +747,7 @@ async fn create_service(
     let created =
         match tokio::time::timeout(API_CALL_TIMEOUT, services_api(env).create(&pp, &svc)).await {
             Ok(Ok(s)) => s,
-            Ok(Err(e)) => {
-                let code = kube_status_code(&e);
-                let err = Error::from_kube(e, &env.url, "create", format!("service {ns}/{name}"));
-                if let Some(f) = forbidden_fault(code, &err, false) {
-                    env.fault(f);
-                }
-                return Err(Ending::Aborted {
-                    reason: Reason::ApiError,
-                    detail: err.to_string(),
-                });
-            }
+            Ok(Err(e)) => return Err(create_failed(env, e, format!("service {ns}/{name}"))),
             Err(_) => {
                 return Err(Ending::Aborted {
                     reason: Reason::ApiError,
@@ -962,9 +1020,7 @@ async fn lifecycle(
         PodRole::Source,
         &plan.source_node,
         match st.service.as_ref().and_then(|s| s.cluster_ip.as_deref()) {
-            Some(cluster_ip) => {
-                source_args_to(cfg, &format!("{cluster_ip}:{SERVICE_PORT}"), t_name)
-            }
+            Some(cluster_ip) => source_args_to(cfg, &host_port(cluster_ip, SERVICE_PORT), t_name),
             None => source_args(cfg, &ip, t_name),
         },
     );

@@ -429,9 +429,10 @@ mod tests {
     }
 
     fn states(t0: Instant, msg: Option<String>) -> (PodState, PodState) {
-        let fixture: Pod =
+        let mut fixture: Pod =
             serde_json::from_str(include_str!("../tests/fixtures/k8s-pod-running-ready.json"))
                 .expect("fixture");
+        crate::tracker::as_probe_containers(&mut fixture);
         let mut tr = Tracker::new();
         let mut t = fixture.clone();
         t.metadata.name = Some("fp-p-t".into());

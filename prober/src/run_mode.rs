@@ -170,7 +170,7 @@ fn spawn_node_watch(
     tx: mpsc::UnboundedSender<NodeChange>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let cfg = watcher::Config::default().labels(&p.node_selector.to_string());
+        let cfg = crate::podwatch::watcher_config(&p.node_selector.to_string());
         let mut stream = watcher::watcher(api, cfg).default_backoff().boxed();
         let mut pending: BTreeMap<String, (NodeInfo, Option<String>)> = BTreeMap::new();
         let apply = |set: &mut NodeSet, info: NodeInfo, uid: Option<String>| {
@@ -372,16 +372,20 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
         let admin = admin.clone();
         let instance = instance.clone();
         Arc::new(move |f: EngineFault| {
-            let label = match f {
-                EngineFault::CreateForbidden(_) => "create_forbidden",
-                EngineFault::DeleteForbidden(_) => "delete_forbidden",
-            };
+            let label = f.label();
             admin
                 .metrics
                 .engine_faults
                 .with_label_values(&[label])
                 .inc();
-            tracing::error!(fault = label, error = %f.text(&instance), "probe object forbidden; probing carries on");
+            match f {
+                EngineFault::AdmissionRejected(_) => {
+                    tracing::error!(fault = label, error = %f.text(&instance), "probe object rejected by admission; probing carries on")
+                }
+                _ => {
+                    tracing::error!(fault = label, error = %f.text(&instance), "probe object forbidden; probing carries on")
+                }
+            }
         })
     };
     let env = Arc::new(ProbeEnv {

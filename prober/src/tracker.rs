@@ -16,6 +16,7 @@
 //!
 //! No I/O and no clock reads: the caller passes `now`.
 
+use crate::podspec::CONTAINER_NAME;
 use k8s_openapi::api::core::v1::Pod;
 use std::collections::HashMap;
 use std::time::Instant;
@@ -186,9 +187,11 @@ impl PodState {
             self.ready = Some(now);
         }
 
+        // By name: a sidecar (a mesh proxy injected despite the annotations) may sort
+        // first in the list.
         let cs = status
             .and_then(|s| s.container_statuses.as_deref())
-            .and_then(|v| v.first());
+            .and_then(|v| v.iter().find(|c| c.name == CONTAINER_NAME));
         if let Some(state) = cs.and_then(|c| c.state.as_ref()) {
             if state.running.is_some() && self.running.is_none() {
                 self.running = Some(now);
@@ -243,6 +246,9 @@ pub struct Tracker {
     /// UIDs of forgotten pods (bounded, [`FORGOTTEN_CAPACITY`]), oldest first.
     forgotten: std::collections::VecDeque<String>,
     forgotten_set: std::collections::HashSet<String>,
+    /// UIDs listed by the re-list in progress ([`Tracker::begin_relist`]), `None`
+    /// outside one.
+    relisted: Option<std::collections::HashSet<String>>,
 }
 
 impl Tracker {
@@ -305,6 +311,42 @@ impl Tracker {
         }
     }
 
+    /// A (re-)list starts (watch event `Init`): the pods it lists are collected until
+    /// [`Tracker::end_relist`]. kube-runtime re-lists after a `410 Gone` or when a watch
+    /// cannot resume; a pod deleted meanwhile never gets a `DELETED` event.
+    pub fn begin_relist(&mut self) {
+        self.relisted = Some(Default::default());
+    }
+
+    /// Feeds a pod of the (re-)list (`InitApply`): [`Tracker::apply`], and the pod's UID
+    /// counts as listed.
+    pub fn apply_listed(&mut self, pod: &Pod, now: Instant) -> bool {
+        if let (Some(set), Some(uid)) = (self.relisted.as_mut(), pod.metadata.uid.as_deref()) {
+            set.insert(uid.to_string());
+        }
+        self.apply(pod, now)
+    }
+
+    /// The (re-)list is complete (`InitDone`): every tracked pod seen by the watch (it has
+    /// a UID), not yet deleted and not listed is gone — it is marked deleted at `now`
+    /// (mark and sweep). Pods only known from our create call (no UID yet: the list may
+    /// predate them; their `ADDED` follows) are left alone. Without a preceding
+    /// [`Tracker::begin_relist`] nothing happens. Returns true if a pod was marked.
+    pub fn end_relist(&mut self, now: Instant) -> bool {
+        let Some(listed) = self.relisted.take() else {
+            return false;
+        };
+        let mut changed = false;
+        for s in self.pods.values_mut() {
+            let gone = s.deleted.is_none() && s.uid.as_ref().is_some_and(|u| !listed.contains(u));
+            if gone {
+                s.deleted = Some(now);
+                changed = true;
+            }
+        }
+        changed
+    }
+
     /// Records that our create call for `name` returned at `at` (earlier than any
     /// watch event, which then keeps it).
     pub fn note_created(&mut self, name: &str, at: Instant) {
@@ -362,6 +404,24 @@ impl Tracker {
     }
 }
 
+/// Test helper: names every container (spec and status) of a fixture pod
+/// [`CONTAINER_NAME`], as in a probe pod (the tracker reads the status of that name).
+#[cfg(test)]
+pub(crate) fn as_probe_containers(pod: &mut Pod) {
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.containers
+            .iter_mut()
+            .for_each(|c| c.name = CONTAINER_NAME.into());
+    }
+    if let Some(cs) = pod
+        .status
+        .as_mut()
+        .and_then(|s| s.container_statuses.as_mut())
+    {
+        cs.iter_mut().for_each(|c| c.name = CONTAINER_NAME.into());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -372,8 +432,11 @@ mod tests {
     use std::time::Duration;
 
     fn ready_fixture() -> Pod {
-        serde_json::from_str(include_str!("../tests/fixtures/k8s-pod-running-ready.json"))
-            .expect("fixture parses as Pod")
+        let mut p: Pod =
+            serde_json::from_str(include_str!("../tests/fixtures/k8s-pod-running-ready.json"))
+                .expect("fixture parses as Pod");
+        as_probe_containers(&mut p);
+        p
     }
 
     /// A freshly created pod: the fixture with status and nodeName stripped.
@@ -575,7 +638,8 @@ mod tests {
             "../tests/fixtures/k8s-podlist-job-pod-terminated.json"
         ))
         .expect("fixture json");
-        let pod: Pod = serde_json::from_value(list["items"][0].clone()).expect("pod");
+        let mut pod: Pod = serde_json::from_value(list["items"][0].clone()).expect("pod");
+        as_probe_containers(&mut pod);
         let mut tr = Tracker::new();
         tr.apply(&pod, Instant::now());
         let name = pod.metadata.name.clone().expect("name");
@@ -653,6 +717,97 @@ mod tests {
         }
         assert_eq!(tr.forgotten_len(), FORGOTTEN_CAPACITY);
         assert!(tr.is_empty());
+    }
+
+    #[test]
+    fn container_status_is_read_by_name_not_position() {
+        // A mesh sidecar ("istio-proxy" sorts before "target-server") listed first and
+        // running must not be taken for the probe container, which terminated.
+        let mut p = ready_fixture();
+        set_container_state(
+            &mut p,
+            ContainerState {
+                terminated: Some(ContainerStateTerminated {
+                    exit_code: 3,
+                    reason: Some("Error".into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        );
+        let statuses = p
+            .status
+            .as_mut()
+            .and_then(|s| s.container_statuses.as_mut())
+            .expect("statuses");
+        let mut sidecar = statuses[0].clone();
+        sidecar.name = "istio-proxy".into();
+        sidecar.state = Some(ContainerState {
+            running: Some(ContainerStateRunning::default()),
+            ..Default::default()
+        });
+        sidecar.ready = true;
+        statuses.insert(0, sidecar);
+        let mut tr = Tracker::new();
+        tr.apply(&p, Instant::now());
+        let s = tr.get("coredns-589f44dc88-4fpns").expect("tracked");
+        assert_eq!(s.terminated.as_ref().map(|t| t.exit_code), Some(3));
+        assert!(s.running.is_none(), "the sidecar's running state was taken");
+        // And a pod whose only container has another name yields no container state.
+        let mut other = ready_fixture();
+        if let Some(cs) = other
+            .status
+            .as_mut()
+            .and_then(|s| s.container_statuses.as_mut())
+        {
+            cs[0].name = "linkerd-proxy".into();
+        }
+        let mut tr = Tracker::new();
+        tr.apply(&other, Instant::now());
+        assert!(tr
+            .get("coredns-589f44dc88-4fpns")
+            .is_some_and(|s| s.running.is_none() && s.terminated.is_none()));
+    }
+
+    #[test]
+    fn a_relist_marks_pods_that_vanished_meanwhile_as_deleted() {
+        let t0 = Instant::now();
+        let pod = |name: &str, uid: &str| {
+            let mut p = ready_fixture();
+            p.metadata.name = Some(name.into());
+            p.metadata.uid = Some(uid.into());
+            p
+        };
+        let mut tr = Tracker::new();
+        // The initial list (nothing tracked yet), then a and b seen by the watch.
+        tr.begin_relist();
+        assert!(!tr.end_relist(t0));
+        tr.apply(&pod("a", "uid-a"), t0);
+        tr.apply(&pod("b", "uid-b"), t0);
+        tr.note_created("c", t0); // created, not seen by the watch yet
+                                  // The watch expires (410); b is deleted before the re-list: Init, InitApply(a),
+                                  // InitDone.
+        let t1 = t0 + Duration::from_secs(5);
+        tr.begin_relist();
+        tr.apply_listed(&pod("a", "uid-a"), t1);
+        assert!(tr.end_relist(t1), "b's deletion must be noticed");
+        assert_eq!(tr.get("b").and_then(|s| s.deleted), Some(t1));
+        assert_eq!(tr.get("a").and_then(|s| s.deleted), None);
+        assert_eq!(
+            tr.get("c").and_then(|s| s.deleted),
+            None,
+            "c has no UID yet"
+        );
+        // A same-name pod with a new UID in the re-list replaces the old incarnation.
+        let t2 = t1 + Duration::from_secs(1);
+        tr.begin_relist();
+        tr.apply_listed(&pod("a", "uid-a2"), t2);
+        tr.end_relist(t2);
+        let a = tr.get("a").expect("a");
+        assert_eq!(a.uid.as_deref(), Some("uid-a2"));
+        assert_eq!(a.deleted, None);
+        // InitDone without Init changes nothing.
+        assert!(!tr.end_relist(t2));
     }
 
     #[test]

@@ -90,13 +90,16 @@ pub enum Reason {
     NodeNotReady,
     /// `inconclusive`: the Kubernetes API failed us.
     ApiError,
+    /// `inconclusive`: an admission plugin or webhook (Pod Security, ResourceQuota, a
+    /// missing PriorityClass, …) rejected a probe object; not RBAC, not the network.
+    AdmissionRejected,
     /// `inconclusive`: the prober was interrupted (signal, `--timeout`).
     Interrupted,
 }
 
 impl Reason {
     /// Every reason, in declaration order.
-    pub const ALL: [Reason; 12] = [
+    pub const ALL: [Reason; 13] = [
         Reason::TtfpOverThreshold,
         Reason::NoSuccessBeforeGiveUp,
         Reason::LostAfterSuccess,
@@ -108,6 +111,7 @@ impl Reason {
         Reason::ContainerFailed,
         Reason::NodeNotReady,
         Reason::ApiError,
+        Reason::AdmissionRejected,
         Reason::Interrupted,
     ];
 
@@ -125,6 +129,7 @@ impl Reason {
             Reason::ContainerFailed => "container_failed",
             Reason::NodeNotReady => "node_not_ready",
             Reason::ApiError => "api_error",
+            Reason::AdmissionRejected => "admission_rejected",
             Reason::Interrupted => "interrupted",
         }
     }
@@ -143,6 +148,7 @@ impl Reason {
             | Reason::ContainerFailed
             | Reason::NodeNotReady
             | Reason::ApiError
+            | Reason::AdmissionRejected
             | Reason::Interrupted => ProbeResult::Inconclusive,
         }
     }

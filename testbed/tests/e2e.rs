@@ -273,6 +273,70 @@ fn cordoned_and_not_ready_nodes_are_skipped_and_missing_image_is_inconclusive() 
     );
 }
 
+/// Probe pods pass Pod Security `restricted` (a namespace enforcing it admits them and
+/// the gate passes); a spec that violates it (the hidden test flag) is an admission
+/// rejection named as such — `admission_rejected`, the policy and the fields in the
+/// message, the gate stopped with exit 2 — not an RBAC "forbidden".
+#[test]
+fn restricted_namespace_admits_probe_pods_and_a_violating_spec_is_an_admission_rejection() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let fault = "rules:\n  - nodes: {all: true}\n    program_delay: 100ms\n";
+    let tb = Testbed::up("psa", 2, fault, &[]);
+    let ns = "fp-restricted";
+    let manifest = write_manifest(
+        &tb,
+        "ns.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n  labels: \
+             {{pod-security.kubernetes.io/enforce: restricted}}\n"
+        ),
+    );
+    tb.kubectl(&["apply", "-f", &manifest]);
+    let (code, report, out) = tb.gate(&["--namespace", ns, "--pairs", "1", "--hold", "1s"]);
+    assert_eq!(code, 0, "restricted must admit the probe pods: {out}");
+    assert_eq!(report["probes"][0]["result"], "success", "{out}");
+    validate(&report);
+
+    let (code, report, out) = tb.gate(&[
+        "--namespace",
+        ns,
+        "--pairs",
+        "2",
+        "--hold",
+        "1s",
+        "--unsafe-probe-pod-privileged",
+    ]);
+    assert_eq!(code, 2, "an admission rejection is inconclusive: {out}");
+    assert_eq!(report["verdict"], "inconclusive", "{out}");
+    validate(&report);
+    let probes = report["probes"].as_array().cloned().unwrap_or_default();
+    let rejected: Vec<_> = probes
+        .iter()
+        .filter(|p| p["reason"] == "admission_rejected")
+        .collect();
+    assert!(!rejected.is_empty(), "no admission_rejected probe: {out}");
+    for p in &rejected {
+        assert_eq!(p["result"], "inconclusive", "{p}");
+        let d = p["detail"].as_str().unwrap_or_default();
+        assert!(
+            d.contains("rejected by admission (PodSecurity \"restricted:latest\")")
+                && d.contains("privileged"),
+            "detail must name the policy and the field: {p}"
+        );
+    }
+    let first = report["errors"][0].as_str().unwrap_or_default();
+    assert!(
+        first.contains("rejected by admission") && first.contains("the gate stops"),
+        "errors[0] must say the gate stopped on the admission rejection: {out}"
+    );
+    assert!(
+        !first.contains("cannot create") && !first.contains("RBAC"),
+        "not an RBAC error: {first}"
+    );
+    let left = tb.wait_no_probe_pods(POD_GONE_TIMEOUT);
+    assert!(left.is_empty(), "probe pods left behind: {left:?}");
+}
+
 fn write_manifest(tb: &Testbed, name: &str, text: &str) -> String {
     let p = tb.state.join(name);
     std::fs::write(&p, text).unwrap();

@@ -463,3 +463,146 @@ fn report_shows_which_node_agents_were_scraped() {
     assert_eq!(v["agents"]["profiles"], serde_json::json!({}), "{v:#}");
     assert!(out.contains("correlation off"), "{out}");
 }
+
+/// The prober's shared pod watch (`prober::podwatch::PodWatch`) notices a deletion it
+/// never got an event for. The watch is cut (`api deny watch pods` + `api restart`: the
+/// stream ends and cannot resume), the pod is deleted, the watch history is expired
+/// (`api expire-watches`), then watching is allowed again: the resume gets 410 Gone,
+/// kube-runtime re-lists without the pod, and the mark-and-sweep on `InitDone` marks it
+/// deleted (before, a `recreate` probe waiting for that `DELETED` ran out as
+/// `api_error`).
+#[test]
+fn pod_watch_relist_after_410_marks_a_pod_deleted_meanwhile() {
+    let _g = serial();
+    let tb = Testbed::up("relist", 1, "rules: []\n", &[]);
+    let selector = "firstpacket.io/instance=relist-test";
+    let manifest = tb.state.join("w-a.yaml");
+    std::fs::write(
+        &manifest,
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: w-a, labels: {firstpacket.io/instance: relist-test}}\nspec:\n  nodeName: node-1\n  containers:\n  - {name: target-server, image: target-server, args: [serve]}\n",
+    )
+    .expect("manifest");
+    tb.kubectl(&[
+        "apply",
+        "--validate=false",
+        "-f",
+        manifest.to_str().expect("path"),
+    ]);
+    let kubeconfig = tb.state.join("kubeconfig");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let deleted = rt.block_on(async {
+        let cfg = kube::Config::from_custom_kubeconfig(
+            kube::config::Kubeconfig::read_from(&kubeconfig).expect("kubeconfig"),
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await
+        .expect("config");
+        let url = cfg.cluster_url.to_string();
+        let client = kube::Client::try_from(cfg).expect("client");
+        let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+            kube::Api::namespaced(client, "default");
+        let watch = prober::podwatch::PodWatch::start(pods, selector);
+        watch
+            .wait_ready(&url, Duration::from_secs(30))
+            .await
+            .expect("pod watch ready");
+        let listed = Instant::now() + Duration::from_secs(20);
+        while watch.snapshot("w-a").and_then(|s| s.uid).is_none() {
+            assert!(Instant::now() < listed, "w-a never seen by the pod watch");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::task::block_in_place(|| {
+            testbed_ok(&tb, &["api", "deny", "watch", "pods"]);
+            testbed_ok(&tb, &["api", "restart"]);
+            tb.kubectl(&[
+                "delete",
+                "pod",
+                "w-a",
+                "--grace-period=0",
+                "--force",
+                "--wait=false",
+            ]);
+            testbed_ok(&tb, &["api", "expire-watches"]);
+            testbed_ok(&tb, &["api", "allow", "all"]);
+        });
+        // kube-runtime's backoff after the denied resumes is at most ~30 s.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(s) = watch.snapshot("w-a").filter(|s| s.deleted.is_some()) {
+                return Some(s);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    assert!(
+        deleted.is_some(),
+        "the pod watch never noticed w-a's deletion after the re-list"
+    );
+}
+
+/// The gate never needs to create its namespace: a missing one it may not create is one
+/// error saying what to create and grant (exit 2, nothing probed); once an administrator
+/// created it, the gate uses it as it is; and a forbidden GET of the Namespace is not
+/// fatal (a Role on the namespace's pods is enough).
+#[test]
+fn a_missing_namespace_is_created_only_when_allowed_and_a_forbidden_get_is_not_fatal() {
+    let _g = serial();
+    let tb = Testbed::up("robust-ns", 2, FAULT, &[]);
+    let ns = "fp-made-by-admin";
+    let args = [
+        "--namespace",
+        ns,
+        "--pairs",
+        "1",
+        "--give-up",
+        "10s",
+        "--hold",
+        "1s",
+        "--timeout",
+        "60s",
+    ];
+    testbed_ok(&tb, &["api", "deny", "create", "namespaces"]);
+    let (code, v, out, _) = timed_gate(&tb, &args);
+    assert_eq!(code, 2, "{out}");
+    let first = v["errors"][0].as_str().unwrap_or_default();
+    assert!(
+        first.contains(&format!("namespace {ns} does not exist"))
+            && first.contains(&format!("kubectl create namespace {ns}"))
+            && first.contains("grant create on namespaces"),
+        "the error must say what to create: {first}"
+    );
+    assert!(probes(&v).is_empty(), "{v:#}");
+
+    // The administrator (this test's kubectl user) creates it; the prober still may not.
+    testbed_ok(&tb, &["api", "allow", "create", "namespaces"]);
+    // (`kubectl apply`: the built-in API server cannot decode the protobuf body of
+    // `kubectl create namespace`.)
+    let manifest = tb.state.join("ns.yaml");
+    std::fs::write(
+        &manifest,
+        format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {ns}}}\n"),
+    )
+    .expect("manifest");
+    tb.kubectl(&["apply", "-f", manifest.to_str().expect("path")]);
+    testbed_ok(&tb, &["api", "deny", "create", "namespaces"]);
+    let (code, v, out, _) = timed_gate(&tb, &args);
+    assert_eq!(code, 0, "an existing namespace is used as it is: {out}");
+    assert_eq!(probes(&v).len(), 1, "{v:#}");
+
+    testbed_ok(&tb, &["api", "deny", "get", "namespaces"]);
+    let (code, _, out, _) = timed_gate(&tb, &args);
+    assert_eq!(
+        code, 0,
+        "a forbidden namespace GET must not stop the gate: {out}"
+    );
+    testbed_ok(&tb, &["api", "allow", "all"]);
+    let left = tb.wait_no_probe_pods(POD_GONE_TIMEOUT);
+    assert!(left.is_empty(), "probe pods left: {left:?}");
+}

@@ -249,7 +249,7 @@ pub async fn watch_agents(client: Client, profiles: Vec<Profile>, index: SharedI
     for profile in profiles {
         for ns in profile.namespaces.clone() {
             let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
-            let cfg = watcher::Config::default().labels(&profile.selector);
+            let cfg = crate::podwatch::watcher_config(&profile.selector);
             let profile = profile.clone();
             let index = index.clone();
             tasks.push(async move {

@@ -41,6 +41,7 @@ use super::correlate::{
 use super::discover::{watch_agents, AgentIndex, AgentTarget, SharedIndex};
 use super::expo::{self, ParseError};
 use super::profiles::{AgentReading, Profile};
+use crate::podspec::host_port;
 use http_body_util::BodyExt;
 use hyper::body::Bytes;
 use kube::Client;
@@ -317,14 +318,6 @@ pub fn no_retry_client(config: kube::Config) -> Result<Client, kube::Error> {
     let mut config = config;
     config.default_retry = false;
     Client::try_from(config)
-}
-
-fn host_port(host: &str, port: u16) -> String {
-    if host.contains(':') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
-    }
 }
 
 /// `GET http://host:port<path>` with [`ACCEPT`], the whole exchange under `timeout`,
