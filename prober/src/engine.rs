@@ -241,8 +241,8 @@ pub async fn ensure_namespace(client: &Client, url: &str, ns: &str) -> Result<()
             message,
             ..
         }) => {
-            tracing::info!(namespace = ns, code, error = %message,
-                "cannot read the probe namespace; assuming it exists (the pod permissions decide)");
+            tracing::warn!(namespace = ns, code, error = %message,
+                "cannot get the probe namespace; assuming it exists (the pod permissions decide)");
             return Ok(());
         }
         Err(e) => return Err(e),
