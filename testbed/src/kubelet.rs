@@ -17,13 +17,17 @@
 //! Per pod it: resolves the image to a local binary (pod-spec contract, DESIGN §6:
 //! last path component without `:tag`/`@digest`; anything unknown → `ErrImagePull`),
 //! sets up the sandbox network ([`Dataplane::add_pod`]) and tells the node's agent,
-//! starts the container through `testbed shim`, runs the readiness probe (`httpGet`,
+//! starts the container through `testbed shim` with the identity its `securityContext`
+//! gives ([`crate::security::container_identity`]; `runAsNonRoot` on the testbed's
+//! root images → `CreateContainerConfigError`), runs the readiness probe (`httpGet`,
 //! `User-Agent: kube-probe/1.32`), keeps `status` like the real kubelet (conditions
 //! with timestamps, container state, termination message), enforces
 //! `activeDeadlineSeconds`.
 //!
 //! Simulated agent pods (calico-node, kube-proxy; [`SIMULATED_ANNOTATION`]) run no
-//! process: their status follows the node's simulated agent (Ready, restarts).
+//! process: their status follows the node's simulated agent (Ready, restarts since the
+//! pod started). [`Kubelet::roll_agent`] replaces the node's calico-node pod
+//! (`testbed agent roll`).
 //!
 //! Termination message: the last 4096 bytes of the container's
 //! `terminationMessagePath` file; with `FallbackToLogsOnError`, the tail of the logs
