@@ -1291,6 +1291,29 @@ mod tests {
     }
 
     #[test]
+    fn engine_faults_have_distinct_metric_labels_and_admission_keeps_its_text() {
+        let f = EngineFault::AdmissionRejected("rejected by admission (Priority) …".into());
+        assert_eq!(f.label(), "admission_rejected");
+        assert_eq!(f.text("gate-x"), "rejected by admission (Priority) …");
+        let err = || Error::Api {
+            url: "u".into(),
+            verb: "create",
+            resource: "pod fp/x".into(),
+            code: 403,
+            reason: "Forbidden".into(),
+            message: "m".into(),
+        };
+        assert_eq!(
+            EngineFault::CreateForbidden(err()).label(),
+            "create_forbidden"
+        );
+        assert_eq!(
+            EngineFault::DeleteForbidden(err()).label(),
+            "delete_forbidden"
+        );
+    }
+
+    #[test]
     fn timeouts_map_to_the_stage_that_stalled() {
         let now = std::time::Instant::now();
         let d = Duration::from_secs(60);
