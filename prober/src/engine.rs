@@ -91,6 +91,20 @@ pub async fn connect(
     })
 }
 
+/// One object by name, read with `list` and `fieldSelector=metadata.name=NAME` instead
+/// of a `get`: the prober holds `list` on pods and nodes anyway (its watches), so its
+/// RBAC (`manifests/base/rbac.yaml`) needs no `get` for the occasional single read.
+/// `Ok(None)` when no such object exists. Errors: the list's [`kube::Error`].
+pub async fn read_by_name<K>(api: &Api<K>, name: &str) -> Result<Option<K>, kube::Error>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let list = api
+        .list(&ListParams::default().fields(&format!("metadata.name={name}")))
+        .await?;
+    Ok(list.items.into_iter().next())
+}
+
 /// Lists the nodes matching `--node-selector` once and splits them into eligible (sorted
 /// by name) and skipped ones ([`filter_nodes`]: NotReady, cordoned, untolerated taint).
 /// Errors name the verb `list`, `nodes` and the URL.

@@ -90,7 +90,7 @@ pub const SOURCE_FINISH_MARGIN: Duration = Duration::from_secs(30);
 /// measured within a useful time.
 pub const UNSCHEDULABLE_GRACE: Duration = Duration::from_secs(10);
 
-/// Timeout of the single GET a probe makes on its pod when a wait ran out, to read the
+/// Timeout of the single read (by name) a probe makes of its pod when a wait ran out, to read the
 /// pod's real state past a watch that may have missed updates.
 pub const FINAL_GET_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -673,7 +673,8 @@ fn source_done_check(s: Option<&PodState>) -> Option<Ending> {
     pod_ending(PodRole::Source, s, std::time::Instant::now())
 }
 
-/// After a wait on `name` ran out of time: one GET of the pod (bounded by
+/// After a wait on `name` ran out of time: one read of the pod by name
+/// ([`crate::engine::read_by_name`], a `list`, so RBAC needs no `get`) (bounded by
 /// [`FINAL_GET_TIMEOUT`]) is fed into the tracker, so an update the watch missed still
 /// counts, and `check` decides again. Otherwise the ending is [`api_trouble_ending`]
 /// when the GET failed or the watch reported trouble since `started`
@@ -688,7 +689,12 @@ async fn settle_timeout<T>(
     mut check: impl FnMut(Option<&PodState>) -> Option<T>,
 ) -> Result<T, Ending> {
     let mut trouble = None;
-    match tokio::time::timeout(FINAL_GET_TIMEOUT, env.pods.get_opt(name)).await {
+    match tokio::time::timeout(
+        FINAL_GET_TIMEOUT,
+        crate::engine::read_by_name(&env.pods, name),
+    )
+    .await
+    {
         Ok(Ok(Some(pod))) => {
             let now = std::time::Instant::now();
             env.watch.with_tracker(|t| t.apply(&pod, now));
@@ -697,7 +703,7 @@ async fn settle_timeout<T>(
         Ok(Err(e)) => {
             let ns = &env.pod_config.namespace;
             trouble =
-                Some(Error::from_kube(e, &env.url, "get", format!("pod {ns}/{name}")).to_string());
+                Some(Error::from_kube(e, &env.url, "list", format!("pod {ns}/{name}")).to_string());
         }
         Err(_) => {
             trouble = Some(format!(
@@ -1054,9 +1060,20 @@ async fn lifecycle(
     }
 }
 
+/// Whether Node `name` is Ready now (one read by name through `list`, 10 s bound,
+/// [`crate::engine::read_by_name`]), for a failed probe's `node_not_ready` check; `None`
+/// when unknown. A refused read is logged as a warning naming the verb, since the
+/// failure then stays `failed` even on a NotReady node.
 async fn node_ready(env: &ProbeEnv, name: &str) -> Option<bool> {
-    match tokio::time::timeout(Duration::from_secs(10), env.nodes.get_opt(name)).await {
+    let read = crate::engine::read_by_name(&env.nodes, name);
+    match tokio::time::timeout(Duration::from_secs(10), read).await {
         Ok(Ok(Some(n))) => Some(crate::schedule::NodeInfo::from_node(&n).ready),
+        Ok(Err(e)) => {
+            let e = Error::from_kube(e, &env.url, "list", format!("node {name}"));
+            tracing::warn!(node = name, error = %e,
+                "cannot list nodes to check a failed probe's node readiness; the probe stays failed");
+            None
+        }
         _ => None,
     }
 }

@@ -213,10 +213,11 @@ pub async fn sweep(
             if owners.contains_key(owner) {
                 continue;
             }
-            let got = pods
-                .get_opt(owner)
+            let got = crate::engine::read_by_name(pods, owner)
                 .await
-                .map_err(|e| Error::from_kube(e, url, "get", format!("pod {namespace}/{owner}")))?;
+                .map_err(|e| {
+                    Error::from_kube(e, url, "list", format!("pod {namespace}/{owner}"))
+                })?;
             owners.insert(owner.clone(), got.and_then(|p| p.metadata.uid));
         }
     }

@@ -36,6 +36,10 @@ const USER: &str = "system:serviceaccount:firstpacket:firstpacket";
 /// 300 ms on every node).
 const HEALTHY: &str = "rules:\n  - nodes: {all: true}\n    program_delay: 300ms\n";
 
+/// No new endpoint is ever programmed: every probe's target stays not Ready and the
+/// probe fails after its give-up period (the paths that re-read a pod and its nodes).
+const NEVER_PROGRAMMED: &str = "rules:\n  - nodes: {all: true}\n    never_program: true\n";
+
 /// Then node-2 applies new pods' dataplane 6–8 s late (scenario S2), so `prober run`
 /// finds a slow probe to put an Event on; the other nodes stay healthy.
 const SLOW_NODE_2: &str = "rules:
@@ -328,6 +332,21 @@ fn run_until_slow_event(tb: &Testbed, kubeconfig: &str, within: Duration) -> (St
     )
 }
 
+/// `testbed fault set` with `yaml`.
+fn set_fault(tb: &Testbed, yaml: &str) {
+    let fault = tb
+        .state
+        .join(format!("fault-{}.yaml", common::rand_suffix()));
+    std::fs::write(&fault, yaml).expect("fault");
+    let out = tb
+        .cmd()
+        .args(["fault", "set"])
+        .arg(&fault)
+        .output()
+        .expect("fault set");
+    assert!(out.status.success(), "fault set: {out:?}");
+}
+
 /// `prober gate` with every probe kind, agent scrapes through the pod proxy.
 fn gate_every_kind(tb: &Testbed, kubeconfig: &str) -> (i32, Value, String) {
     tb.gate(&[
@@ -348,8 +367,8 @@ fn gate_every_kind(tb: &Testbed, kubeconfig: &str) -> (i32, Value, String) {
 
 /// The probe-pod container processes seen on the host (the testbed runs containers as
 /// local processes): `(pod name, Uid, NoNewPrivs, CapEff)` from `/proc/PID/status`, for
-/// processes whose environment has `POD_NAMESPACE=firstpacket` (the probe pods' downward
-/// API) — collected every 100 ms until `stop` is set.
+/// `target-server` processes whose environment has `POD_NAMESPACE=firstpacket` (the
+/// probe pods' downward API) — collected every 100 ms until `stop` is set.
 fn watch_probe_processes(
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> std::thread::JoinHandle<BTreeSet<(String, u32, u32, String)>> {
@@ -357,6 +376,12 @@ fn watch_probe_processes(
         let mut seen = BTreeSet::new();
         while !stop.load(std::sync::atomic::Ordering::SeqCst) {
             for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+                // The container itself, not the testbed's shim before its exec (which
+                // carries the same environment as root until it drops privileges).
+                let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+                if comm.trim() != "target-server" {
+                    continue;
+                }
                 let Ok(env) = std::fs::read(e.path().join("environ")) else {
                     continue;
                 };
@@ -474,15 +499,17 @@ fn rbac_yaml_grants_exactly_what_gate_and_run_use() {
         "gate errors with rbac.yaml: {}",
         report["errors"]
     );
-    let fault = tb.state.join("slow-node-2.yaml");
-    std::fs::write(&fault, SLOW_NODE_2).expect("fault");
-    let out = tb
-        .cmd()
-        .args(["fault", "set"])
-        .arg(&fault)
-        .output()
-        .expect("fault set");
-    assert!(out.status.success(), "fault set: {out:?}");
+    // A failing probe: its nodes read (by name, through list) to tell node_not_ready.
+    set_fault(&tb, NEVER_PROGRAMMED);
+    let (code, report, out) = tb.gate(&["--kubeconfig", &kubeconfig, "--give-up", "8s"]);
+    assert_eq!(
+        code, 1,
+        "gate with no endpoint ever programmed: {}\n{out}",
+        report["errors"]
+    );
+    assert_eq!(report["probes"][0]["result"], "failed", "{out}");
+    tb.wait_no_probe_pods(Duration::from_secs(60));
+    set_fault(&tb, SLOW_NODE_2);
     let (log, code, seen) = run_until_slow_event(&tb, &kubeconfig, Duration::from_secs(120));
     assert!(seen, "no FirstPacketSlow Event from prober run:\n{log}");
     assert_eq!(code, 0, "prober run exit code after SIGTERM:\n{log}");
@@ -675,9 +702,16 @@ fn each_rbac_rule_taken_away_gives_the_consequence_readme_documents() {
                 |text: &str| text.contains(verb.as_str()) && text.contains(resource.as_str());
             if fatal {
                 assert_eq!(code, 2, "{label}: README says exit 2\n{out}");
+                // In errors[], or (a probe that ended on it) in a record's detail.
+                let details: Vec<String> = report["probes"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|p| p["detail"].as_str().map(str::to_owned))
+                    .collect();
                 assert!(
-                    named(&report["errors"].to_string()),
-                    "{label}: errors[] does not name {verb} {resource}: {}",
+                    named(&report["errors"].to_string()) || details.iter().any(|d| named(d)),
+                    "{label}: neither errors[] nor a probe names {verb} {resource}: {} {details:?}",
                     report["errors"]
                 );
             } else {

@@ -498,7 +498,7 @@ fn probed_within(probes: &[Value], node: &str, from: f64, within: f64) -> bool {
 }
 
 #[test]
-fn a_node_that_turns_ready_or_whose_agent_restarts_is_probed_within_two_intervals() {
+fn a_node_that_turns_ready_or_whose_agent_restarts_or_rolls_is_probed_within_two_intervals() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let tb = Testbed::up("runtrig", 6, FAULT, &[]);
     let port = 20_000 + ((std::process::id() + 7) % 20_000) as u16;
@@ -584,6 +584,38 @@ fn a_node_that_turns_ready_or_whose_agent_restarts_is_probed_within_two_interval
         }
     }
     assert!(!restarts.is_empty(), "no agent restart seen on node-3");
+
+    // Then node-3's agent pod rolled to a new image, as a DaemonSet rollout replaces it
+    // (restarts off again first).
+    let plain = tb.state.join("plain.yaml");
+    std::fs::write(&plain, FAULT).expect("fault");
+    let status = tb
+        .cmd()
+        .args(["fault", "set"])
+        .arg(&plain)
+        .status()
+        .expect("fault set");
+    assert!(status.success());
+    std::thread::sleep(Duration::from_secs(2));
+    let roll_started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs_f64();
+    let out = tb
+        .cmd()
+        .args(["agent", "roll", "node-3", "--image", "calico/node:v3.99.0"])
+        .output()
+        .expect("agent roll");
+    assert!(out.status.success(), "agent roll: {out:?}");
+    let rolled_at = tb
+        .truth()
+        .iter()
+        .filter(|e| {
+            e.node.as_deref() == Some("node-3") && e.event == testbed::truth::TruthKind::AgentRolled
+        })
+        .map(|e| e.t)
+        .fold(f64::NEG_INFINITY, f64::max);
+    assert!(rolled_at.is_finite(), "no agent_rolled for node-3");
     // Let the last triggered probe start.
     std::thread::sleep(Duration::from_secs(8));
     let page: Value =
@@ -642,6 +674,24 @@ fn a_node_that_turns_ready_or_whose_agent_restarts_is_probed_within_two_interval
             logs()
         );
     }
+    // The roll: a probe of node-3 the prober started for its replaced agent pod, from
+    // the roll's start (the old pod's deletion) to two intervals after the new pod was
+    // Running and Ready (`agent_rolled` in the truth log).
+    let after_roll: Vec<Value> = after_agent
+        .iter()
+        .filter(|p| started_unix(p) >= roll_started)
+        .cloned()
+        .collect();
+    assert!(
+        probed_within(
+            &after_roll,
+            "node-3",
+            roll_started,
+            rolled_at - roll_started + 2.0 * interval
+        ),
+        "node-3 not probed within 2 intervals of its agent pod's roll ({roll_started}..{rolled_at}): {triggered:?}\n{}",
+        logs()
+    );
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(run.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
