@@ -79,7 +79,22 @@ fn s1_healthy_cluster_passes_and_down_leaves_nothing() {
         "/../testbed/faults/s1-healthy.yaml"
     ))
     .unwrap();
-    let tb = Testbed::up("s1", 3, &fault, &[]);
+    // Nodes whose `kubernetes.io/hostname` label is not their name (kubelet
+    // --hostname-override, cloud providers): probe pods are pinned by the node's name.
+    let tb = Testbed::up(
+        "s1",
+        3,
+        &fault,
+        &["--hostname-label-suffix", ".ec2.internal"],
+    );
+    let label = tb.kubectl(&[
+        "get",
+        "node",
+        "node-1",
+        "-o",
+        "jsonpath={.metadata.labels.kubernetes\\.io/hostname}",
+    ]);
+    assert_eq!(label, "node-1.ec2.internal");
     let (code, report, out) = tb.gate(&[]);
     validate(&report);
     assert_eq!(code, 0, "{out}");
