@@ -94,15 +94,21 @@ pub async fn connect(
 /// One object by name, read with `list` and `fieldSelector=metadata.name=NAME` instead
 /// of a `get`: the prober holds `list` on pods and nodes anyway (its watches), so its
 /// RBAC (`manifests/base/rbac.yaml`) needs no `get` for the occasional single read.
-/// `Ok(None)` when no such object exists. Errors: the list's [`kube::Error`].
+/// When the list is refused (403: a Role that grants `get` but not `list`), one `get`
+/// instead. `Ok(None)` when no such object exists. Errors: the last call's
+/// [`kube::Error`].
 pub async fn read_by_name<K>(api: &Api<K>, name: &str) -> Result<Option<K>, kube::Error>
 where
     K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    let list = api
+    match api
         .list(&ListParams::default().fields(&format!("metadata.name={name}")))
-        .await?;
-    Ok(list.items.into_iter().next())
+        .await
+    {
+        Ok(list) => Ok(list.items.into_iter().next()),
+        Err(kube::Error::Api(s)) if s.code == 403 => api.get_opt(name).await,
+        Err(e) => Err(e),
+    }
 }
 
 /// Lists the nodes matching `--node-selector` once and splits them into eligible (sorted

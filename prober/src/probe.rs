@@ -702,8 +702,9 @@ async fn settle_timeout<T>(
         Ok(Ok(None)) => {}
         Ok(Err(e)) => {
             let ns = &env.pod_config.namespace;
-            trouble =
-                Some(Error::from_kube(e, &env.url, "list", format!("pod {ns}/{name}")).to_string());
+            trouble = Some(
+                Error::from_kube(e, &env.url, "list/get", format!("pod {ns}/{name}")).to_string(),
+            );
         }
         Err(_) => {
             trouble = Some(format!(
