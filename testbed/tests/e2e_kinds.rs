@@ -175,11 +175,35 @@ fn burst_ttfp_grows_with_the_fillers_queued_ahead_of_the_target() {
         if kind == "burst" && p["target"]["node"] == "node-2" {
             burst_on_node2 += 1;
             assert_eq!(p["burst"]["fillers_created"], k, "{p:#}");
-            // The target is programmed after the K fillers (2 s each) and itself; the
-            // source became Ready ~2 s after the target was created.
+            // The queue, by the ground truth: node-2 programs one endpoint per 2 s, so
+            // the target waits behind every filler of its probe added before it, then
+            // itself (its TTFP was checked against the truth above).
+            let pid = p["id"].as_str().unwrap();
+            let at = |kind: TruthKind, uid: &str| {
+                truth
+                    .iter()
+                    .find(|e| e.event == kind && e.uid.as_deref() == Some(uid))
+                    .map(|e| e.t)
+            };
+            let uid = p["target"]["uid"].as_str().unwrap();
+            let added = at(TruthKind::EndpointAdded, uid).expect("target endpoint_added");
+            let programmed =
+                at(TruthKind::EndpointProgrammed, uid).expect("target endpoint_programmed");
+            let ahead = truth
+                .iter()
+                .filter(|e| {
+                    e.event == TruthKind::EndpointAdded
+                        && e.t < added
+                        && e.pod
+                            .as_deref()
+                            .is_some_and(|n| n.starts_with(&format!("fp-{pid}-f")))
+                })
+                .count();
+            let wait = programmed - added;
+            eprintln!("burst target on node-2: {ahead} filler(s) ahead, programmed {wait:.2}s after its add");
             assert!(
-                ttfp >= (k as f64) * 2.0 - 2.5,
-                "burst TTFP {ttfp:.2}s\n{out}"
+                wait >= 2.0 * (ahead as f64 + 1.0) - 1.0,
+                "burst target programmed {wait:.2}s after its add with {ahead} filler(s) queued ahead (TTFP {ttfp:.2}s)\n{out}"
             );
         } else {
             assert!(ttfp < 3.0, "{kind} {p:#} took {ttfp:.2}s\n{out}");
