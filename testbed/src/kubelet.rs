@@ -1450,28 +1450,17 @@ impl PodWorker {
         // with the kubelet's back-off: 10 s doubling up to 5 min (Kubernetes docs, "Pod
         // Lifecycle", container restart policy).
         let pod_dir = self.k.cfg.pods_dir.join(&self.uid);
-        // The projected `kube-api-access-*` volume (ServiceAccount admission adds it).
-        let api_access = match self.k.fill_api_access(&pod, &pod_dir, &pod_ip).await {
-            Ok(dir) => dir,
-            Err(msg) => {
-                tracing::warn!(pod = %self.name, "{msg}");
-                self.fail_waiting(
-                    &cname,
-                    &image,
-                    "CreateContainerConfigError",
-                    &msg,
-                    Some(&pod_ip),
-                    Some(&net),
-                )
-                .await;
-                return;
-            }
+        // The projected `kube-api-access-*` volume (ServiceAccount admission adds it), then
+        // the process identity (runAsUser/runAsGroup, capabilities, no_new_privs), where
+        // `runAsNonRoot` against the image's (root) user is checked, as the real kubelet
+        // does when it generates the container config. Either failing is a
+        // `CreateContainerConfigError`.
+        let prepared = match self.k.fill_api_access(&pod, &pod_dir, &pod_ip).await {
+            Ok(dir) => crate::security::container_identity(&pod, &container).map(|id| (dir, id)),
+            Err(msg) => Err(msg),
         };
-        // The process identity (runAsUser/runAsGroup, capabilities, no_new_privs);
-        // `runAsNonRoot` against the image's (root) user is checked here, as the real
-        // kubelet does when it generates the container config.
-        let identity = match crate::security::container_identity(&pod, &container) {
-            Ok(id) => id,
+        let (api_access, identity) = match prepared {
+            Ok(v) => v,
             Err(msg) => {
                 tracing::warn!(pod = %self.name, "{msg}");
                 self.fail_waiting(
