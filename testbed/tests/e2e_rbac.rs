@@ -25,7 +25,6 @@ use serde_json::Value;
 use std::collections::BTreeSet;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
-use testbed::control_plane;
 
 /// The probe namespace and ServiceAccount `rbac.yaml` is written for.
 const NAMESPACE: &str = "firstpacket";
@@ -167,25 +166,7 @@ fn rbac_yaml() -> String {
 /// `rbac.yaml` applied; returns it with a kubeconfig of the ServiceAccount; `None` after
 /// printing why not.
 fn up_real(name: &str, fault: &str) -> Option<(Testbed, std::path::PathBuf)> {
-    if !nix::unistd::Uid::effective().is_root() {
-        eprintln!("SKIPPED: needs root (network namespaces)");
-        return None;
-    }
-    if let Err(e) = control_plane::locate_binaries(None) {
-        eprintln!("SKIPPED: {e}");
-        return None;
-    }
-    let tb = Testbed::up(
-        name,
-        3,
-        fault,
-        &[
-            "--control-plane",
-            "real",
-            "--node-labels",
-            "node-2=os=debian13",
-        ],
-    );
+    let tb = Testbed::up_real(name, 3, fault, &["--node-labels", "node-2=os=debian13"])?;
     tb.kubectl(&[
         "apply",
         "-f",

@@ -38,20 +38,7 @@ fn runs(pid: i32) -> bool {
 
 /// `testbed up` on the real control plane, or `None` after printing why not.
 fn up_real(name: &str, nodes: usize) -> Option<Testbed> {
-    if !nix::unistd::Uid::effective().is_root() {
-        eprintln!("SKIPPED: needs root (network namespaces)");
-        return None;
-    }
-    if let Err(e) = control_plane::locate_binaries(None) {
-        eprintln!("SKIPPED: {e}");
-        return None;
-    }
-    Some(Testbed::up(
-        name,
-        nodes,
-        "rules: []\n",
-        &["--control-plane", "real"],
-    ))
+    Testbed::up_real(name, nodes, "rules: []\n", &[])
 }
 
 fn write_manifest(tb: &Testbed, name: &str, text: &str) -> String {

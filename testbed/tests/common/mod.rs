@@ -68,6 +68,23 @@ pub fn skip_on_real(reason: &str) -> bool {
 }
 
 impl Testbed {
+    /// [`Testbed::up`] with `--control-plane real` (the `extra` flags after it), or
+    /// `None` after printing why not: not root, or the control plane's binaries are not
+    /// built (`bash scripts/control-plane.sh`).
+    pub fn up_real(name: &str, nodes: usize, fault: &str, extra: &[&str]) -> Option<Testbed> {
+        if !nix::unistd::Uid::effective().is_root() {
+            eprintln!("SKIPPED: needs root (network namespaces)");
+            return None;
+        }
+        if let Err(e) = testbed::control_plane::locate_binaries(None) {
+            eprintln!("SKIPPED: {e}");
+            return None;
+        }
+        let mut args = vec!["--control-plane", "real"];
+        args.extend_from_slice(extra);
+        Some(Testbed::up(name, nodes, fault, &args))
+    }
+
     pub fn up(name: &str, nodes: usize, fault: &str, extra: &[&str]) -> Testbed {
         bin("prober");
         bin("target-server");
