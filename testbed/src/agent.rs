@@ -258,6 +258,14 @@ impl Agent {
         );
     }
 
+    /// The `teardown_delay` fault for this node now (zero when unset): how long the
+    /// sandbox teardown of a deleted pod takes ([`crate::fault`]).
+    pub fn teardown_delay(&self) -> Duration {
+        self.inner
+            .faults
+            .teardown_delay(&self.inner.node.name, &self.inner.labels)
+    }
+
     /// The endpoint is going away: cancels pending programming, revoke and stale-route
     /// timers, removes stale routes it caused on other nodes and, if it was
     /// programmed, removes its IP from the allow set (blocks for those `ip`/`nft`

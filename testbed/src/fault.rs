@@ -34,7 +34,11 @@
 //!   `program_delay`, `resync_loop`, `never_program`, `queue`, `revoke`,
 //!   `name_reuse_race`, `first_connections_dropped`, `stale_routes`, `clock_skew` at
 //!   container start) select endpoints added in the window; node-wide ones (`cross_node`,
-//!   `agent`) are in force during the window.
+//!   `agent`, `teardown_delay`) are in force during the window.
+//! - `teardown_delay: D` (duration distribution): time the node's kubelet takes, after a
+//!   deleted pod's containers have stopped, to tear its sandbox down (the CNI DEL) and
+//!   remove the pod from the API, as a slow CNI plugin or a busy container runtime makes
+//!   it ([`crate::kubelet`]). A StatefulSet-style recreate waits this long for the name.
 
 use crate::truth::{Truth, TruthEvent, TruthKind};
 use rand::{Rng, RngExt};
@@ -750,6 +754,10 @@ pub struct Rule {
     /// (`service_programmed`), as kube-proxy's sync loop would take.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub service_delay: Option<DurationDist>,
+    /// Time a deleted pod's sandbox teardown (CNI DEL) and final removal from the API
+    /// take after its containers stopped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub teardown_delay: Option<DurationDist>,
     /// Programming only inside periodic open windows.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resync_loop: Option<ResyncLoop>,
@@ -816,6 +824,8 @@ impl<'de> Deserialize<'de> for Rule {
             #[serde(default)]
             service_delay: Option<DurationDist>,
             #[serde(default)]
+            teardown_delay: Option<DurationDist>,
+            #[serde(default)]
             clock_skew: Option<ClockSkew>,
             #[serde(default)]
             agent: Option<AgentFaults>,
@@ -835,6 +845,7 @@ impl<'de> Deserialize<'de> for Rule {
             until,
             program_delay: r.program_delay,
             service_delay: r.service_delay,
+            teardown_delay: r.teardown_delay,
             resync_loop: r.resync_loop,
             never_program: r.never_program,
             queue: r.queue,
@@ -863,6 +874,7 @@ pub struct FaultFile {
 pub struct NodeFaults {
     pub program_delay: Option<DurationDist>,
     pub service_delay: Option<DurationDist>,
+    pub teardown_delay: Option<DurationDist>,
     pub resync_loop: Option<ResyncLoop>,
     pub never_program: Option<Probability>,
     pub queue: Option<Queue>,
@@ -975,6 +987,7 @@ impl FaultFile {
             take!(
                 program_delay,
                 service_delay,
+                teardown_delay,
                 resync_loop,
                 never_program,
                 queue,
@@ -1055,10 +1068,25 @@ impl Faults {
 
     /// A sample of `service_delay` for `node` now (zero when unset).
     pub fn service_delay(&self, node: &str, labels: &BTreeMap<String, String>) -> Duration {
+        self.sample_now(node, labels, |nf| nf.service_delay)
+    }
+
+    /// A sample of `teardown_delay` for `node` now (zero when unset).
+    pub fn teardown_delay(&self, node: &str, labels: &BTreeMap<String, String>) -> Duration {
+        self.sample_now(node, labels, |nf| nf.teardown_delay)
+    }
+
+    /// A sample of the node-wide duration `pick` selects, as in force now (zero when
+    /// unset).
+    fn sample_now(
+        &self,
+        node: &str,
+        labels: &BTreeMap<String, String>,
+        pick: impl Fn(&NodeFaults) -> Option<DurationDist>,
+    ) -> Duration {
         let a = self.current();
         let nf = a.file.for_node(node, labels, a.applied_at.elapsed());
-        nf.service_delay
-            .map_or(Duration::ZERO, |d| d.sample(&mut rand::rng()))
+        pick(&nf).map_or(Duration::ZERO, |d| d.sample(&mut rand::rng()))
     }
 
     /// The file in force.
@@ -1180,6 +1208,20 @@ mod tests {
         assert!(e.contains("rulez") && e.contains("line 1"), "{e}");
         let e = err("rules: []\n# note\nextra: 1\n");
         assert!(e.contains("extra") && e.contains("line 3"), "{e}");
+    }
+
+    #[test]
+    fn teardown_delay_is_node_wide_and_sampled_now() {
+        let f = FaultFile::parse("rules:\n  - nodes: {names: [node-2]}\n    teardown_delay: 3s\n")
+            .unwrap();
+        let faults = Faults::new(f);
+        let labels = BTreeMap::new();
+        assert_eq!(
+            faults.teardown_delay("node-2", &labels),
+            Duration::from_secs(3)
+        );
+        assert_eq!(faults.teardown_delay("node-1", &labels), Duration::ZERO);
+        assert!(err("rules:\n  - nodes: {all: true}\n    teardown_delay: x\n").contains("line 3"));
     }
 
     #[test]

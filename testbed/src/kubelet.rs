@@ -782,24 +782,33 @@ impl Kubelet {
 
     /// The final step of a pod's deletion: `DELETE` with `gracePeriodSeconds=0` and a
     /// UID precondition (a new pod of the same name answers 409 and stays). Retries
-    /// while the API does not answer.
+    /// until the object is gone (404) or has a new UID (409), as long as the kubelet
+    /// runs: every 250 ms…2 s while the API does not answer, up to every 10 s while it
+    /// refuses (warned once).
     async fn delete_final(&self, ns: &str, name: &str, uid: &str) {
         let path = core_path(Some(ns), "pods", name);
         let opts = json!({ "kind": "DeleteOptions", "apiVersion": "v1",
                            "gracePeriodSeconds": 0, "preconditions": { "uid": uid } });
+        // The kubelet's status manager retries the final delete on every sync until the
+        // object is gone (pkg/kubelet/status/status_manager.go): a refusal is retried
+        // too, since right after a kube-apiserver restart its authorizers answer 403
+        // for a moment (seen here: the RBAC grant of the node components' user).
         let mut wait = Duration::from_millis(250);
+        let mut warned = false;
         loop {
             match self.api.delete(&path, &opts).await {
                 Ok(_) => return,
                 Err(e) if e.code == 404 || e.code == 409 => return,
-                Err(e) if e.is_transient() => {
-                    tracing::debug!(pod = %name, error = %e, "final delete; retrying");
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(Duration::from_secs(2));
-                }
                 Err(e) => {
-                    tracing::warn!(pod = %name, error = %e, "final delete refused");
-                    return;
+                    if e.is_transient() || warned {
+                        tracing::debug!(pod = %name, error = %e, "final delete; retrying");
+                    } else {
+                        tracing::warn!(pod = %name, error = %e, "final delete refused; retrying");
+                        warned = true;
+                    }
+                    tokio::time::sleep(wait).await;
+                    let cap = if e.is_transient() { 2 } else { 10 };
+                    wait = (wait * 2).min(Duration::from_secs(cap));
                 }
             }
         }
@@ -1643,6 +1652,15 @@ impl PodWorker {
             }
             break ended;
         };
+        // Fault `teardown_delay`: a slow CNI DEL / runtime keeps a deleted pod's sandbox
+        // (and so the API object, whose final delete waits for it) a while longer.
+        if matches!(ended, Ended::Deleted) {
+            let d = self.k.agent.teardown_delay();
+            if !d.is_zero() {
+                tracing::debug!(pod = %self.name, delay = ?d, "teardown_delay");
+                tokio::time::sleep(d).await;
+            }
+        }
         // Terminal pods give their sandbox back (CNI DEL) but stay in the API until deleted.
         self.k.agent.endpoint_removed(&net);
         if let Err(e) = self.k.dataplane.remove_pod(&net) {

@@ -547,6 +547,135 @@ fn pod_watch_relist_after_410_marks_a_pod_deleted_meanwhile() {
     );
 }
 
+/// A `recreate` probe waiting for its previous target's deletion survives the watch
+/// history expiring under it (issue: objects deleted while kube-runtime re-lists after
+/// a 410 produced no `Delete`, and the wait ran out as `api_error`). The fault
+/// `teardown_delay: 3s` keeps the deleted incarnation in the API for 3 s after its
+/// container stopped; once the prober has deleted it (its `deletionTimestamp` is set,
+/// no `pod_deleted` in the truth log yet), the pod watch is cut (`api deny watch pods`,
+/// then `api expire-watches`, which ends the running watches and makes their resume a
+/// 410 Gone; on the real control plane it compacts etcd and restarts kube-apiserver,
+/// and the kubelet's final delete waits for it), the kubelet finishes the deletion while nobody watches, and watching is
+/// allowed again. The probe must still end with its real result (`success`, TTFP) and
+/// the report must name the deleted incarnation's UID as `previous_uid`.
+#[test]
+fn recreate_waiting_for_the_old_pod_survives_expired_watches() {
+    let _g = serial();
+    let fault =
+        "rules:\n  - nodes: {all: true}\n    program_delay: 100ms\n    teardown_delay: 3s\n";
+    let tb = Testbed::up("robust-rec", 2, fault, &[]);
+    let report = report_path(&tb, "recreate");
+    let child = spawn_gate(
+        &tb,
+        &[
+            "--kinds",
+            "recreate",
+            "--pairs",
+            "1",
+            "--give-up",
+            "90s",
+            "--timeout",
+            "4m",
+            "--report",
+            report.to_str().expect("path"),
+        ],
+    );
+    // The first incarnation T0 is created, turns Ready, and is deleted by the prober.
+    let selector = "app.kubernetes.io/component=probe-target";
+    let listed = tb.kubectl_until(
+        &[
+            "get",
+            "pods",
+            "-n",
+            "firstpacket",
+            "-l",
+            selector,
+            "-o",
+            "json",
+        ],
+        Duration::from_secs(60),
+        |o| {
+            serde_json::from_str::<Value>(o).is_ok_and(|v| {
+                v["items"].as_array().is_some_and(|items| {
+                    items
+                        .iter()
+                        .any(|p| !p["metadata"]["deletionTimestamp"].is_null())
+                })
+            })
+        },
+    );
+    let items: Value = serde_json::from_str(&listed).expect("pod list");
+    let old = items["items"]
+        .as_array()
+        .and_then(|items| {
+            items
+                .iter()
+                .find(|p| !p["metadata"]["deletionTimestamp"].is_null())
+        })
+        .unwrap_or_else(|| panic!("no target pod with a deletionTimestamp within 60 s: {listed}"));
+    let old_uid = old["metadata"]["uid"].as_str().expect("uid").to_owned();
+    let old_name = old["metadata"]["name"].as_str().expect("name").to_owned();
+    let gone = |t: &[TruthEvent]| {
+        t.iter()
+            .any(|e| e.event == TruthKind::PodDeleted && e.uid.as_deref() == Some(old_uid.as_str()))
+    };
+    testbed_ok(&tb, &["api", "deny", "watch", "pods"]);
+    // One write the prober's watch does not see, so the resourceVersion it resumes from
+    // is older than the compaction (with none, a resume from the newest revision is
+    // legal and replays the deletion: nothing would be lost).
+    tb.kubectl(&[
+        "annotate",
+        "node",
+        "node-1",
+        "--overwrite",
+        "firstpacket.io/rv-bump=1",
+    ]);
+    let before = tb.truth();
+    testbed_ok(&tb, &["api", "expire-watches"]);
+    assert!(
+        !gone(&before),
+        "{old_name} ({old_uid}) was gone before the watches expired: the test cut nothing \
+         (teardown_delay not in force?)"
+    );
+    // The kubelet finishes the deletion while the pod watch is down.
+    let truth = tb.truth_until(Duration::from_secs(30), &gone);
+    assert!(gone(&truth), "{old_name} ({old_uid}) never deleted");
+    // The kubelet logs `pod_deleted` before its final DELETE: wait for the object too.
+    let uid_path = "jsonpath={.items[*].metadata.uid}";
+    let uids = tb.kubectl_until(
+        &[
+            "get",
+            "pods",
+            "-n",
+            "firstpacket",
+            "-l",
+            selector,
+            "-o",
+            uid_path,
+        ],
+        Duration::from_secs(30),
+        |o| !o.contains(old_uid.as_str()),
+    );
+    assert!(
+        !uids.contains(old_uid.as_str()),
+        "{old_name} ({old_uid}) still in the API"
+    );
+    testbed_ok(&tb, &["api", "allow", "all"]);
+    let out = finish(child);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let v = read_report(&report, &out);
+    let ps = probes(&v);
+    assert_eq!(ps.len(), 1, "{stdout}\n{stderr}");
+    let p = &ps[0];
+    assert_eq!(p["kind"], "recreate", "{p:#}");
+    assert_eq!(p["result"], "success", "{p:#}\n{stderr}");
+    assert!(p["ttfp_seconds"].is_number(), "{p:#}");
+    assert_eq!(p["recreate"]["previous_uid"], old_uid.as_str(), "{p:#}");
+    assert_eq!(p["target"]["pod"], old_name.as_str(), "{p:#}");
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+}
+
 /// The gate never needs to create its namespace: a missing one it may not create is one
 /// error saying what to create and grant (exit 2, nothing probed); once an administrator
 /// created it, the gate uses it as it is; and a forbidden GET of the Namespace is not
