@@ -1,4 +1,4 @@
-//! Throughput of the exposition parser (DESIGN.md §7: agent-metrics parse ≥ 100 MB/s) on
+//! Throughput of the exposition parser (docs/design.md §7: agent-metrics parse ≥ 100 MB/s) on
 //! a ~1 MB Felix-like page, next to the `prometheus-parse` crate in the same run.
 //!
 //! Run: `cargo bench -p prober --bench expo` (release profile). Prints MB/s

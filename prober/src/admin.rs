@@ -1,4 +1,4 @@
-//! The admin HTTP server of `prober run` (DESIGN §6 "Continuous mode admin server"):
+//! The admin HTTP server of `prober run` (docs/design.md §6 "Continuous mode admin server"):
 //!
 //! - `GET /metrics`: Prometheus text exposition ([`crate::metrics`]);
 //! - `GET /livez`: `200 ok` while the process serves;

@@ -1,4 +1,4 @@
-//! Command line (DESIGN §6 "prober flags", binding). Every flag has an environment
+//! Command line (docs/design.md §6 "prober flags", binding). Every flag has an environment
 //! fallback `FIRSTPACKET_<FLAG>` (upper case, `-` → `_`). Durations use humantime syntax
 //! (`100ms`, `1.5s`, `10m`).
 
@@ -12,7 +12,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("'{s}': {e}"))
 }
 
-/// Probe kinds (DESIGN §2 "Kinds"; API-write budgets in `crate::probe` docs).
+/// Probe kinds (docs/design.md §2 "Kinds"; API-write budgets in `crate::probe` docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 #[value(rename_all = "snake_case")]
 pub enum ProbeKind {
@@ -50,7 +50,7 @@ pub enum LogFormat {
     Json,
 }
 
-/// How node-agent metrics are scraped (DESIGN §3).
+/// How node-agent metrics are scraped (docs/design.md §3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum AgentScrape {
     /// `http://<hostIP>:<port>/metrics` (in-cluster).
@@ -282,7 +282,7 @@ pub struct ProbeArgs {
     #[arg(long, env = "FIRSTPACKET_GROUP_BY_LABEL", value_delimiter = ',')]
     pub group_by_label: Vec<String>,
 
-    /// How to scrape node agents' metrics (DESIGN §3): direct = GET
+    /// How to scrape node agents' metrics (docs/design.md §3): direct = GET
     /// http://<hostIP>:<port>/metrics (needs the pod network, e.g. in-cluster); proxy =
     /// through the API server's pod proxy (/api/v1/namespaces/NS/pods/NAME:PORT/proxy/metrics);
     /// auto = direct first and, per node and agent profile, the proxy once the direct path
@@ -402,7 +402,7 @@ pub struct RunArgs {
     pub admin_addr: String,
 }
 
-/// Default `--hold` for the gate (DESIGN §2 step 7).
+/// Default `--hold` for the gate (docs/design.md §2 step 7).
 pub const GATE_DEFAULT_HOLD: Duration = Duration::from_secs(5);
 
 /// Checks `--kinds`: duplicates removed (first occurrence kept), an empty list rejected

@@ -1,4 +1,4 @@
-//! Operator notices on **stderr** (the gate's "progress line while running", DESIGN §4):
+//! Operator notices on **stderr** (the gate's "progress line while running", docs/design.md §4):
 //! the seed line, one line per finished probe, the early-stop notice, sweep and signal
 //! notices, run-fatal errors and "report written".
 //!
@@ -129,7 +129,7 @@ impl Console {
         }
     }
 
-    /// Probe pods of another instance were left alone by the start-up sweep (DESIGN §6:
+    /// Probe pods of another instance were left alone by the start-up sweep (docs/design.md §6:
     /// never another live instance's pods), e.g. those of a gate killed with SIGKILL.
     pub fn kept_other_instance(&self, k: &crate::sweep::KeptInstance) {
         let when = match k.swept_in_seconds {

@@ -137,7 +137,7 @@ pub struct Started {
     pub pods: Api<Pod>,
     /// The instance's pod watch (initial list done, watch allowed).
     pub watch: Arc<PodWatch>,
-    /// Node-agent discovery and scraping (DESIGN §3).
+    /// Node-agent discovery and scraping (docs/design.md §3).
     pub agents: AgentWatcher,
     /// What the start-up sweep deleted and kept.
     pub swept: SweepOutcome,

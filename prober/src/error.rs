@@ -3,7 +3,7 @@
 //! Every variant carries the context an operator needs to act on it (which verb, which
 //! resource, which API server URL, which pod) and maps to a short static
 //! [`Error::reason`] usable as a metric label. `main` turns any error into one line on
-//! stderr and exit code 2 (DESIGN §4: "the run errored").
+//! stderr and exit code 2 (docs/design.md §4: "the run errored").
 
 use thiserror::Error;
 

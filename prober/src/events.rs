@@ -1,4 +1,4 @@
-//! Kubernetes Events on Nodes for slow and failed probes (`prober run`; DESIGN §4
+//! Kubernetes Events on Nodes for slow and failed probes (`prober run`; docs/design.md §4
 //! "Continuous mode"): reason `FirstPacketFailed` / `FirstPacketSlow`, type `Warning`,
 //! core/v1 Events in namespace `default` (where Events of cluster-scoped objects live),
 //! `involvedObject` the Node (kind, name, UID), so `kubectl describe node` shows them.
@@ -9,7 +9,7 @@
 //! tell them apart, and after [`PENDING_PROBES`] further probes both nodes are blamed
 //! (one for `same_node`): nothing told them apart. Rate limit
 //! ([`EventLimiter`]): at most one Event per (node, reason) per window (default 5 min).
-//! Events are counted apart from the probes' API-write budget (DESIGN §7).
+//! Events are counted apart from the probes' API-write budget (docs/design.md §7).
 
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};

@@ -1,10 +1,10 @@
-//! Gate verdict, summary, per-node table and report (DESIGN §4 "Gate"). Pure: probe
+//! Gate verdict, summary, per-node table and report (docs/design.md §4 "Gate"). Pure: probe
 //! records in, report and text out.
 //!
 //! - Quantiles are **nearest-rank** (`rank = ⌈p·n⌉`, 1-based, over the sorted TTFPs of
 //!   conclusive probes that have a TTFP), so a reported p95 is always a value that was
 //!   actually measured.
-//! - Exit codes (DESIGN §4): **1** when conclusive probes breach a threshold (TTFP p95 >
+//! - Exit codes (docs/design.md §4): **1** when conclusive probes breach a threshold (TTFP p95 >
 //!   `--max-ttfp`, or `failed` count > `--max-failures`); else **2** when inconclusive
 //!   probes exceed `--max-inconclusive`, the run errored/was interrupted/hit `--timeout`,
 //!   or no probe ran; else **0**.
@@ -25,14 +25,14 @@
 //!      cluster's cross-node path);
 //!   6. `failed` ≥ half of the conclusive cross-node pairs → `cross_node_broken` (when
 //!      `same_node` probes ran, rule 4 has already established that they passed: the
-//!      contrast that proves the break is between nodes — SCENARIOS.md S4);
+//!      contrast that proves the break is between nodes — docs/scenarios.md S4);
 //!   7. some nodes are *suspect* (every conclusive probe touching them, in either role,
 //!      was slow/failed) and every slow/failed probe touches a suspect node →
 //!      `slow_nodes` (the trouble follows particular nodes);
 //!   8. otherwise → `scattered_failures`.
 //! - Early stop ([`early_stop`], used by `prober gate`): once the verdict is certain to
 //!   be `fail` and the cross-node pattern is certain, the remaining cross-node pairs are
-//!   not worth a give-up period each (SCENARIOS.md S4).
+//!   not worth a give-up period each (docs/scenarios.md S4).
 
 use crate::schedule::NodeInfo;
 use std::collections::{BTreeMap, BTreeSet};
@@ -908,7 +908,7 @@ pub fn render_agent_findings(report: &GateReport) -> String {
     for p in &report.probes {
         for s in &p.suspects {
             if !any {
-                out.push_str("\nsuspects (node agents, DESIGN §3):\n");
+                out.push_str("\nsuspects (node agents, docs/design.md §3):\n");
                 any = true;
             }
             let _ = writeln!(

@@ -1,4 +1,4 @@
-//! `prober gate`: the one-shot run (DESIGN §4 "Gate"). Wires the pure parts together
+//! `prober gate`: the one-shot run (docs/design.md §4 "Gate"). Wires the pure parts together
 //! with the Kubernetes API: client → node list → plan → namespace → start-up sweep →
 //! shared pod watch → probes under a semaphore → cleanup → table, report, exit code.
 //!
@@ -546,7 +546,7 @@ async fn run_gate_inner(
         agents,
         swept: _,
     } = crate::engine::start(&conn, p, &instance, hold, profiles.clone(), console).await?;
-    // Node-agent correlation (DESIGN §3): a first scrape of the planned nodes, so the
+    // Node-agent correlation (docs/design.md §3): a first scrape of the planned nodes, so the
     // first probes have a cluster baseline.
     let profile_names: Vec<String> = profiles.iter().map(|p| p.name.clone()).collect();
     agents.prime(&names).await;

@@ -1,5 +1,5 @@
 //! firstpacket prober: measures time to first packet (TTFP) between brand-new pods
-//! (DESIGN.md §2) and gates on it (§4).
+//! (docs/design.md §2) and gates on it (§4).
 //!
 //! Pure modules (tested without I/O): [`config`], [`schedule`], [`podspec`],
 //! [`tracker`], [`record`], [`gate`], the decision half of [`sweep`] and [`probe`].

@@ -2,7 +2,7 @@
 //!
 //! stdout carries the result (the gate's table); stderr the log. An error that stops the
 //! run is one `error: …` line on stderr (one JSON object with `--log-format json`) and
-//! exit code 2 (DESIGN §4: "the run errored").
+//! exit code 2 (docs/design.md §4: "the run errored").
 
 use clap::Parser;
 use prober::config::{Cli, Command};

@@ -1,4 +1,4 @@
-//! Prometheus metrics of `prober run` (DESIGN §4 "Prometheus"): `firstpacket_` prefix,
+//! Prometheus metrics of `prober run` (docs/design.md §4 "Prometheus"): `firstpacket_` prefix,
 //! base units (seconds), `_total` only on counters, no pod names/UIDs and no
 //! per-(source, target) series (N² at 1 000 nodes; the pair matrix is on the status
 //! page). Known label sets are pre-initialised ([`Metrics::new`] for kinds × results ×

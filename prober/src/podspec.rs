@@ -1,7 +1,7 @@
-//! Probe pod manifests (DESIGN §2 steps 2 and 4, §6 labels and pod-spec contract). Pure.
+//! Probe pod manifests (docs/design.md §2 steps 2 and 4, §6 labels and pod-spec contract). Pure.
 //!
 //! Both pods run the `--image` (target-server) with **args only** — the image's
-//! entrypoint is its binary (DESIGN §6) — and a readiness probe on `/readyz` with
+//! entrypoint is its binary (docs/design.md §6) — and a readiness probe on `/readyz` with
 //! `periodSeconds: 1`, `failureThreshold: 1`, so `Ready` turns `True` at the first
 //! passing kubelet probe. `restartPolicy: Never`, `terminationGracePeriodSeconds: 1`,
 //! `terminationMessagePolicy: FallbackToLogsOnError` (the source's JSON report is read
@@ -229,14 +229,14 @@ pub fn duration_arg(d: Duration) -> String {
 
 /// Calico's host-side interface name for a pod: `cali` + the first 11 hex characters of
 /// SHA-1(`<namespace>.<pod>`) (libcalico-go `lib/names/names.go`,
-/// `VethNameForWorkload`). The testbed names its veths the same way (DESIGN §5).
+/// `VethNameForWorkload`). The testbed names its veths the same way (docs/design.md §5).
 pub fn calico_iface_name(namespace: &str, pod: &str) -> String {
     let digest = Sha1::digest(format!("{namespace}.{pod}").as_bytes());
     let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
     format!("cali{}", &hex[..11])
 }
 
-/// The five labels of DESIGN §6 for one probe pod.
+/// The five labels of docs/design.md §6 for one probe pod.
 pub fn probe_labels(
     instance: &str,
     probe_id: &str,
@@ -276,7 +276,7 @@ pub fn host_port(host: &str, port: impl std::fmt::Display) -> String {
     }
 }
 
-/// Args of the source container (`target-server probe`, DESIGN §6 flags), dialing
+/// Args of the source container (`target-server probe`, docs/design.md §6 flags), dialing
 /// `<target_ip>:8080` ([`SERVER_PORT`]; `[ip]:8080` for IPv6, [`host_port`]).
 pub fn source_args(cfg: &PodConfig, target_ip: &str, target_pod: &str) -> Vec<String> {
     source_args_to(cfg, &host_port(target_ip, SERVER_PORT), target_pod)
@@ -284,7 +284,7 @@ pub fn source_args(cfg: &PodConfig, target_ip: &str, target_pod: &str) -> Vec<St
 
 /// Args of the source container dialing `target_addr` (`IP:port`, e.g. a ClusterIP
 /// and [`SERVICE_PORT`] for `service` probes); `--expect-pod target_pod` makes the
-/// source count only answers from that pod (DESIGN §6 target-server flags).
+/// source count only answers from that pod (docs/design.md §6 target-server flags).
 pub fn source_args_to(cfg: &PodConfig, target_addr: &str, target_pod: &str) -> Vec<String> {
     vec![
         "probe".into(),
@@ -511,7 +511,7 @@ pub fn probe_pod_named(
 }
 
 /// Port of a `service` probe's ClusterIP Service; it forwards to [`SERVER_PORT`] on the
-/// target (DESIGN §2 kinds, issue 5).
+/// target (docs/design.md §2 kinds, issue 5).
 pub const SERVICE_PORT: i32 = 80;
 
 /// `app.kubernetes.io/component` of a `service` probe's Service object.
@@ -522,8 +522,8 @@ pub fn service_name(probe_id: &str) -> String {
     format!("fp-{probe_id}-svc")
 }
 
-/// The ClusterIP Service of a `service` probe (DESIGN §2 kinds, issue 5): named
-/// [`service_name`], the five labels of DESIGN §6 (component [`SERVICE_COMPONENT`]),
+/// The ClusterIP Service of a `service` probe (docs/design.md §2 kinds, issue 5): named
+/// [`service_name`], the five labels of docs/design.md §6 (component [`SERVICE_COMPONENT`]),
 /// selector `firstpacket.io/instance`, `firstpacket.io/probe-id=<id>` and component
 /// `probe-target`, so it selects exactly this probe's fresh target T; one TCP port
 /// `http` 80 → targetPort 8080. `clusterIP` is left to the API server to allocate

@@ -1,5 +1,5 @@
 //! The one shared, label-selected pod watch of a prober instance (STYLE.md: one watcher
-//! for all probe pods; watches independent of node count, DESIGN §7).
+//! for all probe pods; watches independent of node count, docs/design.md §7).
 //!
 //! A background task runs `kube::runtime::watcher` on Pods in the namespace with
 //! `firstpacket.io/instance=<id>` and feeds every event into the pure

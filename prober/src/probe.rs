@@ -1,9 +1,9 @@
-//! The lifecycle of one probe (DESIGN §2 steps 2–8), per kind: create the target pod T,
+//! The lifecycle of one probe (docs/design.md §2 steps 2–8), per kind: create the target pod T,
 //! wait for it to be Ready, create the source pod S dialing T, wait for S to terminate,
 //! record, delete.
 //!
 //! Kinds and their **API-write budget per probe** (creates + deletes; Events are counted
-//! apart; DESIGN §7: "≤ 4 for cross_node and same_node, other kinds list their own"):
+//! apart; docs/design.md §7: "≤ 4 for cross_node and same_node, other kinds list their own"):
 //! - `cross_node`: S on node A, T on node B ≠ A. **4** writes: create T, create S,
 //!   delete S, delete T.
 //! - `same_node`: the control pair, S and T on the same node (the node-local path only).
@@ -95,7 +95,7 @@ pub const UNSCHEDULABLE_GRACE: Duration = Duration::from_secs(10);
 pub const FINAL_GET_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// API-write budget of one probe of `kind` (module docs): 4 for `cross_node` and
-/// `same_node` (DESIGN §7), 6 for `recreate`, 4 + 2 × `burst_size` for `burst`.
+/// `same_node` (docs/design.md §7), 6 for `recreate`, 4 + 2 × `burst_size` for `burst`.
 /// `service` adds a Service create + delete: 6.
 pub fn write_budget(kind: ProbeKind, burst_size: u32) -> u64 {
     match kind {
@@ -145,7 +145,7 @@ pub struct ProbeEnv {
     pub on_fault: FaultSink,
     /// Stable-name `recreate` targets kept alive between probes.
     pub recreate_slots: RecreateSlots,
-    /// Node-agent correlation (DESIGN §3); `None` turns it off.
+    /// Node-agent correlation (docs/design.md §3); `None` turns it off.
     pub agents: Option<Arc<crate::agents::scrape::AgentWatcher>>,
     /// Agent findings on probes with normal TTFP (and every `agent_unreachable`), one
     /// per (node, signal): the report's `warnings[]`.
@@ -408,7 +408,7 @@ pub fn pod_ending(role: PodRole, s: &PodState, now: std::time::Instant) -> Optio
 
 /// Ending when a wait for `role` ran out of time while the API failed us (`trouble`: the
 /// pod watch reported errors during the wait, or the final GET of the pod failed):
-/// `inconclusive`/`api_error` (DESIGN §2 "Results": not the network's fault). The pods
+/// `inconclusive`/`api_error` (docs/design.md §2 "Results": not the network's fault). The pods
 /// may well have progressed — in a real cluster the kubelet reports status through the
 /// same API server — so no stage is blamed; the last state the prober saw is in the
 /// detail. Pure.
@@ -431,7 +431,7 @@ pub fn api_trouble_ending(
     }
 }
 
-/// Ending when a wait for `role` ran out of time (pure; rules of DESIGN §2 "Results"):
+/// Ending when a wait for `role` ran out of time (pure; rules of docs/design.md §2 "Results"):
 /// never scheduled → `unschedulable` (with the scheduler's message); scheduled but the
 /// container never ran → `container_failed`; running but never Ready →
 /// `target_never_ready` / `source_never_ready`; Ready but unfinished (source) →
@@ -1096,7 +1096,7 @@ pub async fn run_probe(
         dst_node = %plan.target_node
     );
     async move {
-        // Agent window: scraped before the target pod is created (DESIGN §3).
+        // Agent window: scraped before the target pod is created (docs/design.md §3).
         let agent_window = match &env.agents {
             Some(a) => Some(a.probe_started(&plan.source_node, &plan.target_node).await),
             None => None,

@@ -1,4 +1,4 @@
-//! Building a [`ProbeRecord`] from what a probe observed (DESIGN §2 step 8 and the
+//! Building a [`ProbeRecord`] from what a probe observed (docs/design.md §2 step 8 and the
 //! "Results" table, §4 probe fields). Pure: takes tracker states and the source's
 //! termination message, returns the record.
 //!
@@ -110,7 +110,7 @@ pub fn ttfp_from_report(r: &SourceReport) -> (Option<f64>, Option<f64>) {
     (ttfp, raw)
 }
 
-/// Result, reason and detail for a parsed source report (DESIGN §2 "Results").
+/// Result, reason and detail for a parsed source report (docs/design.md §2 "Results").
 ///
 /// Order of rules: a SIGTERM'd source (`outcome: terminated`) → `inconclusive` /
 /// `interrupted`; `ready_at` null → `failed` / `source_never_ready` (the kubelet never

@@ -1,4 +1,4 @@
-//! `prober run`: the continuous mode (DESIGN §4 "Continuous mode"). The same engine as
+//! `prober run`: the continuous mode (docs/design.md §4 "Continuous mode"). The same engine as
 //! the gate ([`crate::engine`] start-up, [`crate::probe::run_probe`] per probe); the
 //! policy here is "forever":
 //!
@@ -54,7 +54,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
-/// Default `--hold` of `prober run` (DESIGN §2 step 7).
+/// Default `--hold` of `prober run` (docs/design.md §2 step 7).
 pub const RUN_DEFAULT_HOLD: Duration = Duration::from_secs(30);
 
 /// How long a SIGTERM waits for the probes in flight to delete their pods (20 s: within

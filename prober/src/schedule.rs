@@ -1,4 +1,4 @@
-//! Node-pair choice for every probe kind (DESIGN §2 step 1 and "Kinds"). Pure: takes
+//! Node-pair choice for every probe kind (docs/design.md §2 step 1 and "Kinds"). Pure: takes
 //! Node data, returns a plan; no I/O.
 //!
 //! Eligibility follows what the Kubernetes scheduler itself would accept for a probe pod:

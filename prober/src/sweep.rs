@@ -1,4 +1,4 @@
-//! Start-up sweep of leftover probe pods and probe Services (DESIGN §6, binding).
+//! Start-up sweep of leftover probe pods and probe Services (docs/design.md §6, binding).
 //!
 //! Lists pods labelled `app.kubernetes.io/name=firstpacket` in the namespace and deletes
 //! those whose `firstpacket.io/instance` is **not ours** and whose instance is provably

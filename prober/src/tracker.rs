@@ -1,4 +1,4 @@
-//! Pure pod-state machine fed by watch events (DESIGN §2 step 3).
+//! Pure pod-state machine fed by watch events (docs/design.md §2 step 3).
 //!
 //! For each probe pod (by name) it keeps the prober-clock [`Instant`] at which each
 //! milestone was **first observed**: created, scheduled (`PodScheduled=True` or

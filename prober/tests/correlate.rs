@@ -1,4 +1,4 @@
-//! Node-agent correlation (DESIGN.md §3, issue 4): pure correlation on S2/S5-like
+//! Node-agent correlation (docs/design.md §3, issue 4): pure correlation on S2/S5-like
 //! numbers, the real fixture pages read through the built-in profiles, and the scrape
 //! path against loopback HTTP servers.
 

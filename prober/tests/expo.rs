@@ -1,5 +1,5 @@
 //! Tests of the exposition-format parser (`prober::agents::expo`): real agent pages
-//! (`tests/fixtures/*.prom`, copies of `shared/fixtures`, see SOURCES.md there), the
+//! (`tests/fixtures/*.prom`, real pages, provenance in SOURCES.md there), the
 //! format's corners, malformed input with line numbers, and property tests (render →
 //! parse round trip; arbitrary input never panics).
 
@@ -157,7 +157,7 @@ fn felix_nan_quantiles_of_an_idle_summary_are_nan() {
 
 #[test]
 fn felix_apply_time_as_histogram_gives_the_same_sum_and_count() {
-    // Some Felix builds export apply time as a histogram (DESIGN.md §3); the caller's
+    // Some Felix builds export apply time as a histogram (docs/design.md §3); the caller's
     // code must not change. Same numbers as the summary page, histogram-shaped.
     let text = "# HELP felix_int_dataplane_apply_time_seconds Time in seconds for each incremental dataplane apply.\n\
 # TYPE felix_int_dataplane_apply_time_seconds histogram\n\
@@ -295,7 +295,7 @@ fn fixtures_render_and_parse_back_to_the_same_page() {
 #[test]
 fn missing_families_are_none_not_errors() {
     let page = must_parse(FELIX);
-    // ≥ 3.29 names are absent from a 3.20 page (DESIGN.md §3).
+    // ≥ 3.29 names are absent from a 3.20 page (docs/design.md §3).
     assert!(page.family("felix_route_table_resync_seconds").is_none());
     assert_eq!(page.scalar("felix_route_table_resync_seconds", &[]), None);
     assert_eq!(page.scalar("felix_nft_errors", &[]), None);

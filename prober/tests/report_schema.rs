@@ -1,5 +1,5 @@
 //! The gate report the prober builds validates against the shared JSON Schema
-//! (`target-server/schema/report.schema.json`, DESIGN §4), for every result class.
+//! (`target-server/schema/report.schema.json`, docs/design.md §4), for every result class.
 
 use k8s_openapi::api::core::v1::Pod;
 use prober::gate::{build_report, ReportInputs};

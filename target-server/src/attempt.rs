@@ -1,4 +1,4 @@
-//! One dial attempt of the source (DESIGN.md §2 step 4): a fresh TCP connection, `GET /`
+//! One dial attempt of the source (docs/design.md §2 step 4): a fresh TCP connection, `GET /`
 //! over HTTP/1.1 with `Connection: close`, the whole exchange bounded by
 //! `--attempt-timeout`; success only on HTTP 200 whose JSON body names `--expect-pod`.
 //!

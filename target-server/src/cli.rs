@@ -1,4 +1,4 @@
-//! Command line (DESIGN.md §6 "target-server flags", binding): `serve [--port 8080]`;
+//! Command line (docs/design.md §6 "target-server flags", binding): `serve [--port 8080]`;
 //! `probe --target IP:PORT --expect-pod NAME [--port] [--interval] [--attempt-timeout]
 //! [--give-up] [--hold] [--termination-log PATH]`. Durations are humantime (`1.5s`,
 //! `100ms`). Every flag has an environment fallback, shown in `--help`.

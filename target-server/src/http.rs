@@ -1,4 +1,4 @@
-//! The HTTP/1.1 side both modes serve (DESIGN.md §2 steps 2 and 4; shaped like agnhost
+//! The HTTP/1.1 side both modes serve (docs/design.md §2 steps 2 and 4; shaped like agnhost
 //! netexec's `/healthz`, `/readyz`, `/hostname`).
 //!
 //! | path | answer |

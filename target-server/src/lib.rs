@@ -1,7 +1,7 @@
 //! `target-server`: the tiny binary inside firstpacket probe pods, and the report types
 //! both sides share.
 //!
-//! Two modes (DESIGN.md §2 and the §6 flag contract):
+//! Two modes (docs/design.md §2 and the §6 flag contract):
 //! - `target-server serve [--port 8080]`: the **target** pod T. HTTP/1.1 on
 //!   `0.0.0.0:PORT` answering `/` with its identity, `/readyz` (503 after SIGTERM),
 //!   `/healthz`, `/hostname` ([`serve`], [`http`]).

@@ -6,7 +6,7 @@ use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    // First thing: every source-report time is measured from here (DESIGN §2 step 5).
+    // First thing: every source-report time is measured from here (docs/design.md §2 step 5).
     let origin = target_server::ProcessStart::now();
     let cli = target_server::Cli::parse();
     match target_server::run(cli, origin) {

@@ -1,4 +1,4 @@
-//! `target-server probe`: the source pod S (DESIGN.md §2 steps 4–8).
+//! `target-server probe`: the source pod S (docs/design.md §2 steps 4–8).
 //!
 //! From process start S serves `/`, `/readyz`, `/healthz` on `--port` (so the kubelet can
 //! mark it Ready and `ready_at` is recorded, see [`crate::http`]) and dials `--target`:

@@ -1,6 +1,6 @@
 //! Report schema shared by `target-server probe` (the source pod) and the prober.
 //!
-//! Contract: DESIGN.md §2 (measurement) and §4 (outputs). Every document carries
+//! Contract: docs/design.md §2 (measurement) and §4 (outputs). Every document carries
 //! `"schema": 1`; fields may be added, never renamed. The JSON Schema for the gate
 //! report lives in `target-server/schema/report.schema.json`; the source report's in
 //! `target-server/schema/source-report.schema.json`.
@@ -26,7 +26,7 @@ pub const MAX_SOURCE_REPORT_BYTES: usize = 3 * 1024;
 /// ≤ [`MAX_SOURCE_REPORT_BYTES`]).
 pub const MAX_HOLD_SERIES: usize = 120;
 
-/// Outcome class of one probe (DESIGN §2 "Results"). Serialised as the exact strings
+/// Outcome class of one probe (docs/design.md §2 "Results"). Serialised as the exact strings
 /// `success`, `slow`, `failed`, `inconclusive`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -63,7 +63,7 @@ impl ProbeResult {
     }
 }
 
-/// Why a probe was not a plain success (DESIGN §2 table). Closed set; the JSON uses
+/// Why a probe was not a plain success (docs/design.md §2 table). Closed set; the JSON uses
 /// these exact strings. `success` has no reason (`null`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -134,7 +134,7 @@ impl Reason {
         }
     }
 
-    /// The result class this reason belongs to (DESIGN §2 table).
+    /// The result class this reason belongs to (docs/design.md §2 table).
     pub fn result(self) -> ProbeResult {
         match self {
             Reason::TtfpOverThreshold => ProbeResult::Slow,
@@ -154,7 +154,7 @@ impl Reason {
     }
 }
 
-/// Kind of one failed dial attempt (DESIGN §2 step 5). Closed set.
+/// Kind of one failed dial attempt (docs/design.md §2 step 5). Closed set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorKind {
@@ -262,7 +262,7 @@ pub struct SourceReport {
     pub outcome: SourceOutcome,
 }
 
-/// Works-then-breaks accounting after the first success (DESIGN §2 step 7).
+/// Works-then-breaks accounting after the first success (docs/design.md §2 step 7).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct SourceHold {
     /// Hold length actually observed, seconds.
@@ -275,7 +275,7 @@ pub struct SourceHold {
     pub failures_per_second: Vec<u32>,
 }
 
-/// One pod's side of a probe (DESIGN §4 `source` / `target`).
+/// One pod's side of a probe (docs/design.md §4 `source` / `target`).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct PodRef {
     pub node: String,
@@ -325,7 +325,7 @@ pub struct Hold {
     pub failures: u64,
 }
 
-/// Node-agent signals (DESIGN §3). Closed set.
+/// Node-agent signals (docs/design.md §3). Closed set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Signal {
@@ -347,7 +347,7 @@ pub enum Role {
     Target,
 }
 
-/// A suspect (on slow/failed probes) or warning (normal TTFP): DESIGN §3.
+/// A suspect (on slow/failed probes) or warning (normal TTFP): docs/design.md §3.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Suspect {
     pub node: String,
@@ -358,7 +358,7 @@ pub struct Suspect {
     pub evidence: serde_json::Value,
 }
 
-/// One probe as the prober records it (DESIGN §4 "Probe").
+/// One probe as the prober records it (docs/design.md §4 "Probe").
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ProbeRecord {
     pub id: String,
@@ -389,7 +389,7 @@ pub struct ProbeRecord {
     #[serde(default)]
     pub first_attempt_failures: u64,
     /// API writes (creates + deletes, Events excluded) this probe made; each kind's
-    /// budget is in the prober's `probe` module docs (DESIGN §7).
+    /// budget is in the prober's `probe` module docs (docs/design.md §7).
     #[serde(default)]
     pub api_writes: u64,
     /// `recreate` probes only: the stable-name target's previous incarnation.
@@ -404,7 +404,7 @@ pub struct ProbeRecord {
     pub service: Option<ServiceInfo>,
 }
 
-/// The per-probe ClusterIP Service of a `service` probe (DESIGN §2 kinds): it selects
+/// The per-probe ClusterIP Service of a `service` probe (docs/design.md §2 kinds): it selects
 /// only the probe's fresh target; the source dials `<cluster_ip>:80` (Service port 80 →
 /// targetPort 8080).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -445,7 +445,7 @@ pub struct BurstInfo {
     pub fillers_created: u32,
 }
 
-/// Gate verdict (DESIGN §4).
+/// Gate verdict (docs/design.md §4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
@@ -454,7 +454,7 @@ pub enum Verdict {
     Inconclusive,
 }
 
-/// What the summary concludes about the cluster (DESIGN §4).
+/// What the summary concludes about the cluster (docs/design.md §4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Diagnosis {
@@ -515,7 +515,7 @@ pub struct NodeRoleStats {
     pub ttfp_max: Option<f64>,
 }
 
-/// One node's line in the report (DESIGN §4 `nodes[]`).
+/// One node's line in the report (docs/design.md §4 `nodes[]`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NodeSummary {
     pub node: String,
@@ -525,7 +525,7 @@ pub struct NodeSummary {
     pub as_target: NodeRoleStats,
 }
 
-/// The gate's report (`--report FILE`), DESIGN §4.
+/// The gate's report (`--report FILE`), docs/design.md §4.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GateReport {
     pub schema: u32,
@@ -557,7 +557,7 @@ pub struct GateReport {
     /// a NotReady node after an upgrade must not vanish from the report. Added field.
     #[serde(default)]
     pub skipped_nodes: Vec<SkippedNode>,
-    /// Node-agent correlation in this run (DESIGN §3): scrape mode and per-profile scrape
+    /// Node-agent correlation in this run (docs/design.md §3): scrape mode and per-profile scrape
     /// counts, so a reader can tell that correlation ran (and on what). `None` (absent in
     /// JSON) when the run stopped before correlation started. Added field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -599,7 +599,7 @@ pub struct AgentProfileReport {
     pub failures: BTreeMap<String, u64>,
 }
 
-/// A node left out of the plan (DESIGN §2 step 1: Ready, schedulable, matching the
+/// A node left out of the plan (docs/design.md §2 step 1: Ready, schedulable, matching the
 /// selector, no untolerated taint).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SkippedNode {

@@ -1,7 +1,7 @@
-//! `target-server serve`: the target pod T (DESIGN.md §2 step 2).
+//! `target-server serve`: the target pod T (docs/design.md §2 step 2).
 //!
 //! Listens on `0.0.0.0:PORT` at once (start → listening is the first thing after the
-//! runtime is up; budget ≤ 20 ms, DESIGN §7). On SIGTERM (or SIGINT): `/readyz` flips to
+//! runtime is up; budget ≤ 20 ms, docs/design.md §7). On SIGTERM (or SIGINT): `/readyz` flips to
 //! 503, the listener keeps accepting for `--drain` (default 500 ms, below the prober's
 //! 1 s grace period) so a kubelet probe in flight sees the 503, then closes; the process
 //! exits 0.

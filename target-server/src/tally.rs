@@ -1,4 +1,4 @@
-//! Pure accounting of the source's attempts → [`SourceReport`] (DESIGN.md §2 steps 5–8).
+//! Pure accounting of the source's attempts → [`SourceReport`] (docs/design.md §2 steps 5–8).
 //!
 //! The dialer feeds every attempt in ([`Tally::start`] when it is spawned,
 //! [`Tally::finish`] when it ends); [`Tally::report`] derives every number at the end,

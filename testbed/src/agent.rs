@@ -1,7 +1,7 @@
 //! The simulated CNI agent, one per node (the testbed's Felix): it decides **when** a new
 //! endpoint is programmed, i.e. when its IP enters the node's nftables allow set so
-//! forwarded traffic to/from the pod flows (DESIGN §5 "Programmed"), carries out every
-//! fault primitive of DESIGN §5 ([`crate::fault`]) and keeps Felix-compatible metrics
+//! forwarded traffic to/from the pod flows (docs/design.md §5 "Programmed"), carries out every
+//! fault primitive of docs/design.md §5 ([`crate::fault`]) and keeps Felix-compatible metrics
 //! ([`crate::felix`]).
 //!
 //! Life of an endpoint:

@@ -1,4 +1,4 @@
-//! The `testbed` command line (DESIGN §6 "testbed CLI"; binding).
+//! The `testbed` command line (docs/design.md §6 "testbed CLI"; binding).
 //!
 //! Every subcommand takes `--state-dir DIR` (env `TESTBED_STATE_DIR`, default
 //! `/tmp/firstpacket-testbed`). Names and subnets derive from that directory, so two
@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 /// Default state directory.
 pub const DEFAULT_STATE_DIR: &str = "/tmp/firstpacket-testbed";
 
-/// The healthy-cluster fault profile `testbed demo` applies (SCENARIOS.md S1).
+/// The healthy-cluster fault profile `testbed demo` applies (docs/scenarios.md S1).
 pub const DEMO_FAULT: &str =
     "rules:\n  - nodes: {all: true}\n    program_delay: {uniform: [200ms, 600ms]}\n";
 
@@ -29,7 +29,7 @@ pub const DEMO_FAULT: &str =
     long_about = "A small real Kubernetes-like cluster on this machine: an API server real \
 kubectl and kube-rs accept, a scheduler, a kubelet per node, and a Calico-like CNI \
 dataplane, with every node and pod in its own network namespace. Probe pods run the real \
-binaries; packets, routes and nftables rules are real. Faults (DESIGN.md §6) shape when \
+binaries; packets, routes and nftables rules are real. Faults (docs/design.md §6) shape when \
 new endpoints get programmed; `testbed truth` prints what really happened and when.\n\n\
 Needs root (network namespaces, nftables). Touches nothing outside the namespaces it \
 creates.\n\nQuick start:\n  testbed up --nodes 3\n  testbed exec -- kubectl get pods -A -o wide\n  \
@@ -56,7 +56,7 @@ pub enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
         cmd: Vec<String>,
     },
-    /// Print the ground-truth log (JSON lines, DESIGN §6).
+    /// Print the ground-truth log (JSON lines, docs/design.md §6).
     Truth,
     /// Node operations: `cordon|uncordon NODE` (spec.unschedulable, as kubectl does),
     /// `stop|start NODE` (kubelet stopped: node Ready=Unknown, unreachable taints, its
@@ -155,7 +155,7 @@ pub struct UpArgs {
     /// Number of nodes (`node-1` … `node-N`).
     #[arg(long, default_value_t = 3)]
     pub nodes: usize,
-    /// Fault file applied from the start (DESIGN §6 grammar).
+    /// Fault file applied from the start (docs/design.md §6 grammar).
     #[arg(long)]
     pub fault: Option<PathBuf>,
     /// Extra node labels: `NODE=KEY=VALUE`, comma-separated and/or repeated,

@@ -8,7 +8,7 @@
 //! - `kubeconfig` — API at `http://127.0.0.1:PORT` (usable from the machine itself);
 //! - `kubeconfig-cluster` — API at `http://<bridge IP>:6443` (used by `testbed exec`
 //!   and by pods);
-//! - `truth.jsonl` — ground truth (DESIGN §6);
+//! - `truth.jsonl` — ground truth (docs/design.md §6);
 //! - `control.sock` — line commands from the CLI (`fault-set PATH`, `shutdown`);
 //! - `pods/<uid>/…` — per-pod files (termination message, logs);
 //! - with `--control-plane real`: `control-plane/` (component logs and pid files, the
@@ -41,7 +41,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 pub struct DaemonArgs {
     pub state_dir: PathBuf,
     pub nodes: usize,
-    /// Fault file applied at start (DESIGN §6 grammar).
+    /// Fault file applied at start (docs/design.md §6 grammar).
     pub fault: Option<PathBuf>,
     /// Extra node labels: node name → (key → value).
     pub node_labels: BTreeMap<String, BTreeMap<String, String>>,
@@ -879,7 +879,7 @@ impl LogSource for PodLogs {
 }
 
 /// Image of the simulated calico-node pods (the Calico release whose Felix page the
-/// testbed's metrics mirror, `shared/fixtures/felix-3.20-1.prom`).
+/// testbed's metrics mirror, `prober/tests/fixtures/felix-3.20-1.prom`).
 pub const CALICO_NODE_IMAGE: &str = "docker.io/calico/node:v3.20.0";
 
 /// Image of the simulated kube-proxy pods.

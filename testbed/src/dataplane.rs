@@ -1,5 +1,5 @@
 //! The testbed's CNI dataplane: real network namespaces, veths, routes and an nftables
-//! allow set (DESIGN §5 "Topology" and "Programmed").
+//! allow set (docs/design.md §5 "Topology" and "Programmed").
 //!
 //! Topology for a [`Plan`]:
 //! - host netns `<prefix>-host`: `lo` up, bridge `br0` at `bridge_ip/24`, one veth

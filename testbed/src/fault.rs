@@ -1,4 +1,4 @@
-//! Fault files (DESIGN §6 "Fault file", binding grammar; primitives in §5 "Faults").
+//! Fault files (docs/design.md §6 "Fault file", binding grammar; primitives in §5 "Faults").
 //!
 //! ```yaml
 //! rules:
@@ -19,7 +19,7 @@
 //!   both select. A rule with `from`/`until` applies to endpoints added in
 //!   `[from, until)` after the file was applied.
 //! - Unknown keys are an error naming the line and the key.
-//! - Primitives (DESIGN §5): `program_delay` (time from `endpoint_added` to
+//! - Primitives (docs/design.md §5): `program_delay` (time from `endpoint_added` to
 //!   `endpoint_programmed`), `resync_loop: {period, open}` (an endpoint whose delay has
 //!   elapsed is programmed only inside the next open window; windows start every `period`
 //!   from the file's application), `never_program: p`, `queue: {per_endpoint: D}`,
@@ -117,7 +117,7 @@ impl FaultError {
     }
 }
 
-/// A duration distribution (DESIGN §6 "Durations").
+/// A duration distribution (docs/design.md §6 "Durations").
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum DurationDist {
     /// A scalar: always this.
@@ -489,7 +489,7 @@ impl BrokenPeers {
 /// `from`/`until` read as wall-time windows since the file was applied), the selected
 /// nodes have no route to the chosen peers' pod blocks (truth `peer_route_removed` /
 /// `peer_route_restored`, `detail.peer`). Same-node traffic is unaffected
-/// (SCENARIOS.md S4).
+/// (docs/scenarios.md S4).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CrossNode {
     pub broken_peers: BrokenPeers,
@@ -522,7 +522,7 @@ impl<'de> Deserialize<'de> for CrossNode {
     }
 }
 
-/// `stale_routes: {k: N, for: D}` (our definition; DESIGN §5 names the primitive
+/// `stale_routes: {k: N, for: D}` (our definition; docs/design.md §5 names the primitive
 /// only): when an endpoint is added on a selected node, `k` other nodes chosen at
 /// random (all of them if fewer) get a `blackhole <pod IP>/32` route, as if they still
 /// held a stale route for an IP that used to live elsewhere. Traffic from those nodes
@@ -669,7 +669,7 @@ pub struct AgentFaults {
     /// Extra `felix_resyncs_started` per second (≥ 0, fractions accumulate).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub extra_resyncs_per_second: Option<f64>,
-    /// Every dataplane apply takes at least this long (SCENARIOS.md S2: an apply loop
+    /// Every dataplane apply takes at least this long (docs/scenarios.md S2: an apply loop
     /// stuck retrying shows only as apply-time inflation).
     #[serde(
         skip_serializing_if = "Option::is_none",

@@ -1,9 +1,9 @@
-//! Felix-compatible `/metrics` for the simulated agent (DESIGN §3 "calico-felix"
+//! Felix-compatible `/metrics` for the simulated agent (docs/design.md §3 "calico-felix"
 //! profile, §5 "Agents"; issue 3).
 //!
 //! The page is Prometheus text format 0.0.4 with `# HELP`/`# TYPE` lines; names, HELP
 //! texts and shapes are those of a real Felix 3.20 page
-//! (`shared/fixtures/felix-3.20-1.prom`). Every value comes from what the simulated
+//! (`prober/tests/fixtures/felix-3.20-1.prom`). Every value comes from what the simulated
 //! [`Agent`] really did ([`FelixMetrics`] is fed by it):
 //!
 //! | family | type | fed by |

@@ -1,4 +1,4 @@
-//! kube-proxy-compatible `/metrics` for the testbed's service programmer (DESIGN §3
+//! kube-proxy-compatible `/metrics` for the testbed's service programmer (docs/design.md §3
 //! "kube-proxy" profile, §5; issue 4).
 //!
 //! Every node runs a [`crate::services::ServiceProxy`] — the testbed's kube-proxy — and
@@ -12,7 +12,7 @@
 //! `agent_unreachable` (issue 4).
 //!
 //! Names, HELP texts, types and buckets are those of a real kube-proxy 1.21 page
-//! (`shared/fixtures/kube-proxy-1.21.1.prom`); values come from what the service
+//! (`prober/tests/fixtures/kube-proxy-1.21.1.prom`); values come from what the service
 //! programmer really did:
 //!
 //! | family | type | fed by |

@@ -14,7 +14,7 @@
 //! - finishes graceful deletion itself: SIGTERM, grace, SIGKILL, then `DELETE` with
 //!   `gracePeriodSeconds=0` and a UID precondition.
 //!
-//! Per pod it: resolves the image to a local binary (pod-spec contract, DESIGN §6:
+//! Per pod it: resolves the image to a local binary (pod-spec contract, docs/design.md §6:
 //! last path component without `:tag`/`@digest`; anything unknown → `ErrImagePull`),
 //! sets up the sandbox network ([`Dataplane::add_pod`]) and tells the node's agent,
 //! starts the container through `testbed shim` with the identity its `securityContext`
@@ -147,7 +147,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Node object as the kubelet registers it (shape of a real v1 Node, e.g.
-/// `shared/fixtures/k8s-node-ready.json`).
+/// `prober/tests/fixtures/k8s-node-ready.json`).
 pub fn node_object(cfg: &KubeletConfig) -> Value {
     let mut all = BTreeMap::new();
     all.insert("kubernetes.io/hostname".to_string(), cfg.node.clone());
@@ -2094,7 +2094,7 @@ async fn container_logs(
 }
 
 /// Maps an image reference to a binary in `bin_dir`: the last path component without
-/// `:tag` or `@digest` (DESIGN §6 pod-spec contract). `None` when no such executable.
+/// `:tag` or `@digest` (docs/design.md §6 pod-spec contract). `None` when no such executable.
 pub fn resolve_image(bin_dir: &Path, image: &str) -> Option<PathBuf> {
     let last = image.rsplit('/').next()?;
     let last = last.split('@').next()?;

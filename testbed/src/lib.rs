@@ -2,7 +2,7 @@
 //!
 //! API server subset ([`api`]), scheduler ([`scheduler`]), kubelet, simulated CNI agent
 //! ([`agent`]) and dataplane ([`dataplane`]) in network namespaces, fault injection
-//! ([`fault`]) and ground truth ([`truth`]). Contract: DESIGN.md §5 and §6; the module
+//! ([`fault`]) and ground truth ([`truth`]). Contract: docs/design.md §5 and §6; the module
 //! map is in `testbed/ARCHITECTURE.md`.
 
 pub mod agent;

@@ -1,4 +1,4 @@
-//! Names, subnets and addresses of one testbed, derived from its state dir (DESIGN §5
+//! Names, subnets and addresses of one testbed, derived from its state dir (docs/design.md §5
 //! "Topology": names and subnets derived from the state dir so two testbeds coexist).
 //!
 //! Everything here lives only inside network namespaces the testbed creates; the host's

@@ -1,4 +1,4 @@
-//! The testbed scheduler: binds pending Pods to Nodes (DESIGN.md §5 "Scheduler").
+//! The testbed scheduler: binds pending Pods to Nodes (docs/design.md §5 "Scheduler").
 //!
 //! Filters, in the order of kube-scheduler's default profile (k8s.io/kubernetes
 //! `pkg/scheduler/framework/plugins`): `NodeUnschedulable` (cordon, unless the Pod

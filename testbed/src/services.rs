@@ -1,4 +1,4 @@
-//! The testbed's service dataplane: a kube-proxy-like programmer per node (DESIGN §5,
+//! The testbed's service dataplane: a kube-proxy-like programmer per node (docs/design.md §5,
 //! issue 5 `service` kind; `service_delay` fault, `service_programmed` truth events).
 //!
 //! Each node runs one [`ServiceProxy`]. It watches Services and EndpointSlices
@@ -152,7 +152,7 @@ pub struct ServiceProgrammed {
 }
 
 impl ServiceProgrammed {
-    /// The `service_programmed` truth lines (DESIGN §6) for this change, `t` left for
+    /// The `service_programmed` truth lines (docs/design.md §6) for this change, `t` left for
     /// [`crate::truth::Truth::emit`] to stamp. Convention:
     /// - one line per endpoint in [`ServiceProgrammed::added`]: `node` = the programming
     ///   node, `namespace` = the Service's, `pod`/`uid`/`ip` = **the endpoint Pod's**

@@ -15,8 +15,8 @@
 //! `testbed api restart`); the serving certificate is issued anew each time.
 //!
 //! Crypto: rustls with the `ring` provider chosen explicitly (kube-rs links `ring`; a
-//! second provider would make rustls panic at the first handshake, see
-//! `shared/notes/pitfalls.md`).
+//! second provider would make rustls panic at the first handshake, a known rustls
+//! pitfall).
 
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,

@@ -1,4 +1,4 @@
-//! The ground-truth log (DESIGN §6 "Truth log", binding): JSON lines
+//! The ground-truth log (docs/design.md §6 "Truth log", binding): JSON lines
 //! `{t, event, node, namespace, pod, uid, ip, iface, detail}`, one clock (the daemon's
 //! wall clock), `t` = Unix seconds with µs precision, stamped **after** the change took
 //! effect. Absent fields are `null`.
@@ -33,7 +33,7 @@ pub enum TruthError {
     },
 }
 
-/// Closed set of truth events (DESIGN §6). Serialised as the snake_case names.
+/// Closed set of truth events (docs/design.md §6). Serialised as the snake_case names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TruthKind {
@@ -220,7 +220,7 @@ pub fn read_truth(path: &Path) -> Result<Vec<TruthEvent>, TruthError> {
         .collect()
 }
 
-/// The true TTFP of a (source, target) pair, seconds, from a truth log (DESIGN §6):
+/// The true TTFP of a (source, target) pair, seconds, from a truth log (docs/design.md §6):
 /// `max(endpoint_programmed of both pods, peer_route_restored between their nodes if
 /// removed) − readiness_ok of the source`, floored at 0.
 ///
@@ -321,7 +321,7 @@ pub fn truth_ttfp(
     None
 }
 
-/// Truth TTFP of a `service` probe (DESIGN §2 kind `service`, §6 truth; issue 5): the
+/// Truth TTFP of a `service` probe (docs/design.md §2 kind `service`, §6 truth; issue 5): the
 /// pair's [`truth_ttfp`], or later if the source's node programmed the Service rule with
 /// the target as an endpoint later — `max(pair, service_programmed on source_node naming
 /// the target pod's uid − readiness_ok of the source)`, floored at 0. Seconds.

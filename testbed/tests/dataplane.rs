@@ -1,4 +1,4 @@
-//! Dataplane, agent, faults and truth with real namespaces and real packets (DESIGN §5
+//! Dataplane, agent, faults and truth with real namespaces and real packets (docs/design.md §5
 //! "Topology" and "Programmed"). Needs root, `ip` and `nft`. Scenarios run one at a
 //! time (a static lock) in their own state dir and always tear down (drop guard); the
 //! harness is in `netns_support`.

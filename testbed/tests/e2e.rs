@@ -1,7 +1,7 @@
 //! End-to-end: `prober gate` against a real testbed (network namespaces, real packets).
 //!
 //! Every test brings up its own testbed in its own state dir and tears it down in a
-//! drop guard; a process-wide mutex runs them one at a time (DESIGN §5 "Isolation").
+//! drop guard; a process-wide mutex runs them one at a time (docs/design.md §5 "Isolation").
 //! Timing checks compare with the testbed's ground truth (`testbed truth`), never with
 //! wall-clock guesses.
 
@@ -1061,7 +1061,7 @@ fn api_and_fault_commands_work_through_the_cli_and_reject_typos() {
 
 /// A gate killed with SIGKILL cannot clean up: its probe pods stay, bounded by their
 /// `activeDeadlineSeconds`; the next gate keeps them (never another instance's pods
-/// while not provably dead, DESIGN §6) and says so, with the time until they are swept.
+/// while not provably dead, docs/design.md §6) and says so, with the time until they are swept.
 #[test]
 fn a_killed_gate_leaves_pods_with_deadlines_and_the_next_gate_names_them() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());

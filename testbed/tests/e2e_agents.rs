@@ -1,6 +1,6 @@
-//! Issue 4 acceptance: node-agent correlation end to end (DESIGN §3). `prober gate`
+//! Issue 4 acceptance: node-agent correlation end to end (docs/design.md §3). `prober gate`
 //! against the testbed, whose simulated calico-node pods serve Felix-compatible
-//! `/metrics` on nodeIP:9091 from what the simulated agent really did (DESIGN §5).
+//! `/metrics` on nodeIP:9091 from what the simulated agent really did (docs/design.md §5).
 //!
 //! Scenarios: S2 (`faults/s2-apply-loop.yaml`: apply loop on the `os=debian13` nodes →
 //! `dataplane_apply_slow` on exactly those), the same through the API-server pod proxy,
@@ -225,7 +225,7 @@ fn s5_apply_failures_are_blamed_on_the_ubuntu2004_nodes_only() {
         // The fault adds 1 failure/s; healthy agents count none.
         assert!((0.3..=3.0).contains(&rate), "{f}");
     }
-    // Slower, not broken: with the static 5 s threshold the gate passes (SCENARIOS S5).
+    // Slower, not broken: with the static 5 s threshold the gate passes (docs/scenarios.md S5).
     assert_eq!(code, 0, "{text}");
 }
 

@@ -1,6 +1,6 @@
 //! End-to-end: the probe kinds of `prober gate --kinds …` (issue 5) against a real
-//! testbed, with the faults of SCENARIOS.md. Each test has its own testbed; the tests of
-//! this binary run one at a time (DESIGN §5 "Isolation"). Timing checks compare with the
+//! testbed, with the faults of docs/scenarios.md. Each test has its own testbed; the tests of
+//! this binary run one at a time (docs/design.md §5 "Isolation"). Timing checks compare with the
 //! testbed's ground truth or with what the gate would take without the behaviour under
 //! test, never with wall-clock guesses alone.
 
@@ -10,7 +10,7 @@ use common::{assert_ttfp_near_truth, validate, Testbed, POD_GONE_TIMEOUT, SERIAL
 use serde_json::Value;
 use testbed::truth::{truth_service_ttfp, TruthKind};
 
-/// API-write budget per probe kind (prober `probe` module docs; DESIGN §7).
+/// API-write budget per probe kind (prober `probe` module docs; docs/design.md §7).
 fn budget(kind: &str, burst_size: u64) -> u64 {
     match kind {
         "cross_node" | "same_node" => 4,
@@ -302,11 +302,11 @@ fn revoke_during_the_hold_is_lost_after_success_and_a_short_hold_misses_it() {
     assert_eq!(probes(&report)[0]["result"], "success", "{out}");
 }
 
-/// S3 (SCENARIOS.md). Two `recreate` probes target each node. On node-2 the first one's
+/// S3 (docs/scenarios.md). Two `recreate` probes target each node. On node-2 the first one's
 /// T₀ has a fresh name (never used there), so it turns Ready and only its recreated T
 /// loses its /32 route; that probe then deletes T. The second probe on node-2 creates
 /// its T₀ with the **same stable name on the same node**: the testbed's agent (and a
-/// Calico-like CNI) sees the interface name reused — it is a recreate (DESIGN §2
+/// Calico-like CNI) sees the interface name reused — it is a recreate (docs/design.md §2
 /// "recreate": same name, same node, so the CNI reuses the interface name), so the race
 /// hits T₀ and the probe fails at its first incarnation. Both node-2 records say
 /// `iface_reused`, and the testbed's truth has a `route_removed` for each failed target.

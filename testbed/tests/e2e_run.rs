@@ -708,7 +708,7 @@ fn a_node_that_turns_ready_or_whose_agent_restarts_or_rolls_is_probed_within_two
     }
 }
 
-/// SCENARIOS S2 in short: new endpoints on the two `os=debian13` nodes wait 6–8 s
+/// docs/scenarios.md S2 in short: new endpoints on the two `os=debian13` nodes wait 6–8 s
 /// behind a slow dataplane apply (Felix apply time ≥ 1 s there).
 const SLOW_NODES_FAULT: &str = "rules:
   - nodes: {all: true}

@@ -1,5 +1,5 @@
-//! Every fault primitive of DESIGN §5 on real traffic between network namespaces, the
-//! Felix-compatible metrics page, and the SCENARIOS.md fault files. Needs root, `ip`,
+//! Every fault primitive of docs/design.md §5 on real traffic between network namespaces, the
+//! Felix-compatible metrics page, and the docs/scenarios.md fault files. Needs root, `ip`,
 //! `nft` and (for `clock_skew`) Debian's `libfaketime`. Scenarios run one at a time (a
 //! static lock) in their own state dir and always tear down (drop guard), checked to
 //! leave no netns behind; the harness is in `netns_support`.
@@ -131,7 +131,7 @@ fn revoke_works_then_fails_at_the_configured_time() {
 
 #[test]
 fn name_reuse_race_leaves_recreated_same_name_pod_unreachable_for_good() {
-    // SCENARIOS.md S3 with its own fault file.
+    // docs/scenarios.md S3 with its own fault file.
     let bed = new_bed("reuse", 2);
     let rt = rt();
     let _g = rt.enter();
@@ -222,7 +222,7 @@ fn first_connections_dropped_fails_first_n_then_all_succeed() {
 
 #[test]
 fn cross_node_breaks_cross_node_pairs_and_same_node_still_works() {
-    // SCENARIOS.md S4 with its own fault file.
+    // docs/scenarios.md S4 with its own fault file.
     let bed = new_bed("xnode", 2);
     let rt = rt();
     let _g = rt.enter();

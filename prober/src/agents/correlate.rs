@@ -1,4 +1,4 @@
-//! Per-probe correlation of node-agent metrics (DESIGN.md §3): which node's agent
+//! Per-probe correlation of node-agent metrics (docs/design.md §3): which node's agent
 //! explains a slow or failed probe, with numbers.
 //!
 //! Pure: takes a [`History`] of scrapes (rings of [`Observation`]s per node and
@@ -14,7 +14,7 @@
 //! 2. **Reset** first: a different pod UID, a higher `restartCount`, a moved
 //!    `process_start_time_seconds`, or any cumulative value going down between the two
 //!    → `agent_restarted` and *no* rate for this window (never a negative rate;
-//!    DESIGN §3 "any decrease is a reset and a signal").
+//!    docs/design.md §3 "any decrease is a reset and a signal").
 //! 3. **Apply time**: Δ`_sum`/Δ`_count` of the apply-time summary or histogram over the
 //!    window = the mean apply in the window (client_golang summary quantiles cover a
 //!    sliding 10-minute window, so they are quoted as context only). Compared with
@@ -74,11 +74,11 @@ use target_server::report::{ProbeResult, Role, Signal, Suspect};
 pub struct Params {
     /// Mean apply time (seconds) below which nothing is flagged, whatever the ratios:
     /// 0.25 s is > 10× the p99 (20 ms) and ~70× the mean (3.7 ms = 9.99 s / 2705) of
-    /// the real Felix 3.20 page (`shared/fixtures/felix-3.20-1.prom`), and well under
-    /// the 1–2 s healthy TTFP of DESIGN §0, so what passes it can matter for TTFP.
+    /// the real Felix 3.20 page (`prober/tests/fixtures/felix-3.20-1.prom`), and well under
+    /// the 1–2 s healthy TTFP of docs/design.md §0, so what passes it can matter for TTFP.
     pub apply_floor_seconds: f64,
     /// With neither an own-history nor a cluster baseline, the floor is this (1 s: half
-    /// the upper end of a healthy TTFP, DESIGN §0).
+    /// the upper end of a healthy TTFP, docs/design.md §0).
     pub apply_floor_no_baseline_seconds: f64,
     /// How many times above a baseline a value must be (5×: a factor well outside the
     /// run-to-run spread of a mean over a handful of applies, and a clear margin
@@ -803,7 +803,7 @@ pub fn correlate(
 
 /// Splits findings into (`ProbeRecord.suspects`, `GateReport.warnings` candidates) by
 /// the probe's result: on `slow` / `failed` probes every finding but `agent_unreachable`
-/// is a suspect; on `success` and `inconclusive` all are warnings (DESIGN §3: agent
+/// is a suspect; on `success` and `inconclusive` all are warnings (docs/design.md §3: agent
 /// trouble with normal TTFP is never a failure). `agent_unreachable` is always a warning
 /// (it explains nothing, it says we could not look).
 pub fn split_findings(findings: Vec<Suspect>, result: ProbeResult) -> (Vec<Suspect>, Vec<Suspect>) {

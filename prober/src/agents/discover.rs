@@ -1,4 +1,4 @@
-//! Discovery of node-agent pods (DESIGN.md §3): which agent of which [`Profile`] runs
+//! Discovery of node-agent pods (docs/design.md §3): which agent of which [`Profile`] runs
 //! on which Node, where its `/metrics` is, and whether it is Ready.
 //!
 //! Pure half: [`target_from_pod`] turns a Pod into an [`AgentTarget`]; [`AgentIndex`]

@@ -1,6 +1,6 @@
 //! Parser for the Prometheus text exposition format, version 0.0.4 — what node agents
 //! (Calico Felix, Cilium, kube-proxy, aws-node) serve on `/metrics` when asked with
-//! `Accept: text/plain;version=0.0.4` (DESIGN.md §3 "Parsing").
+//! `Accept: text/plain;version=0.0.4` (docs/design.md §3 "Parsing").
 //!
 //! Pure: takes the page text, returns data ([`parse`] → [`Page`]); no I/O.
 //!
@@ -10,7 +10,7 @@
 //! come out wrong) and silently skips lines it cannot read, so a garbage page is not an
 //! error; `openmetrics-parser` 0.5 is LGPL-3.0 and targets OpenMetrics strictness. This
 //! one is a single pass over the bytes, allocating only the owned strings of the result
-//! (≥ 100 MB/s is the target, DESIGN.md §7; `cargo bench -p prober --bench expo`).
+//! (≥ 100 MB/s is the target, docs/design.md §7; `cargo bench -p prober --bench expo`).
 //!
 //! # Grammar (sources)
 //! - Format: <https://prometheus.io/docs/instrumenting/exposition_formats/> ("Text-based
@@ -170,7 +170,7 @@ pub type Labels = Vec<(Arc<str>, Arc<str>)>;
 ///
 /// Strings are `Arc<str>` so that equal names, label names and label values of
 /// consecutive samples of a family share one allocation (the parser's main cost;
-/// DESIGN.md §7 asks ≥ 100 MB/s). Compare with `&*s.name == "x"` or use
+/// docs/design.md §7 asks ≥ 100 MB/s). Compare with `&*s.name == "x"` or use
 /// [`Sample::label`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sample {
@@ -232,12 +232,12 @@ impl Family {
 
     /// `(Σ _sum, Σ _count)` over the series matching `label_filter`, for a summary **or**
     /// a histogram family (Felix's `felix_int_dataplane_apply_time_seconds` is a summary
-    /// in most builds and a histogram in some: DESIGN.md §3), also for an untyped family
+    /// in most builds and a histogram in some: docs/design.md §3), also for an untyped family
     /// with those samples. Units are the family's (seconds for `*_seconds`; count is a
     /// plain number). `None` unless at least one `_sum` and one `_count` matched.
     ///
     /// Both are cumulative since the agent started: take the difference of two scrapes
-    /// for the mean over a probe window (DESIGN.md §3).
+    /// for the mean over a probe window (docs/design.md §3).
     pub fn sum_count(&self, label_filter: &[(&str, &str)]) -> Option<(f64, f64)> {
         let (mut sum, mut count) = (None::<f64>, None::<f64>);
         for s in self.samples.iter().filter(|s| s.matches(label_filter)) {

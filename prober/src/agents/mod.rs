@@ -1,4 +1,4 @@
-//! Node-agent correlation (DESIGN.md §3): the CNI agents' own `/metrics` pages (Calico
+//! Node-agent correlation (docs/design.md §3): the CNI agents' own `/metrics` pages (Calico
 //! Felix, Cilium, kube-proxy, aws-node) explain slow or failed probes.
 //!
 //! The pages are read by [`expo`] (pure parser: Prometheus text exposition format 0.0.4,

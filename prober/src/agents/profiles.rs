@@ -1,4 +1,4 @@
-//! Node-agent **profiles** (DESIGN.md §3 table): which pods are a CNI / proxy agent, on
+//! Node-agent **profiles** (docs/design.md §3 table): which pods are a CNI / proxy agent, on
 //! which port they serve `/metrics`, and which metric families carry each correlation
 //! signal. Built in: `calico-felix`, `cilium-agent`, `kube-proxy`, `aws-node`; more (or
 //! replacements of a built-in, by name) come from a YAML or JSON file
@@ -205,17 +205,17 @@ fn refs(names: &[&str]) -> Vec<MetricRef> {
     names.iter().map(|n| MetricRef::named(n)).collect()
 }
 
-/// The four built-in profiles, exactly as DESIGN.md §3's table.
+/// The four built-in profiles, exactly as docs/design.md §3's table.
 ///
 /// Sources: Felix metric names from the Calico "Felix Prometheus metrics" reference and
-/// the real 3.20 page in `shared/fixtures/felix-3.20-1.prom` (≤ 3.28 route-table names
+/// the real 3.20 page in `prober/tests/fixtures/felix-3.20-1.prom` (≤ 3.28 route-table names
 /// `felix_route_table_list_seconds` / `felix_route_table_per_iface_sync_seconds`;
 /// ≥ 3.29 `felix_route_table_resync_seconds` / `…_partial_resync_seconds`); Felix port
 /// `PrometheusMetricsPort` default 9091 (Felix configuration reference). Cilium: the
 /// `prometheus` container port (9962 today, 9090 in 1.11; Cilium Helm chart), metrics as
-/// in `shared/fixtures/cilium-1.11.0.prom`. kube-proxy: `metricsBindAddress` default
+/// in `prober/tests/fixtures/cilium-1.11.0.prom`. kube-proxy: `metricsBindAddress` default
 /// `127.0.0.1:10249` (kube-proxy configuration reference), metrics as in
-/// `shared/fixtures/kube-proxy-1.21.1.prom`. aws-node: `metrics` port 61678 (amazon-vpc-cni-k8s
+/// `prober/tests/fixtures/kube-proxy-1.21.1.prom`. aws-node: `metrics` port 61678 (amazon-vpc-cni-k8s
 /// `aws-k8s-cni.yaml`).
 pub fn builtin_profiles() -> Vec<Profile> {
     vec![

@@ -1,10 +1,10 @@
-//! Scraping node agents' `/metrics` (DESIGN.md §3) and the [`AgentWatcher`] that the
+//! Scraping node agents' `/metrics` (docs/design.md §3) and the [`AgentWatcher`] that the
 //! gate / continuous mode use: discovery + scrape policy + per-probe correlation.
 //!
 //! # Paths
 //! - **direct**: `GET http://<status.hostIP>:<port><path>` (agents run with
 //!   hostNetwork), plain HTTP/1.1 over hyper — no TLS stack, so no second rustls crypto
-//!   provider (`shared/notes/pitfalls.md`).
+//!   provider (rustls panics when two are linked).
 //! - **proxy**: `GET /api/v1/namespaces/NS/pods/NAME:PORT/proxy<path>` through the API
 //!   server with the kube [`Client`] (for a prober outside the pod network).
 //!   One attempt per scrape: the proxy client has no retry layer ([`no_retry_client`];
@@ -22,7 +22,7 @@
 //! Every finding of a scraped agent names the path used in its evidence
 //! (`scrape_path: direct|proxy`).
 //!
-//! Every request sends `Accept: text/plain;version=0.0.4` (DESIGN §3), runs under one
+//! Every request sends `Accept: text/plain;version=0.0.4` (docs/design.md §3), runs under one
 //! timeout (connect + headers + body), reads at most the body limit, and waits for a
 //! permit of one shared semaphore (the concurrency limit).
 //!
@@ -53,7 +53,7 @@ use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
-/// The `Accept` header of every scrape (text format 0.0.4; DESIGN §3).
+/// The `Accept` header of every scrape (text format 0.0.4; docs/design.md §3).
 pub const ACCEPT: &str = "text/plain;version=0.0.4";
 
 /// How agents are reached (`--agent-scrape`).

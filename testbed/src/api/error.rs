@@ -139,7 +139,7 @@ impl ApiError {
     }
 
     /// 410 `Expired` as sent in a watch ERROR event
-    /// (`shared/fixtures/k8s-watch-error-410.jsonl`): `too old resource version: N (M)`.
+    /// (`prober/tests/fixtures/k8s-watch-error-410.jsonl`): `too old resource version: N (M)`.
     pub fn expired(requested: u64, oldest: u64) -> ApiError {
         ApiError::new(
             410,
@@ -168,7 +168,7 @@ impl ApiError {
     }
 
     /// The `meta/v1 Status` body exactly as kube-apiserver sends it (field order and
-    /// shape of `shared/fixtures/k8s-status-409-alreadyexists.json`).
+    /// shape of `prober/tests/fixtures/k8s-status-409-alreadyexists.json`).
     pub fn status_json(&self) -> Value {
         let mut v = serde_json::Map::new();
         v.insert("kind".into(), json!("Status"));

@@ -497,7 +497,7 @@ fn watch(
         Ok(s) => s,
         Err(e) if e.code == 410 => {
             // kube-apiserver answers 200 and sends one ERROR event
-            // (shared/fixtures/k8s-watch-error-410.jsonl).
+            // (prober/tests/fixtures/k8s-watch-error-410.jsonl).
             if let Some(l) = line(&json!({"type": "ERROR", "object": e.status_json()})) {
                 let _ = tx.try_send(Ok(Bytes::from(l)));
             }

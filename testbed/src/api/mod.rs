@@ -1,4 +1,4 @@
-//! The Kubernetes API subset of the testbed (DESIGN.md §5 "API server").
+//! The Kubernetes API subset of the testbed (docs/design.md §5 "API server").
 //!
 //! Two layers:
 //! - [`Store`]: the in-process object store (etcd + registry logic): objects as
@@ -10,8 +10,8 @@
 //!   talk to: discovery, CRUD, watch, label/field selectors, Table responses, PATCH
 //!   (merge, strategic-merge, JSON patch, apply), `Status` errors.
 //!
-//! What real kubectl sends and needs is in `shared/notes/kubectl-requests.md`; real
-//! response shapes in `shared/fixtures/k8s-*.json*`.
+//! What real kubectl sends and needs was observed on the wire (the e2e tests run it);
+//! real response shapes are in `prober/tests/fixtures/k8s-*.json*`.
 
 mod discovery;
 mod error;

@@ -85,7 +85,7 @@ pub struct WatchStart {
 }
 
 /// Serialisable state of a store (seam for persisting across `testbed api restart`,
-/// DESIGN §5: "State and resourceVersions survive an API server restart").
+/// docs/design.md §5: "State and resourceVersions survive an API server restart").
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct StoreSnapshot {
     /// Last resourceVersion issued.
@@ -811,7 +811,7 @@ impl Store {
         Ok(())
     }
 
-    /// The store persisted in `dir` (etcd's role in DESIGN §5: "State and
+    /// The store persisted in `dir` (etcd's role in docs/design.md §5: "State and
     /// resourceVersions survive an API server restart"), creating `dir` and a fresh
     /// store (system namespaces) when it holds none.
     ///

@@ -1,4 +1,4 @@
-//! `meta.k8s.io/v1` Table responses for `kubectl get` (notes/kubectl-requests.md §2).
+//! `meta.k8s.io/v1` Table responses for `kubectl get` (as kubectl 1.32 asks for them).
 //!
 //! Columns and cell rules are those of kube-apiserver's printers
 //! (k8s.io/kubernetes `pkg/printers/internalversion/printers.go`: `printPod`,

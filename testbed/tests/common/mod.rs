@@ -1,6 +1,6 @@
 //! Shared harness of the testbed end-to-end tests (`e2e*.rs`): a testbed per test in
 //! its own state dir, torn down by a drop guard; `SERIAL` runs the tests of one binary
-//! one at a time (DESIGN §5 "Isolation"). A check of an asynchronous effect (a truth
+//! one at a time (docs/design.md §5 "Isolation"). A check of an asynchronous effect (a truth
 //! event, pods gone, an agent pod up, a metric after an action) polls with a deadline
 //! ([`poll_until`], [`Testbed::truth_until`], [`Testbed::wait_no_probe_pods`]) and
 //! then asserts on what it last saw.
@@ -165,6 +165,14 @@ impl Testbed {
         let text = std::fs::read_to_string(&report)
             .unwrap_or_else(|e| panic!("no report ({e}); stdout:\n{stdout}\nstderr:\n{stderr}"));
         let _ = std::fs::remove_file(&report);
+        // The output cites only files of the repository (the team's design notes are
+        // not shipped; see tests/docs.rs).
+        for word in ["DESIGN", "SCENARIOS.md", "shared/"] {
+            assert!(
+                !stdout.contains(word) && !stderr.contains(word),
+                "gate output cites {word:?}:\n{stdout}\n{stderr}"
+            );
+        }
         (
             out.status.code().unwrap_or(-1),
             serde_json::from_str(&text).unwrap(),
@@ -439,7 +447,7 @@ pub fn output_within(mut cmd: Command, timeout: Duration) -> Output {
 pub const DIAL_INTERVAL: f64 = 0.1;
 
 /// Asserts a probe's TTFP is within [−50 ms, dial interval + 50 ms] of the ground truth
-/// (DESIGN §7 accuracy target); returns the TTFP (seconds). `ctx` goes into messages.
+/// (docs/design.md §7 accuracy target); returns the TTFP (seconds). `ctx` goes into messages.
 pub fn assert_ttfp_near_truth(truth: &[TruthEvent], p: &Value, ctx: &str) -> f64 {
     let ttfp = p["ttfp_seconds"]
         .as_f64()

@@ -1,5 +1,5 @@
 //! Shared network-namespace harness of the dataplane-level tests (`dataplane.rs`,
-//! `faults.rs`, `services.rs`; DESIGN §5 "Topology", "Programmed" and "Isolation"): a
+//! `faults.rs`, `services.rs`; docs/design.md §5 "Topology", "Programmed" and "Isolation"): a
 //! [`Bed`] per scenario (Plan + Dataplane + truth log in its own state dir, destroyed by
 //! a drop guard even when the test panics, one scenario at a time per test binary), a
 //! tiny TCP server inside a pod netns ([`serve`]), one-exchange dial helpers that run
