@@ -104,6 +104,60 @@ pub enum Command {
         mut_arg("concurrency", |a| a.default_value("2"))
     )]
     Run(RunArgs),
+    /// List (and with --yes delete) the probe pods and Services of dead prober instances,
+    /// or of one named instance, now.
+    #[command(long_about = CLEANUP_LONG_ABOUT)]
+    Cleanup(CleanupArgs),
+}
+
+const CLEANUP_LONG_ABOUT: &str = "\
+List (and with --yes delete) the probe pods and Services that dead prober instances left
+in the probe namespace, now — instead of waiting for the next prober's start-up sweep or
+the pods' activeDeadlineSeconds (e.g. after killing a gate with SIGKILL).
+
+Dead: an in-cluster instance whose owner pod is gone, a gate whose pods are older than
+their deadline + 60 s, or an instance whose Lease (firstpacket-<instance>, renewed every
+5 s while it lives) nobody renewed for 15 s. Telling that takes watching the Leases for
+15 s, so cleanup takes about that long when other instances have Leases. Without --yes
+nothing is deleted.
+
+  prober cleanup                       # list instances, their state and objects
+  prober cleanup --yes                 # delete the dead ones' objects and Leases
+  prober cleanup --instance gate-ab12cd34 --yes   # one instance, now, dead or not
+";
+
+/// `prober cleanup` flags.
+#[derive(Debug, Clone, Args)]
+pub struct CleanupArgs {
+    /// Kubeconfig file (default: KUBECONFIG, then ~/.kube/config, then in-cluster).
+    #[arg(long, env = "FIRSTPACKET_KUBECONFIG", value_name = "FILE")]
+    pub kubeconfig: Option<std::path::PathBuf>,
+
+    /// Kubeconfig context to use (default: the file's current-context).
+    #[arg(long, env = "FIRSTPACKET_CONTEXT")]
+    pub context: Option<String>,
+
+    /// Probe namespace.
+    #[arg(long, env = "FIRSTPACKET_NAMESPACE", default_value = "firstpacket")]
+    pub namespace: String,
+
+    /// Only this instance (`gate-…` / `run-…`, the `firstpacket.io/instance` label),
+    /// dead or not.
+    #[arg(long, env = "FIRSTPACKET_CLEANUP_INSTANCE")]
+    pub instance: Option<String>,
+
+    /// Delete (without it, only list what would be deleted).
+    #[arg(long)]
+    pub yes: bool,
+
+    /// Log format of stderr.
+    #[arg(
+        long,
+        env = "FIRSTPACKET_LOG_FORMAT",
+        value_enum,
+        default_value = "plain"
+    )]
+    pub log_format: LogFormat,
 }
 
 const GATE_LONG_ABOUT: &str = "\
@@ -441,7 +495,7 @@ mod tests {
         let cli = Cli::try_parse_from(argv)?;
         match cli.command {
             Command::Gate(g) => Ok(g),
-            Command::Run(_) => panic!("parsed as run"),
+            other => panic!("parsed as {other:?}"),
         }
     }
 

@@ -129,10 +129,27 @@ impl Console {
         }
     }
 
+    /// A dead instance's Lease expired (nobody renewed it for the lease duration): its
+    /// probe pods and Services were deleted.
+    pub fn reaped(&self, instance: &str) {
+        if self.json() {
+            tracing::info!(target: "prober::console", %instance, "dead instance's Lease expired; its probe objects were deleted");
+        } else {
+            eprintln!(
+                "instance {instance} is dead (its Lease was not renewed for {}s): deleted its probe pods",
+                crate::lease::LEASE_DURATION.as_secs()
+            );
+        }
+    }
+
     /// Probe pods of another instance were left alone by the start-up sweep (docs/design.md §6:
     /// never another live instance's pods), e.g. those of a gate killed with SIGKILL.
-    pub fn kept_other_instance(&self, k: &crate::sweep::KeptInstance) {
+    pub fn kept_other_instance(&self, k: &crate::sweep::KeptInstance, leased: bool) {
         let when = match k.swept_in_seconds {
+            _ if leased => format!(
+                "its Lease is watched: if nobody renews it for {}s they are deleted then",
+                crate::lease::LEASE_DURATION.as_secs()
+            ),
             Some(s) => format!(
                 "not provably dead yet: a later run sweeps them in {}s (their activeDeadlineSeconds + {}s)",
                 s.max(0),

@@ -141,6 +141,10 @@ pub struct Started {
     pub agents: AgentWatcher,
     /// What the start-up sweep deleted and kept.
     pub swept: SweepOutcome,
+    /// This instance's Lease (`None` when it could not be created: a warning said why).
+    pub lease: Option<crate::lease::InstanceLease>,
+    /// The task reaping dead instances by their Leases ([`spawn_reaper`]).
+    pub reaper: tokio::task::JoinHandle<()>,
 }
 
 /// The shared start-up, in order: ensure the namespace, sweep dead instances' pods
@@ -156,18 +160,45 @@ pub async fn start(
     hold: Duration,
     profiles: Vec<crate::agents::profiles::Profile>,
     console: Console,
+    forever_reaper: bool,
 ) -> Result<Started, Error> {
     let url = &conn.url;
     ensure_namespace(&conn.client, url, &p.namespace).await?;
     let pods: Api<Pod> = Api::namespaced(conn.client.clone(), &p.namespace);
+    let lease = match crate::lease::InstanceLease::acquire(
+        conn.client.clone(),
+        &p.namespace,
+        instance,
+    )
+    .await
+    {
+        Ok(l) => Some(l),
+        Err(e) => {
+            tracing::warn!(error = %Error::from_kube(e, url, "create", format!("leases in namespace {}", p.namespace)),
+                "no instance Lease: if this prober is killed, its probe pods stay until their \
+                 activeDeadlineSeconds instead of being deleted by the next prober");
+            None
+        }
+    };
+    let mut reaper = crate::lease::Reaper::new(pods.clone(), url, instance);
+    let first = match reaper.pass(true).await {
+        Ok(o) => Some(o),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read instance Leases: dead probers' pods are \
+                 swept only by their age");
+            None
+        }
+    };
     let max_age = p.give_up * 2 + hold + SWEEP_GRACE;
-    let swept = sweep(&pods, url, &p.namespace, instance, max_age).await?;
+    let swept = sweep(&pods, url, &p.namespace, instance, max_age, true).await?;
     if !swept.deleted.is_empty() {
         console.swept(swept.deleted.len());
     }
+    let leased = reaper.leased();
     for k in &swept.kept {
-        console.kept_other_instance(k);
+        console.kept_other_instance(k, leased.contains(&k.instance));
     }
+    let reaper = spawn_reaper(reaper, first.is_some(), forever_reaper, console);
     let watch = Arc::new(PodWatch::start(pods.clone(), &instance_selector(instance)));
     watch.wait_ready(url, WATCH_READY_TIMEOUT).await?;
     // RBAC may allow the list but not the watch: without the watch no probe can ever
@@ -191,6 +222,48 @@ pub async fn start(
         watch,
         agents,
         swept,
+        lease,
+        reaper,
+    })
+}
+
+/// Runs [`crate::lease::Reaper::pass`] every [`crate::lease::RENEW_INTERVAL`] (the first
+/// pass already ran at start-up). With `forever` false (the gate) the task ends once no
+/// other instance's Lease is [pending](crate::lease::Reaper::pending) — each was seen
+/// renewed (alive) or was reaped —, which takes at most one lease duration and a pass;
+/// with `forever` (`prober run`) it keeps going to notice instances that die later.
+/// When `enabled` is false (the Leases cannot be read) the task ends at once. A failing
+/// pass is logged once per outage.
+pub fn spawn_reaper(
+    mut reaper: crate::lease::Reaper,
+    enabled: bool,
+    forever: bool,
+    console: Console,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        if !enabled {
+            return;
+        }
+        let mut failing = false;
+        loop {
+            if !forever && reaper.pending().is_empty() {
+                return;
+            }
+            tokio::time::sleep(crate::lease::RENEW_INTERVAL).await;
+            match reaper.pass(true).await {
+                Ok(o) => {
+                    failing = false;
+                    for i in &o.dead {
+                        console.reaped(i);
+                    }
+                }
+                Err(e) if !failing => {
+                    tracing::warn!(error = %e, "instance Lease pass failed (retrying)");
+                    failing = true;
+                }
+                Err(_) => {}
+            }
+        }
     })
 }
 

@@ -545,7 +545,9 @@ async fn run_gate_inner(
         watch,
         agents,
         swept: _,
-    } = crate::engine::start(&conn, p, &instance, hold, profiles.clone(), console).await?;
+        lease,
+        reaper,
+    } = crate::engine::start(&conn, p, &instance, hold, profiles.clone(), console, false).await?;
     // Node-agent correlation (docs/design.md §3): a first scrape of the planned nodes, so the
     // first probes have a cluster baseline.
     let profile_names: Vec<String> = profiles.iter().map(|p| p.name.clone()).collect();
@@ -740,6 +742,22 @@ async fn run_gate_inner(
         }
         Ok(_) => {}
         Err(e) => lock(&run_errors).push(e.to_string()),
+    }
+    // Dead instances' Leases still being watched: their pods are deleted once the Lease
+    // has gone unrenewed for its duration (at most that long plus a pass).
+    if !reaper.is_finished() {
+        tracing::info!(
+            "waiting (at most {}s) to tell whether other instances' unrenewed Leases are dead",
+            (crate::lease::LEASE_DURATION + crate::lease::RENEW_INTERVAL * 2).as_secs()
+        );
+        let wait = crate::lease::LEASE_DURATION + crate::lease::RENEW_INTERVAL * 2;
+        let mut reaper = reaper;
+        if tokio::time::timeout(wait, &mut reaper).await.is_err() {
+            reaper.abort();
+        }
+    }
+    if let Some(l) = lease {
+        l.release().await;
     }
     if not_started > 0 {
         lock(&run_errors).push(format!(

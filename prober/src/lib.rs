@@ -12,6 +12,7 @@
 pub mod admin;
 pub mod admission;
 pub mod agents;
+pub mod cleanup;
 pub mod config;
 pub mod console;
 pub mod engine;
@@ -19,6 +20,7 @@ pub mod error;
 pub mod events;
 pub mod gate;
 pub mod gate_run;
+pub mod lease;
 pub mod metrics;
 pub mod podspec;
 pub mod podwatch;

@@ -20,6 +20,13 @@ async fn main() -> ExitCode {
                 prober::gate_run::run_gate(args).await,
             )
         }
+        Command::Cleanup(args) => {
+            prober::init_tracing(args.log_format);
+            (
+                Console::new(args.log_format),
+                prober::cleanup::run_cleanup(args).await,
+            )
+        }
         Command::Run(args) => {
             prober::init_tracing(args.probe.log_format);
             (

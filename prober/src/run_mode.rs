@@ -352,7 +352,7 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
 
     let conn = crate::engine::connect(p.kubeconfig.as_deref(), p.context.as_deref()).await?;
     let url = conn.url.clone();
-    let started = crate::engine::start(&conn, &p, &instance, hold, profiles, console).await?;
+    let started = crate::engine::start(&conn, &p, &instance, hold, profiles, console, true).await?;
     admin.ready.store(true, Ordering::Relaxed);
     let pods = started.pods.clone();
     // A previous incarnation of this instance (the container restarted in the same
@@ -367,6 +367,7 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
         Err(e) => tracing::warn!(error = %e, "cannot delete the previous incarnation's probe pods"),
     }
     let agents = Arc::new(started.agents);
+    let (lease, reaper_task) = (started.lease, started.reaper);
     let nodes_api: Api<Node> = Api::all(conn.client.clone());
     let on_fault: crate::probe::FaultSink = {
         let admin = admin.clone();
@@ -595,6 +596,10 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
             let _ = tokio::time::timeout(Duration::from_secs(5), delete_instance_pods(&pods, &instance, &url)).await;
             server.abort();
             node_task.abort();
+            reaper_task.abort();
+            if let Some(l) = lease {
+                l.release().await;
+            }
             return Ok(2);
         }
     };
@@ -616,6 +621,10 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
     };
     server.abort();
     node_task.abort();
+    reaper_task.abort();
+    if let Some(l) = lease {
+        l.release().await;
+    }
     Ok(code)
 }
 

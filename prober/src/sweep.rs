@@ -9,7 +9,9 @@
 //!   2 × give-up + hold + grace — longer than any gate probe can take, and the same bound
 //!   as the pods' own `activeDeadlineSeconds`.
 //!
-//! Anything else is kept: never another live instance's pods.
+//! Anything else is kept: never another live instance's pods. Instances with a Lease
+//! whose holder died are found by [`crate::lease::Reaper`], which needs one lease
+//! duration of watching and so runs beside the probes.
 
 use crate::error::{kube_status_code, Error};
 use crate::podspec::{APP_NAME, LABEL_INSTANCE, LABEL_NAME};
@@ -173,13 +175,16 @@ fn kept_instances(
 
 /// Runs the sweep: list (by `app.kubernetes.io/name=firstpacket`), look up owner pods
 /// once each, delete what [`decide`] says. Returns what was deleted and what was kept
-/// ([`SweepOutcome`]). A 404 on delete is fine; other API errors are returned.
+/// ([`SweepOutcome`]). A 404 on delete is fine; other API errors are returned. With
+/// `delete` false nothing is deleted and `deleted` lists what would be (`prober cleanup`
+/// without `--yes`).
 pub async fn sweep(
     pods: &Api<Pod>,
     url: &str,
     namespace: &str,
     our_instance: &str,
     max_age: Duration,
+    delete: bool,
 ) -> Result<SweepOutcome, Error> {
     let selector = ListParams::default().labels(&format!("{LABEL_NAME}={APP_NAME}"));
     let services: Api<Service> = Api::namespaced(pods.clone().into_client(), namespace);
@@ -243,6 +248,10 @@ pub async fn sweep(
             continue;
         };
         let what = if *is_pod { "pod" } else { "service" };
+        if !delete {
+            deleted.push(format!("{what}/{}", c.name));
+            continue;
+        }
         tracing::info!(name = %c.name, kind = what, ?reason, "sweeping leftover probe object");
         let dp = DeleteParams::default().grace_period(0);
         let r = if *is_pod {

@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{Testbed, POD_GONE_TIMEOUT, SERIAL};
+use common::{poll_until, Testbed, POD_GONE_TIMEOUT, SERIAL};
 use serde_json::Value;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -674,6 +674,164 @@ fn recreate_waiting_for_the_old_pod_survives_expired_watches() {
     assert_eq!(p["recreate"]["previous_uid"], old_uid.as_str(), "{p:#}");
     assert_eq!(p["target"]["pod"], old_name.as_str(), "{p:#}");
     assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+}
+
+/// Probe pods whose prober was SIGKILLed go long before their `activeDeadlineSeconds`:
+/// every instance holds a Lease (`firstpacket-<instance>`) renewed every 5 s. A gate
+/// (`gate-…`) and an out-of-cluster `prober run` (`run-…`) are killed with pods in
+/// flight; `prober cleanup` without `--yes` lists both as dead and deletes nothing;
+/// `prober cleanup --instance GATE --yes` removes the gate's objects at once; a new gate
+/// started right after removes the run's (its Lease stayed unrenewed for 15 s) and
+/// passes; no Lease of a dead instance remains.
+#[test]
+fn pods_of_killed_probers_go_by_their_leases_and_prober_cleanup() {
+    let _g = serial();
+    let tb = Testbed::up("robust-kill", 3, FAULT, &[]);
+    let mut gate = spawn_gate(
+        &tb,
+        &[
+            "--pairs",
+            "3",
+            "--concurrency",
+            "3",
+            "--hold",
+            "60s",
+            "--give-up",
+            "60s",
+        ],
+    );
+    let mut run: Child = {
+        let mut c: Command = tb.cmd();
+        c.args([
+            "exec",
+            "--",
+            "prober",
+            "run",
+            "--probe-interval",
+            "1s",
+            "--hold",
+            "60s",
+        ])
+        .args(["--admin-addr", "127.0.0.1:0"]);
+        c.stdout(Stdio::piped()).stderr(Stdio::piped());
+        c.spawn().expect("spawn prober run")
+    };
+    let selector = "app.kubernetes.io/component=probe-source";
+    let instances_with_sources =
+        |tb: &Testbed| -> std::collections::BTreeSet<String> {
+            let out = tb.kubectl(&[
+            "get", "pods", "-n", "firstpacket", "-l", selector, "-o",
+            "jsonpath={range .items[*]}{.metadata.labels.firstpacket\\.io/instance}{\"\\n\"}{end}",
+        ]);
+            out.lines().map(str::to_owned).collect()
+        };
+    let start = Instant::now();
+    let instances = loop {
+        let i = instances_with_sources(&tb);
+        if i.iter().any(|x| x.starts_with("gate-")) && i.iter().any(|x| x.starts_with("run-")) {
+            break i;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no source pods of both: {i:?}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    gate.kill().expect("SIGKILL the gate");
+    run.kill().expect("SIGKILL prober run");
+    let _ = gate.wait();
+    let _ = run.wait();
+    let gate_id = instances
+        .iter()
+        .find(|i| i.starts_with("gate-"))
+        .unwrap()
+        .clone();
+    let run_id = instances
+        .iter()
+        .find(|i| i.starts_with("run-"))
+        .unwrap()
+        .clone();
+    let objects_of = |tb: &Testbed, i: &str| -> Vec<String> {
+        let out = tb.kubectl(&[
+            "get",
+            "pods,services",
+            "-n",
+            "firstpacket",
+            "-l",
+            &format!("firstpacket.io/instance={i}"),
+            "-o",
+            "name",
+        ]);
+        out.lines().map(str::to_owned).collect()
+    };
+    assert!(
+        !objects_of(&tb, &gate_id).is_empty(),
+        "the killed gate left nothing to test"
+    );
+    assert!(
+        !objects_of(&tb, &run_id).is_empty(),
+        "the killed run left nothing to test"
+    );
+    let leases = tb.kubectl(&["get", "leases", "-n", "firstpacket", "-o", "name"]);
+    for i in [&gate_id, &run_id] {
+        assert!(
+            leases.contains(&format!("firstpacket-{i}")),
+            "no Lease of {i}: {leases}"
+        );
+    }
+    // Dry run: both dead, nothing deleted.
+    let dry = tb.exec(&["prober", "cleanup"]);
+    let dry_out = String::from_utf8_lossy(&dry.stdout).into_owned();
+    assert!(
+        dry.status.success(),
+        "{dry_out}{}",
+        String::from_utf8_lossy(&dry.stderr)
+    );
+    for i in [&gate_id, &run_id] {
+        assert!(
+            dry_out
+                .lines()
+                .any(|l| l.starts_with(i.as_str()) && l.contains("dead")),
+            "{i} not listed dead:\n{dry_out}"
+        );
+        assert!(
+            !objects_of(&tb, i).is_empty(),
+            "the dry run deleted {i}'s objects"
+        );
+    }
+    // One named instance, now.
+    let named = tb.exec(&["prober", "cleanup", "--instance", &gate_id, "--yes"]);
+    assert!(
+        named.status.success(),
+        "{}",
+        String::from_utf8_lossy(&named.stderr)
+    );
+    let left = objects_of(&tb, &gate_id);
+    assert!(
+        left.is_empty() || tb.terminating_probe_pods().len() >= left.len(),
+        "cleanup --instance left {left:?}"
+    );
+    assert!(
+        !objects_of(&tb, &run_id).is_empty(),
+        "cleanup --instance touched {run_id}"
+    );
+    // The next gate reaps the killed run by its Lease and passes.
+    let (code, report, out) = tb.gate(&["--pairs", "2"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(report["verdict"], "pass", "{out}");
+    assert!(out.contains(&format!("instance {run_id} is dead")), "{out}");
+    let gone = poll_until(
+        POD_GONE_TIMEOUT,
+        || (objects_of(&tb, &run_id), objects_of(&tb, &gate_id)),
+        |(r, g)| r.is_empty() && g.is_empty(),
+    );
+    assert_eq!(
+        gone,
+        (Vec::new(), Vec::new()),
+        "objects of the killed probers remain"
+    );
+    let leases = tb.kubectl(&["get", "leases", "-n", "firstpacket", "-o", "name"]);
+    assert!(!leases.contains("firstpacket-"), "Leases remain: {leases}");
 }
 
 /// The gate never needs to create its namespace: a missing one it may not create is one

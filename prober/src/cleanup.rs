@@ -1,0 +1,231 @@
+//! `prober cleanup`: the probe pods and Services of dead prober instances, or of one
+//! named instance, listed — and with `--yes` deleted — now, instead of waiting for the
+//! next prober's start-up sweep or the pods' `activeDeadlineSeconds`.
+//!
+//! Dead means what the start-up sweep means ([`crate::sweep::decide`]: the owner pod
+//! of an in-cluster instance is gone; a gate's pods are older than their deadline +
+//! grace) or, for instances with a Lease, that nobody renewed it for
+//! [`crate::lease::LEASE_DURATION`] ([`crate::lease::Reaper`]); telling that takes one
+//! lease duration of watching, so `cleanup` watches the Leases that long before it
+//! answers. A named `--instance` is taken as the user says: its objects and Lease go at
+//! once (a live instance keeps probing and creates new pods; stop it first).
+//!
+//! Output on stdout: one line per instance (`INSTANCE  STATE  OBJECTS`), then what was
+//! (or, without `--yes`, would be) deleted. Exit 0; 2 on an API error (named verb and
+//! resource).
+
+use crate::config::CleanupArgs;
+use crate::engine::{connect, delete_instance_pods};
+use crate::error::{kube_status_code, Error};
+use crate::lease::{lease_name, Reaper, LEASE_DURATION};
+use crate::podspec::{instance_selector, APP_NAME, LABEL_INSTANCE, LABEL_NAME};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::api::{DeleteParams, ListParams};
+use kube::Api;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Runs `prober cleanup`; returns the exit code.
+pub async fn run_cleanup(args: CleanupArgs) -> Result<i32, Error> {
+    let conn = connect(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
+    let url = conn.url.clone();
+    let ns = args.namespace.as_str();
+    let pods: Api<Pod> = Api::namespaced(conn.client.clone(), ns);
+    let services: Api<Service> = Api::namespaced(conn.client.clone(), ns);
+    if let Some(instance) = &args.instance {
+        let objects = instance_objects(&pods, &services, &url, ns, instance).await?;
+        println!("instance {instance}: {} probe object(s)", objects.len());
+        for o in &objects {
+            println!("  {o}");
+        }
+        if !args.yes {
+            println!(
+                "dry run: nothing deleted (add --yes to delete them and the instance's Lease)"
+            );
+            return Ok(0);
+        }
+        let n = delete_instance_pods(&pods, instance, &url).await?;
+        let leases: Api<Lease> = Api::namespaced(conn.client.clone(), ns);
+        match leases
+            .delete(&lease_name(instance), &DeleteParams::default())
+            .await
+        {
+            Ok(_) => println!("deleted lease/{}", lease_name(instance)),
+            Err(e) if kube_status_code(&e) == Some(404) => {}
+            Err(e) => {
+                return Err(Error::from_kube(
+                    e,
+                    &url,
+                    "delete",
+                    format!("lease {ns}/{}", lease_name(instance)),
+                ))
+            }
+        }
+        println!("deleted {n} probe object(s) of {instance}");
+        return Ok(0);
+    }
+
+    // Every instance with probe objects, and what the sweep rules say of it.
+    let ours = format!("cleanup-{}", std::process::id());
+    let swept = crate::sweep::sweep(&pods, &url, ns, &ours, Duration::ZERO, false).await?;
+    let mut reaper = Reaper::new(pods.clone(), &url, &ours);
+    reaper.pass(false).await?;
+    let leased = reaper.leased();
+    if !leased.is_empty() {
+        eprintln!(
+            "watching {} instance Lease(s) for {}s to tell dead instances from live ones…",
+            leased.len(),
+            LEASE_DURATION.as_secs()
+        );
+        tokio::time::sleep(LEASE_DURATION + Duration::from_secs(1)).await;
+    }
+    let reaped = reaper.pass(false).await?;
+    let all = labelled_objects(&pods, &services, &url, ns).await?;
+    let mut dead: Vec<String> = reaped.dead.clone();
+    let swept_instances: BTreeMap<String, ()> = all
+        .iter()
+        .filter(|(_, names)| names.iter().any(|n| swept.deleted.contains(n)))
+        .map(|(i, _)| (i.clone(), ()))
+        .collect();
+    for i in swept_instances.keys() {
+        if !dead.contains(i) && !leased.contains(i) {
+            dead.push(i.clone());
+        }
+    }
+    dead.sort();
+    println!("{:<20} {:<32} OBJECTS", "INSTANCE", "STATE");
+    let mut instances: Vec<&String> = all.keys().collect();
+    for i in reaped.dead.iter().chain(reaped.watching.iter()) {
+        if !instances.contains(&i) {
+            instances.push(i);
+        }
+    }
+    instances.sort();
+    instances.dedup();
+    for i in instances {
+        let n = all.get(i).map_or(0, Vec::len);
+        let state = if reaped.dead.contains(i) {
+            format!("dead (Lease not renewed {}s)", LEASE_DURATION.as_secs())
+        } else if dead.contains(i) {
+            "dead (owner pod gone / too old)".to_owned()
+        } else if reaped.watching.contains(i) {
+            "alive (Lease renewed)".to_owned()
+        } else {
+            "unknown (no Lease; kept)".to_owned()
+        };
+        println!("{i:<20} {state:<32} {n}");
+    }
+    if dead.is_empty() {
+        println!("nothing to clean up");
+        return Ok(0);
+    }
+    if !args.yes {
+        println!(
+            "dry run: nothing deleted; `prober cleanup --yes` deletes the probe objects of: {}",
+            dead.join(", ")
+        );
+        return Ok(0);
+    }
+    let mut total = 0;
+    for i in &dead {
+        total += delete_instance_pods(&pods, i, &url).await?;
+    }
+    let leases: Api<Lease> = Api::namespaced(conn.client.clone(), ns);
+    for i in reaped.dead.iter() {
+        match leases
+            .delete(&lease_name(i), &DeleteParams::default())
+            .await
+        {
+            Ok(_) => {}
+            Err(e) if kube_status_code(&e) == Some(404) => {}
+            Err(e) => {
+                return Err(Error::from_kube(
+                    e,
+                    &url,
+                    "delete",
+                    format!("lease {ns}/{}", lease_name(i)),
+                ))
+            }
+        }
+    }
+    println!(
+        "deleted {total} probe object(s) of {} dead instance(s)",
+        dead.len()
+    );
+    Ok(0)
+}
+
+/// `pod/NAME` and `service/NAME` of every firstpacket object in the namespace, by
+/// instance label.
+async fn labelled_objects(
+    pods: &Api<Pod>,
+    services: &Api<Service>,
+    url: &str,
+    ns: &str,
+) -> Result<BTreeMap<String, Vec<String>>, Error> {
+    let lp = ListParams::default().labels(&format!("{LABEL_NAME}={APP_NAME}"));
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let pl = pods
+        .list(&lp)
+        .await
+        .map_err(|e| Error::from_kube(e, url, "list", format!("pods in namespace {ns}")))?;
+    for p in pl.items {
+        if let (Some(i), Some(n)) = (
+            p.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(LABEL_INSTANCE)),
+            p.metadata.name.as_ref(),
+        ) {
+            out.entry(i.clone()).or_default().push(format!("pod/{n}"));
+        }
+    }
+    let sl = services
+        .list(&lp)
+        .await
+        .map_err(|e| Error::from_kube(e, url, "list", format!("services in namespace {ns}")))?;
+    for s in sl.items {
+        if let (Some(i), Some(n)) = (
+            s.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(LABEL_INSTANCE)),
+            s.metadata.name.as_ref(),
+        ) {
+            out.entry(i.clone())
+                .or_default()
+                .push(format!("service/{n}"));
+        }
+    }
+    Ok(out)
+}
+
+/// `pod/NAME` and `service/NAME` of one instance.
+async fn instance_objects(
+    pods: &Api<Pod>,
+    services: &Api<Service>,
+    url: &str,
+    ns: &str,
+    instance: &str,
+) -> Result<Vec<String>, Error> {
+    let lp = ListParams::default().labels(&instance_selector(instance));
+    let mut out = Vec::new();
+    for p in pods
+        .list(&lp)
+        .await
+        .map_err(|e| Error::from_kube(e, url, "list", format!("pods in namespace {ns}")))?
+        .items
+    {
+        out.extend(p.metadata.name.map(|n| format!("pod/{n}")));
+    }
+    for s in services
+        .list(&lp)
+        .await
+        .map_err(|e| Error::from_kube(e, url, "list", format!("services in namespace {ns}")))?
+        .items
+    {
+        out.extend(s.metadata.name.map(|n| format!("service/{n}")));
+    }
+    Ok(out)
+}
