@@ -913,8 +913,13 @@ pub fn render_headline(report: &GateReport) -> String {
     out
 }
 
-/// The human-readable end-of-run text for stdout: probe table, summary, per-node table,
-/// verdict.
+/// The human-readable end-of-run text for stdout: probe table, summary
+/// ([`render_headline`]: main kind first), the diagnosis line (`diagnosis: X`, except
+/// that a `healthy` diagnosis under a FAIL/INCONCLUSIVE verdict reads `diagnosis: no
+/// slow or failed probe …`, so the two lines never contradict), `failing node pairs:
+/// a↔b (2 failed, both directions, 0 passed), …` when [`failing_pairs`] found any, the
+/// early stop, skipped nodes, agent findings ([`render_agent_findings`]), per-node
+/// table, verdict and its reasons.
 pub fn render_text(report: &GateReport, group_by: &[String]) -> String {
     let mut rows = vec![vec![
         "KIND".to_string(),
