@@ -14,7 +14,8 @@
 //!   node, whatever its kind; a node's "peers" are the nodes it has conclusive
 //!   cross-node probes with. The rules ask for a pattern that holds in the data, not
 //!   one suggested by a few probes: where no rule's pattern is certain the answer is
-//!   `scattered_failures`, never a claim about the cross-node path, a pair or a node.
+//!   `scattered_failures`, never a claim about the cross-node path, a pair or a node's
+//!   own path.
 //!   1. no conclusive probe → `inconclusive`;
 //!   2. no bad probe → `healthy`, unless most probes (more than half) were
 //!      inconclusive → `inconclusive`: a few passing probes among many that measured
@@ -29,10 +30,10 @@
 //!   5. at least [`CROSS_NODE_BROKEN_SHARE`] (90 %) of the conclusive cross-node probes
 //!      `failed`, at least 2 of them, and no node is in every failure (or the failures
 //!      cover every node probed, as on 2 nodes) → `cross_node_broken`. 90 % because a
-//!      broken cross-node path (tunnel device missing, remote routes gone:
-//!      SCENARIOS.md S4) fails every pair, while failures that follow routes for
-//!      particular pod IPs or node pairs leave many pairs passing: a stale blackhole
-//!      route for each new pod IP on one other node of 4 fails about 5/9 of the pairs,
+//!      broken cross-node path (tunnel device missing, every remote route gone) fails
+//!      every pair, while failures that follow routes for particular pod IPs or node
+//!      pairs leave many pairs passing: a stale blackhole route for each new pod IP on
+//!      one other node of 4 fails about 5/9 of the pairs,
 //!      and reaches 11 of 12 pairs by chance in about 1 % of runs (10 of 12, the 80 %
 //!      mark, in about 5 %). With 9 or fewer conclusive cross-node probes it takes all
 //!      of them. "No node in every failure": 2 failures that share a node may as well
@@ -41,20 +42,22 @@
 //!      [`NODE_BROKEN_PEER_SHARE`] (80 %, rounded up: all of 2, 3 or 4 peers, 4 of 5)
 //!      of them are *failing peers* — every conclusive probe between the two failed,
 //!      in both directions or at least twice (as for a failing pair: one failure per
-//!      peer is too few to blame X rather than the peers) —, some conclusive probe not touching X
-//!      passed, and every bad probe touches a broken node → `node_local_broken` (X's
-//!      own path, not the cluster's cross-node path: it fails with nearly everyone
-//!      while the others work). A node failing with one peer only is a pair (rule 7);
+//!      peer is too few to blame X rather than the peers) —, some conclusive probe
+//!      not touching X passed, and every bad probe touches a broken node →
+//!      `node_local_broken` (X's own path, not the cluster's cross-node path: it fails
+//!      with nearly everyone while the others work). A node failing with one peer
+//!      only is a pair (rule 7);
 //!   7. [`failing_pairs`] is not empty and every bad probe is a cross-node probe
 //!      between the two nodes of one of those pairs → `pair_failures`. A pair counts as
 //!      failing when it failed in both directions or at least twice (one failure is
 //!      not a pattern), and each of its two nodes also passed with some other peer (so
 //!      neither node is broken as a whole): the trouble is the route between those two
-//!      nodes (SCENARIOS.md S6). The pairs are listed in `summary.failing_pairs` and in
-//!      the text output;
+//!      nodes (a per-peer route lost in a scale-out). The pairs are listed in
+//!      `summary.failing_pairs` and in the text output;
 //!   8. some nodes are *suspect* (every conclusive probe touching them, in either role,
-//!      was bad, at least 2 of them) and every bad probe touches a suspect node → `slow_nodes` (the
-//!      trouble follows particular nodes, SCENARIOS.md S2);
+//!      was bad, at least 2 of them) and every bad probe touches a suspect node →
+//!      `slow_nodes` (the trouble follows particular nodes, e.g. an agent slow to
+//!      program endpoints on some of them);
 //!   9. otherwise → `scattered_failures` (random pairs, or several patterns mixed; the
 //!      failing pairs, if any, are still listed).
 //! - Early stop ([`early_stop`], used by `prober gate`): once the verdict is certain to
