@@ -516,6 +516,16 @@ mod tests {
             w.iter().map(|x| x.0).collect::<Vec<_>>(),
             ["--attempt-timeout"]
         );
+        let g = gate(&["--slow-threshold", "10s", "--max-ttfp", "2s"]).expect("parse");
+        let w = crate::gate_run::questionable_settings(&g);
+        assert_eq!(w.iter().map(|x| x.0).collect::<Vec<_>>(), ["--max-ttfp"]);
+        assert!(
+            w[0].1.contains("2s is below --slow-threshold (10s)"),
+            "{}",
+            w[0].1
+        );
+        let g = gate(&["--slow-threshold", "2s", "--max-ttfp", "2s"]).expect("parse");
+        assert!(crate::gate_run::questionable_settings(&g).is_empty());
         assert!(crate::gate_run::questionable_settings(&gate(&[]).expect("parse")).is_empty());
     }
 

@@ -252,8 +252,9 @@ fn check_settings(args: &GateArgs) -> Result<(), Error> {
 
 /// Settings that are valid but defeat themselves, as (flag, why): a `--timeout` shorter
 /// than `--give-up` + `--hold` (a pair that never answers can then never be judged: it
-/// ends `interrupted`, the run `inconclusive`), an `--attempt-timeout` longer than
-/// `--give-up` (a single attempt outlasts the probe).
+/// ends `interrupted`, the run `inconclusive`), a `--max-ttfp` below `--slow-threshold`
+/// (the p95 of probes that are all `success` can fail the gate), an `--attempt-timeout`
+/// longer than `--give-up` (a single attempt outlasts the probe).
 pub fn questionable_settings(args: &GateArgs) -> Vec<(&'static str, String)> {
     let p = &args.probe;
     let mut out = Vec::new();
@@ -265,6 +266,16 @@ pub fn questionable_settings(args: &GateArgs) -> Vec<(&'static str, String)> {
                 "{} is shorter than --give-up + --hold ({}): a pair that gets no answer is cut off before it can fail, and the run ends inconclusive",
                 humantime::format_duration(args.timeout),
                 humantime::format_duration(one_probe)
+            ),
+        ));
+    }
+    if args.max_ttfp < p.slow_threshold {
+        out.push((
+            "--max-ttfp",
+            format!(
+                "{} is below --slow-threshold ({}): a probe between the two is a success, yet its TTFP can fail the gate (FAIL with no slow probe)",
+                humantime::format_duration(args.max_ttfp),
+                humantime::format_duration(p.slow_threshold)
             ),
         ));
     }

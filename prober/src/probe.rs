@@ -1061,6 +1061,22 @@ async fn lifecycle(
     }
 }
 
+/// Whether a NotReady node would explain `record`'s outcome, so the probe checks its
+/// nodes' readiness and, when one is NotReady, ends `inconclusive`/`node_not_ready`:
+/// any `failed` probe, and the `inconclusive` ones whose pods never got going on a
+/// node that stopped — `unschedulable` (the node's `not-ready` taint keeps the pod
+/// off it) and `container_failed` (its kubelet never started the container).
+pub fn could_be_node_not_ready(record: &ProbeRecord) -> bool {
+    match record.result {
+        ProbeResult::Failed => true,
+        ProbeResult::Inconclusive => matches!(
+            record.reason,
+            Some(Reason::Unschedulable) | Some(Reason::ContainerFailed)
+        ),
+        _ => false,
+    }
+}
+
 /// Whether Node `name` is Ready now (one read by name through `list`, 10 s bound,
 /// [`crate::engine::read_by_name`]), for a failed probe's `node_not_ready` check; `None`
 /// when unknown. A refused read is logged as a warning naming the verb, since the
@@ -1230,13 +1246,14 @@ pub async fn run_probe(
         record.recreate = st.recreate.take();
         record.burst = st.burst.take();
         record.service = st.service.take();
-        if record.result == ProbeResult::Failed {
+        if could_be_node_not_ready(&record) {
             let mut nodes = vec![&plan.source_node, &plan.target_node];
             nodes.dedup();
             for node in nodes {
                 if node_ready(&env, node).await == Some(false) {
                     record.detail = Some(format!(
-                        "node {node} is NotReady (would have been failed/{}: {})",
+                        "node {node} is NotReady (would have been {}/{}: {})",
+                        record.result.as_str(),
                         record.reason.map_or("", |r| r.as_str()),
                         record.detail.as_deref().unwrap_or("")
                     ));

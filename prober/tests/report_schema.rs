@@ -254,6 +254,27 @@ fn gate_report_with_every_result_class_matches_the_json_schema() {
     broken["summary"]["by_kind"]["mesh"] = broken["summary"]["by_kind"]["burst"].clone();
     assert!(!validator.is_valid(&broken), "by_kind keys are probe kinds");
     assert!(value["summary"]["by_kind"]["recreate"]["total"] == 1);
+    assert_eq!(value["summary"]["failing_pairs"], serde_json::json!([]));
+    let mut pairs = value.clone();
+    pairs["summary"]["diagnosis"] = "pair_failures".into();
+    pairs["summary"]["failing_pairs"] =
+        serde_json::to_value(vec![target_server::report::FailingPair {
+            nodes: ["node-1".into(), "node-3".into()],
+            failed: 2,
+            passed: 0,
+            both_directions: true,
+        }])
+        .expect("pair json");
+    assert!(validator.is_valid(&pairs), "pair_failures with its pairs");
+    let mut broken = pairs.clone();
+    broken["summary"]["failing_pairs"][0]["nodes"] = serde_json::json!(["node-1"]);
+    assert!(!validator.is_valid(&broken), "a pair has two nodes");
+    let mut broken = pairs.clone();
+    broken["summary"]["failing_pairs"][0]["failed"] = 0.into();
+    assert!(
+        !validator.is_valid(&broken),
+        "a failing pair failed at least once"
+    );
     let mut broken = value.clone();
     broken["agents"]["scrape_mode"] = "sometimes".into();
     assert!(

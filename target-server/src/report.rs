@@ -86,7 +86,8 @@ pub enum Reason {
     ImagePull,
     /// `inconclusive`: a container exited abnormally / could not start.
     ContainerFailed,
-    /// `inconclusive`: a node went NotReady (only if the probe would otherwise fail).
+    /// `inconclusive`: a node of the probe is NotReady at its end, and the probe would
+    /// otherwise have `failed` or ended `unschedulable` / `container_failed` there.
     NodeNotReady,
     /// `inconclusive`: the Kubernetes API failed us.
     ApiError,
@@ -461,6 +462,9 @@ pub enum Diagnosis {
     Healthy,
     SlowNodes,
     CrossNodeBroken,
+    /// The failures follow particular node pairs (listed in
+    /// [`Summary::failing_pairs`]); each node of such a pair passes with other peers.
+    PairFailures,
     NodeLocalBroken,
     ScatteredFailures,
     Inconclusive,
@@ -493,6 +497,27 @@ pub struct Summary {
     /// Added field (defaults to empty).
     #[serde(default)]
     pub by_kind: BTreeMap<String, KindSummary>,
+    /// Node pairs whose probes fail as a pair: failed in both directions or at least
+    /// twice, each of the two nodes passing with some other peer (prober `gate` module
+    /// docs, diagnosis rules). Sorted by node names. Listed whatever the diagnosis
+    /// (`pair_failures` when these pairs explain every slow/failed probe). Added field
+    /// (defaults to empty).
+    #[serde(default)]
+    pub failing_pairs: Vec<FailingPair>,
+}
+
+/// One entry of [`Summary::failing_pairs`]: an unordered node pair and the conclusive
+/// cross-node probes between its two nodes (either direction, any kind).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailingPair {
+    /// The two nodes, sorted by name.
+    pub nodes: [String; 2],
+    /// `failed` probes between them.
+    pub failed: u64,
+    /// Probes between them that passed (`success` or `slow`).
+    pub passed: u64,
+    /// Whether probes failed in both directions (each node once the source).
+    pub both_directions: bool,
 }
 
 /// Per-kind part of the [`Summary`]: counts and nearest-rank TTFP quantiles (seconds)

@@ -157,6 +157,7 @@ fn gate_report() -> GateReport {
             diagnosis: Diagnosis::SlowNodes,
             first_attempt_failures: 0,
             by_kind: BTreeMap::new(),
+            failing_pairs: Vec::new(),
         },
         nodes: vec![NodeSummary {
             node: "node-1".into(),

@@ -8,6 +8,7 @@
 mod common;
 
 use common::{assert_ttfp_near_truth, netns_list, validate, Testbed, POD_GONE_TIMEOUT, SERIAL};
+use serde_json::Value;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -71,6 +72,50 @@ fn gate_ttfp_matches_ground_truth_and_thresholds_set_the_exit_code() {
     assert_eq!(code, 0, "--max-ttfp 10s must pass: {out}");
 }
 
+/// Lines of a gate's output (stdout and stderr) that read like a warning: they name
+/// a warning, error, failure, suspect, slowness or breakage, once the zero counts of
+/// the summary (`slow 0`, `failed 0`) and the per-node table's `ok/bad/inc` header are
+/// set aside.
+fn warning_like_lines(out: &str) -> Vec<String> {
+    const WORDS: [&str; 8] = [
+        "warn",
+        "error",
+        "fail",
+        "suspect",
+        "slow",
+        "broken",
+        "stopped",
+        "not probed",
+    ];
+    out.lines()
+        .filter(|l| {
+            let l = l
+                .to_lowercase()
+                .replace("slow 0", "")
+                .replace("failed 0", "")
+                .replace("ok/bad/inc", "");
+            WORDS.iter().any(|w| l.contains(w))
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn warning_like_lines_catch_the_shapes_a_healthy_run_must_not_print() {
+    let healthy =
+        "cross_node: 3 probe(s): success 3, slow 0, failed 0, inconclusive 0; 0 without a TTFP\n\
+                   first connections: 3 of 3 probe(s) retried before their first success\n\
+                   NODE  AS SOURCE ok/bad/inc\ndiagnosis: healthy";
+    assert!(warning_like_lines(healthy).is_empty());
+    for bad in [
+        "first-attempt failures: 3 probe(s) whose source's first connections failed",
+        "warning: --max-ttfp: 2s is below --slow-threshold (10s)",
+        "cross_node: 3 probe(s): success 2, slow 1, failed 0",
+    ] {
+        assert_eq!(warning_like_lines(bad).len(), 1, "{bad}");
+    }
+}
+
 #[test]
 fn s1_healthy_cluster_passes_and_down_leaves_nothing() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
@@ -98,6 +143,28 @@ fn s1_healthy_cluster_passes_and_down_leaves_nothing() {
     let (code, report, out) = tb.gate(&[]);
     validate(&report);
     assert_eq!(code, 0, "{out}");
+    let alarming = warning_like_lines(&out);
+    assert!(
+        alarming.is_empty(),
+        "a healthy run printed warning-like lines {alarming:#?}:\n{out}"
+    );
+    assert!(out.contains("diagnosis: healthy"), "{out}");
+    // A --max-ttfp below --slow-threshold is warned about before the first probe.
+    let (_, _, warned) = tb.gate(&[
+        "--pairs",
+        "1",
+        "--slow-threshold",
+        "10s",
+        "--max-ttfp",
+        "2s",
+    ]);
+    let warning = warned
+        .find("warning: --max-ttfp: 2s is below --slow-threshold (10s)")
+        .unwrap_or_else(|| panic!("no --max-ttfp warning:\n{warned}"));
+    assert!(
+        warned.find("[1/1]").is_none_or(|first| warning < first),
+        "the warning comes before the first probe:\n{warned}"
+    );
     let probes = report["probes"].as_array().unwrap();
     assert_eq!(probes.len(), 3);
     assert!(probes.iter().all(|p| p["result"] == "success"), "{out}");
@@ -286,6 +353,94 @@ fn cordoned_and_not_ready_nodes_are_skipped_and_missing_image_is_inconclusive() 
         left.is_empty(),
         "probe pods left behind after {POD_GONE_TIMEOUT:?}: {left:?}"
     );
+}
+
+/// `testbed node stop` while the gate's probes are starting: the probes touching that
+/// node end `inconclusive`/`node_not_ready` (the node, not the network, stopped them;
+/// never `unschedulable` or `failed`), the others pass. Give-up long enough for the
+/// node to be seen NotReady before those probes end (at once on the built-in control
+/// plane, after the node-lifecycle grace on the real one).
+#[test]
+fn a_node_stopped_mid_probe_makes_its_probes_node_not_ready() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let fault = "rules:\n  - nodes: {all: true}\n    program_delay: {uniform: [200ms, 600ms]}\n";
+    let tb = Testbed::up("nodestop", 3, fault, &[]);
+    let give_up = if common::on_real_control_plane() {
+        "45s"
+    } else {
+        "10s"
+    };
+    let (code, report, out) = std::thread::scope(|sc| {
+        let gate = sc.spawn(|| {
+            tb.gate(&[
+                "--pairs",
+                "6",
+                "--concurrency",
+                "6",
+                "--give-up",
+                give_up,
+                "--hold",
+                "1s",
+            ])
+        });
+        // Stop node-3 as soon as the gate has created its first probe pods.
+        let pods = tb.kubectl_until(
+            &[
+                "get",
+                "pods",
+                "-n",
+                "firstpacket",
+                "-l",
+                "app.kubernetes.io/name=firstpacket",
+                "-o",
+                "name",
+            ],
+            Duration::from_secs(60),
+            |o| !o.trim().is_empty(),
+        );
+        assert!(!pods.trim().is_empty(), "the gate created no probe pod");
+        let stop = tb.cmd().args(["node", "stop", "node-3"]).output().unwrap();
+        assert!(
+            stop.status.success(),
+            "{}",
+            String::from_utf8_lossy(&stop.stderr)
+        );
+        gate.join().expect("gate thread")
+    });
+    let start = tb.cmd().args(["node", "start", "node-3"]).output().unwrap();
+    assert!(
+        start.status.success(),
+        "{}",
+        String::from_utf8_lossy(&start.stderr)
+    );
+    validate(&report);
+    let probes = report["probes"].as_array().unwrap();
+    assert_eq!(probes.len(), 6, "{out}");
+    let touches = |p: &Value| p["source"]["node"] == "node-3" || p["target"]["node"] == "node-3";
+    let mut not_ready = 0;
+    for p in probes {
+        if touches(p) {
+            assert!(
+                p["result"] == "success"
+                    || (p["result"] == "inconclusive" && p["reason"] == "node_not_ready"),
+                "a probe touching the stopped node: {p:#}\n{out}"
+            );
+            not_ready += usize::from(p["reason"] == "node_not_ready");
+        } else {
+            assert_eq!(p["result"], "success", "{p:#}\n{out}");
+        }
+    }
+    assert!(not_ready >= 1, "no probe ended node_not_ready:\n{out}");
+    assert_eq!(
+        code, 2,
+        "node_not_ready is inconclusive, not a failure: {out}"
+    );
+    assert!(
+        out.contains("node_not_ready"),
+        "the text names the reason: {out}"
+    );
+    let left = tb.wait_no_probe_pods(POD_GONE_TIMEOUT);
+    assert!(left.is_empty(), "probe pods left behind: {left:?}");
 }
 
 /// Probe pods pass Pod Security `restricted` (a namespace enforcing it admits them and

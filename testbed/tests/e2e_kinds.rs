@@ -54,6 +54,7 @@ fn s4_cross_node_broken_is_diagnosed_against_same_node_and_the_gate_stops_early(
     validate(&report);
     assert_eq!(code, 1, "{out}");
     assert_eq!(report["summary"]["diagnosis"], "cross_node_broken", "{out}");
+    assert_s4_headline(&report, &out);
     let same = of_kind(&report, "same_node");
     assert_eq!(same.len(), 6, "{out}");
     assert!(same.iter().all(|p| p["result"] == "success"), "{out}");
@@ -128,6 +129,40 @@ fn s4_cross_node_broken_is_diagnosed_against_same_node_and_the_gate_stops_early(
     assert!(
         left.is_empty(),
         "probe pods left behind after {POD_GONE_TIMEOUT:?}: {left:?}"
+    );
+}
+
+/// The S4 text output leads with the cross-node kind, its failures and how many of its
+/// probes have no TTFP (all of them: none passed), before the same-node controls whose
+/// TTFPs would otherwise be the only ones shown.
+fn assert_s4_headline(report: &Value, out: &str) {
+    let lines: Vec<&str> = out.lines().collect();
+    let at = |prefix: &str| {
+        lines
+            .iter()
+            .position(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no line starting {prefix:?}:\n{out}"))
+    };
+    let (cross, same, all) = (
+        at("cross_node: "),
+        at("same_node (control): "),
+        at("all kinds: "),
+    );
+    assert!(cross < same && same < all, "{out}");
+    let probes = of_kind(report, "cross_node");
+    let failed = probes.iter().filter(|p| p["result"] == "failed").count();
+    let line = lines[cross];
+    assert!(
+        line.contains(&format!("failed {failed},")),
+        "headline must give the cross-node failures: {line}"
+    );
+    assert!(
+        line.contains(&format!("; {} without a TTFP; TTFP p50 -", probes.len())),
+        "headline must say no cross-node probe has a TTFP: {line}"
+    );
+    assert!(
+        lines[cross - 1].is_empty() && lines[cross - 2].starts_with("same_node "),
+        "the cross-node line is the first after the probe table:\n{out}"
     );
 }
 
@@ -473,4 +508,123 @@ fn service_ttfp_includes_late_service_rules_while_cross_node_stays_fast() {
         svcs.is_empty(),
         "probe services left behind after {POD_GONE_TIMEOUT:?}: {svcs:?}"
     );
+}
+
+/// The nodes of a probe, sorted (`[a, a]` for a same-node probe).
+fn pair_nodes(p: &Value) -> [String; 2] {
+    let a = p["source"]["node"].as_str().unwrap_or_default().to_string();
+    let b = p["target"]["node"].as_str().unwrap_or_default().to_string();
+    if a <= b {
+        [a, b]
+    } else {
+        [b, a]
+    }
+}
+
+/// docs/scenarios.md S6: node-1 has no route to node-3's pod block (so node-1↔node-3 is broken
+/// both ways: the replies of node-3 → node-1 need that route too), every other pair
+/// and every same-node control works.
+const PAIR_FAULT: &str = "rules:
+  - nodes: {all: true}
+    program_delay: {uniform: [200ms, 600ms]}
+  - nodes: {names: [node-1]}
+    cross_node: {broken_peers: [node-3]}
+";
+
+#[test]
+fn s6_one_node_pair_broken_both_ways_is_pair_failures_naming_the_pair() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let tb = Testbed::up("s6pair", 4, PAIR_FAULT, &[]);
+    let (code, report, out) = tb.gate(&[
+        "--kinds",
+        "same_node,cross_node",
+        "--pairs",
+        "12",
+        "--give-up",
+        "10s",
+        "--hold",
+        "1s",
+    ]);
+    validate(&report);
+    assert_eq!(code, 1, "{out}");
+    let broken = ["node-1".to_string(), "node-3".to_string()];
+    // Ground truth of the fault: exactly the probes between node-1 and node-3 fail.
+    let cross = of_kind(&report, "cross_node");
+    assert_eq!(cross.len(), 12, "every ordered pair of 4 nodes once: {out}");
+    for p in probes(&report) {
+        let want = if pair_nodes(p) == broken {
+            "failed"
+        } else {
+            "success"
+        };
+        assert_eq!(p["result"], want, "{p:#}\n{out}");
+    }
+    assert_eq!(report["summary"]["diagnosis"], "pair_failures", "{out}");
+    let pairs = report["summary"]["failing_pairs"]
+        .as_array()
+        .expect("pairs");
+    assert_eq!(pairs.len(), 1, "{out}");
+    assert_eq!(pairs[0]["nodes"], serde_json::json!(broken), "{out}");
+    assert_eq!(pairs[0]["failed"], 2, "{out}");
+    assert_eq!(pairs[0]["both_directions"], true, "{out}");
+    assert!(
+        out.contains("failing node pairs: node-1↔node-3 (2 failed, both directions, 0 passed)"),
+        "{out}"
+    );
+    assert!(out.contains("diagnosis: pair_failures"), "{out}");
+    let left = tb.wait_no_probe_pods(POD_GONE_TIMEOUT);
+    assert!(left.is_empty(), "probe pods left behind: {left:?}");
+}
+
+/// docs/scenarios.md S7: every new pod IP gets a stale blackhole route on one other node, so
+/// about half of the pairs fail, at random, each node passing with some peers.
+const STALE_FAULT: &str = "rules:
+  - nodes: {all: true}
+    program_delay: {uniform: [200ms, 600ms]}
+    stale_routes: {k: 1}
+";
+
+#[test]
+fn s7_random_blackholed_pod_ips_are_never_called_cross_node_broken() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let tb = Testbed::up("s7stale", 4, STALE_FAULT, &[]);
+    let (code, report, out) = tb.gate(&["--pairs", "12", "--give-up", "10s", "--hold", "1s"]);
+    validate(&report);
+    let cross = of_kind(&report, "cross_node");
+    assert_eq!(cross.len(), 12, "{out}");
+    let failed = cross.iter().filter(|p| p["result"] == "failed").count();
+    let passed = cross.iter().filter(|p| p["result"] == "success").count();
+    // The fault took effect (each pair fails with probability about 5/9: some fail) and
+    // left pairs passing.
+    assert!(failed >= 1, "the stale routes dropped nothing:\n{out}");
+    assert_eq!(code, 1, "{out}");
+    let diagnosis = report["summary"]["diagnosis"].as_str().unwrap_or_default();
+    assert!(
+        !["cross_node_broken", "healthy", "inconclusive"].contains(&diagnosis),
+        "{diagnosis}: {failed} failed, {passed} passed:\n{out}"
+    );
+    // Every failed probe's pair really lost a route (ground truth: a stale route on the
+    // source's node for the target's IP, or on the target's node for the source's IP).
+    let truth = tb.truth();
+    for p in cross.iter().filter(|p| p["result"] == "failed") {
+        let (s_uid, t_uid) = (
+            p["source"]["uid"].as_str().unwrap_or_default(),
+            p["target"]["uid"].as_str().unwrap_or_default(),
+        );
+        let (s_node, t_node) = (
+            p["source"]["node"].as_str().unwrap_or_default(),
+            p["target"]["node"].as_str().unwrap_or_default(),
+        );
+        let stale = truth.iter().any(|e| {
+            e.event == TruthKind::PeerRouteRemoved
+                && ((e.uid.as_deref() == Some(t_uid) && e.node.as_deref() == Some(s_node))
+                    || (e.uid.as_deref() == Some(s_uid) && e.node.as_deref() == Some(t_node)))
+        });
+        assert!(
+            stale,
+            "failed without a stale route in the truth log: {p:#}"
+        );
+    }
+    let left = tb.wait_no_probe_pods(POD_GONE_TIMEOUT);
+    assert!(left.is_empty(), "probe pods left behind: {left:?}");
 }
