@@ -15,9 +15,16 @@
 //!    `endpoint_added + delay`, then until the next open `resync_loop` window if set;
 //! 3. it takes the node's apply loop (one apply at a time, as Felix's single dataplane
 //!    goroutine), spends `queue.per_endpoint` and pads to `agent.apply_time_floor`,
-//!    adds the IP to the allow set (with the `first_connections_dropped` budget) and
-//!    emits `endpoint_programmed` (detail: `delay_seconds` sampled, `apply_seconds` the
-//!    whole apply, `waited_seconds` since endpoint_added, `first_connections_dropped`);
+//!    adds the IP to the allow set and emits `endpoint_programmed` (detail:
+//!    `delay_seconds` sampled, `apply_seconds` the whole apply, `waited_seconds` since
+//!    endpoint_added, `first_connections_dropped` the node's budget then);
+//! 3b. `first_connections_dropped: N` counts from the endpoint's `readiness_ok`, as an
+//!    agent that attaches its enforcement late drops flows the dataplane had already
+//!    let through: the kubelet calls [`Agent::arm_first_connections_dropped`] right
+//!    before every readiness probe of the pod until one passes (and once before
+//!    `readiness_ok` for a pod without a readiness probe), which (re)arms the node's
+//!    budget of N dropped SYNs from or to the IP, so the ones sent before Ready do not
+//!    spend it and the first N new connections after Ready are dropped;
 //! 4. with `revoke`, a sample of `after` later the IP leaves the allow set again
 //!    (truth `endpoint_revoked`) for good.
 //!
@@ -84,6 +91,8 @@ struct Endpoint {
     /// Nodes holding a stale blackhole route for this IP (fault `stale_routes`).
     stale_on: Vec<String>,
     stale_abort: Option<AbortHandle>,
+    /// A `first_connections_dropped` budget was armed for this IP (cleaned on removal).
+    fcd_armed: bool,
 }
 
 #[derive(Default)]
@@ -254,8 +263,43 @@ impl Agent {
                 net: pod.clone(),
                 stale_on,
                 stale_abort,
+                fcd_armed: false,
             },
         );
+    }
+
+    /// Fault `first_connections_dropped: N` in force on this node now: (re)arms the
+    /// endpoint's budget of N dropped new connections ([`Dataplane::arm_first_syn_drops`],
+    /// one blocking `nft` call) and returns N; 0 (and no `nft` call) without the fault or
+    /// for an unknown endpoint. The kubelet calls it right before each readiness probe
+    /// until the pod's first pass, so the budget counts from `readiness_ok` (module
+    /// docs, step 3b). An `nft` failure is logged and returns 0.
+    pub fn arm_first_connections_dropped(&self, pod: &PodNet) -> u32 {
+        let inner = &self.inner;
+        let n = inner
+            .faults_at(Instant::now())
+            .first_connections_dropped
+            .unwrap_or(0);
+        if n == 0 {
+            return 0;
+        }
+        let mut eps = inner.lock();
+        let Some(ep) = eps.get_mut(&pod.uid) else {
+            return 0;
+        };
+        match inner
+            .dataplane
+            .arm_first_syn_drops(&inner.node.name, pod.ip, n)
+        {
+            Ok(()) => {
+                ep.fcd_armed = true;
+                n
+            }
+            Err(e) => {
+                tracing::error!(pod = %pod.pod, error = %e, "agent: arming first_connections_dropped failed");
+                0
+            }
+        }
     }
 
     /// The endpoint is going away: cancels pending programming, revoke and stale-route
@@ -270,7 +314,7 @@ impl Agent {
             return;
         };
         ep.abort_tasks();
-        if ep.programmed {
+        if ep.programmed || ep.fcd_armed {
             let started = Instant::now();
             let r = inner.dataplane.disallow(&inner.node.name, ep.net.ip);
             inner.count_apply(started.elapsed(), Some(1), r.is_ok());
@@ -806,9 +850,8 @@ fn apply(
         Some(ep) if ep.token == token && !ep.programmed => {}
         _ => return false, // removed or replaced meanwhile
     }
-    let r = inner
-        .dataplane
-        .allow_dropping_first_syns(&inner.node.name, net.ip, first_syns_dropped);
+    // The drop budget is armed from readiness_ok on (module docs, step 3b), not here.
+    let r = inner.dataplane.allow(&inner.node.name, net.ip);
     let apply_time = started.elapsed();
     inner.count_apply(apply_time, Some(1), r.is_ok());
     match r {

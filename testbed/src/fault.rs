@@ -767,7 +767,11 @@ pub struct Rule {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name_reuse_race: Option<Probability>,
     /// The first N new TCP connections (SYNs without ACK) to or from a new endpoint
-    /// that its node would forward are dropped, then all pass.
+    /// that its node would forward **from the endpoint's `readiness_ok` on** are
+    /// dropped, then all pass: an agent attaching its enforcement late drops flows the
+    /// dataplane had already forwarded, so a pod that turned Ready sees its first
+    /// connections fail (the budget is re-armed before each readiness probe until the
+    /// first pass; `readiness_ok`'s truth detail carries `first_connections_dropped`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_connections_dropped: Option<u32>,
     /// Peer pod-block routes missing on the selected nodes.

@@ -217,33 +217,67 @@ fn burst_ttfp_grows_with_the_fillers_queued_ahead_of_the_target() {
     );
 }
 
-#[test]
-fn first_connections_dropped_are_counted_as_first_attempt_failures() {
-    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    // Programmed at once: a new pod's first connections mostly work (the agent's
-    // programming still races the process start by a few ms, so at most ~1 attempt).
-    let tb = Testbed::up(
-        "fcd",
-        2,
-        "rules:\n  - nodes: {all: true}\n    program_delay: 0s\n",
-        &[],
-    );
-    let (code, report, out) = tb.gate(&["--kinds", "same_node,cross_node", "--hold", "1s"]);
-    assert_eq!(code, 0, "{out}");
-    let sum = |r: &Value| -> u64 {
-        probes(r)
-            .iter()
-            .map(|p| p["first_attempt_failures"].as_u64().unwrap())
-            .sum()
+/// Truth time of the first `kind` event of pod `uid`.
+fn truth_at(truth: &[testbed::truth::TruthEvent], kind: TruthKind, uid: &str) -> Option<f64> {
+    truth
+        .iter()
+        .find(|e| e.event == kind && e.uid.as_deref() == Some(uid))
+        .map(|e| e.t)
+}
+
+/// Whether both endpoints of probe `p` were programmed before its source's
+/// `readiness_ok` (truth log): an application starting at Ready met a working path.
+fn programmed_before_source_ready(truth: &[testbed::truth::TruthEvent], p: &Value) -> bool {
+    let uid = |side: &str| p[side]["uid"].as_str().unwrap_or_default().to_owned();
+    let Some(ready) = truth_at(truth, TruthKind::ReadinessOk, &uid("source")) else {
+        return false;
     };
-    let baseline = sum(&report);
-    // The first 2 connections through each new endpoint are dropped, then it works.
+    ["source", "target"].iter().all(|side| {
+        truth_at(truth, TruthKind::EndpointProgrammed, &uid(side)).is_some_and(|t| t < ready)
+    })
+}
+
+const S1_PLUS_FCD_ON_NODE_1: &str = "rules:
+  - nodes: {all: true}
+    program_delay: {uniform: [200ms, 600ms]}
+  - nodes: {names: [node-1]}
+    first_connections_dropped: 2
+";
+
+#[test]
+fn first_attempt_failures_count_from_ready_and_first_connections_dropped_show_after_it() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let s1 = std::fs::read_to_string(common::repo_file("testbed/faults/s1-healthy.yaml")).unwrap();
+    let tb = Testbed::up("fcd", 3, &s1, &[]);
+    let args = ["--kinds", "same_node,cross_node", "--hold", "1s"];
+    // S1: the source dials from its first instant, so attempts before Ready fail while
+    // its endpoint is being programmed; those are pre-Ready failures, not first-attempt
+    // failures, wherever both endpoints were programmed before the source was Ready.
+    let (code, report, out) = tb.gate(&args);
+    validate(&report);
+    assert_eq!(code, 0, "{out}");
+    let truth = tb.truth();
+    let mut checked = 0;
+    for p in probes(&report) {
+        assert_eq!(p["result"], "success", "{out}");
+        if programmed_before_source_ready(&truth, p) {
+            checked += 1;
+            assert_eq!(
+                p["first_attempt_failures"], 0,
+                "programmed before Ready: {p:#}"
+            );
+        }
+    }
+    assert!(
+        checked > 0,
+        "no probe had both endpoints programmed before Ready\n{out}"
+    );
+    assert_eq!(report["summary"]["first_attempt_failures"], 0, "{out}");
+
+    // The first 2 new connections from or to each new endpoint on node-1 after its
+    // readiness_ok are dropped (the budget counts from Ready), then it works.
     let fault = std::env::temp_dir().join(format!("fp-e2e-fcd-set-{}.yaml", std::process::id()));
-    std::fs::write(
-        &fault,
-        "rules:\n  - nodes: {all: true}\n    program_delay: 0s\n    first_connections_dropped: 2\n",
-    )
-    .unwrap();
+    std::fs::write(&fault, S1_PLUS_FCD_ON_NODE_1).unwrap();
     let set = tb
         .cmd()
         .args(["fault", "set"])
@@ -256,23 +290,38 @@ fn first_connections_dropped_are_counted_as_first_attempt_failures() {
         "{}",
         String::from_utf8_lossy(&set.stderr)
     );
-    let (code, report, out) = tb.gate(&["--kinds", "same_node,cross_node", "--hold", "1s"]);
+    let (code, report, out) = tb.gate(&args);
     validate(&report);
     assert_eq!(
         code, 0,
         "dropped first connections are not a failure: {out}"
     );
+    let truth = tb.truth();
+    let (mut from_node1, mut elsewhere) = (0, 0);
     for p in probes(&report) {
         assert_eq!(p["result"], "success", "{out}");
-        assert!(p["first_attempt_failures"].as_u64().unwrap() >= 2, "{p:#}");
+        let fails = p["first_attempt_failures"].as_u64().unwrap();
+        let (src, dst) = (&p["source"]["node"], &p["target"]["node"]);
+        if src == "node-1" {
+            from_node1 += 1;
+            assert!(
+                fails > 0,
+                "source on node-1, first connections after Ready dropped: {p:#}"
+            );
+            let uid = p["source"]["uid"].as_str().unwrap();
+            let ready = truth
+                .iter()
+                .find(|e| e.event == TruthKind::ReadinessOk && e.uid.as_deref() == Some(uid))
+                .expect("source readiness_ok");
+            assert_eq!(ready.detail["first_connections_dropped"], 2, "{ready:?}");
+        } else if src != "node-1" && dst != "node-1" {
+            elsewhere += 1;
+            if programmed_before_source_ready(&truth, p) {
+                assert_eq!(fails, 0, "touches no node-1: {p:#}");
+            }
+        }
     }
-    assert!(sum(&report) > baseline, "baseline {baseline}\n{out}");
-    let n = probes(&report).len() as u64;
-    assert_eq!(report["summary"]["first_attempt_failures"], n, "{out}");
-    assert_eq!(
-        report["summary"]["by_kind"]["cross_node"]["first_attempt_failures"], 2,
-        "{out}"
-    );
+    assert!(from_node1 >= 2 && elsewhere >= 2, "{out}");
 }
 
 const REVOKE_FAULT: &str = "rules:
