@@ -281,7 +281,9 @@ pub fn questionable_settings(args: &GateArgs) -> Vec<(&'static str, String)> {
     out
 }
 
-/// Kinds whose pairs cross nodes and are cut short by the early stop.
+/// Kinds whose pairs cross nodes and are cut short by the early stop. The early stop
+/// also keeps `same_node` controls that have not started yet from starting (their
+/// evidence is no longer needed once the verdict is certain); running ones finish.
 fn stops_early(kind: ProbeKind) -> bool {
     kind != ProbeKind::SameNode
 }
@@ -646,8 +648,8 @@ async fn run_gate_inner(
     let total = plan.len();
     let sem = Arc::new(Semaphore::new(p.concurrency as usize));
     let mut set: JoinSet<(usize, Option<ProbeRecord>)> = JoinSet::new();
-    // Probes start in plan order (same-node pairs first, pairs with no node in common
-    // first within a lap: `crate::schedule`): the task at position `pos` asks for a
+    // Probes start in plan order (same-node controls woven among the cross-node pairs,
+    // pairs with no node in common first within a lap: `crate::schedule`): the task at position `pos` asks for a
     // permit only once `turn` reached `pos`, and passes the turn on as soon as it holds
     // a permit or gave up waiting — otherwise the runtime's polling order would decide.
     let turn = Arc::new(watch::channel(0usize).0);
@@ -658,11 +660,14 @@ async fn run_gate_inner(
         let mut my_turn = turn.subscribe();
         let probe = probe_plan(&planned, &instance, p.burst_size);
         let cross = stops_early(probe.kind);
-        let mut cancel = if cross {
+        let cancel = if cross {
             cross_cancel_rx.clone()
         } else {
             cancel_rx.clone()
         };
+        // Whether to start at all: the early stop (or a run-wide stop) cancels every
+        // probe not started yet, controls included (`stops_early`).
+        let mut start_cancel = cross_cancel_rx.clone();
         let run_cancel = cancel_rx.clone();
         let finished = finished.clone();
         let stopped = stopped_early.clone();
@@ -675,7 +680,7 @@ async fn run_gate_inner(
                     let _ = my_turn.wait_for(|t| *t >= pos).await;
                     sem.acquire_owned().await.ok()
                 } => p,
-                _ = cancel.wait_for(|c| *c) => None,
+                _ = start_cancel.wait_for(|c| *c) => None,
             };
             if permit.is_none() {
                 // Cancelled before starting: still pass the turn on when it comes.
@@ -683,7 +688,7 @@ async fn run_gate_inner(
             }
             turn.send_modify(|t| *t = (*t).max(pos + 1));
             let early = lock(&stopped).clone();
-            if permit.is_none() || *cancel.borrow() {
+            if permit.is_none() || *start_cancel.borrow() {
                 // Not started: an early stop gives a record; a run-wide stop does not.
                 return match early {
                     Some(why) if !*run_cancel.borrow() => (

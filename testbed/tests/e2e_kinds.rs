@@ -40,23 +40,32 @@ fn s4_cross_node_broken_is_diagnosed_against_same_node_and_the_gate_stops_early(
     ))
     .unwrap();
     let tb = Testbed::up("s4kinds", 6, &fault, &[]);
-    let give_up = 15.0;
+    let give_up = 20.0;
     let (code, report, out) = tb.gate(&[
         "--kinds",
-        "cross_node,same_node",
+        "same_node,cross_node",
         "--concurrency",
         "2",
         "--give-up",
-        "15s",
+        "20s",
         "--hold",
         "1s",
     ]);
     validate(&report);
     assert_eq!(code, 1, "{out}");
     assert_eq!(report["summary"]["diagnosis"], "cross_node_broken", "{out}");
+    let stopped = |p: &Value| {
+        p["reason"] == "interrupted" && p["detail"].as_str().unwrap_or("").contains("stopped early")
+    };
     let same = of_kind(&report, "same_node");
-    assert_eq!(same.len(), 6, "{out}");
-    assert!(same.iter().all(|p| p["result"] == "success"), "{out}");
+    assert_eq!(same.len(), 6, "every planned control has a record: {out}");
+    // Controls that ran passed; those not started when the gate stopped early are
+    // recorded as such. The stop needs a passing control.
+    assert!(
+        same.iter().all(|p| p["result"] == "success" || stopped(p)),
+        "{out}"
+    );
+    assert!(same.iter().any(|p| p["result"] == "success"), "{out}");
     let cross = of_kind(&report, "cross_node");
     assert_eq!(cross.len(), 6, "every planned pair has a record: {out}");
     let failed = cross.iter().filter(|p| p["result"] == "failed").count();
@@ -66,56 +75,42 @@ fn s4_cross_node_broken_is_diagnosed_against_same_node_and_the_gate_stops_early(
         if p["result"] == "failed" {
             assert_eq!(p["reason"], "no_success_before_give_up", "{out}");
         } else {
-            assert_eq!(p["reason"], "interrupted", "{out}");
-            assert!(
-                p["detail"].as_str().unwrap_or("").contains("stopped early"),
-                "{out}"
-            );
+            assert!(stopped(p), "{out}");
         }
     }
     assert!(report["stopped_early"].is_string(), "{out}");
-    // 6 cross pairs at concurrency 2 would take 3 give-up periods one after another
-    // (≥ 45 s from the first probe's start to the end); with the early stop it is about
-    // one give-up plus pod start-up. Measured on the run's own timeline (first probe
-    // start → finished_at), so the gate's start-up (agent discovery) does not count.
     let at = |v: &Value| {
         humantime::parse_rfc3339_weak(v.as_str().unwrap_or_default())
             .unwrap_or_else(|e| panic!("timestamp {v}: {e}"))
     };
-    let first_start = probes(&report)
-        .iter()
-        .filter(|p| p["result"] != "interrupted")
-        .map(|p| at(&p["timeline"]["started_at"]))
-        .min()
-        .expect("some probe ran");
-    let span = at(&report["finished_at"])
-        .duration_since(first_start)
-        .unwrap()
-        .as_secs_f64();
-    // Probes start in plan order: the same-node controls (planned first) all start
-    // before any cross-node pair.
-    let starts = |kind: &str| -> Vec<std::time::SystemTime> {
+    // The first control and the first cross-node pair start together (one slot each),
+    // so the evidence of the early stop is there after about one give-up period.
+    let first_start = |kind: &str| {
         of_kind(&report, kind)
             .into_iter()
-            .filter(|p| p["result"] != "interrupted")
+            .filter(|p| !stopped(p))
             .map(|p| at(&p["timeline"]["started_at"]))
-            .collect()
+            .min()
+            .unwrap_or_else(|| panic!("no {kind} probe ran\n{out}"))
     };
-    let last_same = starts("same_node")
-        .into_iter()
-        .max()
-        .expect("same_node ran");
-    let first_cross = starts("cross_node")
-        .into_iter()
-        .min()
-        .expect("cross_node ran");
+    let (s0, c0) = (first_start("same_node"), first_start("cross_node"));
+    let apart = match c0.duration_since(s0) {
+        Ok(d) => d,
+        Err(e) => e.duration(),
+    };
     assert!(
-        last_same <= first_cross,
-        "a cross-node pair started before a same-node control\n{out}"
+        apart.as_secs_f64() < 1.0,
+        "first control and first cross-node pair started {apart:?} apart\n{out}"
     );
+    // 6 nodes at concurrency 2 with a 20 s give-up: with the controls all first this
+    // took two give-up periods (40 s); now one give-up period plus one control and the
+    // start-up.
+    let duration = report["duration_seconds"]
+        .as_f64()
+        .expect("duration_seconds");
     assert!(
-        span < 2.5 * give_up,
-        "first probe start → end took {span:.1}s: not within about one give-up period ({give_up}s)\n{out}"
+        duration <= 35.0,
+        "duration_seconds {duration:.1} > 35 (give-up {give_up}s)\n{out}"
     );
     for p in probes(&report) {
         let kind = p["kind"].as_str().unwrap();
