@@ -39,7 +39,7 @@ use crate::podspec::{
 };
 use crate::probe::{run_probe, write_budget, EngineFault, ProbeEnv, ProbePlan};
 use crate::record::{build_record, Ending, ProbeMeta};
-use crate::schedule::{plan_kinds, NodeInfo, PlannedProbe};
+use crate::schedule::{node_claims, plan_kinds, NodeInfo, PlannedProbe};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
@@ -279,6 +279,37 @@ pub fn questionable_settings(args: &GateArgs) -> Vec<(&'static str, String)> {
         ));
     }
     out
+}
+
+/// Per-node claims of running probes (burst isolation, [`node_claims`]): a read-write
+/// lock per node name, taken shared by every probe using the node and exclusively by a
+/// `burst` on its target's node. tokio's `RwLock` is fair (first come, first served), so
+/// a waiting burst is not starved by a stream of shared users.
+#[derive(Default)]
+struct NodeLocks(Mutex<std::collections::HashMap<String, Arc<tokio::sync::RwLock<()>>>>);
+
+/// A held claim on one node (dropped = released).
+#[allow(dead_code)] // held for its Drop only
+enum NodeGuard {
+    Shared(tokio::sync::OwnedRwLockReadGuard<()>),
+    Exclusive(tokio::sync::OwnedRwLockWriteGuard<()>),
+}
+
+impl NodeLocks {
+    /// Takes every claim of `claims` (sorted by node name, as [`node_claims`] gives
+    /// them, so concurrent claimers cannot deadlock) and returns the guards.
+    async fn claim(&self, claims: &[(String, bool)]) -> Vec<NodeGuard> {
+        let mut out = Vec::with_capacity(claims.len());
+        for (node, exclusive) in claims {
+            let l = lock(&self.0).entry(node.clone()).or_default().clone();
+            out.push(if *exclusive {
+                NodeGuard::Exclusive(l.write_owned().await)
+            } else {
+                NodeGuard::Shared(l.read_owned().await)
+            });
+        }
+        out
+    }
 }
 
 /// Kinds whose pairs cross nodes and are cut short by the early stop. The early stop
@@ -653,7 +684,10 @@ async fn run_gate_inner(
     // permit only once `turn` reached `pos`, and passes the turn on as soon as it holds
     // a permit or gave up waiting — otherwise the runtime's polling order would decide.
     let turn = Arc::new(watch::channel(0usize).0);
+    let node_locks = Arc::new(NodeLocks::default());
     for (pos, planned) in plan.into_iter().enumerate() {
+        let claims = node_claims(&planned);
+        let node_locks = node_locks.clone();
         let env = env.clone();
         let sem = sem.clone();
         let turn = turn.clone();
@@ -687,8 +721,17 @@ async fn run_gate_inner(
                 let _ = my_turn.wait_for(|t| *t >= pos).await;
             }
             turn.send_modify(|t| *t = (*t).max(pos + 1));
+            // Burst isolation: wait (holding the permit) until the probe's nodes are
+            // free for it (`crate::schedule::node_claims`).
+            let guards = match permit {
+                Some(_) => tokio::select! {
+                    g = node_locks.claim(&claims) => Some(g),
+                    _ = start_cancel.wait_for(|c| *c) => None,
+                },
+                None => None,
+            };
             let early = lock(&stopped).clone();
-            if permit.is_none() || *start_cancel.borrow() {
+            if permit.is_none() || guards.is_none() || *start_cancel.borrow() {
                 // Not started: an early stop gives a record; a run-wide stop does not.
                 return match early {
                     Some(why) if !*run_cancel.borrow() => (
@@ -720,6 +763,7 @@ async fn run_gate_inner(
                     }
                 }
             }
+            drop(guards);
             drop(permit);
             (index, Some(rec))
         });

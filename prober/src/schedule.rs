@@ -542,6 +542,22 @@ pub fn plan_kinds(
     Some(out)
 }
 
+/// The nodes a planned probe uses, sorted by name, each with whether it needs the node
+/// to itself: a `burst` probe claims its target's node exclusively (its filler pods
+/// start there, and a probe sharing the node would measure that backlog instead of its
+/// own, or add to the burst's), every other use is shared. The gate takes these claims
+/// (in this order, so no two probes wait on each other) before a probe starts and
+/// keeps them until it has ended. Pure.
+pub fn node_claims(p: &PlannedProbe) -> Vec<(String, bool)> {
+    let exclusive_target = p.kind == ProbeKind::Burst;
+    let mut claims = vec![(p.target.clone(), exclusive_target)];
+    if p.source != p.target {
+        claims.push((p.source.clone(), false));
+    }
+    claims.sort();
+    claims
+}
+
 /// Other probes planned after each `same_node` control in [`plan_kinds`] (module docs).
 pub const CONTROL_EVERY: usize = 2;
 
@@ -600,6 +616,32 @@ mod tests {
                 .collect()
         };
         assert_eq!(pairs(&cross), pairs(&alone.iter().collect::<Vec<_>>()));
+    }
+
+    #[test]
+    fn a_burst_claims_its_target_node_alone_and_every_other_use_is_shared() {
+        let p = |kind, source: &str, target: &str| PlannedProbe {
+            index: 0,
+            kind,
+            source: source.into(),
+            target: target.into(),
+            keep_target: false,
+        };
+        let c = |v: &[(&str, bool)]| -> Vec<(String, bool)> {
+            v.iter().map(|(n, x)| (n.to_string(), *x)).collect()
+        };
+        assert_eq!(
+            node_claims(&p(ProbeKind::Burst, "n3", "n1")),
+            c(&[("n1", true), ("n3", false)])
+        );
+        assert_eq!(
+            node_claims(&p(ProbeKind::CrossNode, "n3", "n1")),
+            c(&[("n1", false), ("n3", false)])
+        );
+        assert_eq!(
+            node_claims(&p(ProbeKind::SameNode, "n2", "n2")),
+            c(&[("n2", false)])
+        );
     }
 
     #[test]

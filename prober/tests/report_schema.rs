@@ -160,6 +160,8 @@ fn gate_report_with_every_result_class_matches_the_json_schema() {
     probes[1].burst = Some(BurstInfo {
         fillers: 10,
         fillers_created: 10,
+        fillers_ready_seconds: Some(3.2),
+        backlog_drain_seconds: Some(4.1),
     });
     probes[1].api_writes = 24;
     assert_eq!(

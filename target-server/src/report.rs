@@ -468,6 +468,20 @@ pub struct BurstInfo {
     pub fillers: u32,
     /// Of those, how many create calls succeeded.
     pub fillers_created: u32,
+    /// Seconds (prober clock) from the first filler's create to the last filler's
+    /// Ready: the node's pod-start backlog (null unless every created filler turned
+    /// Ready). Added field (defaults to null).
+    #[serde(default)]
+    pub fillers_ready_seconds: Option<f64>,
+    /// Seconds (prober clock) from the first filler's create until the node's backlog
+    /// had drained: the later of the last filler's Ready and the first success through
+    /// the target (source Ready on the prober clock + the source's raw TTFP): pod
+    /// starts, and the part of the node's programming queue ahead of the target (the
+    /// fillers' own programming is not visible from the API). Null without both. While
+    /// a burst runs, no other probe of the gate uses its target's node, so this backlog
+    /// is the burst's own. Added field (defaults to null).
+    #[serde(default)]
+    pub backlog_drain_seconds: Option<f64>,
 }
 
 /// Gate verdict (DESIGN §4).

@@ -18,14 +18,14 @@
 //!    adds the IP to the allow set and emits `endpoint_programmed` (detail:
 //!    `delay_seconds` sampled, `apply_seconds` the whole apply, `waited_seconds` since
 //!    endpoint_added, `first_connections_dropped` the node's budget then);
-//! 3b. `first_connections_dropped: N` counts from the endpoint's `readiness_ok`, as an
+//! 4. `first_connections_dropped: N` counts from the endpoint's `readiness_ok`, as an
 //!    agent that attaches its enforcement late drops flows the dataplane had already
 //!    let through: the kubelet calls [`Agent::arm_first_connections_dropped`] right
 //!    before every readiness probe of the pod until one passes (and once before
 //!    `readiness_ok` for a pod without a readiness probe), which (re)arms the node's
 //!    budget of N dropped SYNs from or to the IP, so the ones sent before Ready do not
 //!    spend it and the first N new connections after Ready are dropped;
-//! 4. with `revoke`, a sample of `after` later the IP leaves the allow set again
+//! 5. with `revoke`, a sample of `after` later the IP leaves the allow set again
 //!    (truth `endpoint_revoked`) for good.
 //!
 //! A new fault file ([`Faults::set`]) re-plans every pending endpoint under the new file
@@ -275,7 +275,7 @@ impl Agent {
     /// one blocking `nft` call) and returns N; 0 (and no `nft` call) without the fault or
     /// for an unknown endpoint. The kubelet calls it right before each readiness probe
     /// until the pod's first pass, so the budget counts from `readiness_ok` (module
-    /// docs, step 3b). An `nft` failure is logged and returns 0.
+    /// docs, step 4). An `nft` failure is logged and returns 0.
     pub fn arm_first_connections_dropped(&self, pod: &PodNet) -> u32 {
         let inner = &self.inner;
         let n = inner
@@ -932,7 +932,7 @@ fn apply(
         Some(ep) if ep.token == token && !ep.programmed => {}
         _ => return false, // removed or replaced meanwhile
     }
-    // The drop budget is armed from readiness_ok on (module docs, step 3b), not here.
+    // The drop budget is armed from readiness_ok on (module docs, step 4), not here.
     let r = inner.dataplane.allow(&inner.node.name, net.ip);
     let apply_time = started.elapsed();
     inner.count_apply(apply_time, Some(1), r.is_ok());

@@ -319,6 +319,136 @@ fn first_attempt_failures_count_from_ready_and_first_connections_dropped_show_af
     assert!(from_node1 >= 2 && elsewhere >= 2, "{out}");
 }
 
+const S1_PLUS_QUEUE_ON_NODE_2: &str = "rules:
+  - nodes: {all: true}
+    program_delay: {uniform: [200ms, 600ms]}
+  - nodes: {names: [node-2]}
+    program_delay: 0s
+    queue: {per_endpoint: 1500ms}
+";
+
+/// Wall-clock span of a probe: `started_at` → `started_at + timeline.finished`.
+fn span(p: &Value) -> (f64, f64) {
+    let start = humantime::parse_rfc3339_weak(p["timeline"]["started_at"].as_str().unwrap())
+        .unwrap()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    (
+        start,
+        start + p["timeline"]["finished"].as_f64().unwrap_or(0.0),
+    )
+}
+
+/// Burst isolation (`FIRSTPACKET_LONG_TESTS=1`, about 90 s): with a programming queue of
+/// 1.5 s per endpoint on node-2 (no program delay there, so endpoints queue in the order
+/// they were added), the burst on node-2 is slow and its backlog grows with
+/// `--burst-size` (5 vs 10), while the cross-node probes touching node-2 in the same
+/// run, which never overlap it, stay within 1 s of their S1 TTFP.
+#[test]
+fn burst_backlog_is_its_own_and_the_plain_probes_beside_it_stay_at_their_s1_values() {
+    if !std::env::var("FIRSTPACKET_LONG_TESTS").is_ok_and(|v| v == "1") {
+        eprintln!("skipped: set FIRSTPACKET_LONG_TESTS=1");
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let s1 = std::fs::read_to_string(common::repo_file("testbed/faults/s1-healthy.yaml")).unwrap();
+    let tb = Testbed::up("burstiso", 3, &s1, &[]);
+    let common_args = ["--hold", "1s", "--concurrency", "3", "--max-ttfp", "60s"];
+    let mut args = vec!["--kinds", "cross_node"];
+    args.extend_from_slice(&common_args);
+    let (code, s1_report, out) = tb.gate(&args);
+    validate(&s1_report);
+    assert_eq!(code, 0, "{out}");
+    let s1_max = probes(&s1_report)
+        .iter()
+        .map(|p| p["ttfp_seconds"].as_f64().unwrap())
+        .fold(0.0, f64::max);
+
+    let fault = std::env::temp_dir().join(format!("fp-e2e-burstiso-{}.yaml", std::process::id()));
+    std::fs::write(&fault, S1_PLUS_QUEUE_ON_NODE_2).unwrap();
+    let set = tb
+        .cmd()
+        .args(["fault", "set"])
+        .arg(&fault)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&fault);
+    assert!(
+        set.status.success(),
+        "{}",
+        String::from_utf8_lossy(&set.stderr)
+    );
+    let mut drains = Vec::new();
+    for k in ["5", "10"] {
+        let mut args = vec![
+            "--kinds",
+            "burst,cross_node",
+            "--burst-size",
+            k,
+            "--slow-threshold",
+            "3s",
+        ];
+        args.extend_from_slice(&common_args);
+        let (_, report, out) = tb.gate(&args);
+        validate(&report);
+        let truth = tb.truth();
+        let burst: Vec<&Value> = of_kind(&report, "burst")
+            .into_iter()
+            .filter(|p| p["target"]["node"] == "node-2")
+            .collect();
+        assert_eq!(burst.len(), 1, "{out}");
+        let b = burst[0];
+        assert_eq!(b["result"], "slow", "burst of {k} on node-2: {b:#}\n{out}");
+        assert_ttfp_near_truth(&truth, b, &out);
+        let drain = b["burst"]["backlog_drain_seconds"].as_f64().expect("drain");
+        // The node programs one endpoint per 1.5 s: the target waited behind every
+        // filler added before it (truth), then itself.
+        let uid = b["target"]["uid"].as_str().unwrap();
+        let pid = b["id"].as_str().unwrap();
+        let added = truth_at(&truth, TruthKind::EndpointAdded, uid).expect("added");
+        let ahead = truth
+            .iter()
+            .filter(|e| {
+                e.event == TruthKind::EndpointAdded
+                    && e.t < added
+                    && e.pod
+                        .as_deref()
+                        .is_some_and(|n| n.starts_with(&format!("fp-{pid}-f")))
+            })
+            .count();
+        assert!(
+            drain >= 1.5 * (ahead as f64 + 1.0) - 0.5,
+            "drain {drain:.2}s, {ahead} ahead: {b:#}"
+        );
+        eprintln!(
+            "burst of {k} on node-2: {ahead} filler(s) ahead, TTFP {}, drain {drain:.2}s",
+            b["ttfp_seconds"]
+        );
+        drains.push(drain);
+        let (b0, b1) = span(b);
+        for p in of_kind(&report, "cross_node") {
+            if p["source"]["node"] != "node-2" && p["target"]["node"] != "node-2" {
+                continue;
+            }
+            let (p0, p1) = span(p);
+            assert!(
+                p1 <= b0 || p0 >= b1,
+                "overlaps the node-2 burst: {p:#}\n{out}"
+            );
+            let ttfp = p["ttfp_seconds"].as_f64().expect("ttfp");
+            assert!(
+                ttfp <= s1_max + 1.0,
+                "cross-node probe touching node-2: TTFP {ttfp:.2}s, S1 max {s1_max:.2}s\n{out}"
+            );
+        }
+    }
+    assert!(
+        drains[1] > drains[0] + 3.0,
+        "drain 5 → 10 fillers: {drains:?}"
+    );
+}
+
 const REVOKE_FAULT: &str = "rules:
   - nodes: {all: true}
     program_delay: {uniform: [100ms, 300ms]}
