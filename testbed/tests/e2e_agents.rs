@@ -12,7 +12,8 @@
 //! on the node IP without warnings, agent restarts (`agent_restarted`,
 //! no negative numbers in any evidence), a slow route-table resync
 //! (`agent.route_resync` → `route_resync_slow`) and datastore resyncs
-//! (`agent.datastore_resync` → `datastore_resync`), each named on its node only.
+//! (`agent.datastore_resync` → `datastore_resync`) and a not-Ready agent
+//! (`agent.not_ready` → `agent_not_ready`), each named on its node only.
 //!
 //! Build the binaries first (`cargo build --workspace --bins`); the tests run serially
 //! through `common::SERIAL`.
@@ -710,5 +711,25 @@ fn datastore_resyncs_are_named_datastore_resync_on_their_node() {
     }
     for f in &all {
         assert_eq!(f["node"], "node-3", "{f}\n{text}");
+    }
+}
+
+/// Fault `agent.not_ready` on node-1: its calico-node pod reports not Ready, and the
+/// prober names `agent_not_ready` on node-1 only.
+#[test]
+fn an_agent_not_ready_is_named_agent_not_ready_on_its_node() {
+    let _g = lock();
+    let fault = "rules:\n  - nodes: {all: true}\n    program_delay: {uniform: [200ms, 600ms]}\n  - nodes: {names: [node-1]}\n    agent: {not_ready: true}\n";
+    let tb = Testbed::up("agents-notready", 3, fault, &[]);
+    let (_, report, text) = tb.gate(QUICK);
+    validate(&report);
+    let all = findings(&report);
+    assert_eq!(
+        nodes_with(&all, "agent_not_ready"),
+        set(&["node-1"]),
+        "{text}"
+    );
+    for f in &all {
+        assert_eq!(f["node"], "node-1", "{f}\n{text}");
     }
 }
