@@ -108,6 +108,7 @@ fn s4_cross_node_broken_is_diagnosed_against_same_node_and_the_gate_stops_early(
     let duration = report["duration_seconds"]
         .as_f64()
         .expect("duration_seconds");
+    eprintln!("S4, 6 nodes, --concurrency 2, --give-up 20s: duration_seconds {duration:.1}");
     assert!(
         duration <= 35.0,
         "duration_seconds {duration:.1} > 35 (give-up {give_up}s)\n{out}"
