@@ -1257,6 +1257,7 @@ mod tests {
             suspects: vec![],
             source_report: None,
             first_attempt_failures: 0,
+            pre_ready_attempt_failures: 0,
             api_writes: 4,
             recreate: None,
             burst: None,

@@ -39,7 +39,7 @@ use crate::podspec::{
 };
 use crate::probe::{run_probe, write_budget, EngineFault, ProbeEnv, ProbePlan};
 use crate::record::{build_record, Ending, ProbeMeta};
-use crate::schedule::{plan_kinds, NodeInfo, PlannedProbe};
+use crate::schedule::{node_claims, plan_kinds, NodeInfo, PlannedProbe};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
@@ -292,7 +292,40 @@ pub fn questionable_settings(args: &GateArgs) -> Vec<(&'static str, String)> {
     out
 }
 
-/// Kinds whose pairs cross nodes and are cut short by the early stop.
+/// Per-node claims of running probes (burst isolation, [`node_claims`]): a read-write
+/// lock per node name, taken shared by every probe using the node and exclusively by a
+/// `burst` on its target's node. tokio's `RwLock` is fair (first come, first served), so
+/// a waiting burst is not starved by a stream of shared users.
+#[derive(Default)]
+struct NodeLocks(Mutex<std::collections::HashMap<String, Arc<tokio::sync::RwLock<()>>>>);
+
+/// A held claim on one node (dropped = released).
+#[allow(dead_code)] // held for its Drop only
+enum NodeGuard {
+    Shared(tokio::sync::OwnedRwLockReadGuard<()>),
+    Exclusive(tokio::sync::OwnedRwLockWriteGuard<()>),
+}
+
+impl NodeLocks {
+    /// Takes every claim of `claims` (sorted by node name, as [`node_claims`] gives
+    /// them, so concurrent claimers cannot deadlock) and returns the guards.
+    async fn claim(&self, claims: &[(String, bool)]) -> Vec<NodeGuard> {
+        let mut out = Vec::with_capacity(claims.len());
+        for (node, exclusive) in claims {
+            let l = lock(&self.0).entry(node.clone()).or_default().clone();
+            out.push(if *exclusive {
+                NodeGuard::Exclusive(l.write_owned().await)
+            } else {
+                NodeGuard::Shared(l.read_owned().await)
+            });
+        }
+        out
+    }
+}
+
+/// Kinds whose pairs cross nodes and are cut short by the early stop. The early stop
+/// also keeps `same_node` controls that have not started yet from starting (their
+/// evidence is no longer needed once the verdict is certain); running ones finish.
 fn stops_early(kind: ProbeKind) -> bool {
     kind != ProbeKind::SameNode
 }
@@ -659,23 +692,29 @@ async fn run_gate_inner(
     let total = plan.len();
     let sem = Arc::new(Semaphore::new(p.concurrency as usize));
     let mut set: JoinSet<(usize, Option<ProbeRecord>)> = JoinSet::new();
-    // Probes start in plan order (same-node pairs first, pairs with no node in common
-    // first within a lap: `crate::schedule`): the task at position `pos` asks for a
+    // Probes start in plan order (same-node controls woven among the cross-node pairs,
+    // pairs with no node in common first within a lap: `crate::schedule`): the task at position `pos` asks for a
     // permit only once `turn` reached `pos`, and passes the turn on as soon as it holds
     // a permit or gave up waiting — otherwise the runtime's polling order would decide.
     let turn = Arc::new(watch::channel(0usize).0);
+    let node_locks = Arc::new(NodeLocks::default());
     for (pos, planned) in plan.into_iter().enumerate() {
+        let claims = node_claims(&planned);
+        let node_locks = node_locks.clone();
         let env = env.clone();
         let sem = sem.clone();
         let turn = turn.clone();
         let mut my_turn = turn.subscribe();
         let probe = probe_plan(&planned, &instance, p.burst_size);
         let cross = stops_early(probe.kind);
-        let mut cancel = if cross {
+        let cancel = if cross {
             cross_cancel_rx.clone()
         } else {
             cancel_rx.clone()
         };
+        // Whether to start at all: the early stop (or a run-wide stop) cancels every
+        // probe not started yet, controls included (`stops_early`).
+        let mut start_cancel = cross_cancel_rx.clone();
         let run_cancel = cancel_rx.clone();
         let finished = finished.clone();
         let stopped = stopped_early.clone();
@@ -688,15 +727,24 @@ async fn run_gate_inner(
                     let _ = my_turn.wait_for(|t| *t >= pos).await;
                     sem.acquire_owned().await.ok()
                 } => p,
-                _ = cancel.wait_for(|c| *c) => None,
+                _ = start_cancel.wait_for(|c| *c) => None,
             };
             if permit.is_none() {
                 // Cancelled before starting: still pass the turn on when it comes.
                 let _ = my_turn.wait_for(|t| *t >= pos).await;
             }
             turn.send_modify(|t| *t = (*t).max(pos + 1));
+            // Burst isolation: wait (holding the permit) until the probe's nodes are
+            // free for it (`crate::schedule::node_claims`).
+            let guards = match permit {
+                Some(_) => tokio::select! {
+                    g = node_locks.claim(&claims) => Some(g),
+                    _ = start_cancel.wait_for(|c| *c) => None,
+                },
+                None => None,
+            };
             let early = lock(&stopped).clone();
-            if permit.is_none() || *cancel.borrow() {
+            if permit.is_none() || guards.is_none() || *start_cancel.borrow() {
                 // Not started: an early stop gives a record; a run-wide stop does not.
                 return match early {
                     Some(why) if !*run_cancel.borrow() => (
@@ -728,6 +776,7 @@ async fn run_gate_inner(
                     }
                 }
             }
+            drop(guards);
             drop(permit);
             (index, Some(rec))
         });

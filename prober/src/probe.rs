@@ -33,7 +33,10 @@
 //!   cluster_ip}`. Budget **6**: Service create + delete, and the 4 of `cross_node`.
 //! - `burst`: T is created right after K filler pods (`--burst-size`, component
 //!   `probe-filler`, `target-server serve`) on T's node, so its endpoint is programmed
-//!   among K others; TTFP of T. Budget **4 + 2K** (K filler creates and deletes).
+//!   among K others; TTFP of T. The record's `burst` keeps `fillers_ready_seconds`
+//!   and `backlog_drain_seconds` ([`burst_backlog`]); the gate runs no other probe on
+//!   T's node meanwhile (`crate::schedule::node_claims`). Budget **4 + 2K** (K filler
+//!   creates and deletes).
 //!
 //! Every probe counts its own writes ([`ProbeRecord::api_writes`]) and logs a warning
 //! when it exceeds [`write_budget`]. Every wait runs on the shared [`PodWatch`] under a
@@ -93,6 +96,39 @@ pub const UNSCHEDULABLE_GRACE: Duration = Duration::from_secs(10);
 /// Timeout of the single read (by name) a probe makes of its pod when a wait ran out, to read the
 /// pod's real state past a watch that may have missed updates.
 pub const FINAL_GET_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A burst's backlog ([`BurstInfo::fillers_ready_seconds`],
+/// [`BurstInfo::backlog_drain_seconds`]), seconds since the first filler's create:
+/// `fillers` are the filler pods' tracked states (`None` when never seen), `created` how
+/// many create calls succeeded, `source_ready` / `raw_ttfp` the record's prober-clock
+/// source Ready (seconds since `origin`, the probe start) and the source's raw TTFP.
+/// Pure. Fillers Ready is `None` unless `created` fillers were seen Ready; the drain is
+/// `None` unless both it and a first success are known.
+pub fn burst_backlog(
+    origin: std::time::Instant,
+    fillers: &[Option<PodState>],
+    created: u32,
+    source_ready: Option<f64>,
+    raw_ttfp: Option<f64>,
+) -> (Option<f64>, Option<f64>) {
+    let since = |t: std::time::Instant| t.saturating_duration_since(origin).as_secs_f64();
+    let seen: Vec<&PodState> = fillers.iter().flatten().collect();
+    let Some(first_create) = seen.iter().filter_map(|s| s.created).min().map(since) else {
+        return (None, None);
+    };
+    let readies: Vec<f64> = seen.iter().filter_map(|s| s.ready).map(since).collect();
+    if created == 0 || readies.len() < created as usize {
+        return (None, None);
+    }
+    let last_ready = readies.iter().copied().fold(f64::MIN, f64::max);
+    let ready = (last_ready - first_create).max(0.0);
+    let success = match (source_ready, raw_ttfp) {
+        (Some(r), Some(raw)) => Some(r + raw),
+        _ => None,
+    };
+    let drain = success.map(|s| (s.max(last_ready) - first_create).max(0.0));
+    (Some(ready), drain)
+}
 
 /// API-write budget of one probe of `kind` (module docs): 4 for `cross_node` and
 /// `same_node` (docs/design.md §7), 6 for `recreate`, 4 + 2 × `burst_size` for `burst`.
@@ -979,6 +1015,8 @@ async fn lifecycle(
         st.burst = Some(BurstInfo {
             fillers: plan.burst_size,
             fillers_created: created,
+            fillers_ready_seconds: None,
+            backlog_drain_seconds: None,
         });
     }
     if plan.kind == ProbeKind::Service {
@@ -1245,6 +1283,22 @@ pub async fn run_probe(
         record.api_writes = st.writes;
         record.recreate = st.recreate.take();
         record.burst = st.burst.take();
+        if let Some(b) = record.burst.as_mut() {
+            let fillers: Vec<Option<PodState>> = env.watch.with_tracker(|t| {
+                (0..plan.burst_size.min(b.fillers))
+                    .map(|i| t.get(&filler_pod_name(&plan.id, i)).cloned())
+                    .collect()
+            });
+            let (ready, drain) = burst_backlog(
+                meta.started,
+                &fillers,
+                b.fillers_created,
+                record.timeline.source.ready,
+                record.raw_ttfp_seconds,
+            );
+            b.fillers_ready_seconds = ready;
+            b.backlog_drain_seconds = drain;
+        }
         record.service = st.service.take();
         if could_be_node_not_ready(&record) {
             let mut nodes = vec![&plan.source_node, &plan.target_node];
@@ -1316,6 +1370,47 @@ mod tests {
         let mut s = tr.get("fp-x-t").cloned().expect("state");
         f(&mut s);
         s
+    }
+
+    #[test]
+    fn burst_backlog_runs_from_the_first_filler_create_to_the_later_of_fillers_ready_and_success() {
+        let t0 = std::time::Instant::now();
+        let at = |s: f64| Some(t0 + Duration::from_secs_f64(s));
+        let filler = |created: f64, ready: Option<f64>| {
+            Some(state(|s| {
+                s.created = at(created);
+                s.ready = ready.and_then(at);
+            }))
+        };
+        let fillers = vec![filler(0.5, Some(2.0)), filler(0.6, Some(4.5))];
+        // Source Ready at 6.0 s, first success 1.0 s later: drained at 7.0 s.
+        let (ready, drain) = burst_backlog(t0, &fillers, 2, Some(6.0), Some(1.0));
+        assert_eq!(ready, Some(4.0));
+        assert!((drain.unwrap() - 6.5).abs() < 1e-9, "{drain:?}");
+        // A success before the last filler was Ready (negative raw TTFP too): the
+        // fillers' Ready bounds it.
+        let (_, drain) = burst_backlog(t0, &fillers, 2, Some(3.0), Some(-0.5));
+        assert!((drain.unwrap() - 4.0).abs() < 1e-9, "{drain:?}");
+        // No success: fillers Ready only.
+        assert_eq!(
+            burst_backlog(t0, &fillers, 2, Some(3.0), None),
+            (Some(4.0), None)
+        );
+        // A created filler never Ready, or never seen: nothing certain.
+        let unready = vec![filler(0.5, Some(2.0)), filler(0.6, None)];
+        assert_eq!(
+            burst_backlog(t0, &unready, 2, Some(6.0), Some(1.0)),
+            (None, None)
+        );
+        let unseen = vec![filler(0.5, Some(2.0)), None];
+        assert_eq!(
+            burst_backlog(t0, &unseen, 2, Some(6.0), Some(1.0)),
+            (None, None)
+        );
+        assert_eq!(
+            burst_backlog(t0, &[], 0, Some(6.0), Some(1.0)),
+            (None, None)
+        );
     }
 
     fn reason(e: &Ending) -> Option<Reason> {

@@ -307,6 +307,11 @@ pub fn build_record(
         },
         suspects: Vec::new(),
         first_attempt_failures: first_attempt_failures(result, reason, source_report.as_ref()),
+        pre_ready_attempt_failures: pre_ready_attempt_failures(
+            result,
+            reason,
+            source_report.as_ref(),
+        ),
         source_report,
         api_writes: 0,
         recreate: None,
@@ -315,22 +320,46 @@ pub fn build_record(
     }
 }
 
-/// First-attempt failures of a probe (issue 5: "new pods whose first connections fail,
-/// then work"): the source's failed attempts sent before its first success, counted only
-/// when a success was seen (`success`, `slow`, or `failed`/`lost_after_success`) and the
-/// probe is conclusive; 0 otherwise (a probe that never worked is a plain failure).
+/// Whether the probe worked at some point: `success`, `slow`, or `failed` with
+/// `lost_after_success`.
+fn worked(result: ProbeResult, reason: Option<Reason>) -> bool {
+    match result {
+        ProbeResult::Success | ProbeResult::Slow => true,
+        ProbeResult::Failed => reason == Some(Reason::LostAfterSuccess),
+        ProbeResult::Inconclusive => false,
+    }
+}
+
+/// First-attempt failures of a probe ("new pods whose first connections fail, then
+/// work"), as an application that starts connecting when its pod turns Ready would see
+/// them: the source's failed attempts sent at or after its `ready_at` and before its
+/// first success sent after `ready_at` (`failures_after_ready_before_success`).
+/// Counted only when the probe worked (`success`, `slow`, `failed`/`lost_after_success`)
+/// and the source had such a success; 0 otherwise (a probe that never worked is a plain
+/// failure). Attempts before Ready are [`pre_ready_attempt_failures`]: Kubernetes does
+/// not promise a pod any network before it is Ready.
 pub fn first_attempt_failures(
     result: ProbeResult,
     reason: Option<Reason>,
     report: Option<&SourceReport>,
 ) -> u64 {
-    let worked = match result {
-        ProbeResult::Success | ProbeResult::Slow => true,
-        ProbeResult::Failed => reason == Some(Reason::LostAfterSuccess),
-        ProbeResult::Inconclusive => false,
-    };
     match report {
-        Some(r) if worked && r.first_success_sent.is_some() => r.failures_before_success,
+        Some(r) if worked(result, reason) && r.first_success_after_ready_sent.is_some() => {
+            r.failures_after_ready_before_success
+        }
+        _ => 0,
+    }
+}
+
+/// The source's failed attempts sent before its `ready_at` and before its first success
+/// (`failures_before_ready`), when the probe worked; 0 otherwise.
+pub fn pre_ready_attempt_failures(
+    result: ProbeResult,
+    reason: Option<Reason>,
+    report: Option<&SourceReport>,
+) -> u64 {
+    match report {
+        Some(r) if worked(result, reason) => r.failures_before_ready,
         _ => 0,
     }
 }
@@ -397,6 +426,10 @@ mod tests {
             raw_ttfp_seconds: raw,
             attempts_before_success: 12,
             failures_before_success: 3,
+            // Two of the three before Ready; one after it (when the success came after).
+            failures_before_ready: 2,
+            first_success_after_ready_sent: success.filter(|s| ready.is_some_and(|r| *s >= r)),
+            failures_after_ready_before_success: 1,
             errors,
             last_error: Some(ErrorKind::Timeout),
             wrong_peer: None,
@@ -498,18 +531,29 @@ mod tests {
     }
 
     #[test]
-    fn first_attempt_failures_count_only_when_the_source_later_succeeded() {
+    fn first_attempt_failures_count_only_after_ready_and_when_the_source_later_succeeded() {
         let r = report(SourceOutcome::Success, Some(0.5), Some(0.8));
-        assert_eq!(record_for(Some(&r), None).first_attempt_failures, 3);
+        let rec = record_for(Some(&r), None);
+        assert_eq!(
+            rec.first_attempt_failures, 1,
+            "only the one sent after Ready"
+        );
+        assert_eq!(rec.pre_ready_attempt_failures, 2);
         let mut clean = r.clone();
-        clean.failures_before_success = 0;
+        clean.failures_after_ready_before_success = 0;
         assert_eq!(record_for(Some(&clean), None).first_attempt_failures, 0);
         let lost = report(SourceOutcome::LostAfterSuccess, Some(0.5), Some(0.7));
-        assert_eq!(record_for(Some(&lost), None).first_attempt_failures, 3);
+        assert_eq!(record_for(Some(&lost), None).first_attempt_failures, 1);
+        // A source whose only successes came before Ready: nothing seen from Ready on.
+        let early = report(SourceOutcome::Success, Some(1.0), Some(0.6));
+        let rec = record_for(Some(&early), None);
+        assert_eq!(rec.first_attempt_failures, 0);
+        assert_eq!(rec.pre_ready_attempt_failures, 2);
         let none = report(SourceOutcome::NoSuccess, Some(0.5), None);
         let rec = record_for(Some(&none), None);
         assert_eq!(rec.result, ProbeResult::Failed);
         assert_eq!(rec.first_attempt_failures, 0);
+        assert_eq!(rec.pre_ready_attempt_failures, 0);
     }
 
     #[test]

@@ -16,11 +16,16 @@
 //!
 //! [`plan_kinds`] runs each requested kind over that ring: `cross_node`, `recreate` and
 //! `burst` use the ring pairs (source ≠ target), `same_node` pins both pods of probe `k`
-//! to `order[k % n]`. `same_node` probes come first (the control is quick and gives the
-//! early-stop rule its evidence, see `gate::early_stop`), then the other kinds in the
-//! order given. Inside a lap the ring pairs are started even positions first
-//! (`0, 2, 4, …, 1, 3, …`): with an even node count the first `n/2` pairs share no node,
-//! so the pairs in flight together fail or pass independently.
+//! to `order[k % n]`. The other kinds follow one another in the order given, and the
+//! `same_node` controls are woven into them, one control then two other probes
+//! ([`CONTROL_EVERY`]): `s0, x0, x1, s1, x2, x3, s2, …` (leftovers of either at the end).
+//! The early-stop rule (`gate::early_stop`) needs both a passing control and two silent
+//! cross-node pairs with no node in common: started together, they are there after one
+//! give-up period, where controls all first would add their whole run before the first
+//! cross-node pair (at `--concurrency 2` on 6 nodes, a second give-up period). Inside a
+//! lap the ring pairs are started even positions first (`0, 2, 4, …, 1, 3, …`): with an
+//! even node count the first `n/2` pairs share no node, so the pairs in flight together
+//! fail or pass independently (and `x0`, `x1` above are two such pairs).
 
 use crate::config::ProbeKind;
 use k8s_openapi::api::core::v1::{Node, Toleration};
@@ -497,12 +502,12 @@ pub fn plan_kinds(
             .collect()
     });
     let mut out: Vec<PlannedProbe> = Vec::new();
+    let mut controls: Vec<PlannedProbe> = Vec::new();
     for kind in sorted_kinds {
-        let first = out.len();
         if kind == ProbeKind::SameNode {
             for k in 0..per_kind {
                 let node = order[k % n].clone();
-                out.push(PlannedProbe {
+                controls.push(PlannedProbe {
                     index: 0,
                     kind,
                     source: node.clone(),
@@ -510,17 +515,18 @@ pub fn plan_kinds(
                     keep_target: false,
                 });
             }
-        } else {
-            let ring = ring.as_ref()?;
-            for k in lap_order(per_kind, n) {
-                out.push(PlannedProbe {
-                    index: 0,
-                    kind,
-                    source: ring[k].source.clone(),
-                    target: ring[k].target.clone(),
-                    keep_target: false,
-                });
-            }
+            continue;
+        }
+        let first = out.len();
+        let ring = ring.as_ref()?;
+        for k in lap_order(per_kind, n) {
+            out.push(PlannedProbe {
+                index: 0,
+                kind,
+                source: ring[k].source.clone(),
+                target: ring[k].target.clone(),
+                keep_target: false,
+            });
         }
         if kind == ProbeKind::Recreate {
             for i in first..out.len() {
@@ -529,10 +535,47 @@ pub fn plan_kinds(
             }
         }
     }
+    let mut out = weave(controls, out, CONTROL_EVERY);
     for (i, p) in out.iter_mut().enumerate() {
         p.index = i;
     }
     Some(out)
+}
+
+/// The nodes a planned probe uses, sorted by name, each with whether it needs the node
+/// to itself: a `burst` probe claims its target's node exclusively (its filler pods
+/// start there, and a probe sharing the node would measure that backlog instead of its
+/// own, or add to the burst's), every other use is shared. The gate takes these claims
+/// (in this order, so no two probes wait on each other) before a probe starts and
+/// keeps them until it has ended. Pure.
+pub fn node_claims(p: &PlannedProbe) -> Vec<(String, bool)> {
+    let exclusive_target = p.kind == ProbeKind::Burst;
+    let mut claims = vec![(p.target.clone(), exclusive_target)];
+    if p.source != p.target {
+        claims.push((p.source.clone(), false));
+    }
+    claims.sort();
+    claims
+}
+
+/// Other probes planned after each `same_node` control in [`plan_kinds`] (module docs).
+pub const CONTROL_EVERY: usize = 2;
+
+/// `controls` woven into `others`: one control, then `every` others, and so on; what
+/// is left of either goes at the end, in order.
+fn weave(
+    controls: Vec<PlannedProbe>,
+    others: Vec<PlannedProbe>,
+    every: usize,
+) -> Vec<PlannedProbe> {
+    let mut out = Vec::with_capacity(controls.len() + others.len());
+    let mut others = others.into_iter();
+    for c in controls {
+        out.push(c);
+        out.extend(others.by_ref().take(every));
+    }
+    out.extend(others);
+    out
 }
 
 #[cfg(test)]
@@ -541,18 +584,88 @@ mod tests {
     use std::collections::BTreeSet;
 
     #[test]
-    fn same_node_probes_come_first_and_pin_both_pods_to_one_node() {
+    fn same_node_controls_are_woven_among_the_cross_node_pairs_and_pin_both_pods() {
         let kinds = [ProbeKind::CrossNode, ProbeKind::SameNode];
         let plan = plan_kinds(&names(4), &kinds, 4, 3).expect("plan");
         assert_eq!(plan.len(), 8);
-        assert!(plan[..4].iter().all(|p| p.kind == ProbeKind::SameNode));
-        assert!(plan[..4].iter().all(|p| p.source == p.target));
-        let same: BTreeSet<_> = plan[..4].iter().map(|p| p.source.clone()).collect();
-        assert_eq!(same.len(), 4, "every node gets a control pair");
-        assert!(plan[4..].iter().all(|p| p.kind == ProbeKind::CrossNode));
-        assert!(plan[4..].iter().all(|p| p.source != p.target));
+        let pattern: Vec<bool> = plan.iter().map(|p| p.kind == ProbeKind::SameNode).collect();
+        assert_eq!(
+            pattern,
+            [true, false, false, true, false, false, true, true],
+            "control, two pairs, control, two pairs, leftover controls"
+        );
+        let (same, cross): (Vec<_>, Vec<_>) =
+            plan.iter().partition(|p| p.kind == ProbeKind::SameNode);
+        assert!(same.iter().all(|p| p.source == p.target));
+        let nodes: BTreeSet<_> = same.iter().map(|p| p.source.clone()).collect();
+        assert_eq!(nodes.len(), 4, "every node gets a control pair");
+        assert!(cross.iter().all(|p| p.source != p.target));
+        // The two pairs next to the first control share no node (early-stop evidence).
+        let first_two: BTreeSet<_> = [&plan[1], &plan[2]]
+            .iter()
+            .flat_map(|p| [p.source.clone(), p.target.clone()])
+            .collect();
+        assert_eq!(first_two.len(), 4);
         let idx: Vec<usize> = plan.iter().map(|p| p.index).collect();
         assert_eq!(idx, (0..8).collect::<Vec<_>>());
+        // Cross-node pairs keep their own order (lap order) once the controls are out.
+        let alone = plan_kinds(&names(4), &[ProbeKind::CrossNode], 4, 3).expect("plan");
+        let pairs = |v: &[&PlannedProbe]| -> Vec<(String, String)> {
+            v.iter()
+                .map(|p| (p.source.clone(), p.target.clone()))
+                .collect()
+        };
+        assert_eq!(pairs(&cross), pairs(&alone.iter().collect::<Vec<_>>()));
+    }
+
+    #[test]
+    fn a_burst_claims_its_target_node_alone_and_every_other_use_is_shared() {
+        let p = |kind, source: &str, target: &str| PlannedProbe {
+            index: 0,
+            kind,
+            source: source.into(),
+            target: target.into(),
+            keep_target: false,
+        };
+        let c = |v: &[(&str, bool)]| -> Vec<(String, bool)> {
+            v.iter().map(|(n, x)| (n.to_string(), *x)).collect()
+        };
+        assert_eq!(
+            node_claims(&p(ProbeKind::Burst, "n3", "n1")),
+            c(&[("n1", true), ("n3", false)])
+        );
+        assert_eq!(
+            node_claims(&p(ProbeKind::CrossNode, "n3", "n1")),
+            c(&[("n1", false), ("n3", false)])
+        );
+        assert_eq!(
+            node_claims(&p(ProbeKind::SameNode, "n2", "n2")),
+            c(&[("n2", false)])
+        );
+    }
+
+    #[test]
+    fn weave_puts_leftovers_at_the_end() {
+        let p = |kind| PlannedProbe {
+            index: 0,
+            kind,
+            source: "a".into(),
+            target: "b".into(),
+            keep_target: false,
+        };
+        let k = |v: &[PlannedProbe]| {
+            v.iter()
+                .map(|p| p.kind == ProbeKind::SameNode)
+                .collect::<Vec<_>>()
+        };
+        let w = weave(
+            vec![p(ProbeKind::SameNode)],
+            vec![p(ProbeKind::CrossNode); 4],
+            2,
+        );
+        assert_eq!(k(&w), [true, false, false, false, false]);
+        let w = weave(vec![p(ProbeKind::SameNode); 2], vec![], 2);
+        assert_eq!(k(&w), [true, true]);
     }
 
     #[test]

@@ -37,6 +37,9 @@ fn source_report(outcome: SourceOutcome, ready: Option<f64>, success: Option<f64
         raw_ttfp_seconds: raw,
         attempts_before_success: 4,
         failures_before_success: 2,
+        failures_before_ready: 0,
+        first_success_after_ready_sent: success.filter(|s| ready.is_some_and(|r| *s >= r)),
+        failures_after_ready_before_success: 2,
         errors: [(ErrorKind::Timeout, 2)].into_iter().collect(),
         last_error: Some(ErrorKind::Timeout),
         wrong_peer: None,
@@ -157,11 +160,13 @@ fn gate_report_with_every_result_class_matches_the_json_schema() {
     probes[1].burst = Some(BurstInfo {
         fillers: 10,
         fillers_created: 10,
+        fillers_ready_seconds: Some(3.2),
+        backlog_drain_seconds: Some(4.1),
     });
     probes[1].api_writes = 24;
     assert_eq!(
         probes[0].first_attempt_failures, 2,
-        "success after 2 failures"
+        "success after 2 failures after Ready"
     );
     let results: Vec<&str> = probes.iter().map(|p| p.result.as_str()).collect();
     assert_eq!(

@@ -252,6 +252,22 @@ pub struct SourceReport {
     pub attempts_before_success: u64,
     /// Of those, how many failed (attempts still in flight at success are not counted).
     pub failures_before_success: u64,
+    /// Of those failures, the ones sent before `ready_at` (all of them when `ready_at`
+    /// is null): what the pod met before the kubelet called it Ready, which no
+    /// application started at Ready would see. Added field (defaults to 0).
+    #[serde(default)]
+    pub failures_before_ready: u64,
+    /// Earliest send time among successful attempts sent at or after `ready_at` (null
+    /// without `ready_at` or without such a success). Added field (defaults to null).
+    #[serde(default)]
+    pub first_success_after_ready_sent: Option<f64>,
+    /// Failed attempts sent at or after `ready_at` and before
+    /// `first_success_after_ready_sent` (every failure sent after `ready_at` when there
+    /// is no such success; 0 without `ready_at`): what an application that starts
+    /// connecting when its pod turns Ready would see fail first. Added field (defaults
+    /// to 0).
+    #[serde(default)]
+    pub failures_after_ready_before_success: u64,
     /// Failure counts by kind, over the whole run.
     pub errors: BTreeMap<ErrorKind, u64>,
     /// Kind of the most recent failure before the first success.
@@ -270,7 +286,8 @@ pub struct SourceHold {
     pub seconds: f64,
     /// Attempts sent during the hold.
     pub attempts: u64,
-    /// Failed attempts during the hold.
+    /// Failed attempts during the hold (failures sent before the first success after
+    /// `ready_at` are not counted: they are pre-Ready or first-attempt failures).
     pub failures: u64,
     /// Failures per whole second of the hold, at most [`MAX_HOLD_SERIES`] entries.
     pub failures_per_second: Vec<u32>,
@@ -382,13 +399,21 @@ pub struct ProbeRecord {
     pub suspects: Vec<Suspect>,
     /// The source's own report as read from its termination message, if any.
     pub source_report: Option<SourceReport>,
-    /// First-attempt failures: when the source succeeded at some point (`success`,
-    /// `slow`, `lost_after_success`), the number of its attempts sent before the first
-    /// success that failed (new pods whose first connections fail, then work; issue 5).
-    /// 0 when no success was seen. Added after schema 1 was first published (defaults
-    /// to 0 when absent).
+    /// First-attempt failures: when the probe worked (`success`, `slow`,
+    /// `lost_after_success`) and the source had a success sent after it turned Ready,
+    /// the number of its attempts sent after Ready (`ready_at`) that failed before that
+    /// success — what an application starting to connect at Ready would see fail (new
+    /// pods whose first connections fail, then work). 0 otherwise. Attempts sent before
+    /// Ready are counted apart in `pre_ready_attempt_failures`. Added after schema 1
+    /// was first published (defaults to 0 when absent).
     #[serde(default)]
     pub first_attempt_failures: u64,
+    /// When the probe worked: the source's failed attempts sent before it turned Ready
+    /// (and before its first success) — the dataplane not yet programmed while the pod
+    /// was still starting, which Kubernetes allows. 0 otherwise. Added field (defaults
+    /// to 0).
+    #[serde(default)]
+    pub pre_ready_attempt_failures: u64,
     /// API writes (creates + deletes, Events excluded) this probe made; each kind's
     /// budget is in the prober's `probe` module docs (docs/design.md §7).
     #[serde(default)]
@@ -444,6 +469,20 @@ pub struct BurstInfo {
     pub fillers: u32,
     /// Of those, how many create calls succeeded.
     pub fillers_created: u32,
+    /// Seconds (prober clock) from the first filler's create to the last filler's
+    /// Ready: the node's pod-start backlog (null unless every created filler turned
+    /// Ready). Added field (defaults to null).
+    #[serde(default)]
+    pub fillers_ready_seconds: Option<f64>,
+    /// Seconds (prober clock) from the first filler's create until the node's backlog
+    /// had drained: the later of the last filler's Ready and the first success through
+    /// the target (source Ready on the prober clock + the source's raw TTFP): pod
+    /// starts, and the part of the node's programming queue ahead of the target (the
+    /// fillers' own programming is not visible from the API). Null without both. While
+    /// a burst runs, no other probe of the gate uses its target's node, so this backlog
+    /// is the burst's own. Added field (defaults to null).
+    #[serde(default)]
+    pub backlog_drain_seconds: Option<f64>,
 }
 
 /// Gate verdict (docs/design.md §4).

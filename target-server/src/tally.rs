@@ -9,11 +9,19 @@
 //! - attempts before success = attempts sent before it; failures before success = those
 //!   of them that failed (in-flight ones at SIGTERM are not failures); `last_error` = the
 //!   kind of the latest-**sent** failure before it (of all failures if none succeeded).
-//! - hold = attempts sent after it: `failures`, and `failures_per_second` bucketed by
+//! - hold = attempts sent after it, except failures sent before the first success
+//!   after `ready_at` (below; those are pre-Ready or first-attempt failures, so a
+//!   success before Ready followed by failures once Ready, then success, is not
+//!   `lost_after_success`): `failures`, and `failures_per_second` bucketed by
 //!   whole seconds since `first_success_sent`: `round(hold seconds)` buckets (at least
 //!   1, at most [`MAX_HOLD_SERIES`]); the last bucket takes any tail.
 //! - `raw_ttfp_seconds = first_success_sent − ready_at`, `ttfp_seconds = max(0, raw)`,
 //!   both null unless both times exist.
+//! - the view from Ready: `failures_before_ready` = failures before the first success
+//!   sent before `ready_at` (all of them without `ready_at`);
+//!   `first_success_after_ready_sent` = the earliest send time among successes sent at
+//!   or after `ready_at`; `failures_after_ready_before_success` = failures sent at or
+//!   after `ready_at` and before that success (every failure after `ready_at` if none).
 //! - outcome: `terminated` on SIGTERM; else `lost_after_success` if the hold saw a
 //!   failure, `success` if not; without success `wrong_peer` if any 200 came from another
 //!   pod, else `no_success`.
@@ -163,6 +171,29 @@ impl Tally {
             .iter()
             .filter(|a| before(a) && matches!(a.status, Status::Failed(_)))
             .count() as u64;
+        // The view of an application that starts connecting at Ready (ready_at).
+        let ready_at = ctx.ready_at;
+        let failures_before_ready = self
+            .attempts
+            .iter()
+            .filter(|a| before(a) && ready_at.is_none_or(|r| a.sent < r))
+            .filter(|a| matches!(a.status, Status::Failed(_)))
+            .count() as u64;
+        let after_ready = |a: &&Attempt| ready_at.is_some_and(|r| a.sent >= r);
+        let first_success_after_ready = self
+            .attempts
+            .iter()
+            .filter(after_ready)
+            .filter(|a| a.status == Status::Success)
+            .map(|a| a.sent)
+            .min_by(|a, b| a.total_cmp(b));
+        let failures_after_ready_before_success = self
+            .attempts
+            .iter()
+            .filter(after_ready)
+            .filter(|a| first_success_after_ready.is_none_or(|s| a.sent < s))
+            .filter(|a| matches!(a.status, Status::Failed(_)))
+            .count() as u64;
         let last_error = self
             .attempts
             .iter()
@@ -190,8 +221,15 @@ impl Tally {
                     first_taken = true;
                     continue;
                 }
+                let failed = matches!(a.status, Status::Failed(_));
+                // A failure sent before the first success after Ready is no break of a
+                // working path: before ready_at nothing is promised, after it it is a
+                // first-attempt failure (module docs).
+                if failed && first_success_after_ready.is_some_and(|r| a.sent < r) {
+                    continue;
+                }
                 hold.attempts += 1;
-                if matches!(a.status, Status::Failed(_)) {
+                if failed {
                     hold.failures += 1;
                     let i = ((a.sent - s.sent).max(0.0).floor() as usize).min(buckets - 1);
                     hold.failures_per_second[i] = hold.failures_per_second[i].saturating_add(1);
@@ -238,6 +276,9 @@ impl Tally {
             raw_ttfp_seconds: raw_ttfp.map(round_us),
             attempts_before_success,
             failures_before_success,
+            failures_before_ready,
+            first_success_after_ready_sent: first_success_after_ready.map(round_us),
+            failures_after_ready_before_success,
             errors,
             last_error,
             wrong_peer: self.wrong_peer.clone(),
@@ -404,7 +445,8 @@ mod tests {
             (3, fail(2.5, 2.51, ErrorKind::Refused)),
             (4, fail(2.7, 2.71, ErrorKind::Refused)),
         ]);
-        let r = t.report(&ctx(Some(0.1), 3.0));
+        // Ready before the first success: every later failure is a hold failure.
+        let r = t.report(&ctx(Some(0.0), 3.0));
         assert_eq!(r.outcome, SourceOutcome::LostAfterSuccess);
         assert_eq!(r.hold.attempts, 4);
         assert_eq!(r.hold.failures, 3);
@@ -478,6 +520,56 @@ mod tests {
     }
 
     #[test]
+    fn failures_are_split_at_ready_and_counted_from_ready_to_the_first_success_after_it() {
+        // Sent at 0.0..0.9 every 0.1 s; ready_at 0.45. Failures at 0.0–0.2 (pre-Ready),
+        // successes at 0.3, 0.4 (before Ready), failures at 0.5, 0.6 (after Ready), success 0.7.
+        let mut t = Tally::new();
+        for i in 0..10 {
+            let sent = i as f64 * 0.1;
+            let seq = t.start(sent);
+            let o = match i {
+                3 | 4 | 7..=9 => ok(sent, sent + 0.01),
+                _ => fail(sent, sent + 0.05, ErrorKind::Timeout),
+            };
+            t.finish(seq, o);
+        }
+        let r = t.report(&ctx(Some(0.45), 1.0));
+        assert_eq!(r.first_success_sent, Some(0.3));
+        assert_eq!(r.failures_before_success, 3);
+        assert_eq!(r.failures_before_ready, 3);
+        assert_eq!(r.first_success_after_ready_sent, Some(0.7));
+        assert_eq!(r.failures_after_ready_before_success, 2);
+
+        // Without ready_at everything is "before Ready", nothing after it.
+        let r = t.report(&ctx(None, 1.0));
+        assert_eq!(r.failures_before_ready, 3);
+        assert_eq!(r.first_success_after_ready_sent, None);
+        assert_eq!(r.failures_after_ready_before_success, 0);
+
+        // Ready before any attempt: all failures before the first success are after it.
+        let r = t.report(&ctx(Some(0.0), 1.0));
+        assert_eq!(r.failures_before_ready, 0);
+        assert_eq!(r.first_success_after_ready_sent, Some(0.3));
+        assert_eq!(r.failures_after_ready_before_success, 3);
+
+        // Failures between the pre-Ready successes and the first success after Ready
+        // are no hold failures (the source would not be lost_after_success).
+        let r = t.report(&ctx(Some(0.45), 1.0));
+        assert_eq!(r.hold.failures, 0);
+        assert_eq!(r.outcome, SourceOutcome::Success);
+        let r = t.report(&ctx(None, 1.0));
+        assert_eq!(r.hold.failures, 2, "without Ready they are");
+
+        // No success after Ready: every failure after it counts.
+        let r = t.report(&ctx(Some(0.95), 1.0));
+        assert_eq!(r.first_success_after_ready_sent, None);
+        assert_eq!(r.failures_after_ready_before_success, 0);
+        let r = t.report(&ctx(Some(0.55), 1.0));
+        assert_eq!(r.first_success_after_ready_sent, Some(0.7));
+        assert_eq!(r.failures_after_ready_before_success, 1);
+    }
+
+    #[test]
     fn hold_series_is_bounded() {
         let mut t = Tally::new();
         let s = t.start(0.0);
@@ -524,6 +616,9 @@ mod tests {
             raw_ttfp_seconds: Some(-123456.123457),
             attempts_before_success: u64::MAX,
             failures_before_success: u64::MAX,
+            failures_before_ready: u64::MAX,
+            first_success_after_ready_sent: Some(123456.123457),
+            failures_after_ready_before_success: u64::MAX,
             errors,
             last_error: Some(ErrorKind::HttpStatus),
             wrong_peer: Some(name),

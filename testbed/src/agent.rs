@@ -15,10 +15,17 @@
 //!    `endpoint_added + delay`, then until the next open `resync_loop` window if set;
 //! 3. it takes the node's apply loop (one apply at a time, as Felix's single dataplane
 //!    goroutine), spends `queue.per_endpoint` and pads to `agent.apply_time_floor`,
-//!    adds the IP to the allow set (with the `first_connections_dropped` budget) and
-//!    emits `endpoint_programmed` (detail: `delay_seconds` sampled, `apply_seconds` the
-//!    whole apply, `waited_seconds` since endpoint_added, `first_connections_dropped`);
-//! 4. with `revoke`, a sample of `after` later the IP leaves the allow set again
+//!    adds the IP to the allow set and emits `endpoint_programmed` (detail:
+//!    `delay_seconds` sampled, `apply_seconds` the whole apply, `waited_seconds` since
+//!    endpoint_added, `first_connections_dropped` the node's budget then);
+//! 4. `first_connections_dropped: N` counts from the endpoint's `readiness_ok`, as an
+//!    agent that attaches its enforcement late drops flows the dataplane had already
+//!    let through: the kubelet calls [`Agent::arm_first_connections_dropped`] right
+//!    before every readiness probe of the pod until one passes (and once before
+//!    `readiness_ok` for a pod without a readiness probe), which (re)arms the node's
+//!    budget of N dropped SYNs from or to the IP, so the ones sent before Ready do not
+//!    spend it and the first N new connections after Ready are dropped;
+//! 5. with `revoke`, a sample of `after` later the IP leaves the allow set again
 //!    (truth `endpoint_revoked`) for good.
 //!
 //! A new fault file ([`Faults::set`]) re-plans every pending endpoint under the new file
@@ -30,7 +37,9 @@
 //! `from`/`until` boundary and every second: `cross_node` (peer block routes removed /
 //! restored, truth `peer_route_removed` / `peer_route_restored` with `detail.peer`),
 //! `agent.not_ready` ([`Agent::is_ready`]), `agent.restarts` ([`Agent::restart_count`],
-//! metrics reset), `agent.extra_failures_per_second` / `extra_resyncs_per_second`, the
+//! metrics reset), `agent.extra_failures_per_second` / `extra_resyncs_per_second`,
+//! `agent.route_resync` (a slow route-table resync in the apply loop) and
+//! `agent.datastore_resync` (a datastore re-list holding the apply loop), the
 //! apply loop under `resync_loop` (one apply per period, padded to the floor), and the
 //! route-table resync every 90 s ([`crate::felix::ROUTE_REFRESH_INTERVAL`]).
 //!
@@ -84,6 +93,8 @@ struct Endpoint {
     /// Nodes holding a stale blackhole route for this IP (fault `stale_routes`).
     stale_on: Vec<String>,
     stale_abort: Option<AbortHandle>,
+    /// A `first_connections_dropped` budget was armed for this IP (cleaned on removal).
+    fcd_armed: bool,
 }
 
 #[derive(Default)]
@@ -254,6 +265,7 @@ impl Agent {
                 net: pod.clone(),
                 stale_on,
                 stale_abort,
+                fcd_armed: false,
             },
         );
     }
@@ -264,6 +276,40 @@ impl Agent {
         self.inner
             .faults
             .teardown_delay(&self.inner.node.name, &self.inner.labels)
+    }
+
+    /// Fault `first_connections_dropped: N` in force on this node now: (re)arms the
+    /// endpoint's budget of N dropped new connections ([`Dataplane::arm_first_syn_drops`],
+    /// one blocking `nft` call) and returns N; 0 (and no `nft` call) without the fault or
+    /// for an unknown endpoint. The kubelet calls it right before each readiness probe
+    /// until the pod's first pass, so the budget counts from `readiness_ok` (module
+    /// docs, step 4). An `nft` failure is logged and returns 0.
+    pub fn arm_first_connections_dropped(&self, pod: &PodNet) -> u32 {
+        let inner = &self.inner;
+        let n = inner
+            .faults_at(Instant::now())
+            .first_connections_dropped
+            .unwrap_or(0);
+        if n == 0 {
+            return 0;
+        }
+        let mut eps = inner.lock();
+        let Some(ep) = eps.get_mut(&pod.uid) else {
+            return 0;
+        };
+        match inner
+            .dataplane
+            .arm_first_syn_drops(&inner.node.name, pod.ip, n)
+        {
+            Ok(()) => {
+                ep.fcd_armed = true;
+                n
+            }
+            Err(e) => {
+                tracing::error!(pod = %pod.pod, error = %e, "agent: arming first_connections_dropped failed");
+                0
+            }
+        }
     }
 
     /// The endpoint is going away: cancels pending programming, revoke and stale-route
@@ -278,7 +324,7 @@ impl Agent {
             return;
         };
         ep.abort_tasks();
-        if ep.programmed {
+        if ep.programmed || ep.fcd_armed {
             let started = Instant::now();
             let r = inner.dataplane.disallow(&inner.node.name, ep.net.ip);
             inner.count_apply(started.elapsed(), Some(1), r.is_ok());
@@ -554,8 +600,18 @@ impl Inner {
     /// Route-table resync: times the interface listing and one route read per
     /// workload interface (blocking `ip` calls).
     fn route_resync(&self) {
+        self.route_resync_listing_at_least(Duration::ZERO);
+    }
+
+    /// [`Inner::route_resync`] whose interface listing takes at least `floor` (blocking:
+    /// the listing is padded with a sleep, fault `agent.route_resync`), as a route
+    /// table listing thousands of routes or a contended netlink socket would.
+    fn route_resync_listing_at_least(&self, floor: Duration) {
         let started = Instant::now();
         let listed = self.dataplane.list_workload_ifaces(&self.node.name);
+        if let Some(pad) = floor.checked_sub(started.elapsed()) {
+            std::thread::sleep(pad);
+        }
         let list_took = started.elapsed();
         let ifaces: Vec<String> = self.lock().values().map(|e| e.net.iface.clone()).collect();
         let mut per_iface = Vec::new();
@@ -590,6 +646,38 @@ impl Inner {
         self.count_apply(started.elapsed(), None, ok);
     }
 
+    /// Fault `agent.route_resync`: one slow route-table resync inside the apply loop.
+    /// Felix queues a route-table resync every `RouteRefreshInterval` and runs it in its
+    /// next dataplane apply (felix/dataplane/linux/int_dataplane.go `apply()` calls the
+    /// route tables' `Apply`; felix/routetable/route_table.go times the interface
+    /// listing of a resync into `felix_route_table_list_seconds`), so the listing time
+    /// lands in `felix_route_table_list_seconds` and the whole apply in
+    /// `felix_int_dataplane_apply_time_seconds`, and endpoints due meanwhile wait.
+    async fn slow_route_resync(self: &Arc<Self>, takes: Duration) {
+        let _apply = self.apply_loop.lock().await;
+        let started = Instant::now();
+        let me = self.clone();
+        let _ = tokio::task::spawn_blocking(move || me.route_resync_listing_at_least(takes)).await;
+        self.count_apply(started.elapsed(), None, true);
+    }
+
+    /// Fault `agent.datastore_resync`: the datastore watch broke and the agent re-lists
+    /// for `takes`. Felix's calculation graph counts every `ResyncInProgress` status in
+    /// `felix_resyncs_started` and shows the status in `felix_resync_state`
+    /// (felix/calc/async_calc_graph.go: WaitForDatastore 1, ResyncInProgress 2,
+    /// InSync 3); endpoints added meanwhile reach the dataplane only from the new
+    /// listing, so the apply loop is held until it is back in sync.
+    async fn datastore_resync(self: &Arc<Self>, takes: Duration) {
+        let _apply = self.apply_loop.lock().await;
+        {
+            let mut m = self.felix();
+            m.resyncs_started += 1;
+            m.resync_state = 2.0;
+        }
+        tokio::time::sleep(takes).await;
+        self.felix().resync_state = 3.0;
+    }
+
     /// A simulated process restart: metrics start again from zero.
     fn restart(&self) {
         self.counters.restarts.fetch_add(1, Ordering::Relaxed);
@@ -608,6 +696,9 @@ async fn node_loop(weak: Weak<Inner>) {
     let mut next_route_resync = Instant::now();
     let mut next_restart: Option<(u64, Instant)> = None;
     let mut next_loop_apply: Option<(u64, Instant)> = None;
+    // Faults agent.route_resync / agent.datastore_resync: (file generation, next due).
+    let mut next_slow_route: Option<(u64, Instant)> = None;
+    let mut next_ds_resync: Option<(u64, Instant)> = None;
     let (mut carry_failures, mut carry_resyncs) = (0.0f64, 0.0f64);
     loop {
         let Some(inner) = weak.upgrade() else { return };
@@ -666,6 +757,36 @@ async fn node_loop(weak: Weak<Inner>) {
             next_route_resync = now + ROUTE_REFRESH_INTERVAL;
         }
 
+        // Slow route-table resyncs and datastore resyncs: an episode every `every`,
+        // run as its own task (it waits for and holds the apply loop for `takes`).
+        for (fault, next, route) in [
+            (nf.agent.route_resync, &mut next_slow_route, true),
+            (nf.agent.datastore_resync, &mut next_ds_resync, false),
+        ] {
+            let Some(f) = fault else {
+                *next = None;
+                continue;
+            };
+            let due = match *next {
+                Some((g, at)) if g == applied.generation => at,
+                _ => now + f.every.sample(&mut rand::rng()),
+            };
+            if now < due {
+                *next = Some((applied.generation, due));
+                continue;
+            }
+            let takes = f.takes.sample(&mut rand::rng());
+            let i2 = inner.clone();
+            tokio::spawn(async move {
+                if route {
+                    i2.slow_route_resync(takes).await;
+                } else {
+                    i2.datastore_resync(takes).await;
+                }
+            });
+            *next = Some((applied.generation, now + f.every.sample(&mut rand::rng())));
+        }
+
         // Apply loop under resync_loop: one apply per period, at the window starts.
         match nf.resync_loop {
             None => next_loop_apply = None,
@@ -698,9 +819,14 @@ async fn node_loop(weak: Weak<Inner>) {
                 wake = at;
             }
         }
-        for at in [next_restart.map(|x| x.1), next_loop_apply.map(|x| x.1)]
-            .into_iter()
-            .flatten()
+        for at in [
+            next_restart.map(|x| x.1),
+            next_loop_apply.map(|x| x.1),
+            next_slow_route.map(|x| x.1),
+            next_ds_resync.map(|x| x.1),
+        ]
+        .into_iter()
+        .flatten()
         {
             if at < wake {
                 wake = at;
@@ -814,9 +940,8 @@ fn apply(
         Some(ep) if ep.token == token && !ep.programmed => {}
         _ => return false, // removed or replaced meanwhile
     }
-    let r = inner
-        .dataplane
-        .allow_dropping_first_syns(&inner.node.name, net.ip, first_syns_dropped);
+    // The drop budget is armed from readiness_ok on (module docs, step 4), not here.
+    let r = inner.dataplane.allow(&inner.node.name, net.ip);
     let apply_time = started.elapsed();
     inner.count_apply(apply_time, Some(1), r.is_ok());
     match r {

@@ -492,28 +492,25 @@ impl Dataplane {
         .map(drop)
     }
 
-    /// Programs an endpoint like [`Dataplane::allow`] and, when `drop_first_syns > 0`,
-    /// in the same nft transaction makes its node drop the first `drop_first_syns` new
-    /// TCP connections (SYNs without ACK) forwarded from or to `ip` (fault
-    /// `first_connections_dropped`; see [`NFT_FCD_MAP`]). Re-programming resets the
-    /// budget. Errors: unknown node, `nft` failure.
-    pub fn allow_dropping_first_syns(
+    /// (Re)arms the `first_connections_dropped` budget of `ip` on `node` without touching
+    /// the allow set: from now on the node drops the next `drop_first_syns` new TCP
+    /// connections (SYNs without ACK) it would forward from or to `ip`, then lets every
+    /// later one through (see [`NFT_FCD_MAP`]). Arming again resets the budget; an IP
+    /// not (yet) in the allow set spends none of it, its packets are dropped before.
+    /// Errors: unknown node, `nft` failure.
+    pub fn arm_first_syn_drops(
         &self,
         node: &str,
         ip: Ipv4Addr,
         drop_first_syns: u32,
     ) -> Result<()> {
-        if drop_first_syns == 0 {
-            return self.allow(node, ip);
-        }
         let st = self.node(node)?;
         let chain = fcd_chain(ip);
         let script = format!(
             "add chain inet {NFT_TABLE} {chain}\n\
              flush chain inet {NFT_TABLE} {chain}\n\
              add rule inet {NFT_TABLE} {chain} limit rate 1/week burst {drop_first_syns} packets counter drop\n\
-             add element inet {NFT_TABLE} {NFT_FCD_MAP} {{ {ip} : jump {chain} }}\n\
-             add element inet {NFT_TABLE} {NFT_SET} {{ {ip} }}\n"
+             add element inet {NFT_TABLE} {NFT_FCD_MAP} {{ {ip} : jump {chain} }}\n"
         );
         run(Some(&st.plan.netns), &["nft", "-f", "-"], Some(&script)).map(drop)
     }

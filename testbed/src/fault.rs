@@ -26,7 +26,8 @@
 //!   `revoke: {after: D}`, `name_reuse_race: p`, `first_connections_dropped: N`,
 //!   `cross_node: {broken_peers: all | [names]}`, `stale_routes: {k: N, for: D}`,
 //!   `clock_skew: ±D`, `agent: {not_ready, restarts: {every: D},
-//!   extra_failures_per_second, extra_resyncs_per_second, apply_time_floor}`. Each type
+//!   extra_failures_per_second, extra_resyncs_per_second, apply_time_floor,
+//!   route_resync: {every: D, takes: D}, datastore_resync: {every: D, takes: D}}`. Each type
 //!   below says what it does; [`crate::agent`] carries them out.
 //! - `service_delay: D` (duration distribution): time from an EndpointSlice change
 //!   being seen by a node's service proxy to its rules being in ([`crate::services`]).
@@ -653,6 +654,36 @@ impl<'de> Deserialize<'de> for Restarts {
     }
 }
 
+/// `{every: D, takes: D}` inside `agent` (`route_resync`, `datastore_resync`): an
+/// episode every sample of `every` (from the moment the rule is in force), each lasting
+/// a sample of `takes`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Periodic {
+    pub every: DurationDist,
+    pub takes: DurationDist,
+}
+
+impl<'de> Deserialize<'de> for Periodic {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Raw {
+            every: DurationDist,
+            takes: DurationDist,
+        }
+        let r = Raw::deserialize(d)?;
+        if let DurationDist::Fixed(d) = r.every {
+            if d.is_zero() {
+                return Err(de::Error::custom("`every` must be above 0"));
+            }
+        }
+        Ok(Periodic {
+            every: r.every,
+            takes: r.takes,
+        })
+    }
+}
+
 /// `agent: {…}`: how the node's simulated agent looks from outside (its Ready state and
 /// its Felix metrics). Keys merge key by key across rules like the rule keys do.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
@@ -676,6 +707,19 @@ pub struct AgentFaults {
         serialize_with = "ser_opt_duration"
     )]
     pub apply_time_floor: Option<Duration>,
+    /// A slow route-table resync (signal `route_resync_slow`): every `every` the agent
+    /// resyncs its route table inside its apply loop (as Felix's dataplane applies its
+    /// route tables' queued resync, `RouteRefreshInterval`) and the interface listing
+    /// takes at least `takes`: `felix_route_table_list_seconds` and the apply time see
+    /// it, endpoints due meanwhile wait for the loop ([`crate::agent`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub route_resync: Option<Periodic>,
+    /// Datastore resyncs (signal `datastore_resync`): every `every` the agent's
+    /// datastore watch breaks and it re-lists for `takes`: `felix_resyncs_started` + 1,
+    /// `felix_resync_state` 2 (resync in progress) until it is back in sync (3); no
+    /// endpoint is programmed meanwhile ([`crate::agent`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub datastore_resync: Option<Periodic>,
 }
 
 impl AgentFaults {
@@ -696,6 +740,12 @@ impl AgentFaults {
         if later.apply_time_floor.is_some() {
             self.apply_time_floor = later.apply_time_floor;
         }
+        if later.route_resync.is_some() {
+            self.route_resync = later.route_resync;
+        }
+        if later.datastore_resync.is_some() {
+            self.datastore_resync = later.datastore_resync;
+        }
     }
 }
 
@@ -714,6 +764,10 @@ impl<'de> Deserialize<'de> for AgentFaults {
             extra_resyncs_per_second: Option<f64>,
             #[serde(default)]
             apply_time_floor: Option<HumanDuration>,
+            #[serde(default)]
+            route_resync: Option<Periodic>,
+            #[serde(default)]
+            datastore_resync: Option<Periodic>,
         }
         let r = Raw::deserialize(d)?;
         for (k, v) in [
@@ -730,6 +784,8 @@ impl<'de> Deserialize<'de> for AgentFaults {
             extra_failures_per_second: r.extra_failures_per_second,
             extra_resyncs_per_second: r.extra_resyncs_per_second,
             apply_time_floor: r.apply_time_floor.map(|h| h.0),
+            route_resync: r.route_resync,
+            datastore_resync: r.datastore_resync,
         })
     }
 }
@@ -775,7 +831,11 @@ pub struct Rule {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name_reuse_race: Option<Probability>,
     /// The first N new TCP connections (SYNs without ACK) to or from a new endpoint
-    /// that its node would forward are dropped, then all pass.
+    /// that its node would forward **from the endpoint's `readiness_ok` on** are
+    /// dropped, then all pass: an agent attaching its enforcement late drops flows the
+    /// dataplane had already forwarded, so a pod that turned Ready sees its first
+    /// connections fail (the budget is re-armed before each readiness probe until the
+    /// first pass; `readiness_ok`'s truth detail carries `first_connections_dropped`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_connections_dropped: Option<u32>,
     /// Peer pod-block routes missing on the selected nodes.
@@ -1245,6 +1305,35 @@ mod tests {
         assert!(
             err("rules:\n  - nodes: {all: true}\n    service_delay: later\n").contains("line 3")
         );
+    }
+
+    #[test]
+    fn route_and_datastore_resyncs_parse_merge_and_reject_a_zero_period() {
+        let f = FaultFile::parse(
+            "rules:\n- nodes: {all: true}\n  agent: {route_resync: {every: 3s, takes: 2s}}\n- nodes: {names: [node-2]}\n  agent: {datastore_resync: {every: {uniform: [2s, 4s]}, takes: 1500ms}}\n",
+        )
+        .unwrap();
+        let l = labels(&[]);
+        let n1 = f.for_node("node-1", &l, Duration::ZERO).agent;
+        assert_eq!(
+            n1.route_resync,
+            Some(Periodic {
+                every: DurationDist::Fixed(Duration::from_secs(3)),
+                takes: DurationDist::Fixed(Duration::from_secs(2)),
+            })
+        );
+        assert_eq!(n1.datastore_resync, None);
+        let n2 = f.for_node("node-2", &l, Duration::ZERO).agent;
+        assert!(n2.route_resync.is_some(), "keys merge one by one");
+        assert_eq!(
+            n2.datastore_resync.map(|d| d.takes),
+            Some(DurationDist::Fixed(Duration::from_millis(1500)))
+        );
+        let e =
+            err("rules:\n- nodes: {all: true}\n  agent: {route_resync: {every: 0s, takes: 1s}}\n");
+        assert!(e.contains("every"), "{e}");
+        let e = err("rules:\n- nodes: {all: true}\n  agent: {datastore_resync: {every: 1s}}\n");
+        assert!(e.contains("takes"), "{e}");
     }
 
     #[test]

@@ -8,12 +8,12 @@
 //!
 //! | family | type | fed by |
 //! |---|---|---|
-//! | `felix_int_dataplane_apply_time_seconds` | summary | every dataplane apply of the agent (endpoint programmed/removed/revoked, apply-loop iterations under `resync_loop`), including `queue` and `apply_time_floor` time |
+//! | `felix_int_dataplane_apply_time_seconds` | summary | every dataplane apply of the agent (endpoint programmed/removed/revoked, apply-loop iterations under `resync_loop`, `agent.route_resync` resyncs), including `queue` and `apply_time_floor` time |
 //! | `felix_int_dataplane_msg_batch_size` | summary | endpoint updates handled per apply (1 each) |
 //! | `felix_int_dataplane_failures` | counter | failed applies + fault `agent.extra_failures_per_second` |
-//! | `felix_resyncs_started` | counter | 1 at (re)start + fault `agent.extra_resyncs_per_second` |
-//! | `felix_resync_state` | gauge | 3 (in sync, the value of the fixture) |
-//! | `felix_route_table_list_seconds` | summary | timed `ip -o link show` of the node at (re)start and every 90 s |
+//! | `felix_resyncs_started` | counter | 1 at (re)start + fault `agent.extra_resyncs_per_second` + 1 per `agent.datastore_resync` episode |
+//! | `felix_resync_state` | gauge | 3 (in sync, the value of the fixture); 2 (resync in progress) during an `agent.datastore_resync` episode (felix/calc/async_calc_graph.go: WaitForDatastore 1, ResyncInProgress 2, InSync 3) |
+//! | `felix_route_table_list_seconds` | summary | timed `ip -o link show` of the node at (re)start and every 90 s, and every `agent.route_resync.every` padded to at least `takes` (felix/routetable/route_table.go observes the interface listing of each resync) |
 //! | `felix_route_table_per_iface_sync_seconds` | summary | timed per-`cali*` route read in the same resync |
 //! | `felix_iptables_restore_errors` | counter | failed `nft` transactions (our iptables-restore) |
 //! | `felix_active_local_endpoints` | gauge | local endpoints the agent knows (added, not removed) |

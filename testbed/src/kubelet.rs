@@ -1672,10 +1672,15 @@ impl PodWorker {
         self.finish(None).await;
     }
 
+    /// A pod without a readiness probe is Ready once started: arm the agent's
+    /// `first_connections_dropped` budget (it counts from readiness_ok), then record it.
     fn readiness_ok(&self, net: &PodNet) {
-        self.k
-            .truth
-            .emit(TruthEvent::pod(TruthKind::ReadinessOk, net, json!({})));
+        let armed = self.k.agent.arm_first_connections_dropped(net);
+        self.k.truth.emit(TruthEvent::pod(
+            TruthKind::ReadinessOk,
+            net,
+            readiness_ok_detail(armed),
+        ));
     }
 
     /// Starts the container through the shim; returns the child or a message for
@@ -1912,6 +1917,17 @@ impl PodWorker {
     }
 }
 
+/// Truth detail of `readiness_ok`: `{"first_connections_dropped": N}` when the agent
+/// armed that budget for the pod right before (fault `first_connections_dropped`),
+/// `{}` otherwise.
+fn readiness_ok_detail(armed: u32) -> Value {
+    if armed > 0 {
+        json!({ "first_connections_dropped": armed })
+    } else {
+        json!({})
+    }
+}
+
 /// Runs the pod's readiness probe until told to stop; updates the Ready conditions on
 /// every transition and emits `readiness_ok` on the first pass.
 async fn readiness_loop(
@@ -1950,6 +1966,16 @@ async fn readiness_loop(
         if k.is_paused() {
             continue;
         }
+        // Until the first pass, (re)arm the agent's `first_connections_dropped` budget
+        // right before each probe, so that it counts from readiness_ok (crate::agent).
+        let mut armed = 0;
+        if !announced {
+            let agent = k.agent.clone();
+            let net2 = net.clone();
+            armed = tokio::task::spawn_blocking(move || agent.arm_first_connections_dropped(&net2))
+                .await
+                .unwrap_or(0);
+        }
         // The node controller may have flipped Ready while the kubelet was stopped: the
         // built-in one sets the container unready too, kube-controller-manager's
         // node-lifecycle controller only the pod's Ready condition (MarkPodsNotReady).
@@ -1984,8 +2010,11 @@ async fn readiness_loop(
         };
         if new_ready && !announced {
             announced = true;
-            k.truth
-                .emit(TruthEvent::pod(TruthKind::ReadinessOk, &net, json!({})));
+            k.truth.emit(TruthEvent::pod(
+                TruthKind::ReadinessOk,
+                &net,
+                readiness_ok_detail(armed),
+            ));
         }
         if new_ready != ready {
             ready = new_ready;

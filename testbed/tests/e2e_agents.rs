@@ -9,8 +9,11 @@
 //! 0), unreachable agents (a profile on a port nothing listens on → one
 //! `agent_unreachable` warning per node, exit 0), kube-proxy bound to 127.0.0.1 (one
 //! `agent_unreachable` warning per node, direct and through the proxy), kube-proxy read
-//! on the node IP without warnings, and agent restarts (`agent_restarted`,
-//! no negative numbers in any evidence).
+//! on the node IP without warnings, agent restarts (`agent_restarted`,
+//! no negative numbers in any evidence), a slow route-table resync
+//! (`agent.route_resync` → `route_resync_slow`) and datastore resyncs
+//! (`agent.datastore_resync` → `datastore_resync`) and a not-Ready agent
+//! (`agent.not_ready` → `agent_not_ready`), each named on its node only.
 //!
 //! Build the binaries first (`cargo build --workspace --bins`); the tests run serially
 //! through `common::SERIAL`.
@@ -638,4 +641,95 @@ fn forbidden_agent_discovery_is_named_not_mistaken_for_missing_agents() {
         .filter(|l| l.contains("watch list error"))
         .count();
     assert_eq!(floods, 0, "{text}");
+}
+
+/// A 4 s hold: every probe window then spans more than one episode period (3 s) of the
+/// resync faults below, so each holds at least one finished episode.
+const LONG_WINDOW: &[&str] = &["--give-up", "10s", "--hold", "4s"];
+
+/// Every finding of the run: probe suspects and report warnings.
+fn findings(report: &Value) -> Vec<Value> {
+    let mut all: Vec<Value> = suspects(report).into_iter().map(|(_, v)| v).collect();
+    all.extend(warnings(report));
+    all
+}
+
+/// Fault `agent.route_resync` on node-2 (a route-table resync every 3 s whose interface
+/// listing takes 2 s, in the apply loop): the prober names `route_resync_slow` on
+/// node-2 only, with the mean resync time of the fault (the testbed's Felix page
+/// observes the padded listing, healthy nodes list in milliseconds).
+#[test]
+fn slow_route_table_resync_is_named_route_resync_slow_on_its_node() {
+    let _g = lock();
+    let takes = 2.0;
+    let fault = "rules:\n  - nodes: {all: true}\n    program_delay: {uniform: [200ms, 600ms]}\n  - nodes: {names: [node-2]}\n    agent: {route_resync: {every: 3s, takes: 2s}}\n";
+    let tb = Testbed::up("agents-route", 3, fault, &[]);
+    let (_, report, text) = tb.gate(LONG_WINDOW);
+    validate(&report);
+    let all = findings(&report);
+    assert_eq!(
+        nodes_with(&all, "route_resync_slow"),
+        set(&["node-2"]),
+        "{text}"
+    );
+    for f in all.iter().filter(|f| f["signal"] == "route_resync_slow") {
+        let mean = f["evidence"]["route_resync_mean_seconds"].as_f64().unwrap();
+        // At least the padded listing, at most it plus the real listing under load.
+        assert!((takes..=takes + 1.0).contains(&mean), "{f}");
+        assert!(
+            f["evidence"]["route_resyncs_in_window"].as_f64().unwrap() >= 1.0,
+            "{f}"
+        );
+    }
+    // No other node's agent is blamed for anything.
+    for f in &all {
+        assert_eq!(f["node"], "node-2", "{f}\n{text}");
+    }
+}
+
+/// Fault `agent.datastore_resync` on node-3 (the datastore watch breaks every 3 s and
+/// re-lists for 1 s): `felix_resyncs_started` grows there only, and the prober names
+/// `datastore_resync` on node-3 only.
+#[test]
+fn datastore_resyncs_are_named_datastore_resync_on_their_node() {
+    let _g = lock();
+    let fault = "rules:\n  - nodes: {all: true}\n    program_delay: {uniform: [200ms, 600ms]}\n  - nodes: {names: [node-3]}\n    agent: {datastore_resync: {every: 3s, takes: 1s}}\n";
+    let tb = Testbed::up("agents-dsresync", 3, fault, &[]);
+    let (_, report, text) = tb.gate(LONG_WINDOW);
+    validate(&report);
+    let all = findings(&report);
+    assert_eq!(
+        nodes_with(&all, "datastore_resync"),
+        set(&["node-3"]),
+        "{text}"
+    );
+    for f in all.iter().filter(|f| f["signal"] == "datastore_resync") {
+        let n = f["evidence"]["resyncs_in_window"].as_f64().unwrap();
+        let window = f["evidence"]["window_seconds"].as_f64().unwrap();
+        // One resync per 3 s of window (± one at either end).
+        assert!(n >= 1.0 && n <= window / 3.0 + 2.0, "{f}");
+    }
+    for f in &all {
+        assert_eq!(f["node"], "node-3", "{f}\n{text}");
+    }
+}
+
+/// Fault `agent.not_ready` on node-1: its calico-node pod reports not Ready, and the
+/// prober names `agent_not_ready` on node-1 only.
+#[test]
+fn an_agent_not_ready_is_named_agent_not_ready_on_its_node() {
+    let _g = lock();
+    let fault = "rules:\n  - nodes: {all: true}\n    program_delay: {uniform: [200ms, 600ms]}\n  - nodes: {names: [node-1]}\n    agent: {not_ready: true}\n";
+    let tb = Testbed::up("agents-notready", 3, fault, &[]);
+    let (_, report, text) = tb.gate(QUICK);
+    validate(&report);
+    let all = findings(&report);
+    assert_eq!(
+        nodes_with(&all, "agent_not_ready"),
+        set(&["node-1"]),
+        "{text}"
+    );
+    for f in &all {
+        assert_eq!(f["node"], "node-1", "{f}\n{text}");
+    }
 }

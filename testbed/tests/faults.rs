@@ -187,7 +187,7 @@ fn name_reuse_race_leaves_recreated_same_name_pod_unreachable_for_good() {
 }
 
 #[test]
-fn first_connections_dropped_fails_first_n_then_all_succeed() {
+fn first_connections_dropped_counts_from_readiness_then_fails_first_n_then_all_succeed() {
     let bed = new_bed("fcd", 2);
     let rt = rt();
     let _g = rt.enter();
@@ -200,6 +200,15 @@ fn first_connections_dropped_fails_first_n_then_all_succeed() {
     bed.wait_programmed(&a.uid, Duration::from_secs(2));
     let prog = bed.pod_events(TruthKind::EndpointProgrammed, &b.uid);
     assert_eq!(prog[0].detail["first_connections_dropped"], 3);
+    // Before readiness_ok the budget is not armed: forwarded connections pass.
+    assert!(dial_within(&a.netns, b.ip, Duration::from_millis(300)).is_ok());
+    // The kubelet arms it right before the readiness probe that passes.
+    assert_eq!(ag[1].arm_first_connections_dropped(&b), 3);
+    assert_eq!(
+        ag[0].arm_first_connections_dropped(&a),
+        0,
+        "no fault on node-1"
+    );
     // The node's own connections (kubelet probes) are not forwarded: never dropped.
     assert!(dial(&bed.node_ns(1), b.ip).is_ok());
     let results: Vec<bool> = (0..8)
