@@ -167,7 +167,11 @@ impl Testbed {
         let _ = std::fs::remove_file(&report);
         // The output cites only files of the repository (the team's design notes are
         // not shipped; see tests/docs.rs).
-        for word in ["DESIGN", concat!("SCENARIOS", ".md"), concat!("shared", "/")] {
+        for word in [
+            "DESIGN",
+            concat!("SCENARIOS", ".md"),
+            concat!("shared", "/"),
+        ] {
             assert!(
                 !stdout.contains(word) && !stderr.contains(word),
                 "gate output cites {word:?}:\n{stdout}\n{stderr}"
