@@ -31,9 +31,9 @@
 //!   S dials `<clusterIP>:80` (→ targetPort 8080) with `--expect-pod` T, so TTFP
 //!   includes the service proxy programming on A. The record keeps `service: {name,
 //!   cluster_ip}`. Budget **6**: Service create + delete, and the 4 of `cross_node`.
-//! - `burst`: T is created right after K filler pods (`--burst-size`, component
-//!   `probe-filler`, `target-server serve`) on T's node, so its endpoint is programmed
-//!   among K others; TTFP of T. The record's `burst` keeps `fillers_ready_seconds`
+//! - `burst`: T is created once K filler pods (`--burst-size`, component
+//!   `probe-filler`, `target-server serve`) on T's node have their IPs (≤ 10 s), so its
+//!   endpoint joins the node's backlog behind K others; TTFP of T. The record's `burst` keeps `fillers_ready_seconds`
 //!   and `backlog_drain_seconds` ([`burst_backlog`]); the gate runs no other probe on
 //!   T's node meanwhile (`crate::schedule::node_claims`). Budget **4 + 2K** (K filler
 //!   creates and deletes).
@@ -1018,6 +1018,25 @@ async fn lifecycle(
             fillers_ready_seconds: None,
             backlog_drain_seconds: None,
         });
+        // T joins the node's backlog behind the fillers: wait (bounded by 10 s) until
+        // every created filler has its IP, i.e. its sandbox and endpoint exist (the CNI
+        // ADD ran), so what T meets does not depend on which sandbox a kubelet sets up
+        // first. A filler without an IP by then (unschedulable, slow runtime) is not
+        // waited for longer.
+        let by = Instant::now() + Duration::from_secs(10);
+        for i in 0..plan.burst_size {
+            let name = filler_pod_name(&plan.id, i);
+            if !st.created.contains(&name) {
+                continue;
+            }
+            if let Wait::Cancelled = env
+                .watch
+                .wait_for(&name, by, cancel, |s| s.and_then(|s| s.ip.clone()))
+                .await
+            {
+                return interrupted("waiting for the burst's fillers");
+            }
+        }
     }
     if plan.kind == ProbeKind::Service {
         if let Err(e) = create_service(env, plan, st).await {
@@ -1223,9 +1242,22 @@ pub async fn run_probe(
                 2
             }
         });
+        let is_filler = |n: &str| {
+            (0..st.burst.as_ref().map_or(0, |b| b.fillers)).any(|i| filler_pod_name(&plan.id, i) == n)
+        };
+        let fillers_deleted: Vec<String> =
+            to_delete.iter().filter(|n| is_filler(n)).cloned().collect();
         for name in &to_delete {
             st.writes += 1;
-            match delete_pod(&env, name).await {
+            // Fillers go gracefully: their `DELETED` then means the kubelet has torn their
+            // sandboxes down (CNI DEL), i.e. the node's agent has dropped them from its
+            // backlog — awaited below before the burst's node claim is released.
+            let deleted = if fillers_deleted.contains(name) {
+                delete_pod_with(&env, name, DeleteParams::default()).await
+            } else {
+                delete_pod(&env, name).await
+            };
+            match deleted {
                 Ok(at) => {
                     let i = if *name == meta.target_pod {
                         Some(0)
@@ -1265,6 +1297,18 @@ pub async fn run_probe(
                 }
                 Err(e) => tracing::warn!(pod = %name, error = %e, "delete failed"),
             }
+        }
+        // Burst isolation: the node stays this burst's until its fillers are gone
+        // (bounded: a filler whose deletion is not seen within 15 s is left to the sweep).
+        let fillers_gone_by = Instant::now() + Duration::from_secs(15);
+        for name in &fillers_deleted {
+            let _ = env
+                .watch
+                .wait_for(name, fillers_gone_by, &mut cancel, |s| match s {
+                    Some(s) if s.deleted.is_none() => None,
+                    _ => Some(()),
+                })
+                .await;
         }
         if let Some(svc) = &st.service {
             st.writes += 1;
