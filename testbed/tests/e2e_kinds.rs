@@ -319,20 +319,7 @@ fn first_attempt_failures_count_from_ready_and_first_connections_dropped_show_af
 
     // The first 2 new connections from or to each new endpoint on node-1 after its
     // readiness_ok are dropped (the budget counts from Ready), then it works.
-    let fault = std::env::temp_dir().join(format!("fp-e2e-fcd-set-{}.yaml", std::process::id()));
-    std::fs::write(&fault, S1_PLUS_FCD_ON_NODE_1).unwrap();
-    let set = tb
-        .cmd()
-        .args(["fault", "set"])
-        .arg(&fault)
-        .output()
-        .unwrap();
-    let _ = std::fs::remove_file(&fault);
-    assert!(
-        set.status.success(),
-        "{}",
-        String::from_utf8_lossy(&set.stderr)
-    );
+    tb.set_fault(S1_PLUS_FCD_ON_NODE_1);
     let (code, report, out) = tb.gate(&args);
     validate(&report);
     assert_eq!(
@@ -410,20 +397,7 @@ fn burst_backlog_is_its_own_and_the_plain_probes_beside_it_stay_at_their_s1_valu
         .map(|p| p["ttfp_seconds"].as_f64().unwrap())
         .fold(0.0, f64::max);
 
-    let fault = std::env::temp_dir().join(format!("fp-e2e-burstiso-{}.yaml", std::process::id()));
-    std::fs::write(&fault, S1_PLUS_QUEUE_ON_NODE_2).unwrap();
-    let set = tb
-        .cmd()
-        .args(["fault", "set"])
-        .arg(&fault)
-        .output()
-        .unwrap();
-    let _ = std::fs::remove_file(&fault);
-    assert!(
-        set.status.success(),
-        "{}",
-        String::from_utf8_lossy(&set.stderr)
-    );
+    tb.set_fault(S1_PLUS_QUEUE_ON_NODE_2);
     let mut drains = Vec::new();
     for k in ["5", "10"] {
         let mut args = vec![

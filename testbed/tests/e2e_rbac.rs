@@ -319,21 +319,6 @@ fn run_until_slow_event(tb: &Testbed, kubeconfig: &str, within: Duration) -> (St
     )
 }
 
-/// `testbed fault set` with `yaml`.
-fn set_fault(tb: &Testbed, yaml: &str) {
-    let fault = tb
-        .state
-        .join(format!("fault-{}.yaml", common::rand_suffix()));
-    std::fs::write(&fault, yaml).expect("fault");
-    let out = tb
-        .cmd()
-        .args(["fault", "set"])
-        .arg(&fault)
-        .output()
-        .expect("fault set");
-    assert!(out.status.success(), "fault set: {out:?}");
-}
-
 /// `prober gate` with every probe kind, agent scrapes through the pod proxy.
 fn gate_every_kind(tb: &Testbed, kubeconfig: &str) -> (i32, Value, String) {
     tb.gate(&[
@@ -487,7 +472,7 @@ fn rbac_yaml_grants_exactly_what_gate_and_run_use() {
         report["errors"]
     );
     // A failing probe: its nodes read (by name, through list) to tell node_not_ready.
-    set_fault(&tb, NEVER_PROGRAMMED);
+    tb.set_fault(NEVER_PROGRAMMED);
     let (code, report, out) = tb.gate(&["--kubeconfig", &kubeconfig, "--give-up", "8s"]);
     assert_eq!(
         code, 1,
@@ -496,7 +481,7 @@ fn rbac_yaml_grants_exactly_what_gate_and_run_use() {
     );
     assert_eq!(report["probes"][0]["result"], "failed", "{out}");
     tb.wait_no_probe_pods(Duration::from_secs(60));
-    set_fault(&tb, SLOW_NODE_2);
+    tb.set_fault(SLOW_NODE_2);
     let (log, code, seen) = run_until_slow_event(&tb, &kubeconfig, Duration::from_secs(120));
     assert!(seen, "no FirstPacketSlow Event from prober run:\n{log}");
     assert_eq!(code, 0, "prober run exit code after SIGTERM:\n{log}");

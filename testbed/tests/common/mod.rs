@@ -184,6 +184,25 @@ impl Testbed {
         )
     }
 
+    /// `testbed fault set` with `yaml` (written to a file in the state dir); panics
+    /// with the command's stderr when it is refused.
+    pub fn set_fault(&self, yaml: &str) {
+        let fault = self.state.join(format!("fault-{}.yaml", rand_suffix()));
+        std::fs::write(&fault, yaml).expect("fault file");
+        let out = self
+            .cmd()
+            .args(["fault", "set"])
+            .arg(&fault)
+            .output()
+            .expect("fault set");
+        let _ = std::fs::remove_file(&fault);
+        assert!(
+            out.status.success(),
+            "fault set: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// The truth log (`testbed truth`), parsed.
     pub fn truth(&self) -> Vec<TruthEvent> {
         let mut c = self.cmd();
