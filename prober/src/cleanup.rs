@@ -16,12 +16,13 @@
 
 use crate::config::CleanupArgs;
 use crate::engine::{connect, delete_instance_pods};
-use crate::error::{kube_status_code, Error};
-use crate::lease::{lease_name, Reaper, LEASE_DURATION};
+use crate::error::Error;
+use crate::lease::{delete_lease, lease_name, Reaper, LEASE_DURATION};
 use crate::podspec::{instance_selector, APP_NAME, LABEL_INSTANCE, LABEL_NAME};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, Service};
-use kube::api::{DeleteParams, ListParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::ListParams;
 use kube::Api;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -34,7 +35,11 @@ pub async fn run_cleanup(args: CleanupArgs) -> Result<i32, Error> {
     let pods: Api<Pod> = Api::namespaced(conn.client.clone(), ns);
     let services: Api<Service> = Api::namespaced(conn.client.clone(), ns);
     if let Some(instance) = &args.instance {
-        let objects = instance_objects(&pods, &services, &url, ns, instance).await?;
+        let selector = instance_selector(instance);
+        let objects = objects_by_instance(&pods, &services, &url, ns, &selector)
+            .await?
+            .remove(instance)
+            .unwrap_or_default();
         println!("instance {instance}: {} probe object(s)", objects.len());
         for o in &objects {
             println!("  {o}");
@@ -47,20 +52,8 @@ pub async fn run_cleanup(args: CleanupArgs) -> Result<i32, Error> {
         }
         let n = delete_instance_pods(&pods, instance, &url).await?;
         let leases: Api<Lease> = Api::namespaced(conn.client.clone(), ns);
-        match leases
-            .delete(&lease_name(instance), &DeleteParams::default())
-            .await
-        {
-            Ok(_) => println!("deleted lease/{}", lease_name(instance)),
-            Err(e) if kube_status_code(&e) == Some(404) => {}
-            Err(e) => {
-                return Err(Error::from_kube(
-                    e,
-                    &url,
-                    "delete",
-                    format!("lease {ns}/{}", lease_name(instance)),
-                ))
-            }
+        if delete_lease(&leases, &url, instance).await? {
+            println!("deleted lease/{}", lease_name(instance));
         }
         println!("deleted {n} probe object(s) of {instance}");
         return Ok(0);
@@ -81,7 +74,8 @@ pub async fn run_cleanup(args: CleanupArgs) -> Result<i32, Error> {
         tokio::time::sleep(LEASE_DURATION + Duration::from_secs(1)).await;
     }
     let reaped = reaper.pass(false).await?;
-    let all = labelled_objects(&pods, &services, &url, ns).await?;
+    let selector = format!("{LABEL_NAME}={APP_NAME}");
+    let all = objects_by_instance(&pods, &services, &url, ns, &selector).await?;
     let mut dead: Vec<String> = reaped.dead.clone();
     let swept_instances: BTreeMap<String, ()> = all
         .iter()
@@ -133,21 +127,7 @@ pub async fn run_cleanup(args: CleanupArgs) -> Result<i32, Error> {
     }
     let leases: Api<Lease> = Api::namespaced(conn.client.clone(), ns);
     for i in reaped.dead.iter() {
-        match leases
-            .delete(&lease_name(i), &DeleteParams::default())
-            .await
-        {
-            Ok(_) => {}
-            Err(e) if kube_status_code(&e) == Some(404) => {}
-            Err(e) => {
-                return Err(Error::from_kube(
-                    e,
-                    &url,
-                    "delete",
-                    format!("lease {ns}/{}", lease_name(i)),
-                ))
-            }
-        }
+        delete_lease(&leases, &url, i).await?;
     }
     println!(
         "deleted {total} probe object(s) of {} dead instance(s)",
@@ -156,76 +136,40 @@ pub async fn run_cleanup(args: CleanupArgs) -> Result<i32, Error> {
     Ok(0)
 }
 
-/// `pod/NAME` and `service/NAME` of every firstpacket object in the namespace, by
-/// instance label.
-async fn labelled_objects(
+/// `pod/NAME` and `service/NAME` of the probe objects matching `selector`, by their
+/// `firstpacket.io/instance` label (objects without one are left out).
+async fn objects_by_instance(
     pods: &Api<Pod>,
     services: &Api<Service>,
     url: &str,
     ns: &str,
+    selector: &str,
 ) -> Result<BTreeMap<String, Vec<String>>, Error> {
-    let lp = ListParams::default().labels(&format!("{LABEL_NAME}={APP_NAME}"));
+    let lp = ListParams::default().labels(selector);
     let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut add = |kind: &str, md: &ObjectMeta| {
+        if let (Some(i), Some(n)) = (
+            md.labels.as_ref().and_then(|l| l.get(LABEL_INSTANCE)),
+            md.name.as_ref(),
+        ) {
+            out.entry(i.clone())
+                .or_default()
+                .push(format!("{kind}/{n}"));
+        }
+    };
     let pl = pods
         .list(&lp)
         .await
         .map_err(|e| Error::from_kube(e, url, "list", format!("pods in namespace {ns}")))?;
-    for p in pl.items {
-        if let (Some(i), Some(n)) = (
-            p.metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(LABEL_INSTANCE)),
-            p.metadata.name.as_ref(),
-        ) {
-            out.entry(i.clone()).or_default().push(format!("pod/{n}"));
-        }
+    for p in &pl.items {
+        add("pod", &p.metadata);
     }
     let sl = services
         .list(&lp)
         .await
         .map_err(|e| Error::from_kube(e, url, "list", format!("services in namespace {ns}")))?;
-    for s in sl.items {
-        if let (Some(i), Some(n)) = (
-            s.metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(LABEL_INSTANCE)),
-            s.metadata.name.as_ref(),
-        ) {
-            out.entry(i.clone())
-                .or_default()
-                .push(format!("service/{n}"));
-        }
-    }
-    Ok(out)
-}
-
-/// `pod/NAME` and `service/NAME` of one instance.
-async fn instance_objects(
-    pods: &Api<Pod>,
-    services: &Api<Service>,
-    url: &str,
-    ns: &str,
-    instance: &str,
-) -> Result<Vec<String>, Error> {
-    let lp = ListParams::default().labels(&instance_selector(instance));
-    let mut out = Vec::new();
-    for p in pods
-        .list(&lp)
-        .await
-        .map_err(|e| Error::from_kube(e, url, "list", format!("pods in namespace {ns}")))?
-        .items
-    {
-        out.extend(p.metadata.name.map(|n| format!("pod/{n}")));
-    }
-    for s in services
-        .list(&lp)
-        .await
-        .map_err(|e| Error::from_kube(e, url, "list", format!("services in namespace {ns}")))?
-        .items
-    {
-        out.extend(s.metadata.name.map(|n| format!("service/{n}")));
+    for svc in &sl.items {
+        add("service", &svc.metadata);
     }
     Ok(out)
 }

@@ -806,11 +806,11 @@ async fn run_gate_inner(
     // Dead instances' Leases still being watched: their pods are deleted once the Lease
     // has gone unrenewed for its duration (at most that long plus a pass).
     if !reaper.is_finished() {
+        let wait = crate::lease::LEASE_DURATION + crate::lease::RENEW_INTERVAL * 2;
         tracing::info!(
             "waiting (at most {}s) to tell whether other instances' unrenewed Leases are dead",
-            (crate::lease::LEASE_DURATION + crate::lease::RENEW_INTERVAL * 2).as_secs()
+            wait.as_secs()
         );
-        let wait = crate::lease::LEASE_DURATION + crate::lease::RENEW_INTERVAL * 2;
         let mut reaper = reaper;
         if tokio::time::timeout(wait, &mut reaper).await.is_err() {
             reaper.abort();

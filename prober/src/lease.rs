@@ -218,6 +218,28 @@ async fn create_or_renew(
     }
 }
 
+/// Deletes `instance`'s Lease from `leases`' namespace; true if it existed (404 is
+/// fine). Errors: the API's refusal ([`Error::Api`] naming `delete lease NS/NAME`).
+pub async fn delete_lease(leases: &Api<Lease>, url: &str, instance: &str) -> Result<bool, Error> {
+    match leases
+        .delete(&lease_name(instance), &DeleteParams::default())
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(e) if kube_status_code(&e) == Some(404) => Ok(false),
+        Err(e) => Err(Error::from_kube(
+            e,
+            url,
+            "delete",
+            format!(
+                "lease {}/{}",
+                leases.namespace().unwrap_or_default(),
+                lease_name(instance)
+            ),
+        )),
+    }
+}
+
 /// What the reaper saw of one other instance's Lease: its `resourceVersion` and when
 /// (reaper's monotonic clock) it was first seen with it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -335,22 +357,7 @@ impl Reaper {
                 let n = delete_instance_pods(&self.pods, instance, &self.url).await?;
                 out.deleted_objects += n;
                 tracing::info!(%instance, objects = n, "instance Lease expired: deleted its probe objects");
-                match self
-                    .leases
-                    .delete(&lease_name(instance), &DeleteParams::default())
-                    .await
-                {
-                    Ok(_) => {}
-                    Err(e) if kube_status_code(&e) == Some(404) => {}
-                    Err(e) => {
-                        return Err(Error::from_kube(
-                            e,
-                            &self.url,
-                            "delete",
-                            format!("lease {namespace}/{}", lease_name(instance)),
-                        ))
-                    }
-                }
+                delete_lease(&self.leases, &self.url, instance).await?;
                 self.observed.remove(instance);
             }
         }
