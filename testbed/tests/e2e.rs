@@ -384,21 +384,12 @@ fn a_node_stopped_mid_probe_makes_its_probes_node_not_ready() {
             ])
         });
         // Stop node-3 as soon as the gate has created its first probe pods.
-        let pods = tb.kubectl_until(
-            &[
-                "get",
-                "pods",
-                "-n",
-                "firstpacket",
-                "-l",
-                "app.kubernetes.io/name=firstpacket",
-                "-o",
-                "name",
-            ],
+        let pods = common::poll_until(
             Duration::from_secs(60),
-            |o| !o.trim().is_empty(),
+            || tb.probe_pods(),
+            |p| !p.is_empty(),
         );
-        assert!(!pods.trim().is_empty(), "the gate created no probe pod");
+        assert!(!pods.is_empty(), "the gate created no probe pod");
         let stop = tb.cmd().args(["node", "stop", "node-3"]).output().unwrap();
         assert!(
             stop.status.success(),
