@@ -224,6 +224,28 @@ impl Console {
         }
     }
 
+    /// One line per API outage ([`crate::apihealth`]): when it began, how long the API
+    /// server did not answer, the first error, and how many requests went unanswered;
+    /// `at_end` when the run ended before the API answered again.
+    pub fn api_outage(&self, o: &crate::apihealth::Outage, at_end: bool) {
+        let seconds = o.seconds.unwrap_or_default();
+        if self.json() {
+            tracing::warn!(target: "prober::console", start = %o.start, seconds,
+                first_error = %o.first_error, failed_requests = o.failed_requests,
+                ongoing = at_end, "API server outage");
+        } else if at_end {
+            eprintln!(
+                "API server not answering since {} ({seconds:.1}s, still at the end; first error: {}; {} request(s) unanswered)",
+                o.start, o.first_error, o.failed_requests
+            );
+        } else {
+            eprintln!(
+                "API server did not answer for {seconds:.1}s from {} (first error: {}; {} request(s) unanswered); it answers again",
+                o.start, o.first_error, o.failed_requests
+            );
+        }
+    }
+
     /// The JSON report was written to `path`.
     pub fn report_written(&self, path: &std::path::Path) {
         if self.json() {

@@ -33,6 +33,8 @@ pub struct Connection {
     pub scrape_client: Client,
     /// `cluster_url` of the configuration.
     pub url: String,
+    /// The API outages `client`'s requests met ([`crate::apihealth`]).
+    pub health: crate::apihealth::ApiHealth,
 }
 
 /// Loads the client configuration and builds the clients. No API call is made.
@@ -41,9 +43,21 @@ pub struct Connection {
 /// in it; with neither, kube-rs `Config::infer` decides (`KUBECONFIG`,
 /// `~/.kube/config`, then the in-cluster service account). Errors:
 /// [`Error::ClientConfig`] naming the file or context that could not be used.
+/// Outages are recorded without a stderr line (see [`connect_with`]).
 pub async fn connect(
     kubeconfig: Option<&std::path::Path>,
     context: Option<&str>,
+) -> Result<Connection, Error> {
+    connect_with(kubeconfig, context, crate::apihealth::ApiHealth::new(None)).await
+}
+
+/// [`connect`], with every request of the main client recorded in `health`
+/// ([`crate::apihealth::ApiHealthLayer`]; the scrape client's pod-proxy requests are
+/// not: a 503 there is usually the agent, not the API server).
+pub async fn connect_with(
+    kubeconfig: Option<&std::path::Path>,
+    context: Option<&str>,
+    health: crate::apihealth::ApiHealth,
 ) -> Result<Connection, Error> {
     let options = kube::config::KubeConfigOptions {
         context: context.map(str::to_owned),
@@ -83,11 +97,15 @@ pub async fn connect(
     // API server's answer (e.g. "connection refused") is the result.
     let scrape_client = crate::agents::scrape::no_retry_client(config.clone())
         .map_err(|e| Error::ClientConfig(error_chain(&e)))?;
-    let client = Client::try_from(config).map_err(|e| Error::ClientConfig(error_chain(&e)))?;
+    let client = kube::client::ClientBuilder::try_from(config)
+        .map_err(|e| Error::ClientConfig(error_chain(&e)))?
+        .with_layer(&crate::apihealth::ApiHealthLayer::new(health.clone()))
+        .build();
     Ok(Connection {
         client,
         scrape_client,
         url,
+        health,
     })
 }
 
@@ -190,7 +208,7 @@ pub async fn start(
         }
     };
     let max_age = p.give_up * 2 + hold + SWEEP_GRACE;
-    let swept = sweep(&pods, url, &p.namespace, instance, max_age, true).await?;
+    let swept = sweep(&pods, &conn.health, url, &p.namespace, instance, max_age, true).await?;
     if !swept.deleted.is_empty() {
         console.swept(swept.deleted.len());
     }

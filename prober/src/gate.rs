@@ -633,6 +633,7 @@ pub fn build_report(
         stopped_early: inputs.stopped_early,
         skipped_nodes: inputs.skipped_nodes,
         agents: None,
+        api_outages: Vec::new(),
     }
 }
 

@@ -545,7 +545,11 @@ async fn run_gate_inner(
     let started_at = start.started_at.clone();
     console.seed(&instance, seed);
 
-    let conn = crate::engine::connect(p.kubeconfig.as_deref(), p.context.as_deref()).await?;
+    let health = crate::apihealth::ApiHealth::new(Some(console));
+    let conn =
+        crate::engine::connect_with(p.kubeconfig.as_deref(), p.context.as_deref(), health.clone())
+            .await?;
+    let pings = crate::apihealth::spawn_recovery_pings(conn.client.clone(), health.clone());
     let url = conn.url.clone();
     start.url = Some(url.clone());
     let nodes_api: Api<Node> = Api::all(conn.client.clone());
@@ -859,6 +863,9 @@ async fn run_gate_inner(
         .agents
         .as_deref()
         .map(|a| crate::gate::agents_report(&agent_facts(a, p.agent_scrape, &profile_names)));
+    drop(pings);
+    health.finish();
+    report.api_outages = api_outages(&health);
     print!("{}", render_text(&report, &p.group_by_label));
     console.verdict(&report);
     tracing::info!(
@@ -930,4 +937,21 @@ mod tests {
         assert!(text.contains("+ 3 filler(s)"), "{text}");
         assert!(text.contains("≤ 10 API writes"), "{text}");
     }
+}
+
+/// The report's `api_outages[]` from the run's [`crate::apihealth::ApiHealth`].
+pub fn api_outages(h: &crate::apihealth::ApiHealth) -> Vec<target_server::report::ApiOutage> {
+    let ongoing = h.ongoing();
+    let all = h.outages();
+    let n = all.len();
+    all.into_iter()
+        .enumerate()
+        .map(|(i, o)| target_server::report::ApiOutage {
+            start: o.start,
+            seconds: o.seconds.unwrap_or_default(),
+            ongoing: ongoing && i + 1 == n,
+            first_error: o.first_error,
+            failed_requests: o.failed_requests,
+        })
+        .collect()
 }

@@ -10,6 +10,8 @@
 //! server, status page) and [`events`] (Node Events). [`stats`]: pure statistics.
 
 pub mod admin;
+pub mod bounds;
+pub mod apihealth;
 pub mod admission;
 pub mod agents;
 pub mod cleanup;

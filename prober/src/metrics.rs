@@ -70,6 +70,13 @@ pub struct Metrics {
     pub eligible_nodes: IntGauge,
     /// `firstpacket_state_entries{structure}`: sizes of the prober's bounded structures.
     pub state_entries: IntGaugeVec,
+    /// `firstpacket_state_bound{structure}`: the stated bound of each structure
+    /// ([`crate::bounds`]); entries above it are a leak.
+    pub state_bound: IntGaugeVec,
+    /// `firstpacket_api_outages_total`: API outages lived through ([`crate::apihealth`]).
+    pub api_outages: IntGauge,
+    /// `firstpacket_api_outage_seconds_total`: their summed length, seconds.
+    pub api_outage_seconds: Gauge,
     /// `firstpacket_node_events_total{reason}`: Node Events written.
     pub node_events: IntCounterVec,
     /// `firstpacket_engine_faults_total{fault}`: forbidden creates/deletes
@@ -160,6 +167,12 @@ impl Metrics {
                 Opts::new("firstpacket_state_entries", "Entries in the prober's bounded in-memory structures."),
                 &["structure"],
             ).expect("gauge")),
+            state_bound: reg(&r, IntGaugeVec::new(
+                Opts::new("firstpacket_state_bound", "Stated bound of each bounded in-memory structure (a function of nodes, --concurrency, --burst-size and agent profiles); entries above it are a leak."),
+                &["structure"],
+            ).expect("gauge")),
+            api_outages: reg(&r, IntGauge::new("firstpacket_api_outages_total", "API server outages the prober lived through (transport errors or HTTP 502/503/504 until the next answer).").expect("gauge")),
+            api_outage_seconds: reg(&r, Gauge::new("firstpacket_api_outage_seconds_total", "Summed length of the API server outages, seconds.").expect("gauge")),
             node_events: reg(&r, counter(
                 "firstpacket_node_events_total",
                 "Kubernetes Events written on Nodes, by reason.",

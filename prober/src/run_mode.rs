@@ -313,6 +313,7 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
         return Err(Error::NotImplemented("--leader-elect".into()));
     }
     let profiles = crate::engine::load_profiles(&p)?;
+    let n_profiles = profiles.len();
     let hold = p.hold_or(RUN_DEFAULT_HOLD);
     let owner = owner_from_env(&p.namespace, |k| std::env::var(k).ok());
     let instance = run_instance(owner.as_ref());
@@ -350,7 +351,14 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
         })
     };
 
-    let conn = crate::engine::connect(p.kubeconfig.as_deref(), p.context.as_deref()).await?;
+    let conn_health = crate::apihealth::ApiHealth::new(Some(console));
+    let conn = crate::engine::connect_with(
+        p.kubeconfig.as_deref(),
+        p.context.as_deref(),
+        conn_health.clone(),
+    )
+    .await?;
+    let _pings = crate::apihealth::spawn_recovery_pings(conn.client.clone(), conn_health.clone());
     let url = conn.url.clone();
     let started = crate::engine::start(&conn, &p, &instance, hold, profiles, console, true).await?;
     admin.ready.store(true, Ordering::Relaxed);
@@ -533,13 +541,33 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
             known_nodes.len(),
         );
         sizes.push(("pending_blames", lock(&pending).len()));
+        sizes.push(("api_outages", conn_health.len()));
+        let bound_inputs = crate::bounds::BoundInputs {
+            nodes: known_nodes.len(),
+            concurrency,
+            burst_size: p.burst_size as usize,
+            profiles: n_profiles,
+        };
         for (k, v) in &sizes {
             admin
                 .metrics
                 .state_entries
                 .with_label_values(&[k])
                 .set(i64::try_from(*v).unwrap_or(i64::MAX));
+            if let Some(b) = crate::bounds::bound(k, bound_inputs) {
+                admin
+                    .metrics
+                    .state_bound
+                    .with_label_values(&[k])
+                    .set(i64::try_from(b).unwrap_or(i64::MAX));
+            }
         }
+        let (outages, outage_seconds) = conn_health.totals();
+        admin
+            .metrics
+            .api_outages
+            .set(i64::try_from(outages).unwrap_or(i64::MAX));
+        admin.metrics.api_outage_seconds.set(outage_seconds);
         {
             let mut info = lock(&admin.info);
             info.eligible_nodes = eligible.iter().cloned().collect();

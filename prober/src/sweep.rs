@@ -47,7 +47,8 @@ pub struct Candidate {
     pub instance: Option<String>,
     /// `(owner pod name, owner uid)` from an ownerReference of kind `Pod`.
     pub owner_pod: Option<(String, String)>,
-    /// Age in seconds (API `creationTimestamp` vs. our wall clock), if known.
+    /// Age in seconds (API `creationTimestamp` vs. the API server's clock as the
+    /// caller estimates it), if known.
     pub age_seconds: Option<i64>,
     /// The pod's own age limit, seconds: its `activeDeadlineSeconds` plus
     /// [`SWEEP_GRACE`] (each run sets the deadline from its own flags, so another run's
@@ -177,9 +178,10 @@ fn kept_instances(
 /// once each, delete what [`decide`] says. Returns what was deleted and what was kept
 /// ([`SweepOutcome`]). A 404 on delete is fine; other API errors are returned. With
 /// `delete` false nothing is deleted and `deleted` lists what would be (`prober cleanup`
-/// without `--yes`).
+/// without `--yes`). `clock` gives the API server's time (module docs).
 pub async fn sweep(
     pods: &Api<Pod>,
+    clock: &crate::apihealth::ApiHealth,
     url: &str,
     namespace: &str,
     our_instance: &str,
@@ -201,7 +203,8 @@ pub async fn sweep(
             Vec::new()
         }
     };
-    let now = Timestamp::now();
+    // After the list: its response's `Date` header is the freshest reading.
+    let now = clock.server_now();
     let candidates: Vec<(bool, Candidate)> = pod_list
         .items
         .iter()

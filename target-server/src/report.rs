@@ -626,6 +626,26 @@ pub struct GateReport {
     /// JSON) when the run stopped before correlation started. Added field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agents: Option<AgentsReport>,
+    /// API outages the run lived through (the prober's `apihealth` module: from the first
+    /// unanswered request to the first answer), oldest first, at most 100. Added field.
+    #[serde(default)]
+    pub api_outages: Vec<ApiOutage>,
+}
+
+/// One entry of the report's `api_outages[]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApiOutage {
+    /// RFC 3339 wall time of the first unanswered request (prober clock).
+    pub start: String,
+    /// Seconds from the first unanswered request to the first answer (so far, when
+    /// `ongoing`).
+    pub seconds: f64,
+    /// The run ended before the API answered again.
+    pub ongoing: bool,
+    /// The first failure, one line (`Connection refused (os error 111)`, `HTTP 503 …`).
+    pub first_error: String,
+    /// Requests that went unanswered during the outage.
+    pub failed_requests: u64,
 }
 
 /// The report's `agents` object: how node agents were scraped in a gate run.

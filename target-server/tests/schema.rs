@@ -192,6 +192,7 @@ fn gate_report() -> GateReport {
         stopped_early: None,
         skipped_nodes: Vec::new(),
         agents: None,
+        api_outages: Vec::new(),
     }
 }
 
