@@ -162,8 +162,8 @@ impl ApiHealth {
     /// seconds) of a response received at local wall time `local`. Unparsable values
     /// are ignored.
     pub fn observe_date(&self, date: &str, local: Timestamp) {
-        let Ok(server) = k8s_openapi::jiff::fmt::rfc2822::DateTimeParser::new()
-            .parse_timestamp(date.trim())
+        let Ok(server) =
+            k8s_openapi::jiff::fmt::rfc2822::DateTimeParser::new().parse_timestamp(date.trim())
         else {
             return;
         };
@@ -256,7 +256,8 @@ pub fn spawn_recovery_pings(client: kube::Client, health: ApiHealth) -> Recovery
         loop {
             tokio::time::sleep(RECOVERY_PING_INTERVAL).await;
             if health.ongoing() {
-                let _ = tokio::time::timeout(Duration::from_secs(2), client.apiserver_version()).await;
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(2), client.apiserver_version()).await;
             }
         }
     }))
@@ -275,6 +276,29 @@ impl Drop for RecoveryPings {
 /// Whether an HTTP status means "not answered" (module docs: 502, 503, 504).
 pub fn unanswered_status(code: u16) -> bool {
     matches!(code, 502..=504)
+}
+
+/// Whether a kube error is one [`ApiHealthLayer`] counts as "not answered": no HTTP
+/// response at all (`kube::Error::HyperError`, `kube::Error::Service`: refused,
+/// reset, TLS closed, timed out) or an API status 502–504. [`ApiHealth`] reports such
+/// errors once per outage, so the retrying watchers log them at debug instead of one
+/// warning per watcher and attempt.
+pub fn is_unanswered(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(s) => unanswered_status(s.code),
+        kube::Error::HyperError(_) | kube::Error::Service(_) => true,
+        _ => false,
+    }
+}
+
+/// [`is_unanswered`] for a watcher's error (its list, watch start or watch stream).
+pub fn watcher_unanswered(e: &kube::runtime::watcher::Error) -> bool {
+    use kube::runtime::watcher::Error as W;
+    match e {
+        W::InitialListFailed(e) | W::WatchStartFailed(e) | W::WatchFailed(e) => is_unanswered(e),
+        W::WatchError(s) => unanswered_status(s.code),
+        _ => false,
+    }
 }
 
 /// The tower layer that feeds [`ApiHealth`] from every request of a [`kube::Client`]
@@ -315,9 +339,8 @@ where
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send>,
-    >;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -370,14 +393,21 @@ mod tests {
     fn one_outage_from_first_failure_to_first_answer() {
         let h = ApiHealth::new(None);
         let t0 = Instant::now();
-        assert_eq!(h.observe_at(Ok(()), t0), None, "answers alone are no outage");
+        assert_eq!(
+            h.observe_at(Ok(()), t0),
+            None,
+            "answers alone are no outage"
+        );
         assert_eq!(
             h.observe_at(Err("connection refused".into()), t0),
             Some(Transition::Started)
         );
         assert!(h.ongoing());
         assert_eq!(
-            h.observe_at(Err("connection refused".into()), t0 + Duration::from_secs(1)),
+            h.observe_at(
+                Err("connection refused".into()),
+                t0 + Duration::from_secs(1)
+            ),
             None
         );
         let Some(Transition::Ended(o)) = h.observe_at(Ok(()), t0 + Duration::from_millis(4500))

@@ -208,7 +208,16 @@ pub async fn start(
         }
     };
     let max_age = p.give_up * 2 + hold + SWEEP_GRACE;
-    let swept = sweep(&pods, &conn.health, url, &p.namespace, instance, max_age, true).await?;
+    let swept = sweep(
+        &pods,
+        &conn.health,
+        url,
+        &p.namespace,
+        instance,
+        max_age,
+        true,
+    )
+    .await?;
     if !swept.deleted.is_empty() {
         console.swept(swept.deleted.len());
     }
@@ -274,6 +283,11 @@ pub fn spawn_reaper(
                     for i in &o.dead {
                         console.reaped(i);
                     }
+                }
+                Err(e @ Error::Unreachable { .. }) if !failing => {
+                    // Reported once per outage by the client's ApiHealth.
+                    tracing::debug!(error = %e, "instance Lease pass got no answer (retrying)");
+                    failing = true;
                 }
                 Err(e) if !failing => {
                     tracing::warn!(error = %e, "instance Lease pass failed (retrying)");
@@ -592,6 +606,10 @@ pub async fn check_watch_allowed(
         Ok(Err(e)) if matches!(kube_status_code(&e), Some(401) | Some(403)) => Err(
             Error::from_kube(e, url, "watch", format!("pods in namespace {namespace}")),
         ),
+        Ok(Err(e)) if crate::apihealth::is_unanswered(&e) => {
+            tracing::debug!(error = %kube_error_text(&e), "pod watch check got no answer; the watch retries");
+            Ok(())
+        }
         Ok(Err(e)) => {
             tracing::warn!(error = %kube_error_text(&e), "pod watch check failed; the watch retries");
             Ok(())

@@ -546,9 +546,12 @@ async fn run_gate_inner(
     console.seed(&instance, seed);
 
     let health = crate::apihealth::ApiHealth::new(Some(console));
-    let conn =
-        crate::engine::connect_with(p.kubeconfig.as_deref(), p.context.as_deref(), health.clone())
-            .await?;
+    let conn = crate::engine::connect_with(
+        p.kubeconfig.as_deref(),
+        p.context.as_deref(),
+        health.clone(),
+    )
+    .await?;
     let pings = crate::apihealth::spawn_recovery_pings(conn.client.clone(), health.clone());
     let url = conn.url.clone();
     start.url = Some(url.clone());
@@ -885,6 +888,23 @@ async fn run_gate_inner(
     Ok(report.exit_code)
 }
 
+/// The report's `api_outages[]` from the run's [`crate::apihealth::ApiHealth`].
+pub fn api_outages(h: &crate::apihealth::ApiHealth) -> Vec<target_server::report::ApiOutage> {
+    let ongoing = h.ongoing();
+    let all = h.outages();
+    let n = all.len();
+    all.into_iter()
+        .enumerate()
+        .map(|(i, o)| target_server::report::ApiOutage {
+            start: o.start,
+            seconds: o.seconds.unwrap_or_default(),
+            ongoing: ongoing && i + 1 == n,
+            first_error: o.first_error,
+            failed_requests: o.failed_requests,
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -937,21 +957,4 @@ mod tests {
         assert!(text.contains("+ 3 filler(s)"), "{text}");
         assert!(text.contains("≤ 10 API writes"), "{text}");
     }
-}
-
-/// The report's `api_outages[]` from the run's [`crate::apihealth::ApiHealth`].
-pub fn api_outages(h: &crate::apihealth::ApiHealth) -> Vec<target_server::report::ApiOutage> {
-    let ongoing = h.ongoing();
-    let all = h.outages();
-    let n = all.len();
-    all.into_iter()
-        .enumerate()
-        .map(|(i, o)| target_server::report::ApiOutage {
-            start: o.start,
-            seconds: o.seconds.unwrap_or_default(),
-            ongoing: ongoing && i + 1 == n,
-            first_error: o.first_error,
-            failed_requests: o.failed_requests,
-        })
-        .collect()
 }

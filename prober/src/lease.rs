@@ -128,6 +128,12 @@ impl InstanceLease {
                             failing = false;
                         }
                         Ok(()) => {}
+                        Err(e) if !failing && crate::apihealth::is_unanswered(&e) => {
+                            // Reported once per outage by the client's ApiHealth.
+                            tracing::debug!(lease = %lease_name(&instance), error = %e,
+                                "instance Lease renewal got no answer (retrying)");
+                            failing = true;
+                        }
                         Err(e) if !failing => {
                             tracing::warn!(lease = %lease_name(&instance), error = %e,
                                 "instance Lease renewal failed (retrying); if it stays down for \

@@ -10,10 +10,10 @@
 //! server, status page) and [`events`] (Node Events). [`stats`]: pure statistics.
 
 pub mod admin;
-pub mod bounds;
-pub mod apihealth;
 pub mod admission;
 pub mod agents;
+pub mod apihealth;
+pub mod bounds;
 pub mod cleanup;
 pub mod config;
 pub mod console;

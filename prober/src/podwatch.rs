@@ -223,7 +223,11 @@ impl PodWatch {
                     }
                     Err(e) => {
                         let msg = watcher_error_text(&e);
-                        tracing::warn!(error = %msg, "pod watch error (retrying with backoff)");
+                        if crate::apihealth::watcher_unanswered(&e) {
+                            tracing::debug!(error = %msg, "pod watch: API server not answering (retrying with backoff)");
+                        } else {
+                            tracing::warn!(error = %msg, "pod watch error (retrying with backoff)");
+                        }
                         if is_watch_trouble(&e) {
                             *lock(&s.trouble) = Some((now, msg.clone()));
                         }

@@ -219,6 +219,9 @@ fn spawn_node_watch(
                         let _ = tx.send(NodeChange::Gone(name));
                     }
                 }
+                Err(e) if crate::apihealth::watcher_unanswered(&e) => {
+                    tracing::debug!(error = %crate::error::watcher_error_text(&e), "node watch: API server not answering (retrying with backoff)");
+                }
                 Err(e) => {
                     tracing::warn!(error = %crate::error::watcher_error_text(&e), "node watch error (retrying with backoff)");
                 }

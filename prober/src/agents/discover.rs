@@ -293,7 +293,7 @@ pub async fn watch_agents(client: Client, profiles: Vec<Profile>, index: SharedI
                                 .write()
                                 .map(|mut idx| idx.set_error(&profile.name, &ns, text.clone()))
                                 .unwrap_or(false);
-                            if first {
+                            if first && !crate::apihealth::watcher_unanswered(&e) {
                                 tracing::warn!(profile = %profile.name, namespace = %ns,
                                     error = %text, "agent discovery failing (retrying; correlation on this profile is blind meanwhile)");
                             } else {
