@@ -761,6 +761,51 @@ fn a_pod_with_in_cluster_kube_rs_config_lists_nodes() {
     assert_eq!(kubelet("?tailLines=1").trim_end(), last);
 }
 
+/// S1 (healthy) gates one after another on one testbed: 10 runs, 100 with
+/// `FIRSTPACKET_LONG_TESTS=1`; every run must pass (exit 0, verdict pass, every probe
+/// `success`): a false failure here is a prober that flakes. Prints the count, each
+/// failing run's output, and the slowest run's p95 TTFP.
+#[test]
+fn repeated_s1_gates_have_no_false_failures() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let long = std::env::var("FIRSTPACKET_LONG_TESTS").is_ok_and(|v| v == "1");
+    let runs = if long { 100 } else { 10 };
+    let fault = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../testbed/faults/s1-healthy.yaml"
+    ))
+    .unwrap();
+    let tb = Testbed::up("s1rep", 3, &fault, &[]);
+    let t0 = Instant::now();
+    let mut false_failures = Vec::new();
+    let mut worst_p95 = 0.0f64;
+    for run in 1..=runs {
+        let (code, report, out) = tb.gate(&[]);
+        let all_success = report["probes"]
+            .as_array()
+            .is_some_and(|p| !p.is_empty() && p.iter().all(|p| p["result"] == "success"));
+        if code != 0 || report["verdict"] != "pass" || !all_success {
+            eprintln!(
+                "S1 run {run}: exit {code}, verdict {}:\n{out}",
+                report["verdict"]
+            );
+            false_failures.push(run);
+        }
+        worst_p95 = worst_p95.max(report["summary"]["ttfp_p95"].as_f64().unwrap_or(0.0));
+    }
+    eprintln!(
+        "repeated S1 gates: {runs} runs, {} false failure(s) {false_failures:?}, worst p95 TTFP {worst_p95:.3}s, {:.0}s in all",
+        false_failures.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    assert!(
+        false_failures.is_empty(),
+        "false failures in runs {false_failures:?} of {runs}"
+    );
+    let left = tb.wait_no_probe_pods(POD_GONE_TIMEOUT);
+    assert!(left.is_empty(), "probe pods left: {left:?}");
+}
+
 /// 20 nodes × 10 pods with `FIRSTPACKET_LONG_TESTS=1`, else 4 × 5: up, every pod Ready,
 /// every pod answering HTTP through the dataplane from the host netns, down. Prints the
 /// times.

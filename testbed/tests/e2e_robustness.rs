@@ -893,3 +893,171 @@ fn a_missing_namespace_is_created_only_when_allowed_and_a_forbidden_get_is_not_f
     let left = tb.wait_no_probe_pods(POD_GONE_TIMEOUT);
     assert!(left.is_empty(), "probe pods left: {left:?}");
 }
+
+/// A gate whose wall clock runs 5 minutes ahead of the API server (libfaketime preloaded
+/// into a dynamically linked prober) starts while another gate's probe pods are a few
+/// seconds old: its start-up sweep must age them by the API server's clock (the `Date`
+/// header), not its own, so it deletes nothing and the other gate passes. By the
+/// prober's own clock those pods are 5 minutes old, past their age limit
+/// (activeDeadlineSeconds 130 s + 60 s grace with these flags).
+#[test]
+fn a_prober_with_a_clock_ahead_does_not_sweep_a_live_gates_pods() {
+    let _g = serial();
+    let tb = Testbed::up("robust-clock", 3, FAULT, &[]);
+    let report_a = tb.state.join("clock-a.json");
+    let a = spawn_gate(
+        &tb,
+        &[
+            "--pairs",
+            "3",
+            "--concurrency",
+            "3",
+            "--give-up",
+            "20s",
+            "--hold",
+            "30s",
+            "--report",
+            report_a.to_str().unwrap(),
+        ],
+    );
+    let selector = "app.kubernetes.io/component=probe-source";
+    let sources = poll_until(
+        Duration::from_secs(60),
+        || {
+            tb.kubectl(&[
+                "get",
+                "pods",
+                "-n",
+                "firstpacket",
+                "-l",
+                selector,
+                "-o",
+                "name",
+            ])
+        },
+        |names| !names.trim().is_empty(),
+    );
+    assert!(
+        !sources.trim().is_empty(),
+        "gate A created no source pod in 60 s"
+    );
+    let skew = testbed::fault::ClockSkew { seconds: 300.0 };
+    let mut args: Vec<String> = vec!["exec".into(), "--".into(), "env".into()];
+    args.extend(
+        skew.faketime_env()
+            .into_iter()
+            .map(|(k, v)| format!("{k}={v}")),
+    );
+    let report_b = tb.state.join("clock-b.json");
+    args.extend(
+        [
+            "prober",
+            "gate",
+            "--pairs",
+            "1",
+            "--report",
+            report_b.to_str().unwrap(),
+        ]
+        .map(str::to_owned),
+    );
+    let b = tb.cmd().args(&args).output().expect("gate B");
+    let b_err = String::from_utf8_lossy(&b.stderr).into_owned();
+    let rb: Value = serde_json::from_str(&std::fs::read_to_string(&report_b).unwrap_or_default())
+        .unwrap_or_else(|e| panic!("gate B wrote no report ({e}):\n{b_err}"));
+    // The preload took: B's own clock says 5 minutes ahead.
+    let b_start: k8s_openapi::jiff::Timestamp = rb["started_at"].as_str().unwrap().parse().unwrap();
+    let ahead = b_start.as_second() - k8s_openapi::jiff::Timestamp::now().as_second();
+    assert!(
+        (240..=330).contains(&ahead),
+        "gate B's clock is not 5 minutes ahead ({ahead}s): is libfaketime installed?"
+    );
+    assert_eq!(b.status.code(), Some(0), "gate B:\n{b_err}");
+    assert!(
+        !b_err.contains("swept"),
+        "gate B swept gate A's pods:\n{b_err}"
+    );
+    let a_out = a.wait_with_output().expect("gate A");
+    let ra: Value = serde_json::from_str(&std::fs::read_to_string(&report_a).unwrap()).unwrap();
+    assert_eq!(
+        a_out.status.code(),
+        Some(0),
+        "gate A failed (its pods swept?):\n{}",
+        String::from_utf8_lossy(&a_out.stderr)
+    );
+    assert!(
+        ra["probes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["result"] == "success"),
+        "{ra:#}"
+    );
+}
+
+/// The API server down for 6 s mid-gate (`testbed api stop`, then `api start`: a restart
+/// with a downtime the test knows; `api restart` of the built-in server is over in
+/// milliseconds) while three probes are in flight: the gate survives it and reports it
+/// as **one** outage — `api_outages[0]` starting when the API stopped answering and
+/// lasting as long as it was down (tolerances: the prober notices the stop at its next
+/// request, ≤ 2 s with its watches re-connecting; the end within its 0.5 s recovery
+/// ping; the real kube-apiserver's graceful shutdown makes "stopped" a window from
+/// `api stop` starting to it returning) — and stderr carries one line for it, not one
+/// raw error per watcher.
+#[test]
+fn api_down_mid_gate_is_reported_as_one_outage_with_start_and_length() {
+    let _g = serial();
+    let tb = Testbed::up("robust-outage", 3, FAULT, &[]);
+    let report = report_path(&tb, "outage");
+    let child = spawn_three_pairs_in_parallel(&tb, &report);
+    wait_for_sources(&tb, 3);
+    // The stop is a window, not an instant: the real kube-apiserver shuts down
+    // gracefully on SIGTERM (it answers for a few more seconds); `api stop` returns
+    // once it has exited.
+    let stopping = k8s_openapi::jiff::Timestamp::now();
+    let t0 = Instant::now();
+    testbed_ok(&tb, &["api", "stop"]);
+    let stop_took = t0.elapsed().as_secs_f64();
+    std::thread::sleep(Duration::from_secs(6));
+    testbed_ok(&tb, &["api", "start"]);
+    let down_max = t0.elapsed().as_secs_f64();
+    let down_min = down_max - stop_took;
+    let out = finish(child);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let v = read_report(&report, &out);
+    let outages = v["api_outages"].as_array().cloned().unwrap_or_default();
+    assert_eq!(outages.len(), 1, "{outages:#?}\n{stderr}");
+    let o = &outages[0];
+    assert_eq!(o["ongoing"], false, "{o}");
+    let start: k8s_openapi::jiff::Timestamp = o["start"].as_str().unwrap().parse().unwrap();
+    let late = (start.as_millisecond() - stopping.as_millisecond()) as f64 / 1000.0;
+    assert!(
+        (-0.5..=stop_took + 2.5).contains(&late),
+        "outage start {late:.2}s after `api stop` began (it took {stop_took:.2}s): {o}"
+    );
+    let seconds = o["seconds"].as_f64().unwrap();
+    println!(
+        "outage: start {late:.2}s after `api stop` began (stop took {stop_took:.2}s), \
+         {seconds:.2}s long; API down {down_min:.2}–{down_max:.2}s"
+    );
+    assert!(
+        (down_min - 3.0..=down_max + 1.5).contains(&seconds),
+        "outage {seconds:.2}s, API down {down_min:.2}–{down_max:.2}s: {o}"
+    );
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("API server did not answer"))
+        .collect();
+    assert_eq!(lines.len(), 1, "one line per outage:\n{stderr}");
+    let raw: Vec<&str> = stderr
+        .lines()
+        .filter(|l| {
+            !l.contains("API server did not answer")
+                && (l.contains("close_notify")
+                    || l.contains("Connection refused")
+                    || l.contains("connection refused"))
+        })
+        .collect();
+    assert!(raw.is_empty(), "raw connection errors on stderr: {raw:#?}");
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(v["errors"].as_array().unwrap().is_empty(), "{v:#}");
+}
