@@ -162,8 +162,8 @@ impl ApiHealth {
     /// seconds) of a response received at local wall time `local`. Unparsable values
     /// are ignored.
     pub fn observe_date(&self, date: &str, local: Timestamp) {
-        let Ok(server) = k8s_openapi::jiff::fmt::rfc2822::DateTimeParser::new()
-            .parse_timestamp(date.trim())
+        let Ok(server) =
+            k8s_openapi::jiff::fmt::rfc2822::DateTimeParser::new().parse_timestamp(date.trim())
         else {
             return;
         };
@@ -256,7 +256,8 @@ pub fn spawn_recovery_pings(client: kube::Client, health: ApiHealth) -> Recovery
         loop {
             tokio::time::sleep(RECOVERY_PING_INTERVAL).await;
             if health.ongoing() {
-                let _ = tokio::time::timeout(Duration::from_secs(2), client.apiserver_version()).await;
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(2), client.apiserver_version()).await;
             }
         }
     }))
@@ -315,9 +316,8 @@ where
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send>,
-    >;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -370,14 +370,21 @@ mod tests {
     fn one_outage_from_first_failure_to_first_answer() {
         let h = ApiHealth::new(None);
         let t0 = Instant::now();
-        assert_eq!(h.observe_at(Ok(()), t0), None, "answers alone are no outage");
+        assert_eq!(
+            h.observe_at(Ok(()), t0),
+            None,
+            "answers alone are no outage"
+        );
         assert_eq!(
             h.observe_at(Err("connection refused".into()), t0),
             Some(Transition::Started)
         );
         assert!(h.ongoing());
         assert_eq!(
-            h.observe_at(Err("connection refused".into()), t0 + Duration::from_secs(1)),
+            h.observe_at(
+                Err("connection refused".into()),
+                t0 + Duration::from_secs(1)
+            ),
             None
         );
         let Some(Transition::Ended(o)) = h.observe_at(Ok(()), t0 + Duration::from_millis(4500))

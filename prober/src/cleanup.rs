@@ -61,7 +61,8 @@ pub async fn run_cleanup(args: CleanupArgs) -> Result<i32, Error> {
 
     // Every instance with probe objects, and what the sweep rules say of it.
     let ours = format!("cleanup-{}", std::process::id());
-    let swept = crate::sweep::sweep(&pods, &conn.health, &url, ns, &ours, Duration::ZERO, false).await?;
+    let swept =
+        crate::sweep::sweep(&pods, &conn.health, &url, ns, &ours, Duration::ZERO, false).await?;
     let mut reaper = Reaper::new(pods.clone(), &url, &ours);
     reaper.pass(false).await?;
     let leased = reaper.leased();

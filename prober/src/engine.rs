@@ -208,7 +208,16 @@ pub async fn start(
         }
     };
     let max_age = p.give_up * 2 + hold + SWEEP_GRACE;
-    let swept = sweep(&pods, &conn.health, url, &p.namespace, instance, max_age, true).await?;
+    let swept = sweep(
+        &pods,
+        &conn.health,
+        url,
+        &p.namespace,
+        instance,
+        max_age,
+        true,
+    )
+    .await?;
     if !swept.deleted.is_empty() {
         console.swept(swept.deleted.len());
     }

@@ -546,9 +546,12 @@ async fn run_gate_inner(
     console.seed(&instance, seed);
 
     let health = crate::apihealth::ApiHealth::new(Some(console));
-    let conn =
-        crate::engine::connect_with(p.kubeconfig.as_deref(), p.context.as_deref(), health.clone())
-            .await?;
+    let conn = crate::engine::connect_with(
+        p.kubeconfig.as_deref(),
+        p.context.as_deref(),
+        health.clone(),
+    )
+    .await?;
     let pings = crate::apihealth::spawn_recovery_pings(conn.client.clone(), health.clone());
     let url = conn.url.clone();
     start.url = Some(url.clone());
