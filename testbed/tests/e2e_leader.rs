@@ -4,6 +4,10 @@
 //!
 //! - exactly one leads (`firstpacket_leader` 1 vs 0); the standby's `/metrics` has no
 //!   probe series and its status page names the leader;
+//! - renewals refused for 2.5 s (`testbed api deny update leases`, below the 4 s renew
+//!   deadline) do not step the leader down; an `api restart` is reported (on the real
+//!   control plane it takes about 9–11 s, longer than the deadline: the leader steps
+//!   down and takes its Lease back, and the term check below covers both terms);
 //! - SIGKILL of the leader: the standby takes over within lease duration + retry period
 //!   (plus a stated tolerance), measured from the kill to the first scrape of the
 //!   standby's `/metrics` saying 1 (printed);
