@@ -465,6 +465,44 @@ mod tests {
     }
 
     #[test]
+    fn a_standby_serves_only_the_allow_listed_families_and_its_page_names_the_leader() {
+        let s = AdminState::new(Metrics::new(&[ProbeKind::CrossNode]), RunInfo::default());
+        s.record(rec(1, "a", "b", Some(0.2), ProbeResult::Success), 1.0);
+        let leading = s.metrics.render();
+        assert!(leading.contains("firstpacket_leader 1"), "{leading}");
+        assert!(leading.contains("firstpacket_probes_total{"));
+        s.metrics.leader.set(0);
+        let standby = s.metrics.render();
+        assert!(standby.contains("firstpacket_leader 0"), "{standby}");
+        for l in standby.lines().filter(|l| !l.starts_with('#')) {
+            let family = l.split(['{', ' ']).next().unwrap_or("");
+            assert!(
+                crate::metrics::STANDBY_FAMILIES.contains(&family),
+                "standby line {l}"
+            );
+        }
+        let info = RunInfo {
+            leadership: crate::leader::Leadership {
+                enabled: true,
+                lease: "firstpacket/firstpacket-leader".into(),
+                identity: "host_run-b".into(),
+                leading: false,
+                holder: Some("host_run-a".into()),
+                holder_since: Some("2026-01-02T03:04:05Z".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let html = render_status(&[], &[], 0, &info);
+        assert!(html.contains("id=\"leader\">host_run-a<"), "{html}");
+        assert!(html.contains("id=\"role\">standby<"), "{html}");
+        assert!(html.contains("2026-01-02T03:04:05Z"));
+        // Without --leader-elect the page says nothing of an election.
+        let html = render_status(&[], &[], 0, &RunInfo::default());
+        assert!(!html.contains("id=\"leadership\""));
+    }
+
+    #[test]
     fn ring_is_bounded_and_metrics_count_every_record() {
         let s = AdminState::new(Metrics::new(&[ProbeKind::CrossNode]), RunInfo::default());
         let n = RECENT_CAPACITY + 10;

@@ -100,7 +100,7 @@ impl Metrics {
     /// All metrics, registered, with the label sets of `kinds` pre-initialised:
     /// `firstpacket_probes_total{kind, result, reason}` for every reason of each result
     /// (`none` for success), ttfp/hold/first-attempt series per kind, startup phases per
-    /// role, `firstpacket_build_info{version}` = 1.
+    /// role, `firstpacket_build_info{version}` = 1, `firstpacket_leader` = 1.
     pub fn new(kinds: &[ProbeKind]) -> Metrics {
         let r = Registry::new();
         let hist = |name: &str, help: &str, buckets: &[f64], labels: &[&str]| {
@@ -198,6 +198,9 @@ impl Metrics {
             .expect("gauge"),
         );
         build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        // A replica without leader election probes; `--leader-elect` sets 0 until its
+        // first term.
+        m.leader.set(1);
         for k in kinds {
             let k = k.as_str();
             m.ttfp.with_label_values(&[k]);
