@@ -10,7 +10,12 @@
 //!   update, so a scrape can be compared with it;
 //! - `GET /`: the status page, self-contained HTML (no external assets, no scripts):
 //!   TTFP over time (inline SVG), the node-pair matrix of recent results, recent
-//!   slow/failed probes with their suspects, the lap time ([`render_status`]).
+//!   slow/failed probes with their suspects, the lap time ([`render_status`]); with
+//!   `--leader-elect`, this replica's role and the leader's identity, term start and
+//!   Lease (`info.leadership` in `/api/v1/probes` too).
+//!
+//! A standby (`firstpacket_leader` 0) serves all of them; its `/metrics` carries only
+//! [`crate::metrics::STANDBY_FAMILIES`].
 
 use crate::metrics::Metrics;
 use axum::extract::State;
@@ -62,6 +67,9 @@ pub struct RunInfo {
     pub slow_threshold_seconds: f64,
     /// Sizes of the bounded in-memory structures.
     pub state_entries: BTreeMap<String, u64>,
+    /// Leader election (`enabled` false without `--leader-elect`): whether this replica
+    /// leads, and who holds the Lease ([`crate::leader::Leadership`]).
+    pub leadership: crate::leader::Leadership,
 }
 
 /// Everything the admin server reads.
@@ -337,6 +345,22 @@ pub fn render_status(
         info.probe_interval_seconds,
         info.concurrency
     );
+    let l = &info.leadership;
+    if l.enabled {
+        let role = if l.leading { "leader" } else { "standby" };
+        let _ = write!(
+            out,
+            "<p class=\"facts\" id=\"leadership\"><span>this replica <b id=\"role\">{role}</b> ({})</span><span>leader <b id=\"leader\">{}</b></span><span>its term since <b>{}</b></span><span>Lease <b>{}</b> (transitions {})</span></p>",
+            esc(&l.identity),
+            esc(l.holder.as_deref().unwrap_or("none")),
+            esc(l.holder_since.as_deref().unwrap_or("–")),
+            esc(&l.lease),
+            l.transitions
+        );
+        if !l.leading {
+            out.push_str("<p>standby: probes run on the leader; its status page has them.</p>");
+        }
+    }
     if !info.skipped_nodes.is_empty() {
         let s: Vec<String> = info
             .skipped_nodes
@@ -438,6 +462,44 @@ mod tests {
             .filter(|l| l.starts_with(prefix))
             .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
             .sum()
+    }
+
+    #[test]
+    fn a_standby_serves_only_the_allow_listed_families_and_its_page_names_the_leader() {
+        let s = AdminState::new(Metrics::new(&[ProbeKind::CrossNode]), RunInfo::default());
+        s.record(rec(1, "a", "b", Some(0.2), ProbeResult::Success), 1.0);
+        let leading = s.metrics.render();
+        assert!(leading.contains("firstpacket_leader 1"), "{leading}");
+        assert!(leading.contains("firstpacket_probes_total{"));
+        s.metrics.leader.set(0);
+        let standby = s.metrics.render();
+        assert!(standby.contains("firstpacket_leader 0"), "{standby}");
+        for l in standby.lines().filter(|l| !l.starts_with('#')) {
+            let family = l.split(['{', ' ']).next().unwrap_or("");
+            assert!(
+                crate::metrics::STANDBY_FAMILIES.contains(&family),
+                "standby line {l}"
+            );
+        }
+        let info = RunInfo {
+            leadership: crate::leader::Leadership {
+                enabled: true,
+                lease: "firstpacket/firstpacket-leader".into(),
+                identity: "host_run-b".into(),
+                leading: false,
+                holder: Some("host_run-a".into()),
+                holder_since: Some("2026-01-02T03:04:05Z".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let html = render_status(&[], &[], 0, &info);
+        assert!(html.contains("id=\"leader\">host_run-a<"), "{html}");
+        assert!(html.contains("id=\"role\">standby<"), "{html}");
+        assert!(html.contains("2026-01-02T03:04:05Z"));
+        // Without --leader-elect the page says nothing of an election.
+        let html = render_status(&[], &[], 0, &RunInfo::default());
+        assert!(!html.contains("id=\"leadership\""));
     }
 
     #[test]

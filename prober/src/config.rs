@@ -447,9 +447,30 @@ pub struct RunArgs {
     #[arg(long, env = "FIRSTPACKET_PROBE_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     pub probe_interval: Duration,
 
-    /// Take part in leader election (not implemented yet).
+    /// Take part in leader election on a coordination.k8s.io/v1 Lease in --namespace:
+    /// only the replica holding it probes; the others stand by (serving /livez, /readyz,
+    /// /metrics without probe series, and a status page naming the leader).
     #[arg(long, env = "FIRSTPACKET_LEADER_ELECT")]
     pub leader_elect: bool,
+
+    /// Name of the leader Lease (in --namespace).
+    #[arg(long, env = "FIRSTPACKET_LEADER_ELECT_LEASE_NAME", default_value = crate::leader::DEFAULT_LEASE_NAME)]
+    pub leader_elect_lease_name: String,
+
+    /// How long a standby waits without seeing the leader Lease change before it takes
+    /// over (whole seconds; client-go's default).
+    #[arg(long, env = "FIRSTPACKET_LEADER_ELECT_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub leader_elect_lease_duration: Duration,
+
+    /// How long the leader retries a failing renewal before it steps down (stops
+    /// probing); less than the lease duration.
+    #[arg(long, env = "FIRSTPACKET_LEADER_ELECT_RENEW_DEADLINE", default_value = "10s", value_parser = parse_duration)]
+    pub leader_elect_renew_deadline: Duration,
+
+    /// Time between leader-election attempts (renewals, and a standby's tries); the
+    /// renew deadline must exceed 1.2 × this.
+    #[arg(long, env = "FIRSTPACKET_LEADER_ELECT_RETRY_PERIOD", default_value = "2s", value_parser = parse_duration)]
+    pub leader_elect_retry_period: Duration,
 
     /// Admin HTTP server address (/metrics, /livez, /readyz, /api/v1/probes, /).
     #[arg(long, env = "FIRSTPACKET_ADMIN_ADDR", default_value = "0.0.0.0:9090")]

@@ -72,6 +72,20 @@ impl Console {
         }
     }
 
+    /// A leadership change of `prober run --leader-elect`: `leading` true when this
+    /// replica starts a term (it probes), false when it stands by (`holder` the Lease's
+    /// holder as last read).
+    pub fn leadership(&self, leading: bool, identity: &str, lease: &str, holder: Option<&str>) {
+        let holder = holder.unwrap_or("none");
+        if self.json() {
+            tracing::info!(target: "prober::console", leading, identity, lease, holder, "leadership changed");
+        } else if leading {
+            eprintln!("leader election: {identity} leads (Lease {lease}): probing");
+        } else {
+            eprintln!("leader election: {identity} stands by (Lease {lease}, holder {holder}): not probing");
+        }
+    }
+
     /// One finished probe of `prober run` (the `n`th): `#n id kind src → dst result
     /// [ttfp] [(reason)]`; in JSON one `probe done` event with `reason` always present
     /// (`none` on success).

@@ -7,7 +7,7 @@
 //! [`gate_run`] (`prober gate`), [`console`] (stderr notices, plain or JSON). [`agents`]: node-agent metrics.
 //! Both modes share [`engine`] (start-up, cleanup) and [`probe::run_probe`];
 //! [`run_mode`] (`prober run`) adds [`rotation`] (pure), [`metrics`], [`admin`] (HTTP
-//! server, status page) and [`events`] (Node Events). [`stats`]: pure statistics.
+//! server, status page), [`events`] (Node Events) and [`leader`] (`--leader-elect`). [`stats`]: pure statistics.
 
 pub mod admin;
 pub mod admission;
@@ -22,6 +22,7 @@ pub mod error;
 pub mod events;
 pub mod gate;
 pub mod gate_run;
+pub mod leader;
 pub mod lease;
 pub mod metrics;
 pub mod podspec;

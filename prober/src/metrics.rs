@@ -79,6 +79,9 @@ pub struct Metrics {
     pub api_outage_seconds: Gauge,
     /// `firstpacket_node_events_total{reason}`: Node Events written.
     pub node_events: IntCounterVec,
+    /// `firstpacket_leader`: 1 on the replica that probes (the leader under
+    /// `--leader-elect`, always without it), 0 on a standby.
+    pub leader: IntGauge,
     /// `firstpacket_engine_faults_total{fault}`: forbidden creates/deletes
     /// (`create_forbidden`, `delete_forbidden`) and admission rejections
     /// (`admission_rejected`).
@@ -97,7 +100,7 @@ impl Metrics {
     /// All metrics, registered, with the label sets of `kinds` pre-initialised:
     /// `firstpacket_probes_total{kind, result, reason}` for every reason of each result
     /// (`none` for success), ttfp/hold/first-attempt series per kind, startup phases per
-    /// role, `firstpacket_build_info{version}` = 1.
+    /// role, `firstpacket_build_info{version}` = 1, `firstpacket_leader` = 1.
     pub fn new(kinds: &[ProbeKind]) -> Metrics {
         let r = Registry::new();
         let hist = |name: &str, help: &str, buckets: &[f64], labels: &[&str]| {
@@ -178,6 +181,7 @@ impl Metrics {
                 "Kubernetes Events written on Nodes, by reason.",
                 &["reason"],
             )),
+            leader: reg(&r, IntGauge::new("firstpacket_leader", "1 on the replica that probes (the leader with --leader-elect), 0 on a standby.").expect("gauge")),
             engine_faults: reg(&r, counter(
                 "firstpacket_engine_faults_total",
                 "Forbidden probe-object creates/deletes (RBAC) and admission rejections, by fault.",
@@ -194,6 +198,9 @@ impl Metrics {
             .expect("gauge"),
         );
         build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        // A replica without leader election probes; `--leader-elect` sets 0 until its
+        // first term.
+        m.leader.set(1);
         for k in kinds {
             let k = k.as_str();
             m.ttfp.with_label_values(&[k]);
@@ -316,15 +323,33 @@ impl Metrics {
         }
     }
 
-    /// The text exposition (`text/plain; version=0.0.4`).
+    /// The text exposition (`text/plain; version=0.0.4`): every family on the replica
+    /// that probes; on a standby (`firstpacket_leader` 0) only [`STANDBY_FAMILIES`], so
+    /// a standby's page carries no probe series (a former leader's stale counts stay
+    /// hidden until it leads again).
     pub fn render(&self) -> String {
+        let mut families = self.registry.gather();
+        if self.leader.get() == 0 {
+            families.retain(|f| STANDBY_FAMILIES.contains(&f.name()));
+        }
         let mut buf = Vec::new();
-        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
+        if let Err(e) = TextEncoder::new().encode(&families, &mut buf) {
             tracing::warn!(error = %e, "metrics encoding failed");
         }
         String::from_utf8_lossy(&buf).into_owned()
     }
 }
+
+/// The metric families a standby serves (allow-list): what describes the process, not
+/// the probes.
+pub const STANDBY_FAMILIES: &[&str] = &[
+    "firstpacket_build_info",
+    "firstpacket_leader",
+    "firstpacket_state_entries",
+    "firstpacket_state_bound",
+    "firstpacket_api_outages_total",
+    "firstpacket_api_outage_seconds_total",
+];
 
 /// The role label of a suspect.
 pub fn role_label(r: Role) -> &'static str {

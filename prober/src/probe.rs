@@ -1053,6 +1053,11 @@ async fn lifecycle(
         target_args(),
     );
     let create_started = std::time::Instant::now();
+    // Cancelled meanwhile (a signal, or `prober run` lost its leadership term): create
+    // nothing more.
+    if *cancel.borrow() {
+        return interrupted("starting the target");
+    }
     if let Err(e) = create(env, st, &t_pod).await {
         return e;
     }
@@ -1088,6 +1093,9 @@ async fn lifecycle(
             None => source_args(cfg, &ip, t_name),
         },
     );
+    if *cancel.borrow() {
+        return interrupted("starting the source");
+    }
     if let Err(e) = create(env, st, &s_pod).await {
         return e;
     }

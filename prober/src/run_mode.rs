@@ -20,6 +20,13 @@
 //!   a final cleanup, exit 0 within [`SHUTDOWN_GRACE`]; a second signal deletes the
 //!   instance's pods best-effort (5 s) and exits 2.
 //!
+//! With `--leader-elect` ([`crate::leader`]) probes start only within a leadership term;
+//! each term has its own cancel channel, set when the election leaves the term (its
+//! probes stop and delete their pods) or on shutdown; `firstpacket_leader` is 1 only in
+//! a term. A standby keeps its node watch, agent discovery, instance Lease, reaper and
+//! janitor (deleting dead instances' pods is harmless from any replica). After a
+//! SIGTERM's cleanup the leader Lease is released, then the instance Lease.
+//!
 //! In-cluster (`POD_NAME`, `POD_NAMESPACE`, `POD_UID` from the downward API, and
 //! `POD_NAMESPACE` = `--namespace`), probe pods carry an ownerReference to the prober
 //! pod, and the instance id derives from the pod UID (`run-<8 hex>`), so a restarted
@@ -313,7 +320,11 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
         });
     }
     if args.leader_elect {
-        return Err(Error::NotImplemented("--leader-elect".into()));
+        crate::leader::validate(
+            args.leader_elect_lease_duration,
+            args.leader_elect_renew_deadline,
+            args.leader_elect_retry_period,
+        )?;
     }
     let profiles = crate::engine::load_profiles(&p)?;
     let n_profiles = profiles.len();
@@ -333,6 +344,8 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
             ..Default::default()
         },
     ));
+    // Without --leader-elect this replica always probes; with it, it starts as a standby.
+    admin.metrics.leader.set(i64::from(!args.leader_elect));
     let listener = tokio::net::TcpListener::bind(&args.admin_addr)
         .await
         .map_err(|e| Error::Config {
@@ -438,6 +451,31 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
         });
     };
     let (cancel_tx, cancel_rx) = watch::channel(false);
+    // Leader election: probes start only within a term; each term has its own cancel
+    // channel, set when the term ends or on shutdown.
+    let leader = args.leader_elect.then(|| {
+        let cfg = crate::leader::LeaderConfig {
+            namespace: p.namespace.clone(),
+            lease_name: args.leader_elect_lease_name.clone(),
+            identity: crate::leader::identity(
+                |k| std::env::var(k).ok(),
+                &crate::leader::hostname(),
+                &instance,
+            ),
+            lease_duration: args.leader_elect_lease_duration,
+            renew_deadline: args.leader_elect_renew_deadline,
+            retry_period: args.leader_elect_retry_period,
+        };
+        crate::leader::spawn(conn.client.clone(), &url, cfg)
+    });
+    let mut leader_rx = leader.as_ref().map(|h| h.status.clone());
+    if let Some(rx) = &leader_rx {
+        lock(&admin.info).leadership = rx.borrow().clone();
+    }
+    // The current term: its number and cancel receiver (without --leader-elect, one
+    // endless term cancelled only on shutdown).
+    let mut term: Option<(u64, watch::Receiver<bool>)> =
+        (!args.leader_elect).then(|| (0, cancel_rx.clone()));
     let limiter = Arc::new(Mutex::new(EventLimiter::new(crate::events::EVENT_WINDOW)));
     let pending = Arc::new(Mutex::new(PendingBlames::default()));
     let in_flight_ids: Arc<Mutex<HashSet<String>>> = Arc::new(Mutex::new(HashSet::new()));
@@ -452,6 +490,7 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
     let mut lap_started = Instant::now();
     let mut laps_seen = 0u64;
     let mut next_probe = tokio::time::Instant::now();
+    let mut announced: Option<bool> = None;
     let concurrency = p.concurrency as usize;
 
     let signal = loop {
@@ -497,8 +536,30 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
                     Err(_) => tracing::warn!("leftover cleanup got no answer; retried later"),
                 }
             }
+            Some(st) = leadership_changed(&mut leader_rx) => {
+                lock(&admin.info).leadership = st.clone();
+                if st.leading && term.as_ref().map(|t| t.0) != Some(st.terms) {
+                    term = Some((st.terms, spawn_term(st.terms, cancel_rx.clone(), leader_rx.clone(), admin.clone())));
+                    start_now = set.len() < concurrency;
+                    next_probe = tokio::time::Instant::now()
+                        + jittered(args.probe_interval, rand::rng().random::<f64>());
+                } else if !st.leading {
+                    // The term's task cancelled its probes already; nothing new starts.
+                    term = None;
+                }
+                if announced != Some(st.leading) {
+                    announced = Some(st.leading);
+                    console.leadership(st.leading, &st.identity, &st.lease, st.holder.as_deref());
+                }
+            }
             name = signals.next() => break name,
         }
+        // Probes start only while the term lasts (the election may have ended it since).
+        let leading_now = leader_rx.as_ref().is_none_or(|rx| {
+            let st = rx.borrow();
+            st.leading && term.as_ref().is_some_and(|t| t.0 == st.terms)
+        });
+        admin.metrics.leader.set(i64::from(leading_now));
 
         // Bookkeeping: live node set, pruning, sizes.
         let (eligible, skipped, names_now) = {
@@ -583,9 +644,12 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
                 .collect();
         }
 
-        if !start_now || set.len() >= concurrency {
+        if !start_now || set.len() >= concurrency || !leading_now {
             continue;
         }
+        let Some(term_cancel) = term.as_ref().map(|t| t.1.clone()) else {
+            continue;
+        };
         let Some(next) = rotation.next(&eligible) else {
             tracing::debug!(eligible = eligible.len(), "no pair to probe now");
             continue;
@@ -608,8 +672,7 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
             instance: instance.clone(),
             console,
         };
-        let cancel = cancel_rx.clone();
-        set.spawn(task.run(plan, cancel));
+        set.spawn(task.run(plan, term_cancel));
     };
 
     // Shutdown: no new probes; cancel the running ones (they delete their pods).
@@ -628,6 +691,9 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
             server.abort();
             node_task.abort();
             reaper_task.abort();
+            if let Some(h) = leader {
+                h.release(Duration::from_secs(2)).await;
+            }
             if let Some(l) = lease {
                 l.release().await;
             }
@@ -650,6 +716,10 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
             0
         }
     };
+    // The probes ended and their pods are gone: hand the leadership over at once.
+    if let Some(h) = leader {
+        h.release(Duration::from_secs(5)).await;
+    }
     server.abort();
     node_task.abort();
     reaper_task.abort();
@@ -657,6 +727,51 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
         l.release().await;
     }
     Ok(code)
+}
+
+/// The next status of the election, once it changed (never, without one).
+async fn leadership_changed(
+    rx: &mut Option<watch::Receiver<crate::leader::Leadership>>,
+) -> Option<crate::leader::Leadership> {
+    match rx {
+        Some(rx) => match rx.changed().await {
+            Ok(()) => Some(rx.borrow_and_update().clone()),
+            Err(_) => std::future::pending().await,
+        },
+        None => std::future::pending().await,
+    }
+}
+
+/// The cancel channel of leadership term `n`: set (so the term's probes stop and delete
+/// their pods) when the election leaves the term — not leading, or a later term — or
+/// on shutdown (`shutdown` true). Sets `firstpacket_leader` to 0 when leadership was
+/// lost. One task per term, ending with it.
+fn spawn_term(
+    n: u64,
+    mut shutdown: watch::Receiver<bool>,
+    status: Option<watch::Receiver<crate::leader::Leadership>>,
+    admin: Arc<AdminState>,
+) -> watch::Receiver<bool> {
+    let (tx, rx) = watch::channel(false);
+    let Some(mut status) = status else {
+        return shutdown;
+    };
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = shutdown.wait_for(|c| *c) => {}
+            r = status.wait_for(|s| !s.leading || s.terms != n) => {
+                let lost = r.is_ok_and(|s| !s.leading);
+                // Cancel first: once the gauge says 0, no probe of the term creates a pod.
+                tx.send_replace(true);
+                if lost {
+                    admin.metrics.leader.set(0);
+                }
+                return;
+            }
+        }
+        tx.send_replace(true);
+    });
+    rx
 }
 
 fn state_sizes(

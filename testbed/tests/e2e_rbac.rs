@@ -4,7 +4,7 @@
 //! - scenario S1 passes in a namespace enforcing Pod Security `restricted` with exactly
 //!   `rbac.yaml`, its probe containers non-root; and
 //! - the (verb, resource, namespace scope) set the prober used — `prober gate` with every
-//!   probe kind and agent scrapes through the pod proxy, then `prober run` until it has
+//!   probe kind and agent scrapes through the pod proxy, then `prober run --leader-elect` until it has
 //!   put a `FirstPacketSlow` Event on a Node, both with the ServiceAccount's own
 //!   kubeconfig, read from kube-apiserver's audit log by that user — equals what
 //!   `rbac.yaml` grants: no verb more, none less, and no request refused;
@@ -229,8 +229,10 @@ fn wait_can_i(tb: &Testbed, verb: &str, resource: &str, scope: &Scope, want: boo
     );
 }
 
-/// `prober run` on the host with `kubeconfig`, until a `FirstPacketSlow` Event exists
-/// (or `within`), then SIGTERM; returns its stderr (JSON log lines) and exit code.
+/// `prober run --leader-elect` (a single replica: it leads, using the leader Lease's
+/// verbs) on the host with `kubeconfig`, until a `FirstPacketSlow` Event exists (or
+/// `within`, or the leader Lease was refused), then SIGTERM; returns its stderr (JSON
+/// log lines) and exit code.
 fn run_until_slow_event(tb: &Testbed, kubeconfig: &str, within: Duration) -> (String, i32, bool) {
     // Only this run's Events count: an earlier run's are removed first.
     tb.kubectl(&[
@@ -251,6 +253,7 @@ fn run_until_slow_event(tb: &Testbed, kubeconfig: &str, within: Duration) -> (St
             "--",
             "prober",
             "run",
+            "--leader-elect",
             "--kubeconfig",
             kubeconfig,
             "--probe-interval",
@@ -290,6 +293,11 @@ fn run_until_slow_event(tb: &Testbed, kubeconfig: &str, within: Duration) -> (St
         // probe is logged and the Event write was refused, waiting longer shows nothing.
         let text = std::fs::read_to_string(&log).unwrap_or_default();
         if text.contains("\"result\":\"slow\"") && text.contains("events") && text.contains("403") {
+            break;
+        }
+        // The leader Lease refused (get or update): this replica cannot lead (for
+        // long), which is what those rows check.
+        if text.contains("leader election") && text.contains("403") {
             break;
         }
         std::thread::sleep(Duration::from_secs(1));
