@@ -411,7 +411,8 @@ pub async fn fetch_direct(
                 proxy: false,
             });
         }
-        String::from_utf8(body.to_vec()).map_err(|_| ScrapeError::NotUtf8 { url: url.clone() })
+        // `Vec::from(Bytes)` takes the buffer over without a copy when it is unique.
+        String::from_utf8(Vec::from(body)).map_err(|_| ScrapeError::NotUtf8 { url: url.clone() })
     };
     match tokio::time::timeout_at(deadline, exchange).await {
         Ok(r) => r,
