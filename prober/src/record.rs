@@ -51,13 +51,31 @@ pub enum Ending {
     },
 }
 
+/// Longest termination message read, bytes; a longer one is refused unread. The
+/// kubelet keeps at most 4096 bytes per container (and 12 KiB per pod; Kubernetes docs
+/// "Determine the Reason for Pod Failure"), and the source's report stays under
+/// [`target_server::MAX_SOURCE_REPORT_BYTES`] (3 KiB); 64 KiB is 16× the kubelet's cap,
+/// so only a status that did not come from a kubelet is over it.
+pub const MAX_TERMINATION_MESSAGE_BYTES: usize = 64 * 1024;
+
 /// Parses a termination message into a [`SourceReport`].
 ///
 /// The message is the JSON line the source wrote to `/dev/termination-log`; with
 /// `FallbackToLogsOnError` it can instead be the tail of the container log (the report is
 /// also printed on stdout), so if the whole text is not a report, the last line that
-/// parses as one is used. Errors describe what was found (truncated excerpt).
+/// parses as one is used. Errors describe what was found: the JSON error (cut at 200
+/// characters) and a debug-quoted excerpt of the last 160 characters, so an error stays
+/// under 2 KiB whatever the message. A message over [`MAX_TERMINATION_MESSAGE_BYTES`]
+/// is an error without being parsed. Time is linear in the message length (each line
+/// is parsed at most once more); serde_json's recursion limit (128) turns deep nesting
+/// into an error, not a stack overflow.
 pub fn parse_termination_message(msg: &str) -> Result<SourceReport, String> {
+    if msg.len() > MAX_TERMINATION_MESSAGE_BYTES {
+        return Err(format!(
+            "termination message of {} bytes is over the {MAX_TERMINATION_MESSAGE_BYTES}-byte cap (the kubelet keeps at most 4096)",
+            msg.len()
+        ));
+    }
     let trimmed = msg.trim();
     if trimmed.is_empty() {
         return Err("empty termination message".into());
@@ -75,9 +93,20 @@ pub fn parse_termination_message(msg: &str) -> Result<SourceReport, String> {
         Ok(r) if r.schema == SCHEMA_VERSION => Ok(r),
         Ok(r) => Err(format!("unsupported source report schema {}", r.schema)),
         Err(e) => Err(format!(
-            "termination message is not a source report ({e}): {:?}",
+            "termination message is not a source report ({}): {:?}",
+            // serde_json quotes offending values (an unknown variant, a string where a
+            // number belongs) whole: cut, so the error stays bounded.
+            cut(&e.to_string(), 200),
             excerpt(trimmed, 160)
         )),
+    }
+}
+
+/// The first `max` characters of `s`, with `…` when cut.
+fn cut(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((at, _)) => format!("{}…", &s[..at]),
+        None => s.to_owned(),
     }
 }
 
@@ -664,5 +693,204 @@ mod tests {
         assert_eq!(rec.target.node, "node-2");
         assert_eq!(rec.ttfp_seconds, None);
         assert_eq!(rec.timeline.finished, Some(60.0));
+    }
+
+    #[test]
+    fn a_message_over_the_cap_is_refused_unread() {
+        let r = report(SourceOutcome::Success, Some(0.5), Some(0.6));
+        let json = serde_json::to_string(&r).expect("json");
+        // The valid report last, after 64 KiB of log: still over the cap, still refused.
+        let msg = format!("{}\n{json}", "x".repeat(MAX_TERMINATION_MESSAGE_BYTES));
+        let e = parse_termination_message(&msg).expect_err("over the cap");
+        assert!(e.contains("over the 65536-byte cap"), "{e}");
+        let rec = record_for(None, Some(&msg));
+        assert_eq!(rec.reason, Some(Reason::ContainerFailed));
+        // A message of exactly the cap is read.
+        let pad = MAX_TERMINATION_MESSAGE_BYTES - json.len() - 1;
+        let msg = format!("{}\n{json}", "x".repeat(pad));
+        assert_eq!(msg.len(), MAX_TERMINATION_MESSAGE_BYTES);
+        assert_eq!(parse_termination_message(&msg), Ok(r));
+    }
+
+    /// Property tests ("fuzzing") of reading a terminated source: garbage, truncated,
+    /// oversized and hostile JSON into [`parse_termination_message`] and
+    /// [`build_record`]. Cases per property: `FIRSTPACKET_FUZZ_CASES` (default 256).
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+        use std::time::Instant;
+
+        fn config() -> ProptestConfig {
+            ProptestConfig {
+                cases: std::env::var("FIRSTPACKET_FUZZ_CASES")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(256),
+                ..ProptestConfig::default()
+            }
+        }
+
+        /// A parse must take well under this (debug build, shared cores); linear time
+        /// over ≤ 64 KiB is microseconds to a few milliseconds.
+        const SLOW: Duration = Duration::from_secs(1);
+
+        /// Parses `msg` and builds the record from it; checks what holds for any input:
+        /// bounded time, a bounded one-line-ish error, and an error always becoming
+        /// `inconclusive`/`container_failed` with the error in the detail.
+        fn check_any(msg: &str) -> Result<Option<SourceReport>, TestCaseError> {
+            let started = Instant::now();
+            let parsed = parse_termination_message(msg);
+            let took = started.elapsed();
+            prop_assert!(took < SLOW, "parse took {took:?} for {} bytes", msg.len());
+            let rec = record_for(None, Some(msg));
+            match parsed {
+                Ok(r) => {
+                    prop_assert_eq!(r.schema, target_server::SCHEMA_VERSION);
+                    prop_assert_eq!(rec.source_report.as_ref(), Some(&r));
+                    let (result, reason, _) = classify_report(&r, Duration::from_secs(5));
+                    prop_assert_eq!((rec.result, rec.reason), (result, reason));
+                    Ok(Some(r))
+                }
+                Err(e) => {
+                    prop_assert!(e.len() <= 2048, "error of {} bytes", e.len());
+                    prop_assert!(
+                        e.starts_with("termination message")
+                            || e.starts_with("empty")
+                            || e.starts_with("unsupported source report schema"),
+                        "unclear error {e:?}"
+                    );
+                    prop_assert_eq!(rec.result, ProbeResult::Inconclusive);
+                    prop_assert_eq!(rec.reason, Some(Reason::ContainerFailed));
+                    let detail = rec.detail.unwrap_or_default();
+                    prop_assert!(detail.contains(&e), "detail {detail:?} lacks {e:?}");
+                    prop_assert!(rec.source_report.is_none());
+                    Ok(None)
+                }
+            }
+        }
+
+        fn outcome() -> impl Strategy<Value = SourceOutcome> {
+            prop_oneof![
+                Just(SourceOutcome::Success),
+                Just(SourceOutcome::LostAfterSuccess),
+                Just(SourceOutcome::NoSuccess),
+                Just(SourceOutcome::WrongPeer),
+                Just(SourceOutcome::Terminated),
+            ]
+        }
+
+        fn valid_report() -> impl Strategy<Value = SourceReport> {
+            (
+                outcome(),
+                prop::option::of(0.0f64..1e6),
+                prop::option::of(-1e3f64..1e6),
+                "[a-z0-9-]{1,63}",
+                prop::option::of("\\PC{0,40}"),
+            )
+                .prop_map(|(o, ready, success, pod, peer)| {
+                    let mut r = report(o, ready, success);
+                    r.pod = pod;
+                    r.wrong_peer = peer;
+                    r
+                })
+        }
+
+        /// Raw JSON values that are legal text but hostile to a typed reader.
+        fn hostile_value() -> impl Strategy<Value = String> {
+            prop_oneof![
+                Just("1e999".to_owned()),
+                Just("-1e999".to_owned()),
+                Just("18446744073709551616".to_owned()),
+                Just("-9223372036854775809".to_owned()),
+                Just("1.7976931348623157e309".to_owned()),
+                Just("4.9e-325".to_owned()),
+                Just("-0".to_owned()),
+                "[1-9][0-9]{20,400}",
+                "-?[0-9]{1,3}\\.[0-9]{1,400}(e-?[0-9]{1,4})?",
+                Just("\"\\ud800\"".to_owned()),
+                Just("\"\\udc00\\ud800\"".to_owned()),
+                Just("\"\\u0000\"".to_owned()),
+                "\\PC{0,60}".prop_map(|s| serde_json::to_string(&s).unwrap_or_default()),
+                Just("null".to_owned()),
+                Just("true".to_owned()),
+                Just("{}".to_owned()),
+                Just("[]".to_owned()),
+                (1usize..2000).prop_map(|d| format!("{}{}", "[".repeat(d), "]".repeat(d))),
+                (1usize..2000).prop_map(|d| format!("{}1{}", "{\"a\":".repeat(d), "}".repeat(d))),
+                (1usize..70_000).prop_map(|n| format!("\"{}\"", "é".repeat(n / 2))),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(config())]
+
+            #[test]
+            fn arbitrary_text_is_an_error_or_a_report_never_a_panic(msg in "\\PC{0,3000}") {
+                check_any(&msg)?;
+            }
+
+            #[test]
+            fn arbitrary_bytes_read_lossily_never_panic(
+                bytes in prop::collection::vec(any::<u8>(), 0..5000)
+            ) {
+                check_any(&String::from_utf8_lossy(&bytes))?;
+            }
+
+            #[test]
+            fn valid_reports_read_back_equal_also_after_log_lines(
+                r in valid_report(),
+                log in prop::collection::vec("[^{\n][^\n]{0,80}", 0..20),
+                broken_json_line in prop::option::of("\\{[^\n]{0,80}"),
+            ) {
+                let json = serde_json::to_string(&r).expect("json");
+                prop_assert_eq!(check_any(&json)?, Some(r.clone()));
+                let mut lines = log;
+                if let Some(b) = broken_json_line {
+                    lines.push(b);
+                }
+                lines.push(json);
+                prop_assert_eq!(check_any(&lines.join("\n"))?, Some(r));
+            }
+
+            #[test]
+            fn truncated_reports_are_container_failed(
+                r in valid_report(),
+                cut in any::<prop::sample::Index>(),
+            ) {
+                let json = serde_json::to_string(&r).expect("json");
+                // Cut at a character boundary short of the end (the kubelet cuts bytes;
+                // the API carries the text it kept).
+                let chars: Vec<char> = json.chars().collect();
+                let keep = cut.index(chars.len());
+                let truncated: String = chars[..keep].iter().collect();
+                prop_assert_eq!(check_any(&truncated)?, None);
+            }
+
+            #[test]
+            fn hostile_json_values_duplicate_keys_and_nesting_never_panic(
+                r in valid_report(),
+                field in any::<prop::sample::Index>(),
+                value in hostile_value(),
+                duplicate in any::<bool>(),
+                nest in prop_oneof![2 => Just(0usize), 1 => 1usize..200, 1 => 200usize..30_000],
+            ) {
+                let mut v = serde_json::to_value(&r).expect("value");
+                let keys: Vec<String> = v.as_object().map(|o| o.keys().cloned().collect()).unwrap_or_default();
+                let key = keys[field.index(keys.len())].clone();
+                v[&key] = serde_json::Value::String("__HOSTILE__".into());
+                let mut text = v.to_string().replace("\"__HOSTILE__\"", &value);
+                if duplicate {
+                    // The same key twice: serde's derive refuses it ("duplicate field").
+                    text = text.replacen('{', &format!("{{\"{key}\":{value},"), 1);
+                }
+                if nest > 0 {
+                    text = format!("{}{text}{}", "[".repeat(nest), "]".repeat(nest));
+                }
+                let got = check_any(&text)?;
+                if duplicate || nest > 0 {
+                    prop_assert_eq!(got, None);
+                }
+            }
+        }
     }
 }

@@ -603,11 +603,62 @@ fn syntaxy_text() -> impl Strategy<Value = String> {
     .prop_map(|parts| parts.concat())
 }
 
+/// Cases per property: `FIRSTPACKET_FUZZ_CASES` (the long fuzz run, README "Hostile
+/// input"), else `PROPTEST_CASES`, else 200.
 fn soak_cases() -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
+    ["FIRSTPACKET_FUZZ_CASES", "PROPTEST_CASES"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok().and_then(|v| v.parse().ok()))
         .unwrap_or(200)
+}
+
+/// What every parse must satisfy: an error names a line that exists and reads
+/// `metrics page line N: …`, bounded in length; the time is bounded.
+fn check_parse(text: &str) -> Result<Option<expo::Page>, TestCaseError> {
+    let started = std::time::Instant::now();
+    let got = expo::parse(text);
+    let took = started.elapsed();
+    // Linear: ≥ 100 MB/s in release, ≈ 7 MB/s in a debug build (3.3 MB in 0.45 s),
+    // less under `nice -n 19` beside other builds (the long run saw 1.2 s for that
+    // page). 1 s + 1 s per MB only catches blow-ups: a quadratic parse of a 3 MB page
+    // would take minutes.
+    let limit = std::time::Duration::from_secs_f64(1.0 + text.len() as f64 / 1e6);
+    prop_assert!(
+        took < limit,
+        "{} bytes took {took:?} > {limit:?}",
+        text.len()
+    );
+    match got {
+        Ok(p) => Ok(Some(p)),
+        Err(e) => {
+            let lines = text.split('\n').count();
+            prop_assert!(e.line >= 1 && e.line <= lines, "line {} of {lines}", e.line);
+            let msg = e.to_string();
+            prop_assert!(
+                msg.starts_with(&format!("metrics page line {}: ", e.line)),
+                "{msg}"
+            );
+            prop_assert!(!e.kind.reason().is_empty());
+            // Error texts quote at most one line, and lines are capped.
+            prop_assert!(
+                msg.len() <= expo::MAX_LINE_BYTES * 6 + 200,
+                "{} bytes",
+                msg.len()
+            );
+            Ok(None)
+        }
+    }
+}
+
+/// A page built to probe the caps: `labels` labels per sample, `samples` samples over
+/// `families` names, one line padded to `pad` bytes.
+fn capped_page() -> impl Strategy<Value = (usize, usize, usize, usize)> {
+    (
+        prop_oneof![3 => 0usize..8, 1 => 60usize..70],
+        prop_oneof![6 => 1usize..50, 1 => 99_990usize..100_010],
+        prop_oneof![3 => 1usize..20, 1 => 9_990usize..10_010],
+        prop_oneof![3 => 0usize..100, 1 => 65_500usize..65_600],
+    )
 }
 
 proptest! {
@@ -629,12 +680,12 @@ proptest! {
     #[test]
     fn random_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..400)) {
         let text = String::from_utf8_lossy(&bytes);
-        let _ = expo::parse(&text);
+        check_parse(&text)?;
     }
 
     #[test]
     fn syntax_soup_never_panics(text in syntaxy_text()) {
-        if let Ok(page) = expo::parse(&text) {
+        if let Some(page) = check_parse(&text)? {
             // Whatever parses renders into text that parses to the same page.
             let again = expo::parse(&page.to_string())
                 .map_err(|e| TestCaseError::fail(format!("{e}: {text:?}")))?;
@@ -655,6 +706,58 @@ proptest! {
         }
         bytes.truncate(cut.index(bytes.len() + 1));
         let text = String::from_utf8_lossy(&bytes);
-        let _ = expo::parse(&text);
+        check_parse(&text)?;
+    }
+}
+
+proptest! {
+    // A quarter of the cases: a page at the sample cap is 100 000 lines (≈ 0.2 s each
+    // in a debug build).
+    #![proptest_config(ProptestConfig { cases: (soak_cases() / 4).max(16), ..ProptestConfig::default() })]
+
+    #[test]
+    fn pages_at_the_caps_parse_and_past_them_fail_naming_the_cap(
+        (labels, samples, families, pad) in capped_page()
+    ) {
+        let label_set: String = (0..labels).map(|k| format!("l{k}=\"v\",")).collect();
+        let mut text = String::new();
+        let fams = families.min(samples);
+        for i in 0..samples {
+            if i == 0 {
+                text.push_str(&format!("# HELP f0 {}\n", "h".repeat(pad)));
+            }
+            text.push_str(&format!("f{}{{{label_set}n=\"{i}\"}} 1\n", i % fams));
+        }
+        let got = check_parse(&text);
+        let per_sample = labels + 1;
+        // The first line that breaks a cap decides (line 1 is the HELP line, sample i
+        // is on line i + 2); on one line the parser checks samples, then families, then
+        // labels, then label pairs.
+        let help_line = "# HELP f0 ".len() + pad;
+        let mut hits: Vec<(usize, usize, &str)> = Vec::new();
+        if help_line > expo::MAX_LINE_BYTES {
+            hits.push((1, 0, "line_too_long"));
+        }
+        if samples > expo::MAX_SAMPLES {
+            hits.push((expo::MAX_SAMPLES + 2, 1, "too_many_samples"));
+        }
+        if fams > expo::MAX_FAMILIES {
+            hits.push((expo::MAX_FAMILIES + 2, 2, "too_many_families"));
+        }
+        if per_sample > expo::MAX_LABELS_PER_SAMPLE {
+            hits.push((2, 3, "too_many_labels"));
+        }
+        if samples * per_sample > expo::MAX_LABEL_PAIRS {
+            hits.push((expo::MAX_LABEL_PAIRS / per_sample + 2, 4, "too_many_label_pairs"));
+        }
+        let expect = hits.iter().min().map(|h| h.2);
+        match (got?, expect) {
+            (Some(page), None) => prop_assert_eq!(page.sample_count(), samples),
+            (None, Some(cap)) => {
+                let e = expo::parse(&text).expect_err("error");
+                prop_assert_eq!(e.kind.reason(), cap, "{}", e);
+            }
+            (p, cap) => prop_assert!(false, "parsed: {}, expected cap {cap:?}", p.is_some()),
+        }
     }
 }

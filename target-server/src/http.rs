@@ -14,6 +14,22 @@
 //! `pkg/probe/http/request.go`) that is answered 200 sets `ready_at`: the source's local
 //! proxy for "this pod is Ready". The time is taken when the response is produced, on the
 //! monotonic clock. Keep-alive is off: every probe attempt is a fresh connection anyway.
+//!
+//! # Hostile clients (bounded memory and time)
+//! Nothing in a request is executed or stored; only the path, the `User-Agent` and the
+//! body-length headers are looked at. Every connection is bounded ([`Limits`], defaults
+//! from the `DEFAULT_*` constants):
+//! - request head (request line + headers) at most [`MAX_HEAD_BYTES`] bytes and
+//!   [`MAX_HEADERS`] header lines, else `431 Request Header Fields Too Large` and close
+//!   (hyper's parser enforces both);
+//! - the body is never read: a request announcing more than [`MAX_BODY_BYTES`] or a
+//!   chunked body gets `413 Content Too Large` ([`ServerState::respond`]) and the
+//!   connection is closed;
+//! - a complete head within [`HEADER_READ_TIMEOUT`] of the connection's start, and the
+//!   whole connection within [`CONNECTION_DEADLINE`], else it is dropped (slowloris);
+//! - at most [`MAX_CONNECTIONS`] connections at once; the next one waits in the
+//!   kernel's listen backlog (connect succeeds, its request is read once a slot frees:
+//!   at the latest one header timeout later, when an idle holder is dropped).
 
 use crate::identity::Identity;
 use crate::ProcessStart;
@@ -27,14 +43,74 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
 
 /// Prefix of the kubelet prober's `User-Agent` (`kube-probe/1.32`).
 pub const KUBE_PROBE_UA_PREFIX: &str = "kube-probe/";
 
-/// A client that sends no complete request head within this long is dropped (bounds
-/// idle sockets; the kubelet sends its request at once).
+/// A client that sends no complete request head within this long of its connection's
+/// start is dropped (bounds idle and slowloris sockets; the kubelet and the source's
+/// attempts send their whole request at once, and an attempt gives up after 900 ms).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Whole-connection deadline: a connection still open this long after it was accepted
+/// is closed, whatever it is doing (a request is answered in microseconds; this only
+/// bounds what the header timeout does not, e.g. a client that never reads the answer).
+pub const CONNECTION_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Largest request head (request line + headers), bytes; larger gets 431. A kubelet
+/// probe's head is about 120 bytes, a source attempt's about 100; 8 KiB is the per-line
+/// limit of nginx (`large_client_header_buffers 4 8k`) and Apache
+/// (`LimitRequestFieldSize 8190`), so any ordinary client fits.
+pub const MAX_HEAD_BYTES: usize = 8 * 1024;
+
+/// Most header lines in one request; more gets 431. The kubelet sends 4 plus the
+/// probe's `httpHeaders` (none in firstpacket's pods); hyper's own default is 100.
+pub const MAX_HEADERS: usize = 64;
+
+/// Largest request body accepted, bytes, without ever being read: no endpoint takes a
+/// body, so this only tolerates a stray small one. A larger `Content-Length`, or any
+/// `Transfer-Encoding` (size unknown), gets 413.
+pub const MAX_BODY_BYTES: u64 = 1024;
+
+/// Most connections served at once; the next waits in the listen backlog until one
+/// ends. Who connects: the source's attempts (every `--dial-interval` 100 ms, each at
+/// most `--attempt-timeout` 900 ms, so ≤ 10 overlap), the kubelet's readiness probe
+/// (one per period, ≤ its 1 s timeout; liveness likewise if a spec adds one), and a
+/// person's `curl` — about a dozen at once; 128 leaves 10× room. Each connection costs
+/// hyper's read buffer (≤ 16 KiB: [`MAX_HEAD_BYTES`] × 2) plus a task; measured: 128
+/// connections each holding a nearly full head add 2.4 MiB of RSS
+/// (`target-server/tests/hostile.rs`), well within the pod's 16 MiB memory request.
+pub const MAX_CONNECTIONS: usize = 128;
+
+/// Per-connection limits of [`serve_with`] / [`serve_connection`]. [`Limits::default`]
+/// is the constants above; tests shrink them to keep the runs short.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Connections served at once ([`MAX_CONNECTIONS`]); ≥ 1.
+    pub max_connections: usize,
+    /// Complete head within this long of the connection's start
+    /// ([`HEADER_READ_TIMEOUT`]).
+    pub header_read_timeout: Duration,
+    /// Connection closed this long after accept ([`CONNECTION_DEADLINE`]).
+    pub connection_deadline: Duration,
+    /// Request head bytes ([`MAX_HEAD_BYTES`]); at least 8192 (hyper's minimum buffer).
+    pub max_head_bytes: usize,
+    /// Header lines ([`MAX_HEADERS`]).
+    pub max_headers: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_connections: MAX_CONNECTIONS,
+            header_read_timeout: HEADER_READ_TIMEOUT,
+            connection_deadline: CONNECTION_DEADLINE,
+            max_head_bytes: MAX_HEAD_BYTES,
+            max_headers: MAX_HEADERS,
+        }
+    }
+}
 
 /// State shared between the HTTP handlers and the mode that runs them.
 #[derive(Debug)]
@@ -96,8 +172,17 @@ impl ServerState {
         });
     }
 
-    /// Answer one request (pure routing; see the module table).
+    /// Answer one request (pure routing; see the module table). Never reads the body: a
+    /// request announcing a body over [`MAX_BODY_BYTES`] (`Content-Length`, or any
+    /// `Transfer-Encoding`) is answered 413 whatever its path.
     pub fn respond<B>(&self, req: &Request<B>) -> Response<Full<Bytes>> {
+        if body_too_large(req.headers()) {
+            return text(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                Bytes::from_static(b"request body too large"),
+                "text/plain",
+            );
+        }
         match req.uri().path() {
             "/" => text(
                 StatusCode::OK,
@@ -139,6 +224,24 @@ impl ServerState {
     }
 }
 
+/// Whether the headers announce a body over [`MAX_BODY_BYTES`]: a `Content-Length`
+/// above it (or unreadable: hyper has already refused those with 400), or any
+/// `Transfer-Encoding` (length unknown until read).
+fn body_too_large(headers: &hyper::HeaderMap) -> bool {
+    if headers.contains_key(hyper::header::TRANSFER_ENCODING) {
+        return true;
+    }
+    headers
+        .get_all(hyper::header::CONTENT_LENGTH)
+        .iter()
+        .any(|v| {
+            v.to_str()
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .is_none_or(|n| n > MAX_BODY_BYTES)
+        })
+}
+
 fn text(status: StatusCode, body: Bytes, content_type: &'static str) -> Response<Full<Bytes>> {
     let mut resp = Response::new(Full::new(body));
     *resp.status_mut() = status;
@@ -149,14 +252,32 @@ fn text(status: StatusCode, body: Bytes, content_type: &'static str) -> Response
 
 /// Accept connections on `listener` and serve them until `stop` turns `true`; then stop
 /// accepting and return (connections already accepted finish on their own tasks).
+/// [`serve_with`] under [`Limits::default`].
+pub async fn serve(listener: TcpListener, state: Arc<ServerState>, stop: watch::Receiver<bool>) {
+    serve_with(listener, state, stop, Limits::default()).await
+}
+
+/// [`serve`] under `limits`: at most `limits.max_connections` connections at once (the
+/// loop accepts the next only when one has ended, so extra clients wait in the listen
+/// backlog), each served by [`serve_connection`].
 ///
 /// Accept errors (e.g. `EMFILE`) are logged and retried after 10 ms, never fatal.
-pub async fn serve(
+pub async fn serve_with(
     listener: TcpListener,
     state: Arc<ServerState>,
     mut stop: watch::Receiver<bool>,
+    limits: Limits,
 ) {
+    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     loop {
+        let permit = tokio::select! {
+            biased;
+            _ = stop.wait_for(|s| *s) => return,
+            p = Arc::clone(&slots).acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+        };
         let accepted = tokio::select! {
             biased;
             _ = stop.wait_for(|s| *s) => return,
@@ -173,19 +294,40 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         let state = state.clone();
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let resp = state.respond(&req);
-                async move { Ok::<_, Infallible>(resp) }
-            });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .keep_alive(false)
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT)
-                .serve_connection(TokioIo::new(stream), service);
-            // A client going away mid-request is not our problem; nothing to log.
-            let _ = conn.await;
+            serve_connection(stream, state, &limits).await;
+            drop(permit);
         });
     }
+}
+
+/// Serves one HTTP/1.1 connection on `io` (a TCP stream, or an in-memory pipe in tests
+/// and fuzzing) with `state`'s routing under `limits` (keep-alive off: one request,
+/// then close). Returns when the connection ends: answered, closed by the client, a
+/// protocol error (hyper answers 400/431 where it can), the header timeout, or the
+/// connection deadline. Never panics on what the client sends; errors are not
+/// reported (a client going away mid-request is not the server's problem).
+pub async fn serve_connection<I>(io: I, state: Arc<ServerState>, limits: &Limits)
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let resp = state.respond(&req);
+        async move { Ok::<_, Infallible>(resp) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .keep_alive(false)
+        // A client that shuts its write side after the request still gets the answer
+        // (hyper's default drops the connection on that EOF); the deadlines still hold.
+        .half_close(true)
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_header_size(limits.max_head_bytes)
+        // The read buffer holds the head and whatever body bytes came with it (never
+        // read by the service); twice the head cap, and hyper's minimum is 8192.
+        .max_buf_size((2 * limits.max_head_bytes).max(8192))
+        .max_headers(limits.max_headers)
+        .serve_connection(TokioIo::new(io), service);
+    let _ = tokio::time::timeout(limits.connection_deadline, conn).await;
 }
 
 #[cfg(test)]

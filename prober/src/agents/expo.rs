@@ -50,11 +50,42 @@
 //! - Non-blank content after `# EOF` is an error; so is a label name repeated within
 //!   one sample, and a summary `quantile` or histogram `le` that is not a float.
 //! - Duplicate series (same name and labels twice) are not detected.
+//!
+//! # Caps (hostile pages)
+//! The caller bounds the page's size (the scraper's body limit, 8 MiB by default); the
+//! parser bounds what a page within that size can make it build, so that a garbage or
+//! hostile page costs a bounded multiple of its size and never more than the caps
+//! allow, and fails with a clear error instead. Each cap is far above real agent pages
+//! (the fixtures in `prober/tests/fixtures/`: Felix 3.20, Cilium 1.11, kube-proxy 1.21
+//! have at most 224 samples, 81 families, 9 labels per sample, 320-byte lines):
+//!
+//! | cap | value | error |
+//! |---|---|---|
+//! | line length | [`MAX_LINE_BYTES`] = 64 KiB (200× the longest real line) | [`ParseErrorKind::LineTooLong`] |
+//! | samples per page | [`MAX_SAMPLES`] = 100 000 (≈ 450× the largest real page) | [`ParseErrorKind::TooManySamples`] |
+//! | families per page | [`MAX_FAMILIES`] = 10 000 (≈ 120× Felix's 81) | [`ParseErrorKind::TooManyFamilies`] |
+//! | labels per sample | [`MAX_LABELS_PER_SAMPLE`] = 64 (7× kube-proxy's 9) | [`ParseErrorKind::TooManyLabels`] |
+//! | label pairs per page | [`MAX_LABEL_PAIRS`] = 400 000 (4 per sample at the sample cap) | [`ParseErrorKind::TooManyLabelPairs`] |
+//!
+//! The parse is one pass, linear in the page size (label-name duplicates are found
+//! with a set above 16 labels), so time is bounded by the body limit too.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::Arc;
+
+/// Longest line accepted, bytes (module doc, "Caps").
+pub const MAX_LINE_BYTES: usize = 64 * 1024;
+/// Most samples on one page (module doc, "Caps").
+pub const MAX_SAMPLES: usize = 100_000;
+/// Most families on one page, counting `# HELP`/`# TYPE` lines without samples (module
+/// doc, "Caps").
+pub const MAX_FAMILIES: usize = 10_000;
+/// Most labels in one sample (module doc, "Caps").
+pub const MAX_LABELS_PER_SAMPLE: usize = 64;
+/// Most label pairs over all samples of one page (module doc, "Caps").
+pub const MAX_LABEL_PAIRS: usize = 400_000;
 
 /// Metric type from a `# TYPE` line. Samples without one are [`MetricType::Untyped`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -444,6 +475,26 @@ pub enum ParseErrorKind {
     /// Non-blank text after `# EOF`.
     #[error("content after # EOF")]
     ContentAfterEof,
+    /// A line longer than [`MAX_LINE_BYTES`].
+    #[error("line of {bytes} bytes, over the {limit}-byte cap")]
+    LineTooLong {
+        /// The line's length, bytes.
+        bytes: usize,
+        /// The cap, bytes.
+        limit: usize,
+    },
+    /// More than [`MAX_SAMPLES`] samples on the page.
+    #[error("more than {0} samples on the page")]
+    TooManySamples(usize),
+    /// More than [`MAX_FAMILIES`] families on the page.
+    #[error("more than {0} metric families on the page")]
+    TooManyFamilies(usize),
+    /// A sample with more than [`MAX_LABELS_PER_SAMPLE`] labels.
+    #[error("sample with more than {0} labels")]
+    TooManyLabels(usize),
+    /// More than [`MAX_LABEL_PAIRS`] label pairs on the page.
+    #[error("more than {0} label pairs on the page")]
+    TooManyLabelPairs(usize),
 }
 
 impl ParseErrorKind {
@@ -466,6 +517,11 @@ impl ParseErrorKind {
             ParseErrorKind::BadQuantile => "bad_quantile",
             ParseErrorKind::BadLe => "bad_le",
             ParseErrorKind::ContentAfterEof => "content_after_eof",
+            ParseErrorKind::LineTooLong { .. } => "line_too_long",
+            ParseErrorKind::TooManySamples(_) => "too_many_samples",
+            ParseErrorKind::TooManyFamilies(_) => "too_many_families",
+            ParseErrorKind::TooManyLabels(_) => "too_many_labels",
+            ParseErrorKind::TooManyLabelPairs(_) => "too_many_label_pairs",
         }
     }
 }
@@ -480,14 +536,21 @@ fn parse_float(s: &str) -> Option<f64> {
 ///
 /// Input: the response body as text (the caller bounds its size). Output: every family
 /// on the page (module doc for grouping and the decisions taken). Errors: the first
-/// invalid line, with its 1-based number and what was wrong ([`ParseError`]); never a
-/// panic, whatever the input.
+/// invalid line, with its 1-based number and what was wrong ([`ParseError`]), including
+/// the first line that breaks one of the caps (module doc, "Caps"); never a panic,
+/// whatever the input. Time is linear in `text.len()`.
 pub fn parse(text: &str) -> Result<Page, ParseError> {
     let mut p = Parser::default();
     let mut eof = false;
     for (i, raw) in text.split('\n').enumerate() {
-        let line = raw.trim_end_matches('\r');
         let at = |kind| ParseError { line: i + 1, kind };
+        if raw.len() > MAX_LINE_BYTES {
+            return Err(at(ParseErrorKind::LineTooLong {
+                bytes: raw.len(),
+                limit: MAX_LINE_BYTES,
+            }));
+        }
+        let line = raw.trim_end_matches('\r');
         let b = line.as_bytes();
         let start = skip_blanks(b, 0);
         if start == b.len() {
@@ -514,6 +577,8 @@ struct Parser {
     families: Vec<Builder>,
     index: HashMap<String, usize>,
     current: Option<usize>,
+    samples: usize,
+    label_pairs: usize,
 }
 
 struct Builder {
@@ -722,6 +787,9 @@ fn label_set(
             });
         }
         let (value, next) = label_value(line, j + 1)?;
+        if labels.len() >= MAX_LABELS_PER_SAMPLE {
+            return Err(ParseErrorKind::TooManyLabels(MAX_LABELS_PER_SAMPLE));
+        }
         let p = prev.get(labels.len());
         labels.push((share(name, p.map(|p| &p.0)), share(&value, p.map(|p| &p.1))));
         j = skip_blanks(b, next);
@@ -762,17 +830,20 @@ fn check_duplicate_labels(labels: &[(Arc<str>, Arc<str>)]) -> Result<(), ParseEr
 }
 
 impl Parser {
-    fn family_index(&mut self, name: &str) -> usize {
+    fn family_index(&mut self, name: &str) -> Result<usize, ParseErrorKind> {
         if let Some(&i) = self.index.get(name) {
-            return i;
+            return Ok(i);
         }
         let i = self.families.len();
+        if i >= MAX_FAMILIES {
+            return Err(ParseErrorKind::TooManyFamilies(MAX_FAMILIES));
+        }
         self.families.push(Builder {
             family: Family::new(name),
             typed: false,
         });
         self.index.insert(name.to_owned(), i);
-        i
+        Ok(i)
     }
 
     /// A `#` line; `i` is just after the `#`.
@@ -791,7 +862,7 @@ impl Parser {
         let name = &line[name_start..name_end];
         let rest_start = skip_blanks(b, name_end);
         let rest = &line[rest_start..];
-        let idx = self.family_index(name);
+        let idx = self.family_index(name)?;
         self.current = Some(idx);
         let builder = &mut self.families[idx];
         if keyword == "HELP" {
@@ -858,14 +929,17 @@ impl Parser {
         // 4. A new untyped family, grouped by suffix when the base is free.
         let by_suffix = matches!(part, Part::Bucket | Part::Sum | Part::Count | Part::Created);
         if by_suffix && base_family.is_none() {
-            Ok((self.family_index(base), part))
+            Ok((self.family_index(base)?, part))
         } else {
-            Ok((self.family_index(name), Part::Base))
+            Ok((self.family_index(name)?, Part::Base))
         }
     }
 
     /// A sample line; `i` is the start of the metric name.
     fn sample(&mut self, line: &str, i: usize) -> Result<(), ParseErrorKind> {
+        if self.samples >= MAX_SAMPLES {
+            return Err(ParseErrorKind::TooManySamples(MAX_SAMPLES));
+        }
         let b = line.as_bytes();
         let name_end = metric_name(line, i, b"{")?;
         let name = &line[i..name_end];
@@ -922,6 +996,11 @@ impl Parser {
             }
             _ => {}
         }
+        self.label_pairs += labels.len();
+        if self.label_pairs > MAX_LABEL_PAIRS {
+            return Err(ParseErrorKind::TooManyLabelPairs(MAX_LABEL_PAIRS));
+        }
+        self.samples += 1;
         fam.samples.push(Sample {
             name,
             labels,

@@ -323,6 +323,13 @@ pub fn no_retry_client(config: kube::Config) -> Result<Client, kube::Error> {
 /// `GET http://host:port<path>` with [`ACCEPT`], the whole exchange under `timeout`,
 /// at most `limit` body bytes. Returns the body as text.
 ///
+/// Bounds against a hostile agent: the body stops at `limit` (`TooLarge` as soon as
+/// `limit + 1` bytes arrived, whatever `Content-Length` says); the response head is
+/// bounded by hyper's client read buffer (≈ 400 KB, hyper 1.x's default
+/// `max_buf_size`) and 100 header lines (hyper's default), past which it is `Http`;
+/// a byte-a-second answer ends at `timeout` (`Timeout`). Memory: at most about twice
+/// `limit` while the body is collected.
+///
 /// Errors: [`ScrapeError::Connect`] (connect refused, failed or timed out),
 /// [`ScrapeError::Timeout`] (after connecting), `Http`, `Status` (body start as one
 /// bounded line), `TooLarge`, `NotUtf8`. In auto mode all but `TooLarge` / `NotUtf8`
@@ -411,7 +418,8 @@ pub async fn fetch_direct(
                 proxy: false,
             });
         }
-        String::from_utf8(body.to_vec()).map_err(|_| ScrapeError::NotUtf8 { url: url.clone() })
+        // `Vec::from(Bytes)` takes the buffer over without a copy when it is unique.
+        String::from_utf8(Vec::from(body)).map_err(|_| ScrapeError::NotUtf8 { url: url.clone() })
     };
     match tokio::time::timeout_at(deadline, exchange).await {
         Ok(r) => r,
