@@ -13,8 +13,8 @@
 
 use crate::config::ProbeKind;
 use prometheus::{
-    Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec,
-    Opts, Registry, TextEncoder,
+    Counter, Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use std::collections::BTreeMap;
 use target_server::report::{ProbeRecord, ProbeResult, Reason, Role, Suspect};
@@ -74,9 +74,9 @@ pub struct Metrics {
     /// ([`crate::bounds`]); entries above it are a leak.
     pub state_bound: IntGaugeVec,
     /// `firstpacket_api_outages_total`: API outages lived through ([`crate::apihealth`]).
-    pub api_outages: IntGauge,
+    pub api_outages: IntCounter,
     /// `firstpacket_api_outage_seconds_total`: their summed length, seconds.
-    pub api_outage_seconds: Gauge,
+    pub api_outage_seconds: Counter,
     /// `firstpacket_node_events_total{reason}`: Node Events written.
     pub node_events: IntCounterVec,
     /// `firstpacket_leader`: 1 on the replica that probes (the leader under
@@ -174,8 +174,8 @@ impl Metrics {
                 Opts::new("firstpacket_state_bound", "Stated bound of each bounded in-memory structure (a function of nodes, --concurrency, --burst-size and agent profiles); entries above it are a leak."),
                 &["structure"],
             ).expect("gauge")),
-            api_outages: reg(&r, IntGauge::new("firstpacket_api_outages_total", "API server outages the prober lived through (transport errors or HTTP 502/503/504 until the next answer).").expect("gauge")),
-            api_outage_seconds: reg(&r, Gauge::new("firstpacket_api_outage_seconds_total", "Summed length of the API server outages, seconds.").expect("gauge")),
+            api_outages: reg(&r, IntCounter::new("firstpacket_api_outages_total", "API server outages the prober lived through (transport errors or HTTP 502/503/504 until the next answer).").expect("counter")),
+            api_outage_seconds: reg(&r, Counter::new("firstpacket_api_outage_seconds_total", "Summed length of the API server outages, seconds.").expect("counter")),
             node_events: reg(&r, counter(
                 "firstpacket_node_events_total",
                 "Kubernetes Events written on Nodes, by reason.",

@@ -627,11 +627,14 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
             }
         }
         let (outages, outage_seconds) = conn_health.totals();
-        admin
-            .metrics
-            .api_outages
-            .set(i64::try_from(outages).unwrap_or(i64::MAX));
-        admin.metrics.api_outage_seconds.set(outage_seconds);
+        // Counters follow the monotonic totals.
+        let m = &admin.metrics;
+        m.api_outages
+            .inc_by(outages.saturating_sub(m.api_outages.get()));
+        let more = outage_seconds - m.api_outage_seconds.get();
+        if more > 0.0 {
+            m.api_outage_seconds.inc_by(more);
+        }
         {
             let mut info = lock(&admin.info);
             info.eligible_nodes = eligible.iter().cloned().collect();
