@@ -346,6 +346,9 @@ pub struct RunStart {
     pub eligible: Vec<NodeInfo>,
     /// Nodes left out of the plan, once listed.
     pub skipped: Vec<(String, crate::schedule::SkipReason)>,
+    /// The client's API health, once the client was built: a start-up failure's
+    /// report lists its outages too (an API that never answered is one ongoing outage).
+    pub health: Option<crate::apihealth::ApiHealth>,
 }
 
 impl RunStart {
@@ -356,6 +359,7 @@ impl RunStart {
             started_at: Timestamp::now().to_string(),
             started: Instant::now(),
             url: None,
+            health: None,
             eligible: Vec::new(),
             skipped: Vec::new(),
         }
@@ -503,7 +507,10 @@ pub async fn run_gate(args: GateArgs) -> Result<i32, Error> {
         Err(e) => {
             if let (Some(path), false) = (&args.report, args.dry_run) {
                 if report_on_error(&e) {
-                    let report = startup_failure_report(&start, &args, &e);
+                    let mut report = startup_failure_report(&start, &args, &e);
+                    if let Some(h) = &start.health {
+                        report.api_outages = api_outages(h);
+                    }
                     match write_report(path, &report) {
                         Ok(()) => console.report_written(path),
                         Err(w) => console.error(Some(w.reason()), &w.to_string()),
@@ -546,6 +553,7 @@ async fn run_gate_inner(
     console.seed(&instance, seed);
 
     let health = crate::apihealth::ApiHealth::new(Some(console));
+    start.health = Some(health.clone());
     let conn = crate::engine::connect_with(
         p.kubeconfig.as_deref(),
         p.context.as_deref(),
