@@ -7,6 +7,28 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// Checks an object name as Kubernetes does for most kinds, Leases included
+/// (`IsDNS1123Subdomain`, k8s.io/apimachinery/pkg/util/validation): lower-case
+/// alphanumerics, '-' and '.', each dot-separated part starting and ending
+/// alphanumeric, ≤ 253 characters. Errors: the rule, naming the value.
+pub fn parse_dns_subdomain(s: &str) -> Result<String, String> {
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if s.len() > 253 || !s.split('.').all(label_ok) {
+        return Err(format!(
+            "{s:?} is not a valid object name (a DNS-1123 subdomain: lower-case letters, \
+             digits, '-' and '.', starting and ending with a letter or digit, at most 253 \
+             characters)"
+        ));
+    }
+    Ok(s.to_string())
+}
+
 /// Parses a humantime duration (`1.5s`, `100ms`, `10m`).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("'{s}': {e}"))
@@ -453,12 +475,15 @@ pub struct RunArgs {
     #[arg(long, env = "FIRSTPACKET_LEADER_ELECT")]
     pub leader_elect: bool,
 
-    /// Name of the leader Lease (in --namespace).
-    #[arg(long, env = "FIRSTPACKET_LEADER_ELECT_LEASE_NAME", default_value = crate::leader::DEFAULT_LEASE_NAME)]
+    /// Name of the leader Lease (in --namespace; a DNS-1123 subdomain: lower-case
+    /// letters, digits, '-' and '.', at most 253 characters). Every replica must use the
+    /// same name.
+    #[arg(long, env = "FIRSTPACKET_LEADER_ELECT_LEASE_NAME", default_value = crate::leader::DEFAULT_LEASE_NAME, value_parser = parse_dns_subdomain)]
     pub leader_elect_lease_name: String,
 
     /// How long a standby waits without seeing the leader Lease change before it takes
-    /// over (whole seconds; client-go's default).
+    /// over (whole seconds; written into the Lease as leaseDurationSeconds, and a
+    /// standby goes by the value the leader wrote; kube-controller-manager's default).
     #[arg(long, env = "FIRSTPACKET_LEADER_ELECT_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
     pub leader_elect_lease_duration: Duration,
 
@@ -517,6 +542,26 @@ mod tests {
         match cli.command {
             Command::Gate(g) => Ok(g),
             other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn lease_names_follow_the_dns_subdomain_rule() {
+        for ok in ["firstpacket-leader", "a", "a.b-c.9", &"a".repeat(253)] {
+            assert_eq!(parse_dns_subdomain(ok).as_deref(), Ok(ok));
+        }
+        for bad in [
+            "",
+            "Bad_Name!",
+            "UPPER",
+            "a/b",
+            "-a",
+            "a-",
+            "a..b",
+            &"a".repeat(254),
+        ] {
+            let e = parse_dns_subdomain(bad).unwrap_err();
+            assert!(e.contains("DNS-1123"), "{bad}: {e}");
         }
     }
 

@@ -94,7 +94,7 @@ pub struct LeaderConfig {
 
 /// Checks the three durations as client-go's `NewLeaderElector` does: lease duration >
 /// renew deadline > retry period × [`JITTER_FACTOR`], retry period ≥ 1 ms; and, since
-/// `leaseDurationSeconds` is an integer, lease duration a whole number of seconds ≥ 1 s.
+/// `leaseDurationSeconds` is an integer, lease duration a whole number of seconds, 1 s … `i32::MAX` s.
 ///
 /// Errors: [`Error::Config`] naming the flag and both values.
 pub fn validate(lease: Duration, deadline: Duration, retry: Duration) -> Result<(), Error> {
@@ -105,6 +105,16 @@ pub fn validate(lease: Duration, deadline: Duration, retry: Duration) -> Result<
             message: format!(
                 "{} is not a whole number of seconds ≥ 1s (it is the Lease's leaseDurationSeconds)",
                 h(lease)
+            ),
+        });
+    }
+    if lease.as_secs() > i32::MAX as u64 {
+        return Err(Error::Config {
+            flag: "--leader-elect-lease-duration",
+            message: format!(
+                "{} does not fit the Lease's leaseDurationSeconds (int32, at most {}s)",
+                h(lease),
+                i32::MAX
             ),
         });
     }
@@ -634,6 +644,16 @@ mod tests {
             resource_version: rv.into(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_lease_duration_past_int32_seconds_is_refused() {
+        let s = Duration::from_secs;
+        assert!(validate(s(i32::MAX as u64), s(10), s(2)).is_ok());
+        let e = validate(s(3_000_000_000), s(10), s(2))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("int32"), "{e}");
     }
 
     #[test]
