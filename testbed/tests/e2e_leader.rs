@@ -4,8 +4,9 @@
 //!
 //! - exactly one leads (`firstpacket_leader` 1 vs 0); the standby's `/metrics` has no
 //!   probe series and its status page names the leader;
-//! - renewals refused for 2.5 s (`testbed api deny update leases`, below the 4 s renew
-//!   deadline) do not step the leader down; an `api restart` is reported (on the real
+//! - renewals refused for about 1 s (`testbed api deny update leases`; judged when the
+//!   measured denial + 2 retry periods is below the 4 s renew deadline) do not step the
+//!   leader down; an `api restart` is reported (on the real
 //!   control plane it takes about 9–11 s, longer than the deadline: the leader steps
 //!   down and takes its Lease back, and the term check below covers both terms);
 //! - SIGKILL of the leader: the standby takes over within lease duration + retry period
@@ -309,7 +310,7 @@ fn only_the_leader_probes_a_killed_leader_is_replaced_within_the_lease_and_sigte
         },
     );
     let a_leads = last_value(&pa) == Some(1);
-    let (mut leader, mut standby, pl, ps) = if a_leads {
+    let (mut leader, mut standby, mut pl, mut ps) = if a_leads {
         (a, b, pa, pb)
     } else {
         (b, a, pb, pa)
@@ -329,7 +330,7 @@ fn only_the_leader_probes_a_killed_leader_is_replaced_within_the_lease_and_sigte
         .expect("leader identity")
         .to_owned();
     let instance_of = |p: &Value| p["info"]["instance"].as_str().expect("instance").to_owned();
-    let (leader_instance, standby_instance) = (instance_of(&lpage), instance_of(&spage));
+    let (mut leader_instance, mut standby_instance) = (instance_of(&lpage), instance_of(&spage));
     assert_eq!(lpage["info"]["leadership"]["leading"], true, "{lpage}");
     assert_eq!(spage["info"]["leadership"]["leading"], false);
     assert_eq!(
@@ -375,7 +376,11 @@ fn only_the_leader_probes_a_killed_leader_is_replaced_within_the_lease_and_sigte
     );
 
     // Renewals refused for less than the renew deadline (403 on `update leases` for
-    // 2.5 s < 4 s) do not step the leader down: they are retried every retry period.
+    // about 1 s) do not step the leader down: they are retried every retry period. The
+    // leader's last success may be up to one retry period before the denial began and
+    // its next try up to one after it ended, so the check holds only while the denial
+    // as measured (commands included) + 2 retry periods stays under the deadline;
+    // past that (a loaded machine) it is reported, not judged.
     let api = |args: &[&str]| {
         let out = tb
             .cmd()
@@ -389,17 +394,25 @@ fn only_the_leader_probes_a_killed_leader_is_replaced_within_the_lease_and_sigte
             String::from_utf8_lossy(&out.stderr)
         );
     };
+    let deny_started = Instant::now();
     api(&["deny", "update", "leases"]);
-    std::thread::sleep(Duration::from_millis(2500));
+    std::thread::sleep(Duration::from_millis(1000));
     api(&["allow", "update", "leases"]);
+    let denied = deny_started.elapsed().as_secs_f64();
     std::thread::sleep(Duration::from_secs_f64(RETRY * 2.0));
     let since_start = terms(&scrapes(&pl), now_unix());
-    assert_eq!(
-        (since_start.len(), last_value(&pl), last_value(&ps)),
-        (1, Some(1), Some(0)),
-        "the leader stepped down over 2.5 s of refused renewals (renew deadline {DEADLINE}s)\n{}",
-        leader.logs()
+    eprintln!(
+        "renewals refused for {denied:.2}s; the leader's terms since start: {}",
+        since_start.len()
     );
+    if denied + 2.0 * RETRY < DEADLINE {
+        assert_eq!(
+            (since_start.len(), last_value(&pl), last_value(&ps)),
+            (1, Some(1), Some(0)),
+            "the leader stepped down over {denied:.2}s of refused renewals (renew deadline {DEADLINE}s)\n{}",
+            leader.logs()
+        );
+    }
     assert!(
         leader.logs().contains("leader election attempt failed"),
         "no refused renewal was logged:\n{}",
@@ -438,14 +451,41 @@ fn only_the_leader_probes_a_killed_leader_is_replaced_within_the_lease_and_sigte
         "api restart took {restart:.2}s; the leader's terms since start: {}",
         steady.len()
     );
-    if restart < DEADLINE - RETRY {
+    if restart + 2.0 * RETRY < DEADLINE {
         assert_eq!(
             (steady.len(), last_value(&pl), last_value(&ps)),
-            (1, Some(1), Some(0)),
+            (since_start.len(), Some(1), Some(0)),
             "the leader stepped down over a {restart:.2}s API restart (renew deadline {DEADLINE}s)\n{}",
             leader.logs()
         );
     }
+
+    // An API restart longer than the lease duration (the real one's 9–11 s against 6 s)
+    // may move leadership: a standby whose first read after the restart finds the Lease
+    // unchanged for a lease duration takes it, as client-go's would (the old leader
+    // stepped down at its renew deadline before that). From here on the leader is
+    // whoever leads once one does.
+    wait_for(
+        "one leader after the API restart",
+        Duration::from_secs(60),
+        &[&leader, &standby],
+        || {
+            matches!(
+                (last_value(&pl), last_value(&ps)),
+                (Some(1), Some(0)) | (Some(0), Some(1))
+            )
+        },
+    );
+    if last_value(&ps) == Some(1) {
+        eprintln!(
+            "leadership moved to {} during the API restart",
+            standby.name
+        );
+        std::mem::swap(&mut leader, &mut standby);
+        std::mem::swap(&mut pl, &mut ps);
+        std::mem::swap(&mut leader_instance, &mut standby_instance);
+    }
+    let settled_at = now_unix();
 
     // SIGKILL the leader: the standby takes over.
     let killed_at = now_unix();
@@ -567,15 +607,16 @@ fn only_the_leader_probes_a_killed_leader_is_replaced_within_the_lease_and_sigte
     // Terms vs pods.
     let leader_terms = terms(&scrapes(&pl), killed_at);
     let standby_terms = terms(&scrapes(&ps), termed_at.max(stopped_at));
-    eprintln!("terms of {} (first leader): {leader_terms:?}", leader.name);
+    eprintln!("terms of {} (killed leader): {leader_terms:?}", leader.name);
     eprintln!(
-        "terms of {} (second leader): {standby_terms:?}",
+        "terms of {} (leader after the kill): {standby_terms:?}",
         standby.name
     );
     assert!(!leader_terms.is_empty(), "{leader_terms:?}");
-    assert_eq!(standby_terms.len(), 1, "{standby_terms:?}");
+    let since_settled: Vec<_> = standby_terms.iter().filter(|t| t.1 >= settled_at).collect();
+    assert_eq!(since_settled.len(), 1, "{standby_terms:?}");
     assert!(
-        standby_terms[0].0 >= killed_at - 0.5,
+        since_settled[0].0 >= killed_at - 0.5,
         "the standby led before the kill: {standby_terms:?} (kill at {killed_at})"
     );
     let mut seen: BTreeMap<String, (String, f64, String)> = BTreeMap::new();
