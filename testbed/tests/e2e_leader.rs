@@ -25,7 +25,7 @@
 
 mod common;
 
-use common::{Testbed, POD_GONE_TIMEOUT, SERIAL};
+use common::{curl, Testbed, POD_GONE_TIMEOUT, SERIAL};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -254,13 +254,6 @@ fn parse_rfc3339(t: &str) -> Option<f64> {
         .output()
         .ok()?;
     String::from_utf8_lossy(&out.stdout).trim().parse().ok()
-}
-
-fn curl(tb: &Testbed, url: &str) -> Option<String> {
-    let out = tb.exec(&["curl", "-sf", "-m", "5", url]);
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 fn probes_page(tb: &Testbed, r: &Replica) -> Option<Value> {

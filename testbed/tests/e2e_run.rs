@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{assert_ttfp_near_truth, Testbed, SERIAL};
+use common::{assert_ttfp_near_truth, curl, wait_ready, Testbed, SERIAL};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::{Child, Stdio};
@@ -66,14 +66,6 @@ fn sum(samples: &[Sample], name: &str, want: &[(&str, &str)]) -> f64 {
         })
         .map(|(_, _, v)| v)
         .sum()
-}
-
-/// `curl` inside the testbed's host netns (where the prober listens).
-fn curl(tb: &Testbed, url: &str) -> Option<String> {
-    let out = tb.exec(&["curl", "-sf", "-m", "5", url]);
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// `/api/v1/probes`, `/metrics`, `/api/v1/probes` in one exec (the same second); retried
@@ -275,20 +267,7 @@ fn run_metrics_agree_with_records_cover_every_node_and_sigterm_cleans_up() {
     let logs = || std::fs::read_to_string(&log).unwrap_or_default();
 
     // Ready once the pod watch listed the (no) probe pods.
-    let start = Instant::now();
-    while curl(&tb, &format!("{base}/readyz")).is_none() {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "/readyz never 200\n{}",
-            logs()
-        );
-        assert!(
-            run.try_wait().expect("wait").is_none(),
-            "prober exited\n{}",
-            logs()
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    wait_ready(&tb, &base, &mut run, &logs);
     assert_eq!(curl(&tb, &format!("{base}/livez")).as_deref(), Some("ok\n"));
 
     // Probe until every node was source and target (two laps at most), ≥ 8 records.

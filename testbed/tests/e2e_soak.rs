@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{proc_status, Testbed, POD_GONE_TIMEOUT, SERIAL};
+use common::{curl, proc_status, wait_ready, Testbed, POD_GONE_TIMEOUT, SERIAL};
 use std::collections::BTreeMap;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
@@ -20,13 +20,6 @@ const FAULT: &str = "rules:\n  - nodes: {all: true}\n    program_delay: 100ms\n"
 const LEAK_MIB: f64 = 20.0;
 
 /// `curl` in the testbed's host netns (where the prober listens).
-fn curl(tb: &Testbed, url: &str) -> Option<String> {
-    let out = tb.exec(&["curl", "-sf", "--max-time", "5", url]);
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 /// `firstpacket_state_entries` and `firstpacket_state_bound` by structure.
 type Sizes = BTreeMap<String, (f64, Option<f64>)>;
 
@@ -177,20 +170,7 @@ fn prober_run_stays_within_its_bounds_through_churn_restarts_and_rbac_loss() {
     let log = tb.state.join("prober-soak.log");
     let mut run = spawn_run(&tb, &addr, &log);
     let logs = || std::fs::read_to_string(&log).unwrap_or_default();
-    let start = Instant::now();
-    while curl(&tb, &format!("{base}/readyz")).is_none() {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "/readyz never 200\n{}",
-            logs()
-        );
-        assert!(
-            run.try_wait().expect("wait").is_none(),
-            "prober exited\n{}",
-            logs()
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    wait_ready(&tb, &base, &mut run, &logs);
     let pid = prober_pid(&addr).expect("the prober's pid");
     let t0 = Instant::now();
     let steps = cycle();

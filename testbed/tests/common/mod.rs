@@ -575,3 +575,38 @@ pub fn proc_status(pid: i32) -> std::collections::BTreeMap<String, String> {
         .map(|(k, v)| (k.to_owned(), v.trim().to_owned()))
         .collect()
 }
+
+/// `curl -sf -m 5 URL` inside the testbed's host netns (where out-of-cluster probers
+/// listen); the body on a 2xx answer, `None` otherwise.
+#[allow(dead_code)]
+pub fn curl(tb: &Testbed, url: &str) -> Option<String> {
+    let out = tb.exec(&["curl", "-sf", "-m", "5", url]);
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Waits until the `prober run` admin server at `base` answers `/readyz` with 200:
+/// panics (with `logs()`) when it has not within 60 s or the process exited first.
+#[allow(dead_code)]
+pub fn wait_ready(
+    tb: &Testbed,
+    base: &str,
+    run: &mut std::process::Child,
+    logs: &dyn Fn() -> String,
+) {
+    let start = Instant::now();
+    while curl(tb, &format!("{base}/readyz")).is_none() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "/readyz never 200\n{}",
+            logs()
+        );
+        assert!(
+            run.try_wait().expect("wait").is_none(),
+            "prober exited\n{}",
+            logs()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
