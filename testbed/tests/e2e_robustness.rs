@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{poll_until, Testbed, POD_GONE_TIMEOUT, SERIAL};
+use common::{poll_until, testbed_ok, Testbed, POD_GONE_TIMEOUT, SERIAL};
 use serde_json::Value;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -57,15 +57,6 @@ fn spawn_three_pairs_in_parallel(tb: &Testbed, report: &std::path::Path) -> Chil
             report.to_str().expect("path"),
         ],
     )
-}
-
-fn testbed_ok(tb: &Testbed, args: &[&str]) {
-    let out = tb.cmd().args(args).output().expect("testbed");
-    assert!(
-        out.status.success(),
-        "testbed {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// Waits (≤ 30 s) until `n` probe source pods exist, so the gate is mid-run.

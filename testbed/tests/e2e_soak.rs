@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{curl, proc_status, wait_ready, Testbed, POD_GONE_TIMEOUT, SERIAL};
+use common::{curl, proc_status, testbed_ok, wait_ready, Testbed, POD_GONE_TIMEOUT, SERIAL};
 use std::collections::BTreeMap;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
@@ -65,15 +65,6 @@ fn rss_mib(pid: i32) -> Option<f64> {
     Some(kb / 1024.0)
 }
 
-fn testbed(tb: &Testbed, args: &[&str]) {
-    let out = tb.cmd().args(args).output().expect("testbed");
-    assert!(
-        out.status.success(),
-        "testbed {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// One step of the churn cycle at `at` seconds into it.
 struct Step {
     at: u64,
@@ -88,12 +79,12 @@ fn cycle() -> Vec<Step> {
         Step {
             at: 5,
             what: "node stop node-3",
-            run: |tb| testbed(tb, &["node", "stop", "node-3"]),
+            run: |tb| testbed_ok(tb, &["node", "stop", "node-3"]),
         },
         Step {
             at: 25,
             what: "node start node-3",
-            run: |tb| testbed(tb, &["node", "start", "node-3"]),
+            run: |tb| testbed_ok(tb, &["node", "start", "node-3"]),
         },
         Step {
             at: 35,
@@ -112,17 +103,17 @@ fn cycle() -> Vec<Step> {
         Step {
             at: 55,
             what: "api restart",
-            run: |tb| testbed(tb, &["api", "restart"]),
+            run: |tb| testbed_ok(tb, &["api", "restart"]),
         },
         Step {
             at: 65,
             what: "api deny * pods",
-            run: |tb| testbed(tb, &["api", "deny", "*", "pods"]),
+            run: |tb| testbed_ok(tb, &["api", "deny", "*", "pods"]),
         },
         Step {
             at: 75,
             what: "api allow all",
-            run: |tb| testbed(tb, &["api", "allow", "all"]),
+            run: |tb| testbed_ok(tb, &["api", "allow", "all"]),
         },
     ]
 }
@@ -235,8 +226,8 @@ fn prober_run_stays_within_its_bounds_through_churn_restarts_and_rbac_loss() {
         std::thread::sleep(Duration::from_millis(200));
     }
     // Leave the cluster whole before the end.
-    testbed(&tb, &["api", "allow", "all"]);
-    testbed(&tb, &["node", "start", "node-3"]);
+    testbed_ok(&tb, &["api", "allow", "all"]);
+    testbed_ok(&tb, &["node", "start", "node-3"]);
     tb.kubectl(&["uncordon", "node-2"]);
     let end_rss = rss_mib(pid).expect("RSS at the end");
     eprintln!(

@@ -610,3 +610,15 @@ pub fn wait_ready(
         std::thread::sleep(Duration::from_millis(500));
     }
 }
+
+/// Runs `testbed ARGS…` against `tb` (e.g. `["api", "deny", "create", "pods"]`) and
+/// panics with its stderr unless it exits 0.
+#[allow(dead_code)]
+pub fn testbed_ok(tb: &Testbed, args: &[&str]) {
+    let out = tb.cmd().args(args).output().expect("testbed");
+    assert!(
+        out.status.success(),
+        "testbed {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
