@@ -7,9 +7,18 @@ command -v nft >/dev/null 2>&1 || need+=(nftables)
 command -v curl >/dev/null 2>&1 || need+=(curl)
 # libfaketime: the testbed's clock_skew fault shifts pod wall clocks with it.
 [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || [ -e /usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1 ] || need+=(libfaketime)
+# Prometheus, promtool, Alertmanager and amtool (Debian's packages): the alerting rules'
+# checks and unit tests (testbed/tests/alerts.rs) and the end-to-end alerting test
+# (testbed/tests/e2e_alerts.rs). The packages' services are not started (no systemd).
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+command -v amtool >/dev/null 2>&1 || need+=(prometheus-alertmanager)
+# A venv for scripts/render-panels.py (Debian's python3 needs python3-venv for it).
+python3 -c 'import ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
+# matplotlib (pinned, from PyPI) for the dashboard panels' PNGs, in a cached venv.
+bash "$(dirname "$0")/render-env.sh" >/dev/null

@@ -6,6 +6,8 @@
 //! then asserts on what it last saw.
 #![allow(dead_code)]
 
+pub mod monitoring;
+
 use serde_json::Value;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
