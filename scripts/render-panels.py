@@ -3,11 +3,14 @@
 
 Usage: render-panels.py PANELS_JSON PROMETHEUS_URL START END STEP OUT_DIR
 
-PANELS_JSON: [{"title", "type", "unit", "targets": [{"expr", "legend", "instant"}]}]
+PANELS_JSON: [{"title", "type", "unit", "targets": [{"expr", "legend", "instant", "column"}]}]
 with Grafana's variables already substituted (testbed/tests/common/monitoring.rs does
 that). Range queries (/api/v1/query_range, START..END Unix seconds, STEP seconds) for
-time-series panels, instant queries at END for table targets. Writes OUT_DIR/NN-title.png
-per panel (matplotlib; UTC time axis) and OUT_DIR/summary.json:
+time-series panels, instant queries at END for table targets (one row per series key,
+one column per target, named by "column"); a heatmap panel's cumulative buckets are
+drawn as counts per bucket over time; series that are 0 throughout are left out of the
+drawing (they still count as data). Writes OUT_DIR/NN-title.png per panel (matplotlib;
+UTC time axis) and OUT_DIR/summary.json:
 [{"title", "png", "targets": [{"expr", "series", "points", "error"}]}] — "series" is the
 number of series the query returned, "points" the number of non-NaN values.
 Needs matplotlib (scripts/render-env.sh makes a venv with it).
@@ -54,50 +57,86 @@ def num(v):
         return math.nan
 
 
+def heatmap(ax, res):
+    """Cumulative `le` buckets (one series each) to counts per bucket, drawn over time."""
+    buckets = sorted(res, key=lambda s: math.inf if s["metric"].get("le") == "+Inf" else float(s["metric"].get("le", "nan")))
+    if not buckets:
+        return
+    times = [float(ts) for ts, _ in buckets[0]["values"]]
+    cum = []
+    for s in buckets:
+        by_t = {float(ts): num(v) for ts, v in s["values"]}
+        cum.append([by_t.get(t, math.nan) for t in times])
+    rows = [cum[0]] + [[b - a for a, b in zip(cum[i - 1], cum[i])] for i in range(1, len(cum))]
+    les = [s["metric"].get("le", "") for s in buckets]
+    xs = mdates.date2num([dt.datetime.fromtimestamp(t, dt.timezone.utc) for t in times])
+    mesh = ax.pcolormesh(xs, range(len(les)), [[0 if math.isnan(v) else max(v, 0) for v in r] for r in rows], cmap="Oranges", shading="nearest")
+    ax.set_yticks(range(len(les)))
+    ax.set_yticklabels([f"≤{le}" for le in les], fontsize=6)
+    ax.set_ylabel("TTFP bucket (s)")
+    plt.colorbar(mesh, ax=ax, label="probes")
+
+
 summary = []
 for i, p in enumerate(json.load(open(panels_file))):
     title = p["title"]
     slug = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
     png = os.path.join(out_dir, f"{i:02d}-{slug}.png")
     fig, ax = plt.subplots(figsize=(9, 4), dpi=80)
-    rows = []
+    table = {}
+    columns = []
     targets = []
+    drawn = 0
     for t in p["targets"]:
         entry = {"expr": t["expr"], "series": 0, "points": 0, "error": None}
         try:
             if t.get("instant"):
+                col = t.get("column") or t["expr"][:30]
+                columns.append(col)
                 res = query("/api/v1/query", {"query": t["expr"], "time": end})
                 for s in res:
                     v = num(s["value"][1])
-                    rows.append((legend("", s["metric"]), v))
+                    table.setdefault(legend("", s["metric"]), {})[col] = v
                     entry["points"] += 0 if math.isnan(v) else 1
             else:
                 res = query("/api/v1/query_range", {"query": t["expr"], "start": start, "end": end, "step": step})
                 for s in res:
-                    xs = [dt.datetime.fromtimestamp(float(ts), dt.timezone.utc) for ts, _ in s["values"]]
                     ys = [num(v) for _, v in s["values"]]
                     entry["points"] += sum(1 for y in ys if not math.isnan(y))
-                    style = "--" if "baseline" in (t.get("legend") or "") or "threshold" in (t.get("legend") or "") else "-"
-                    if p["type"] == "heatmap":
-                        ax.plot(xs, ys, style, label=f"le={s['metric'].get('le', '')}", linewidth=1)
-                    else:
-                        ax.plot(xs, ys, style, label=legend(t.get("legend", ""), s["metric"]), linewidth=1.5)
+                if p["type"] == "heatmap":
+                    heatmap(ax, res)
+                    drawn += len(res)
+                else:
+                    for s in res:
+                        ys = [num(v) for _, v in s["values"]]
+                        if all(y == 0 or math.isnan(y) for y in ys):
+                            continue
+                        xs = [dt.datetime.fromtimestamp(float(ts), dt.timezone.utc) for ts, _ in s["values"]]
+                        lg = t.get("legend") or ""
+                        style = "--" if "baseline" in lg or "threshold" in lg else "-"
+                        ax.plot(xs, ys, style, label=legend(lg, s["metric"]), linewidth=1.5)
+                        drawn += 1
             entry["series"] = len(res)
         except Exception as e:  # noqa: BLE001 - reported per query
             entry["error"] = str(e)
         targets.append(entry)
-    if rows:
+    if columns:
         ax.axis("off")
-        cells = [[name, f"{v:.4g}"] for name, v in rows]
-        ax.table(cellText=cells[:30], colLabels=["series", "value"], loc="center", cellLoc="left")
+        cells = [[key] + [f"{row[c]:.3g}" if c in row else "" for c in columns] for key, row in sorted(table.items())]
+        if cells:
+            tab = ax.table(cellText=cells[:30], colLabels=["series"] + columns, loc="center", cellLoc="left")
+            tab.auto_set_font_size(False)
+            tab.set_fontsize(7)
     else:
         ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S", tz=dt.timezone.utc))
         ax.set_xlabel("UTC")
-        if p.get("unit"):
+        if p.get("unit") and p["type"] != "heatmap":
             ax.set_ylabel(p["unit"])
-        handles, labels = ax.get_legend_handles_labels()
+        handles, _ = ax.get_legend_handles_labels()
         if handles:
             ax.legend(fontsize=7, loc="upper left", ncol=2)
+    if drawn == 0 and not table:
+        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, fontsize=14)
     ax.set_title(title)
     fig.tight_layout()
     fig.savefig(png)

@@ -297,6 +297,11 @@ fn dashboard_has_a_stable_uid_a_datasource_variable_rate_interval_and_utc() {
     let mut ids = BTreeSet::new();
     for p in &panels {
         let title = p["title"].as_str().unwrap_or_default();
+        assert!(!title.is_empty(), "a panel without a title");
+        assert!(
+            p["description"].as_str().is_some_and(|d| d.len() > 20),
+            "{title}: no description"
+        );
         assert!(
             ids.insert(p["id"].as_i64().expect("id")),
             "panel id twice: {title}"
@@ -313,6 +318,17 @@ fn dashboard_has_a_stable_uid_a_datasource_variable_rate_interval_and_utc() {
                 "{title}: target datasource"
             );
             let e = t["expr"].as_str().expect("expr");
+            // Each selector of a firstpacket series is narrowed by the job variable
+            // (the thresholds are single series without labels).
+            for name in mon::metric_names(e) {
+                for (i, _) in e.match_indices(&name) {
+                    let rest = &e[i + name.len()..];
+                    assert!(
+                        rest.starts_with("{job=~\"$job\""),
+                        "{title}: {name} without job=~\"$job\": {e}"
+                    );
+                }
+            }
             // Rates and increases over the rate interval (or the whole range, in a table).
             for f in ["rate(", "increase("] {
                 for (i, _) in e.match_indices(f) {

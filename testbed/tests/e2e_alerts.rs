@@ -1,0 +1,706 @@
+//! End to end: the alerting rules and the dashboard on a real Prometheus and Alertmanager
+//! (Debian's `prometheus` and `prometheus-alertmanager`) beside the testbed. One testbed
+//! (4 nodes; node-1 and node-4 labelled `os=ubuntu2004`), one `prober run` on a
+//! non-default admin port, Prometheus scraping it every second and evaluating
+//! `alerts/firstpacket.rules.yaml` every second, Alertmanager with the example routing
+//! and inhibition of `alerts/alertmanager.example.yaml`, and a webhook receiver (a tiny
+//! test server, `tests/monitoring/webhook.py`) — all in the testbed's host network
+//! namespace. The phases, by fault:
+//!
+//! - **S1** (healthy): no alert reaches the webhook and none fires in Prometheus.
+//! - **S5** (node-1 and node-4 slower, their agents counting failures): every metric name
+//!   in the rules and the dashboard is on the prober's `/metrics` page; once the prober
+//!   exports the drift metrics, the webhook receives `FirstPacketTTFPDrift` with its
+//!   `runbook_url`.
+//! - **S4** (cross-node traffic broken, same-node fine): the webhook receives
+//!   `FirstPacketCrossNodeBroken` with its `runbook_url`, and Alertmanager holds the
+//!   cross-node `FirstPacketProbeFailures` suppressed by it (the inhibition).
+//!
+//! Then every dashboard query, with `$__rate_interval` and the variables substituted, is
+//! evaluated over the whole run and must return data; `scripts/render-panels.py` draws
+//! each panel as a PNG into `target/tmp/e2e-alerts-panels/` (kept after the test).
+//!
+//! **Time scale.** The rules are loaded with every duration of a `for:`, a range
+//! selector and an `offset` divided by [`TIME_SCALE`] (`mon::scale_durations`: a
+//! mechanical substitution, nothing else changes), so 10-minute windows are 30 s and a
+//! `for: 5m` is 15 s. The Alertmanager configuration is the example's with its receiver
+//! URLs pointed at the webhook and its group timers at 1 s.
+//!
+//! Metrics of the drift contract (`mon::DRIFT_CONTRACT`) that the prober does not export
+//! yet are reported by name (and their queries and the drift alert skipped) instead of
+//! failing the test; as soon as the page has any of them, all are required.
+//!
+//! Needs root, the workspace binaries, promtool/prometheus/amtool/prometheus-alertmanager
+//! and the render venv (`bash scripts/setup.sh`).
+
+mod common;
+
+use common::monitoring as mon;
+use common::{curl, Testbed, SERIAL};
+use serde_json::Value as Json;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Every `for:`, range and offset of the rules divided by this (10m → 30s, 5m → 15s).
+const TIME_SCALE: u64 = 20;
+
+/// The scenarios' fault files (docs/scenarios.md).
+const S1: &str = "testbed/faults/s1-healthy.yaml";
+const S5: &str = "testbed/faults/s5-slower-os.yaml";
+const S4: &str = "testbed/faults/s4-cross-node.yaml";
+
+/// Ports in the testbed's host netns (its own loopback: no other test shares them).
+const PROBER_PORT: u16 = 19190;
+const PROMETHEUS_PORT: u16 = 19191;
+const ALERTMANAGER_PORT: u16 = 19193;
+const WEBHOOK_PORT: u16 = 19195;
+
+/// The `prober run` flags: probes every second, short enough to fail fast under S4; a
+/// slow threshold of 1.2 s (S1's TTFPs stay under 1 s) so S5's 1.5–3.5 s probes are
+/// `slow` and name their agents as suspects (on a `success` they are only warnings).
+/// Flags the drift part needs (baseline and recent windows short enough for a test)
+/// go into [`DRIFT_FLAGS`].
+const RUN_FLAGS: &[&str] = &[
+    "--slow-threshold",
+    "1200ms",
+    "--probe-interval",
+    "1s",
+    "--concurrency",
+    "3",
+    "--hold",
+    "1s",
+    "--give-up",
+    "5s",
+    "--kinds",
+    "cross_node,same_node",
+    "--log-format",
+    "json",
+];
+
+/// Extra `prober run` flags for baseline and drift (none until the prober has them).
+const DRIFT_FLAGS: &[&str] = &[];
+
+/// A process started in the testbed's host netns, in its own process group; killed
+/// (SIGTERM, then SIGKILL after 5 s) with its group when dropped.
+struct Proc {
+    name: &'static str,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn spawn(tb: &Testbed, name: &'static str, args: &[&str]) -> Proc {
+        use std::os::unix::process::CommandExt;
+        let log = tb.state.join(format!("{name}.log"));
+        let file = std::fs::File::create(&log).expect("log file");
+        let child = tb
+            .cmd()
+            .arg("exec")
+            .arg("--")
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(file.try_clone().expect("dup")))
+            .stderr(Stdio::from(file))
+            .process_group(0)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {name}: {e}"));
+        Proc { name, child, log }
+    }
+
+    fn logs(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(40).collect();
+        format!(
+            "--- {} (last 40 lines) ---\n{}",
+            self.name,
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        )
+    }
+
+    fn assert_running(&mut self) {
+        if let Some(st) = self.child.try_wait().expect("wait") {
+            panic!("{} exited ({st})\n{}", self.name, self.logs());
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        use nix::sys::signal::{killpg, Signal};
+        let pgid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = killpg(pgid, Signal::SIGTERM);
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(5) {
+            if self.child.try_wait().ok().flatten().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = killpg(pgid, Signal::SIGKILL);
+        let _ = self.child.wait();
+    }
+}
+
+fn now_unix() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_secs_f64()
+}
+
+/// Waits (60 s at most) until `url` answers 2xx in the testbed's host netns.
+fn wait_http(tb: &Testbed, url: &str, p: &mut Proc) {
+    let start = Instant::now();
+    while curl(tb, url).is_none() {
+        p.assert_running();
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{url} not up within 60s\n{}",
+            p.logs()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// An instant PromQL query on the test's Prometheus; the `data.result` array.
+fn prom_query(tb: &Testbed, q: &str) -> Vec<Json> {
+    let out = tb.exec(&[
+        "curl",
+        "-sf",
+        "-m",
+        "10",
+        "-G",
+        "--data-urlencode",
+        &format!("query={q}"),
+        &format!("http://127.0.0.1:{PROMETHEUS_PORT}/api/v1/query"),
+    ]);
+    assert!(
+        out.status.success(),
+        "query {q}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Json = serde_json::from_slice(&out.stdout).expect("query JSON");
+    assert_eq!(v["status"], "success", "query {q}: {v}");
+    v["data"]["result"].as_array().cloned().unwrap_or_default()
+}
+
+/// The webhook receiver's notifications so far: (path, Alertmanager's JSON).
+fn notifications(file: &Path) -> Vec<(String, Json)> {
+    std::fs::read_to_string(file)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_once('\t'))
+        .map(|(p, body)| {
+            (
+                p.to_owned(),
+                serde_json::from_str(body).unwrap_or_else(|e| panic!("webhook body {body}: {e}")),
+            )
+        })
+        .collect()
+}
+
+/// The alerts of the notifications: (status, labels, annotations).
+fn notified_alerts(n: &[(String, Json)]) -> Vec<(String, Json, Json)> {
+    n.iter()
+        .flat_map(|(_, body)| body["alerts"].as_array().cloned().unwrap_or_default())
+        .map(|a| {
+            (
+                a["status"].as_str().unwrap_or_default().to_owned(),
+                a["labels"].clone(),
+                a["annotations"].clone(),
+            )
+        })
+        .collect()
+}
+
+/// Polls the webhook file until a firing `alertname` arrived, or `timeout`; returns
+/// that alert (labels, annotations), panicking with what arrived otherwise.
+fn wait_notified(
+    file: &Path,
+    alertname: &str,
+    timeout: Duration,
+    procs: &mut [&mut Proc],
+    diag: &dyn Fn() -> String,
+) -> (Json, Json) {
+    let start = Instant::now();
+    loop {
+        let n = notifications(file);
+        if let Some((_, l, a)) = notified_alerts(&n)
+            .into_iter()
+            .find(|(s, l, _)| s == "firing" && l["alertname"] == alertname)
+        {
+            return (l, a);
+        }
+        for p in procs.iter_mut() {
+            p.assert_running();
+        }
+        if start.elapsed() > timeout {
+            let logs: Vec<String> = procs.iter().map(|p| p.logs()).collect();
+            panic!(
+                "no {alertname} at the webhook within {timeout:?}; received {:?}\n{}\n{}",
+                notified_alerts(&n)
+                    .iter()
+                    .map(|(s, l, _)| format!("{} {s}", l["alertname"]))
+                    .collect::<Vec<_>>(),
+                diag(),
+                logs.join("\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// The sample names of a `/metrics` page.
+fn page_names(page: &str) -> BTreeSet<String> {
+    page.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The Alertmanager configuration of the test: the example's routes and inhibitions,
+/// every receiver's webhook URL pointed at the test receiver (`/RECEIVER`), group timers
+/// at 1 s.
+fn alertmanager_config() -> String {
+    let mut doc: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&mon::read(mon::ALERTMANAGER_EXAMPLE)).expect("yaml");
+    for (k, v) in [
+        ("group_wait", "1s"),
+        ("group_interval", "1s"),
+        ("repeat_interval", "1h"),
+    ] {
+        doc["route"][k] = v.into();
+    }
+    for r in doc["receivers"].as_sequence_mut().expect("receivers") {
+        let name = r["name"].as_str().expect("name").to_owned();
+        for w in r["webhook_configs"].as_sequence_mut().expect("webhooks") {
+            w["url"] = format!("http://127.0.0.1:{WEBHOOK_PORT}/{name}").into();
+        }
+    }
+    serde_yaml_ng::to_string(&doc).expect("yaml")
+}
+
+/// The render venv's python (`scripts/render-env.sh`, cached after the first run).
+fn render_python() -> String {
+    let out = std::process::Command::new("bash")
+        .arg(mon::path("scripts/render-env.sh"))
+        .output()
+        .expect("bash scripts/render-env.sh");
+    assert!(
+        out.status.success(),
+        "scripts/render-env.sh: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+#[test]
+fn prometheus_and_alertmanager_alert_on_s5_drift_and_s4_cross_node_and_stay_silent_on_s1() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    for tool in ["prometheus", "prometheus-alertmanager", "python3"] {
+        assert!(
+            std::process::Command::new("sh")
+                .args(["-c", &format!("command -v {tool}")])
+                .status()
+                .is_ok_and(|s| s.success()),
+            "{tool} missing: bash scripts/setup.sh"
+        );
+    }
+    let python = render_python();
+    let tb = Testbed::up(
+        "alerts",
+        4,
+        &mon::read(S1),
+        &["--node-labels", "node-1=os=ubuntu2004,node-4=os=ubuntu2004"],
+    );
+    let st = |name: &str| tb.state.join(name).display().to_string();
+    let test_start = Instant::now();
+
+    // The prober.
+    let admin = format!("127.0.0.1:{PROBER_PORT}");
+    let base = format!("http://{admin}");
+    let mut args = vec!["prober", "run", "--admin-addr", &admin];
+    args.extend_from_slice(RUN_FLAGS);
+    args.extend_from_slice(DRIFT_FLAGS);
+    let mut prober = Proc::spawn(&tb, "prober-run", &args);
+    wait_http(&tb, &format!("{base}/readyz"), &mut prober);
+    // Prometheus starts once a probe finished (so the last-probe gauge is a real time).
+    let start = Instant::now();
+    loop {
+        let page: Json = curl(&tb, &format!("{base}/api/v1/probes"))
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default();
+        if page["total"].as_u64().unwrap_or(0) >= 1 {
+            break;
+        }
+        prober.assert_running();
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no probe finished in 60s\n{}",
+            prober.logs()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+
+    // The webhook receiver, Alertmanager, Prometheus.
+    let hooks = tb.state.join("webhook.jsonl");
+    let script = mon::path("testbed/tests/monitoring/webhook.py");
+    let mut webhook = Proc::spawn(
+        &tb,
+        "webhook",
+        &[
+            "python3",
+            script.to_str().expect("path"),
+            &WEBHOOK_PORT.to_string(),
+            hooks.to_str().expect("path"),
+        ],
+    );
+    wait_http(
+        &tb,
+        &format!("http://127.0.0.1:{WEBHOOK_PORT}/"),
+        &mut webhook,
+    );
+    std::fs::write(tb.state.join("alertmanager.yaml"), alertmanager_config()).expect("write");
+    let out = std::process::Command::new("amtool")
+        .args(["check-config", &st("alertmanager.yaml")])
+        .output()
+        .expect("amtool");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let mut am = Proc::spawn(
+        &tb,
+        "alertmanager",
+        &[
+            "prometheus-alertmanager",
+            &format!("--config.file={}", st("alertmanager.yaml")),
+            &format!("--storage.path={}", st("alertmanager-data")),
+            &format!("--web.listen-address=127.0.0.1:{ALERTMANAGER_PORT}"),
+            "--cluster.listen-address=",
+            "--log.level=warn",
+        ],
+    );
+    let am_url = format!("http://127.0.0.1:{ALERTMANAGER_PORT}");
+    wait_http(&tb, &format!("{am_url}/-/ready"), &mut am);
+    std::fs::write(
+        tb.state.join("rules.yaml"),
+        mon::scale_durations(&mon::read(mon::RULES), TIME_SCALE),
+    )
+    .expect("write");
+    std::fs::write(
+        tb.state.join("prometheus.yaml"),
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: [{}]\nalerting:\n  alertmanagers:\n    - static_configs: [{{targets: ['127.0.0.1:{ALERTMANAGER_PORT}']}}]\nscrape_configs:\n  - job_name: firstpacket\n    static_configs:\n      - targets: ['{admin}']\n        labels: {{namespace: firstpacket}}\n",
+            st("rules.yaml")
+        ),
+    )
+    .expect("write");
+    let mut prom = Proc::spawn(
+        &tb,
+        "prometheus",
+        &[
+            "prometheus",
+            &format!("--config.file={}", st("prometheus.yaml")),
+            &format!("--storage.tsdb.path={}", st("prometheus-data")),
+            &format!("--web.listen-address=127.0.0.1:{PROMETHEUS_PORT}"),
+            "--log.level=warn",
+        ],
+    );
+    wait_http(
+        &tb,
+        &format!("http://127.0.0.1:{PROMETHEUS_PORT}/-/ready"),
+        &mut prom,
+    );
+    let prom_start = now_unix();
+    let firing = |tb: &Testbed| -> Vec<String> {
+        prom_query(tb, "ALERTS")
+            .iter()
+            .map(|a| {
+                format!(
+                    "{} {} {}",
+                    a["metric"]["alertname"].as_str().unwrap_or_default(),
+                    a["metric"]["alertstate"].as_str().unwrap_or_default(),
+                    a["metric"]
+                )
+            })
+            .collect()
+    };
+
+    // S1: the longest window plus the longest for: (10m + 10m, scaled), then nothing
+    // may have fired or reached the webhook.
+    let s1_len = Duration::from_millis(2 * 600_000 / TIME_SCALE + 5_000);
+    let s1_end = Instant::now() + s1_len;
+    while Instant::now() < s1_end {
+        for p in [&mut prober, &mut webhook, &mut am, &mut prom] {
+            p.assert_running();
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let up = prom_query(&tb, "up{job=\"firstpacket\"}");
+    assert_eq!(up.len(), 1, "scrape target: {up:?}");
+    assert_eq!(up[0]["value"][1], "1", "the prober is scraped: {up:?}");
+    let alerts = firing(&tb);
+    assert!(
+        !alerts.iter().any(|a| a.contains(" firing ")),
+        "alerts firing on a healthy cluster (S1): {alerts:#?}"
+    );
+    let n = notifications(&hooks);
+    assert!(n.is_empty(), "webhook notified under S1: {n:#?}");
+    let successes = prom_query(&tb, "sum(firstpacket_probes_total{result=\"success\"})");
+    eprintln!(
+        "S1: {:.0} s, {} successful probes, no alert (pending: {:?})",
+        test_start.elapsed().as_secs_f64(),
+        successes
+            .first()
+            .map(|s| s["value"][1].clone())
+            .unwrap_or_default(),
+        alerts
+    );
+
+    // S5: slower nodes with failing agents.
+    tb.set_fault(&mon::read(S5));
+    let s5_start = Instant::now();
+    let page = curl(&tb, &format!("{base}/metrics")).expect("/metrics");
+    let has_drift = mon::DRIFT_CONTRACT
+        .iter()
+        .any(|n| page_names(&page).iter().any(|p| p.starts_with(n)));
+    // Wait for a suspect (its counter appears at the first one), then check the names.
+    let mut names_on_page = page_names(&page);
+    while !names_on_page.contains("firstpacket_suspects_total")
+        && s5_start.elapsed() < Duration::from_secs(60)
+    {
+        prober.assert_running();
+        std::thread::sleep(Duration::from_secs(1));
+        names_on_page = page_names(&curl(&tb, &format!("{base}/metrics")).unwrap_or_default());
+    }
+    let dash: Json = serde_json::from_str(&mon::read(mon::DASHBOARD)).expect("dashboard");
+    let mut used = BTreeSet::new();
+    for e in mon::rule_exprs(&mon::read(mon::RULES))
+        .iter()
+        .chain(mon::dashboard_exprs(&dash).iter())
+    {
+        used.extend(mon::metric_names(e));
+    }
+    let missing: Vec<&String> = used
+        .iter()
+        .filter(|n| !names_on_page.contains(*n))
+        .collect();
+    let (contract, other): (Vec<&String>, Vec<&String>) = missing
+        .into_iter()
+        .partition(|n| mon::DRIFT_CONTRACT.contains(&n.as_str()));
+    assert!(
+        other.is_empty(),
+        "metric names in the rules/dashboard that `prober run`'s /metrics lacks: {other:?}\n(page has {names_on_page:?})"
+    );
+    if has_drift {
+        assert!(
+            contract.is_empty(),
+            "the prober exports drift metrics but lacks {contract:?}"
+        );
+    } else {
+        eprintln!(
+            "PENDING (drift metrics not exported by this prober yet): missing {contract:?}; the drift alert and its queries are not checked"
+        );
+    }
+    eprintln!(
+        "metric names checked against /metrics: {} ({used:?})",
+        used.len()
+    );
+    let diag = || format!("ALERTS: {:#?}", firing(&tb));
+    if has_drift {
+        let (labels, ann) = wait_notified(
+            &hooks,
+            "FirstPacketTTFPDrift",
+            Duration::from_secs(120),
+            &mut [&mut prober, &mut am, &mut prom, &mut webhook],
+            &diag,
+        );
+        assert_eq!(labels["severity"], "warning");
+        assert!(
+            ann["runbook_url"]
+                .as_str()
+                .is_some_and(|u| u.ends_with("alerts/runbooks.md#firstpacketttfpdrift")),
+            "{ann}"
+        );
+        eprintln!(
+            "S5: FirstPacketTTFPDrift at the webhook after {:.0} s: {labels}",
+            s5_start.elapsed().as_secs_f64()
+        );
+    } else {
+        // Enough S5 data for the dashboard's panels.
+        while s5_start.elapsed() < Duration::from_secs(40) {
+            prober.assert_running();
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+
+    // S4: cross-node broken, same-node fine.
+    tb.set_fault(&mon::read(S4));
+    let s4_start = Instant::now();
+    let (labels, ann) = wait_notified(
+        &hooks,
+        "FirstPacketCrossNodeBroken",
+        Duration::from_secs(120),
+        &mut [&mut prober, &mut am, &mut prom, &mut webhook],
+        &diag,
+    );
+    eprintln!(
+        "S4: FirstPacketCrossNodeBroken at the webhook after {:.0} s: {labels}",
+        s4_start.elapsed().as_secs_f64()
+    );
+    assert_eq!(labels["severity"], "critical");
+    assert_eq!(labels["kind"], "cross_node");
+    assert_eq!(labels["job"], "firstpacket");
+    assert!(
+        ann["runbook_url"]
+            .as_str()
+            .is_some_and(|u| u.ends_with("alerts/runbooks.md#firstpacketcrossnodebroken")),
+        "{ann}"
+    );
+    let pager: Vec<_> = notifications(&hooks)
+        .into_iter()
+        .filter(|(p, b)| {
+            p == "/firstpacket-pager" && b.to_string().contains("FirstPacketCrossNodeBroken")
+        })
+        .collect();
+    assert!(
+        !pager.is_empty(),
+        "the critical alert went to the pager receiver"
+    );
+    // The inhibition: Alertmanager holds the cross-node failure alert suppressed by it.
+    let start = Instant::now();
+    let suppressed = loop {
+        let list: Json = curl(&tb, &format!("{am_url}/api/v2/alerts"))
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default();
+        let failures: Vec<Json> = list
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|a| {
+                a["labels"]["alertname"] == "FirstPacketProbeFailures"
+                    && a["labels"]["kind"] == "cross_node"
+            })
+            .collect();
+        let ok = !failures.is_empty()
+            && failures.iter().all(|a| {
+                a["status"]["state"] == "suppressed"
+                    && a["status"]["inhibitedBy"]
+                        .as_array()
+                        .is_some_and(|v| !v.is_empty())
+            });
+        if ok || start.elapsed() > Duration::from_secs(60) {
+            break (ok, failures);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert!(
+        suppressed.0,
+        "FirstPacketProbeFailures{{kind=cross_node}} not held inhibited by FirstPacketCrossNodeBroken: {:#?}",
+        suppressed.1
+    );
+    let prom_end = now_unix();
+
+    // Every dashboard query over the whole run; each panel drawn.
+    let step = 2.0;
+    let scrape = 1.0;
+    let rate_interval = format!("{}s", f64::max(step + scrape, 4.0 * scrape) as u64);
+    let range = format!("{}s", (prom_end - prom_start).ceil() as u64);
+    let interval = format!("{}s", step as u64);
+    let panels: Vec<Json> = mon::dashboard_panels(&dash)
+        .iter()
+        .map(|p| {
+            // A table's column names: its "organize" transformation's renames.
+            let renames = p["transformations"]
+                .as_array()
+                .and_then(|ts| ts.iter().find(|t| t["id"] == "organize"))
+                .map(|t| t["options"]["renameByName"].clone())
+                .unwrap_or_default();
+            serde_json::json!({
+                "title": p["title"],
+                "type": p["type"],
+                "unit": p["fieldConfig"]["defaults"]["unit"],
+                "targets": p["targets"].as_array().expect("targets").iter().map(|t| serde_json::json!({
+                    "expr": mon::substitute(t["expr"].as_str().expect("expr"), &rate_interval, &range, &interval),
+                    "legend": t["legendFormat"],
+                    "instant": t["instant"].as_bool().unwrap_or(false),
+                    "column": renames[format!("Value #{}", t["refId"].as_str().unwrap_or_default())],
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let panels_file = tb.state.join("panels.json");
+    std::fs::write(&panels_file, serde_json::to_string(&panels).expect("json")).expect("write");
+    let out_dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("e2e-alerts-panels");
+    let _ = std::fs::remove_dir_all(&out_dir);
+    let out = tb.exec(&[
+        &python,
+        mon::path("scripts/render-panels.py")
+            .to_str()
+            .expect("path"),
+        panels_file.to_str().expect("path"),
+        &format!("http://127.0.0.1:{PROMETHEUS_PORT}"),
+        &format!("{prom_start:.3}"),
+        &format!("{prom_end:.3}"),
+        &format!("{step}"),
+        out_dir.to_str().expect("path"),
+    ]);
+    assert!(
+        out.status.success(),
+        "render-panels.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: Json = serde_json::from_str(
+        &std::fs::read_to_string(out_dir.join("summary.json")).expect("summary.json"),
+    )
+    .expect("summary");
+    let mut empty = Vec::new();
+    let mut pending = Vec::new();
+    let mut checked = 0;
+    for p in summary.as_array().expect("panels") {
+        assert!(
+            Path::new(p["png"].as_str().expect("png")).is_file(),
+            "no PNG for {}",
+            p["title"]
+        );
+        for t in p["targets"].as_array().expect("targets") {
+            let expr = t["expr"].as_str().unwrap_or_default();
+            assert!(
+                t["error"].is_null(),
+                "{}: {expr}: {}",
+                p["title"],
+                t["error"]
+            );
+            let needs_drift = mon::metric_names(expr)
+                .iter()
+                .any(|n| mon::DRIFT_CONTRACT.contains(&n.as_str()));
+            if t["points"].as_u64().unwrap_or(0) == 0 {
+                if needs_drift && !has_drift {
+                    pending.push(format!("{}: {expr}", p["title"]));
+                } else {
+                    empty.push(format!("{}: {expr}", p["title"]));
+                }
+            } else {
+                checked += 1;
+            }
+        }
+    }
+    eprintln!(
+        "dashboard: {checked} queries returned data; PNGs in {}",
+        out_dir.display()
+    );
+    if !pending.is_empty() {
+        eprintln!("PENDING (drift metrics not exported yet): {pending:#?}");
+    }
+    assert!(
+        empty.is_empty(),
+        "dashboard queries without data: {empty:#?}"
+    );
+    eprintln!("total {:.0} s", test_start.elapsed().as_secs_f64());
+}
