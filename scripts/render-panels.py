@@ -9,7 +9,7 @@ that). Range queries (/api/v1/query_range, START..END Unix seconds, STEP seconds
 time-series panels, instant queries at END for table targets (one row per series key,
 one column per target, named by "column"); a heatmap panel's cumulative buckets are
 drawn as counts per bucket over time; series that are 0 throughout are left out of the
-drawing (they still count as data). Writes OUT_DIR/NN-title.png per panel (matplotlib;
+drawing (they still count as data), except baselines and thresholds. Writes OUT_DIR/NN-title.png per panel (matplotlib;
 UTC time axis) and OUT_DIR/summary.json:
 [{"title", "png", "targets": [{"expr", "series", "points", "error"}]}] — "series" is the
 number of series the query returned, "points" the number of non-NaN values.
@@ -109,11 +109,12 @@ for i, p in enumerate(json.load(open(panels_file))):
                 else:
                     for s in res:
                         ys = [num(v) for _, v in s["values"]]
-                        if all(y == 0 or math.isnan(y) for y in ys):
+                        lg = t.get("legend") or ""
+                        reference = "baseline" in lg or "threshold" in lg
+                        if not reference and all(y == 0 or math.isnan(y) for y in ys):
                             continue
                         xs = [dt.datetime.fromtimestamp(float(ts), dt.timezone.utc) for ts, _ in s["values"]]
-                        lg = t.get("legend") or ""
-                        style = "--" if "baseline" in lg or "threshold" in lg else "-"
+                        style = "--" if reference else "-"
                         ax.plot(xs, ys, style, label=legend(lg, s["metric"]), linewidth=1.5)
                         drawn += 1
             entry["series"] = len(res)

@@ -28,7 +28,9 @@
 //!
 //! Metrics of the drift contract (`mon::DRIFT_CONTRACT`) that the prober does not export
 //! yet are reported by name (and their queries and the drift alert skipped) instead of
-//! failing the test; as soon as the page has any of them, all are required.
+//! failing the test; as soon as the page has any of them, all are required, and the
+//! drift alert must arrive. The prober gets short baseline/recent windows when its
+//! `--help` has the flags ([`drift_flags`]).
 //!
 //! Needs root, the workspace binaries, promtool/prometheus/amtool/prometheus-alertmanager
 //! and the render venv (`bash scripts/setup.sh`).
@@ -57,11 +59,12 @@ const PROMETHEUS_PORT: u16 = 19191;
 const ALERTMANAGER_PORT: u16 = 19193;
 const WEBHOOK_PORT: u16 = 19195;
 
-/// The `prober run` flags: probes every second, short enough to fail fast under S4; a
+/// The `prober run` flags: probes every second; a give-up of 8 s, short enough to fail
+/// fast under S4 and long enough for S5's slow nodes (at 5 s some same-node probes on
+/// them failed, firing FirstPacketProbeFailures on a cluster that is slower, not broken); a
 /// slow threshold of 1.2 s (S1's TTFPs stay under 1 s) so S5's 1.5–3.5 s probes are
 /// `slow` and name their agents as suspects (on a `success` they are only warnings).
-/// Flags the drift part needs (baseline and recent windows short enough for a test)
-/// go into [`DRIFT_FLAGS`].
+/// The drift part's flags come from [`drift_flags`].
 const RUN_FLAGS: &[&str] = &[
     "--slow-threshold",
     "1200ms",
@@ -72,15 +75,28 @@ const RUN_FLAGS: &[&str] = &[
     "--hold",
     "1s",
     "--give-up",
-    "5s",
+    "8s",
     "--kinds",
     "cross_node,same_node",
     "--log-format",
     "json",
 ];
 
-/// Extra `prober run` flags for baseline and drift (none until the prober has them).
-const DRIFT_FLAGS: &[&str] = &[];
+/// The `prober run` flags for the learned baseline and drift, short enough for a test:
+/// a 20 s recent window and 10 baseline samples (S1 gives ~25 per kind). Used when the
+/// prober has them (`prober run --help` names both); none otherwise.
+fn drift_flags() -> Vec<&'static str> {
+    let out = std::process::Command::new(common::bin("prober"))
+        .args(["run", "--help"])
+        .output()
+        .expect("prober run --help");
+    let help = String::from_utf8_lossy(&out.stdout);
+    if help.contains("--recent-window") && help.contains("--baseline-min-samples") {
+        vec!["--recent-window", "20s", "--baseline-min-samples", "10"]
+    } else {
+        Vec::new()
+    }
+}
 
 /// A process started in the testbed's host netns, in its own process group; killed
 /// (SIGTERM, then SIGKILL after 5 s) with its group when dropped.
@@ -324,7 +340,9 @@ fn prometheus_and_alertmanager_alert_on_s5_drift_and_s4_cross_node_and_stay_sile
     let base = format!("http://{admin}");
     let mut args = vec!["prober", "run", "--admin-addr", &admin];
     args.extend_from_slice(RUN_FLAGS);
-    args.extend_from_slice(DRIFT_FLAGS);
+    let drift = drift_flags();
+    eprintln!("drift flags: {drift:?}");
+    args.extend(drift.iter().copied());
     let mut prober = Proc::spawn(&tb, "prober-run", &args);
     wait_http(&tb, &format!("{base}/readyz"), &mut prober);
     // Prometheus starts once a probe finished (so the last-probe gauge is a real time).
@@ -540,6 +558,15 @@ fn prometheus_and_alertmanager_alert_on_s5_drift_and_s4_cross_node_and_stay_sile
     }
 
     // S4: cross-node broken, same-node fine.
+    let names = |from: usize| -> Vec<String> {
+        notified_alerts(&notifications(&hooks))
+            .iter()
+            .skip(from)
+            .map(|(st, l, _)| format!("{} {st}", l["alertname"].as_str().unwrap_or_default()))
+            .collect()
+    };
+    let s5_seen = names(0);
+    eprintln!("webhook under S5: {s5_seen:?}");
     tb.set_fault(&mon::read(S4));
     let s4_start = Instant::now();
     let (labels, ann) = wait_notified(
@@ -606,6 +633,7 @@ fn prometheus_and_alertmanager_alert_on_s5_drift_and_s4_cross_node_and_stay_sile
         suppressed.1
     );
     let prom_end = now_unix();
+    eprintln!("webhook under S4: {:?}", names(s5_seen.len()));
 
     // Every dashboard query over the whole run; each panel drawn.
     let step = 2.0;
