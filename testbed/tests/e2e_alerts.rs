@@ -32,6 +32,10 @@
 //! drift alert must arrive. The prober gets short baseline/recent windows when its
 //! `--help` has the flags ([`drift_flags`]).
 //!
+//! A long test (`FIRSTPACKET_LONG_TESTS=1`) runs the same stack on a slower normal
+//! (1–2 s programming everywhere, learned as the baseline): nothing fires; doubling it
+//! fires `FirstPacketTTFPDrift`.
+//!
 //! Needs root, the workspace binaries, promtool/prometheus/amtool/prometheus-alertmanager
 //! and the render venv (`bash scripts/setup.sh`).
 
@@ -313,6 +317,216 @@ fn render_python() -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
+/// What the tests run beside the testbed: `prober run`, the webhook receiver,
+/// Alertmanager and Prometheus (killed when dropped), with the webhook's file, the
+/// prober's admin URL, Alertmanager's URL and when Prometheus started (Unix seconds).
+struct Stack {
+    prober: Proc,
+    webhook: Proc,
+    am: Proc,
+    prom: Proc,
+    hooks: PathBuf,
+    base: String,
+    am_url: String,
+    prom_start: f64,
+}
+
+impl Stack {
+    fn assert_running(&mut self) {
+        for p in [
+            &mut self.prober,
+            &mut self.webhook,
+            &mut self.am,
+            &mut self.prom,
+        ] {
+            p.assert_running();
+        }
+    }
+
+    /// [`wait_notified`] on this stack's webhook file, watching its processes.
+    fn wait_notified(
+        &mut self,
+        alertname: &str,
+        timeout: Duration,
+        diag: &dyn Fn() -> String,
+    ) -> (Json, Json) {
+        let hooks = self.hooks.clone();
+        wait_notified(
+            &hooks,
+            alertname,
+            timeout,
+            &mut [
+                &mut self.prober,
+                &mut self.am,
+                &mut self.prom,
+                &mut self.webhook,
+            ],
+            diag,
+        )
+    }
+
+    /// Lets the cluster run for the longest window plus the longest `for:` of the
+    /// scaled rules (10m + 10m, divided by [`TIME_SCALE`]), then asserts that no alert
+    /// fires in Prometheus and none reached the webhook (`what` names the phase).
+    /// Returns the alerts Prometheus lists (pending ones, if any).
+    fn quiet_phase(&mut self, tb: &Testbed, what: &str) -> Vec<String> {
+        let end = Instant::now() + Duration::from_millis(2 * 600_000 / TIME_SCALE + 5_000);
+        while Instant::now() < end {
+            self.assert_running();
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        let listed = alerts(tb);
+        assert!(
+            !listed.iter().any(|a| a.contains(" firing ")),
+            "alerts firing on {what}: {listed:#?}"
+        );
+        let n = notifications(&self.hooks);
+        assert!(n.is_empty(), "webhook notified on {what}: {n:#?}");
+        listed
+    }
+}
+
+/// Prometheus' `ALERTS` series as `alertname alertstate {labels}` lines.
+fn alerts(tb: &Testbed) -> Vec<String> {
+    prom_query(tb, "ALERTS")
+        .iter()
+        .map(|a| {
+            format!(
+                "{} {} {}",
+                a["metric"]["alertname"].as_str().unwrap_or_default(),
+                a["metric"]["alertstate"].as_str().unwrap_or_default(),
+                a["metric"]
+            )
+        })
+        .collect()
+}
+
+/// Asserts an alert's `runbook_url` points at its section of the runbooks.
+fn assert_runbook(annotations: &Json, alertname: &str) {
+    let want = format!("alerts/runbooks.md#{}", alertname.to_lowercase());
+    assert!(
+        annotations["runbook_url"]
+            .as_str()
+            .is_some_and(|u| u.ends_with(&want)),
+        "{alertname}: runbook_url {annotations}"
+    );
+}
+
+/// Starts `prober run` with `run_flags` on [`PROBER_PORT`], waits for its first finished
+/// probe (so the last-probe gauge is a real time), then the webhook receiver,
+/// Alertmanager (the example configuration, [`alertmanager_config`]) and Prometheus
+/// (the rules with durations divided by [`TIME_SCALE`]).
+fn start_stack(tb: &Testbed, run_flags: &[&str]) -> Stack {
+    let st = |name: &str| tb.state.join(name).display().to_string();
+    // The prober.
+    let admin = format!("127.0.0.1:{PROBER_PORT}");
+    let base = format!("http://{admin}");
+    let mut args = vec!["prober", "run", "--admin-addr", &admin];
+    args.extend_from_slice(run_flags);
+    let mut prober = Proc::spawn(tb, "prober-run", &args);
+    wait_http(tb, &format!("{base}/readyz"), &mut prober);
+    // Prometheus starts once a probe finished (so the last-probe gauge is a real time).
+    let start = Instant::now();
+    loop {
+        let page: Json = curl(tb, &format!("{base}/api/v1/probes"))
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default();
+        if page["total"].as_u64().unwrap_or(0) >= 1 {
+            break;
+        }
+        prober.assert_running();
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no probe finished in 60s\n{}",
+            prober.logs()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+
+    // The webhook receiver, Alertmanager, Prometheus.
+    let hooks = tb.state.join("webhook.jsonl");
+    let script = mon::path("testbed/tests/monitoring/webhook.py");
+    let mut webhook = Proc::spawn(
+        tb,
+        "webhook",
+        &[
+            "python3",
+            script.to_str().expect("path"),
+            &WEBHOOK_PORT.to_string(),
+            hooks.to_str().expect("path"),
+        ],
+    );
+    wait_http(
+        tb,
+        &format!("http://127.0.0.1:{WEBHOOK_PORT}/"),
+        &mut webhook,
+    );
+    std::fs::write(tb.state.join("alertmanager.yaml"), alertmanager_config()).expect("write");
+    let out = std::process::Command::new("amtool")
+        .args(["check-config", &st("alertmanager.yaml")])
+        .output()
+        .expect("amtool");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let mut am = Proc::spawn(
+        tb,
+        "alertmanager",
+        &[
+            "prometheus-alertmanager",
+            &format!("--config.file={}", st("alertmanager.yaml")),
+            &format!("--storage.path={}", st("alertmanager-data")),
+            &format!("--web.listen-address=127.0.0.1:{ALERTMANAGER_PORT}"),
+            "--cluster.listen-address=",
+            "--log.level=warn",
+        ],
+    );
+    let am_url = format!("http://127.0.0.1:{ALERTMANAGER_PORT}");
+    wait_http(tb, &format!("{am_url}/-/ready"), &mut am);
+    std::fs::write(
+        tb.state.join("rules.yaml"),
+        mon::scale_durations(&mon::read(mon::RULES), TIME_SCALE),
+    )
+    .expect("write");
+    std::fs::write(
+        tb.state.join("prometheus.yaml"),
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: [{}]\nalerting:\n  alertmanagers:\n    - static_configs: [{{targets: ['127.0.0.1:{ALERTMANAGER_PORT}']}}]\nscrape_configs:\n  - job_name: firstpacket\n    static_configs:\n      - targets: ['{admin}']\n        labels: {{namespace: firstpacket}}\n",
+            st("rules.yaml")
+        ),
+    )
+    .expect("write");
+    let mut prom = Proc::spawn(
+        tb,
+        "prometheus",
+        &[
+            "prometheus",
+            &format!("--config.file={}", st("prometheus.yaml")),
+            &format!("--storage.tsdb.path={}", st("prometheus-data")),
+            &format!("--web.listen-address=127.0.0.1:{PROMETHEUS_PORT}"),
+            "--log.level=warn",
+        ],
+    );
+    wait_http(
+        tb,
+        &format!("http://127.0.0.1:{PROMETHEUS_PORT}/-/ready"),
+        &mut prom,
+    );
+    let prom_start = now_unix();
+    Stack {
+        prober,
+        webhook,
+        am,
+        prom,
+        hooks,
+        base,
+        am_url,
+        prom_start,
+    }
+}
+
 #[test]
 fn prometheus_and_alertmanager_alert_on_s5_drift_and_s4_cross_node_and_stay_silent_on_s1() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
@@ -332,143 +546,25 @@ fn prometheus_and_alertmanager_alert_on_s5_drift_and_s4_cross_node_and_stay_sile
         &mon::read(S1),
         &["--node-labels", "node-1=os=ubuntu2004,node-4=os=ubuntu2004"],
     );
-    let st = |name: &str| tb.state.join(name).display().to_string();
     let test_start = Instant::now();
 
-    // The prober.
-    let admin = format!("127.0.0.1:{PROBER_PORT}");
-    let base = format!("http://{admin}");
-    let mut args = vec!["prober", "run", "--admin-addr", &admin];
-    args.extend_from_slice(RUN_FLAGS);
     let drift = drift_flags();
     eprintln!("drift flags: {drift:?}");
-    args.extend(drift.iter().copied());
-    let mut prober = Proc::spawn(&tb, "prober-run", &args);
-    wait_http(&tb, &format!("{base}/readyz"), &mut prober);
-    // Prometheus starts once a probe finished (so the last-probe gauge is a real time).
-    let start = Instant::now();
-    loop {
-        let page: Json = curl(&tb, &format!("{base}/api/v1/probes"))
-            .and_then(|t| serde_json::from_str(&t).ok())
-            .unwrap_or_default();
-        if page["total"].as_u64().unwrap_or(0) >= 1 {
-            break;
-        }
-        prober.assert_running();
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "no probe finished in 60s\n{}",
-            prober.logs()
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    let mut flags = RUN_FLAGS.to_vec();
+    flags.extend(drift.iter().copied());
+    let mut stack = start_stack(&tb, &flags);
+    let (hooks, base, am_url, prom_start) = (
+        stack.hooks.clone(),
+        stack.base.clone(),
+        stack.am_url.clone(),
+        stack.prom_start,
+    );
 
-    // The webhook receiver, Alertmanager, Prometheus.
-    let hooks = tb.state.join("webhook.jsonl");
-    let script = mon::path("testbed/tests/monitoring/webhook.py");
-    let mut webhook = Proc::spawn(
-        &tb,
-        "webhook",
-        &[
-            "python3",
-            script.to_str().expect("path"),
-            &WEBHOOK_PORT.to_string(),
-            hooks.to_str().expect("path"),
-        ],
-    );
-    wait_http(
-        &tb,
-        &format!("http://127.0.0.1:{WEBHOOK_PORT}/"),
-        &mut webhook,
-    );
-    std::fs::write(tb.state.join("alertmanager.yaml"), alertmanager_config()).expect("write");
-    let out = std::process::Command::new("amtool")
-        .args(["check-config", &st("alertmanager.yaml")])
-        .output()
-        .expect("amtool");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    let mut am = Proc::spawn(
-        &tb,
-        "alertmanager",
-        &[
-            "prometheus-alertmanager",
-            &format!("--config.file={}", st("alertmanager.yaml")),
-            &format!("--storage.path={}", st("alertmanager-data")),
-            &format!("--web.listen-address=127.0.0.1:{ALERTMANAGER_PORT}"),
-            "--cluster.listen-address=",
-            "--log.level=warn",
-        ],
-    );
-    let am_url = format!("http://127.0.0.1:{ALERTMANAGER_PORT}");
-    wait_http(&tb, &format!("{am_url}/-/ready"), &mut am);
-    std::fs::write(
-        tb.state.join("rules.yaml"),
-        mon::scale_durations(&mon::read(mon::RULES), TIME_SCALE),
-    )
-    .expect("write");
-    std::fs::write(
-        tb.state.join("prometheus.yaml"),
-        format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: [{}]\nalerting:\n  alertmanagers:\n    - static_configs: [{{targets: ['127.0.0.1:{ALERTMANAGER_PORT}']}}]\nscrape_configs:\n  - job_name: firstpacket\n    static_configs:\n      - targets: ['{admin}']\n        labels: {{namespace: firstpacket}}\n",
-            st("rules.yaml")
-        ),
-    )
-    .expect("write");
-    let mut prom = Proc::spawn(
-        &tb,
-        "prometheus",
-        &[
-            "prometheus",
-            &format!("--config.file={}", st("prometheus.yaml")),
-            &format!("--storage.tsdb.path={}", st("prometheus-data")),
-            &format!("--web.listen-address=127.0.0.1:{PROMETHEUS_PORT}"),
-            "--log.level=warn",
-        ],
-    );
-    wait_http(
-        &tb,
-        &format!("http://127.0.0.1:{PROMETHEUS_PORT}/-/ready"),
-        &mut prom,
-    );
-    let prom_start = now_unix();
-    let firing = |tb: &Testbed| -> Vec<String> {
-        prom_query(tb, "ALERTS")
-            .iter()
-            .map(|a| {
-                format!(
-                    "{} {} {}",
-                    a["metric"]["alertname"].as_str().unwrap_or_default(),
-                    a["metric"]["alertstate"].as_str().unwrap_or_default(),
-                    a["metric"]
-                )
-            })
-            .collect()
-    };
-
-    // S1: the longest window plus the longest for: (10m + 10m, scaled), then nothing
-    // may have fired or reached the webhook.
-    let s1_len = Duration::from_millis(2 * 600_000 / TIME_SCALE + 5_000);
-    let s1_end = Instant::now() + s1_len;
-    while Instant::now() < s1_end {
-        for p in [&mut prober, &mut webhook, &mut am, &mut prom] {
-            p.assert_running();
-        }
-        std::thread::sleep(Duration::from_secs(1));
-    }
+    // S1: nothing may fire or reach the webhook.
+    let alerts_s1 = stack.quiet_phase(&tb, "a healthy cluster (S1)");
     let up = prom_query(&tb, "up{job=\"firstpacket\"}");
     assert_eq!(up.len(), 1, "scrape target: {up:?}");
     assert_eq!(up[0]["value"][1], "1", "the prober is scraped: {up:?}");
-    let alerts = firing(&tb);
-    assert!(
-        !alerts.iter().any(|a| a.contains(" firing ")),
-        "alerts firing on a healthy cluster (S1): {alerts:#?}"
-    );
-    let n = notifications(&hooks);
-    assert!(n.is_empty(), "webhook notified under S1: {n:#?}");
     let successes = prom_query(&tb, "sum(firstpacket_probes_total{result=\"success\"})");
     eprintln!(
         "S1: {:.0} s, {} successful probes, no alert (pending: {:?})",
@@ -477,7 +573,7 @@ fn prometheus_and_alertmanager_alert_on_s5_drift_and_s4_cross_node_and_stay_sile
             .first()
             .map(|s| s["value"][1].clone())
             .unwrap_or_default(),
-        alerts
+        alerts_s1
     );
 
     // S5: slower nodes with failing agents.
@@ -492,7 +588,7 @@ fn prometheus_and_alertmanager_alert_on_s5_drift_and_s4_cross_node_and_stay_sile
     while !names_on_page.contains("firstpacket_suspects_total")
         && s5_start.elapsed() < Duration::from_secs(60)
     {
-        prober.assert_running();
+        stack.prober.assert_running();
         std::thread::sleep(Duration::from_secs(1));
         names_on_page = page_names(&curl(&tb, &format!("{base}/metrics")).unwrap_or_default());
     }
@@ -529,22 +625,12 @@ fn prometheus_and_alertmanager_alert_on_s5_drift_and_s4_cross_node_and_stay_sile
         "metric names checked against /metrics: {} ({used:?})",
         used.len()
     );
-    let diag = || format!("ALERTS: {:#?}", firing(&tb));
+    let diag = || format!("ALERTS: {:#?}", alerts(&tb));
     if has_drift {
-        let (labels, ann) = wait_notified(
-            &hooks,
-            "FirstPacketTTFPDrift",
-            Duration::from_secs(120),
-            &mut [&mut prober, &mut am, &mut prom, &mut webhook],
-            &diag,
-        );
+        let (labels, ann) =
+            stack.wait_notified("FirstPacketTTFPDrift", Duration::from_secs(120), &diag);
         assert_eq!(labels["severity"], "warning");
-        assert!(
-            ann["runbook_url"]
-                .as_str()
-                .is_some_and(|u| u.ends_with("alerts/runbooks.md#firstpacketttfpdrift")),
-            "{ann}"
-        );
+        assert_runbook(&ann, "FirstPacketTTFPDrift");
         eprintln!(
             "S5: FirstPacketTTFPDrift at the webhook after {:.0} s: {labels}",
             s5_start.elapsed().as_secs_f64()
@@ -552,7 +638,7 @@ fn prometheus_and_alertmanager_alert_on_s5_drift_and_s4_cross_node_and_stay_sile
     } else {
         // Enough S5 data for the dashboard's panels.
         while s5_start.elapsed() < Duration::from_secs(40) {
-            prober.assert_running();
+            stack.prober.assert_running();
             std::thread::sleep(Duration::from_secs(1));
         }
     }
@@ -569,11 +655,9 @@ fn prometheus_and_alertmanager_alert_on_s5_drift_and_s4_cross_node_and_stay_sile
     eprintln!("webhook under S5: {s5_seen:?}");
     tb.set_fault(&mon::read(S4));
     let s4_start = Instant::now();
-    let (labels, ann) = wait_notified(
-        &hooks,
+    let (labels, ann) = stack.wait_notified(
         "FirstPacketCrossNodeBroken",
         Duration::from_secs(120),
-        &mut [&mut prober, &mut am, &mut prom, &mut webhook],
         &diag,
     );
     eprintln!(
@@ -583,12 +667,7 @@ fn prometheus_and_alertmanager_alert_on_s5_drift_and_s4_cross_node_and_stay_sile
     assert_eq!(labels["severity"], "critical");
     assert_eq!(labels["kind"], "cross_node");
     assert_eq!(labels["job"], "firstpacket");
-    assert!(
-        ann["runbook_url"]
-            .as_str()
-            .is_some_and(|u| u.ends_with("alerts/runbooks.md#firstpacketcrossnodebroken")),
-        "{ann}"
-    );
+    assert_runbook(&ann, "FirstPacketCrossNodeBroken");
     let pager: Vec<_> = notifications(&hooks)
         .into_iter()
         .filter(|(p, b)| {
@@ -731,4 +810,59 @@ fn prometheus_and_alertmanager_alert_on_s5_drift_and_s4_cross_node_and_stay_sile
         "dashboard queries without data: {empty:#?}"
     );
     eprintln!("total {:.0} s", test_start.elapsed().as_secs_f64());
+}
+
+/// A slower normal: every node's endpoints programmed after 1–2 s.
+const SLOWER_NORMAL: &str =
+    "rules:\n  - nodes: {all: true}\n    program_delay: {uniform: [1s, 2s]}\n";
+/// The same, doubled.
+const DOUBLED: &str = "rules:\n  - nodes: {all: true}\n    program_delay: {uniform: [2s, 4s]}\n";
+
+/// A cluster whose normal is slower (1–2 s programming everywhere) learns that as its
+/// baseline and fires nothing; doubling the delay fires FirstPacketTTFPDrift at the
+/// webhook. Long test (`FIRSTPACKET_LONG_TESTS=1`, about 3 minutes), and only with a
+/// prober that has baseline and drift ([`drift_flags`]).
+#[test]
+fn a_slower_normal_fires_nothing_and_doubling_it_fires_the_drift_alert() {
+    if std::env::var("FIRSTPACKET_LONG_TESTS").map_or(true, |v| v != "1") {
+        eprintln!("SKIPPED: long test (FIRSTPACKET_LONG_TESTS=1)");
+        return;
+    }
+    let drift = drift_flags();
+    if drift.is_empty() {
+        eprintln!("SKIPPED: this prober has no baseline/drift flags");
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let tb = Testbed::up("alerts-slow", 4, SLOWER_NORMAL, &[]);
+    // The default --slow-threshold (5 s): a 1–2 s normal is `success`, not `slow`.
+    let mut flags = vec![
+        "--probe-interval",
+        "1s",
+        "--concurrency",
+        "3",
+        "--hold",
+        "1s",
+        "--give-up",
+        "20s",
+        "--kinds",
+        "cross_node",
+    ];
+    flags.extend(drift.iter().copied());
+    let mut stack = start_stack(&tb, &flags);
+    stack.quiet_phase(&tb, "the slower normal");
+    let baseline = prom_query(&tb, "firstpacket_baseline_seconds{quantile=\"0.5\"}");
+    eprintln!("slower normal: nothing fired; baseline p50 {baseline:?}");
+
+    tb.set_fault(DOUBLED);
+    let start = Instant::now();
+    let diag = || format!("ALERTS: {:#?}", prom_query(&tb, "ALERTS"));
+    let (labels, ann) =
+        stack.wait_notified("FirstPacketTTFPDrift", Duration::from_secs(150), &diag);
+    eprintln!(
+        "doubled: FirstPacketTTFPDrift at the webhook after {:.0} s: {labels}",
+        start.elapsed().as_secs_f64()
+    );
+    assert_eq!(labels["kind"], "cross_node");
+    assert_runbook(&ann, "FirstPacketTTFPDrift");
 }
