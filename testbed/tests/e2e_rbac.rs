@@ -243,6 +243,15 @@ fn run_until_slow_event(tb: &Testbed, kubeconfig: &str, within: Duration) -> (St
         "--field-selector",
         "reason=FirstPacketSlow",
     ]);
+    // The baseline ConfigMap of an earlier run would spare this one its create.
+    tb.kubectl(&[
+        "delete",
+        "configmap",
+        "-n",
+        "firstpacket",
+        "firstpacket-baseline",
+        "--ignore-not-found",
+    ]);
     let log = tb.state.join(format!("run-{}.log", common::rand_suffix()));
     let port = 20_000 + ((std::process::id() + 29) % 20_000) as u16;
     let addr = format!("127.0.0.1:{port}");
