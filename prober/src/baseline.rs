@@ -39,8 +39,9 @@
 //! (both must be programmed), so a healthy node probed with slow peers has slow probes
 //! too. A node's recent value is therefore its *best peer's* recent median, per role:
 //! its recent samples as source grouped by the target node (itself for `same_node`),
-//! the median of each group, the lowest of those; the same as target; the node's value
-//! is the higher of its two roles' values. A slow node is slow with every peer; a
+//! the median of each group, the lowest of those, against the node's baseline as
+//! source; the same as target against its baseline as target (each role needs half of
+//! `min_samples`); the role that drifts more stands for the node. A slow node is slow with every peer; a
 //! healthy node is fast with at least one healthy peer in each role once it met one.
 //! Per role, because a target's late programming is partly masked (the source starts
 //! only once the target is Ready, docs/design.md §2 step 6): a node slow to program its
@@ -215,8 +216,11 @@ pub struct Snapshot {
     pub saved_at: f64,
     /// Per kind.
     pub kinds: BTreeMap<String, Vec<[f64; 2]>>,
-    /// Per node.
+    /// Per node, its probes as source.
     pub nodes: BTreeMap<String, Vec<[f64; 2]>>,
+    /// Per node, its probes as target.
+    #[serde(default)]
+    pub nodes_as_target: BTreeMap<String, Vec<[f64; 2]>>,
 }
 
 /// A stored TTFP back in seconds, rounded to the microsecond (the f32's last bits are
@@ -354,11 +358,11 @@ impl Baselines {
     pub fn snapshot(&self, now: f64) -> Snapshot {
         let oldest =
             now - self.cfg.recent_window.as_secs_f64() - self.cfg.baseline_window.as_secs_f64();
-        let pick = |s: &Series, cap: usize| -> Vec<[f64; 2]> {
+        let pick = |s: &Series, cap: usize, role: Option<bool>| -> Vec<[f64; 2]> {
             let v: Vec<[f64; 2]> = s
                 .samples
                 .iter()
-                .filter(|x| x.eligible && x.t >= oldest)
+                .filter(|x| x.eligible && x.t >= oldest && role.is_none_or(|r| x.as_source == r))
                 .map(|x| {
                     [
                         (x.t * 10.0).round() / 10.0,
@@ -372,25 +376,27 @@ impl Baselines {
         let mut left = SNAPSHOT_MAX_SAMPLES;
         let mut kinds = BTreeMap::new();
         for (k, s) in &self.kinds {
-            let v = pick(s, left);
+            let v = pick(s, left, None);
             left -= v.len();
             kinds.insert(k.clone(), v);
         }
-        let per_node = if self.nodes.is_empty() {
+        let per_role = if self.nodes.is_empty() {
             0
         } else {
-            left / self.nodes.len()
+            left / (2 * self.nodes.len())
         };
-        let nodes = self
-            .nodes
-            .iter()
-            .map(|(k, s)| (k.clone(), pick(s, per_node)))
-            .collect();
+        let role = |r: bool| -> BTreeMap<String, Vec<[f64; 2]>> {
+            self.nodes
+                .iter()
+                .map(|(k, s)| (k.clone(), pick(s, per_role, Some(r))))
+                .collect()
+        };
         Snapshot {
             version: SNAPSHOT_VERSION,
             saved_at: now,
             kinds,
-            nodes,
+            nodes: role(true),
+            nodes_as_target: role(false),
         }
     }
 
@@ -408,18 +414,18 @@ impl Baselines {
         let oldest =
             now - self.cfg.recent_window.as_secs_f64() - self.cfg.baseline_window.as_secs_f64();
         let mut taken = 0;
-        let mut fill = |series: &mut Series, v: &[[f64; 2]], cap: usize| {
+        let mut fill = |series: &mut Series, v: &[(&[f64; 2], bool)], cap: usize| {
             let first = series.samples.front().map_or(f64::INFINITY, |s| s.t);
             let mut add: Vec<Sample> = v
                 .iter()
-                .filter(|[t, x]| {
+                .filter(|([t, x], _)| {
                     t.is_finite() && x.is_finite() && *x >= 0.0 && *t >= oldest && *t < first
                 })
-                .map(|[t, x]| Sample {
+                .map(|([t, x], as_source)| Sample {
                     t: *t,
                     ttfp: *x as f32,
                     eligible: true,
-                    as_source: true,
+                    as_source: *as_source,
                     peer: None,
                 })
                 .collect();
@@ -432,10 +438,25 @@ impl Baselines {
             }
         };
         for (k, v) in &snap.kinds {
-            fill(self.kinds.entry(k.clone()).or_default(), v, KIND_CAPACITY);
+            let v: Vec<(&[f64; 2], bool)> = v.iter().map(|x| (x, true)).collect();
+            fill(self.kinds.entry(k.clone()).or_default(), &v, KIND_CAPACITY);
         }
-        for (k, v) in &snap.nodes {
-            fill(self.nodes.entry(k.clone()).or_default(), v, NODE_CAPACITY);
+        let names: BTreeSet<&String> = snap
+            .nodes
+            .keys()
+            .chain(snap.nodes_as_target.keys())
+            .collect();
+        for k in names {
+            let mut v: Vec<(&[f64; 2], bool)> = Vec::new();
+            v.extend(snap.nodes.get(k).into_iter().flatten().map(|x| (x, true)));
+            v.extend(
+                snap.nodes_as_target
+                    .get(k)
+                    .into_iter()
+                    .flatten()
+                    .map(|x| (x, false)),
+            );
+            fill(self.nodes.entry(k.clone()).or_default(), &v, NODE_CAPACITY);
         }
         Ok(taken)
     }
@@ -496,6 +517,7 @@ fn recent_value(recent: &[&Sample], by_peer: bool) -> (Option<f64>, Option<Strin
             .or_default()
             .push(us(s.ttfp));
     }
+    // One role here (the caller splits them): the lowest per-peer median.
     best_of(&groups, 0.5).map_or((None, None), |(m, p)| (Some(m), Some(p.to_string())))
 }
 
@@ -515,15 +537,67 @@ fn best_of<'a>(groups: &BTreeMap<(bool, &'a str), Vec<f64>>, q: f64) -> Option<(
 }
 
 fn status(s: &Series, now: f64, cfg: &DriftConfig, by_peer: bool) -> DriftStatus {
+    if !by_peer {
+        return eval(s.samples.iter(), now, cfg, cfg.min_samples, false);
+    }
+    // A node: each role against its own baseline (a target's TTFPs are partly masked,
+    // so the roles' normals differ), the role that drifts more decides.
+    let min = cfg.min_samples.div_ceil(2);
+    let roles: Vec<DriftStatus> = [true, false]
+        .into_iter()
+        .map(|role| {
+            eval(
+                s.samples.iter().filter(|x| x.as_source == role),
+                now,
+                cfg,
+                min,
+                true,
+            )
+        })
+        .collect();
+    let (baseline_samples, recent_samples) = roles.iter().fold((0, 0), |a, r| {
+        (a.0 + r.baseline_samples, a.1 + r.recent_samples)
+    });
+    let mut pick = roles
+        .into_iter()
+        .max_by(|a, b| {
+            (
+                a.active,
+                a.ratio.unwrap_or(f64::NEG_INFINITY),
+                a.baseline.is_some(),
+            )
+                .partial_cmp(&(
+                    b.active,
+                    b.ratio.unwrap_or(f64::NEG_INFINITY),
+                    b.baseline.is_some(),
+                ))
+                .unwrap_or(std::cmp::Ordering::Equal)
+        })
+        .unwrap_or_default();
+    pick.baseline_samples = baseline_samples;
+    pick.recent_samples = recent_samples;
+    pick
+}
+
+/// Baseline and drift of `samples` (one kind, or one role of a node with `by_peer`).
+fn eval<'a>(
+    samples: impl Iterator<Item = &'a Sample>,
+    now: f64,
+    cfg: &DriftConfig,
+    min_samples: usize,
+    by_peer: bool,
+) -> DriftStatus {
     let recent_from = now - cfg.recent_window.as_secs_f64();
     let base_from = recent_from - cfg.baseline_window.as_secs_f64();
-    let base: Vec<f64> = s
-        .samples
-        .iter()
-        .filter(|x| x.eligible && x.t >= base_from && x.t < recent_from)
-        .map(|x| us(x.ttfp))
-        .collect();
-    let recent: Vec<&Sample> = s.samples.iter().filter(|x| x.t >= recent_from).collect();
+    let mut base: Vec<f64> = Vec::new();
+    let mut recent: Vec<&Sample> = Vec::new();
+    for x in samples {
+        if x.t >= recent_from {
+            recent.push(x);
+        } else if x.eligible && x.t >= base_from {
+            base.push(us(x.ttfp));
+        }
+    }
     let baseline = match cfg.static_baseline {
         Some(b) => Some(Quantiles {
             p50: Some(b),
@@ -531,7 +605,7 @@ fn status(s: &Series, now: f64, cfg: &DriftConfig, by_peer: bool) -> DriftStatus
             p95: Some(b),
             n: base.len() as u64,
         }),
-        None if base.len() >= cfg.min_samples.max(1) => Some(Quantiles::of(&base)),
+        None if base.len() >= min_samples.max(1) => Some(Quantiles::of(&base)),
         None => None,
     };
     let (recent_median, best_peer) = recent_value(&recent, by_peer);
@@ -630,8 +704,22 @@ pub struct SavedKind {
     /// Over the kind's `success`/`slow` probes, seconds.
     #[serde(flatten)]
     pub all: Quantiles,
-    /// Per node (probes in either role), seconds.
-    pub nodes: BTreeMap<String, Quantiles>,
+    /// Per node, seconds.
+    pub nodes: BTreeMap<String, SavedNode>,
+}
+
+/// One node in a saved baseline: its probes in either role, and per role (a node is
+/// compared role by role: a target's TTFPs are partly masked, so the roles' normals
+/// differ).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct SavedNode {
+    /// Probes in either role.
+    #[serde(flatten)]
+    pub all: Quantiles,
+    /// Probes with the node as source.
+    pub as_source: Quantiles,
+    /// Probes with the node as target.
+    pub as_target: Quantiles,
 }
 
 /// The settings a saved baseline was measured with (a comparison warns when they
@@ -681,9 +769,22 @@ pub fn save(
         let all: Vec<f64> = passed_ttfps(probes, k).collect();
         let nodes = by_node_and_peer(probes, k)
             .into_iter()
-            .map(|(n, peers)| {
-                let v: Vec<f64> = peers.into_values().flatten().collect();
-                (n.to_string(), Quantiles::of(&v))
+            .map(|(n, groups)| {
+                let role = |r: bool| -> Vec<f64> {
+                    groups
+                        .iter()
+                        .filter(|((role, _), _)| *role == r)
+                        .flat_map(|(_, v)| v.iter().copied())
+                        .collect()
+                };
+                let (src, dst) = (role(true), role(false));
+                let all: Vec<f64> = src.iter().chain(&dst).copied().collect();
+                let node = SavedNode {
+                    all: Quantiles::of(&all),
+                    as_source: Quantiles::of(&src),
+                    as_target: Quantiles::of(&dst),
+                };
+                (n.to_string(), node)
             })
             .collect();
         out.insert(
@@ -786,23 +887,55 @@ pub fn compare(
             few.push(format!("{k} ({})", base.all.n));
         }
         entries.push(e);
-        let best = best_peers(probes, k, q_value(&c.quantile));
-        let mut nodes: BTreeSet<&str> = best.keys().map(String::as_str).collect();
+        let groups = by_node_and_peer(probes, k);
+        let q = q_value(&c.quantile);
+        let mut nodes: BTreeSet<&str> = groups.keys().copied().collect();
         nodes.extend(base.nodes.keys().map(String::as_str));
         for n in nodes {
-            let Some(bq) = base.nodes.get(n) else {
+            let Some(saved_node) = base.nodes.get(n) else {
                 warnings.push(format!(
                     "node {n} ({k}) is not in the baseline: not compared"
                 ));
                 continue;
             };
-            let (now, peer, count) = match best.get(n) {
-                Some((x, p, count)) => (Some(*x), Some(p.as_str()), *count as u64),
-                None => (None, None, 0),
-            };
-            let e = entry(k, Some(n), bq, now, count, peer, c);
-            if e.few_samples {
-                few.push(format!("{k}/{n} ({})", bq.n));
+            // Role by role, each against its own saved quantile; the worse role stands
+            // for the node.
+            let roles = [
+                (true, &saved_node.as_source),
+                (false, &saved_node.as_target),
+            ];
+            let e = roles
+                .into_iter()
+                .map(|(role, bq)| {
+                    let mut one = PeerGroups::new();
+                    for ((r, p), v) in groups.get(n).into_iter().flatten() {
+                        if *r == role {
+                            one.insert((*r, *p), v.clone());
+                        }
+                    }
+                    let count: usize = one.values().map(Vec::len).sum();
+                    let best = best_of(&one, q);
+                    entry(
+                        k,
+                        Some(n),
+                        bq,
+                        best.map(|b| b.0),
+                        count as u64,
+                        best.map(|b| b.1),
+                        c,
+                    )
+                })
+                .max_by(|a, b| {
+                    (a.regressed, a.ratio.unwrap_or(f64::NEG_INFINITY))
+                        .partial_cmp(&(b.regressed, b.ratio.unwrap_or(f64::NEG_INFINITY)))
+                        .unwrap_or(std::cmp::Ordering::Equal)
+                })
+                .expect("two roles");
+            if saved_node.as_source.n < c.min_samples || saved_node.as_target.n < c.min_samples {
+                few.push(format!(
+                    "{k}/{n} ({} as source, {} as target)",
+                    saved_node.as_source.n, saved_node.as_target.n
+                ));
             }
             entries.push(e);
         }
@@ -1035,9 +1168,16 @@ mod tests {
         feed(&mut b, &mut t, 1, 5.0, doubled);
         let k = b.kind("cross_node", t);
         assert!(k.active, "{k:?}");
-        // A node's best peer needs its recent window free of the old normal.
+        // A node's best peer (the lowest of its peers' medians, biased low with one
+        // sample a peer) rises too, but need not pass ×1.5 on a uniform doubling.
         feed(&mut b, &mut t, 1, 5.0, doubled);
-        assert!(b.nodes(t).values().all(|n| n.active));
+        assert!(
+            b.nodes(t)
+                .values()
+                .all(|n| n.ratio.is_some_and(|r| r > 1.2)),
+            "{:?}",
+            b.nodes(t)
+        );
     }
 
     #[test]
@@ -1156,7 +1296,8 @@ mod tests {
     fn gate_comparison_names_the_regressed_kind_and_exactly_the_slow_nodes() {
         let base = save(&ring(healthy), &["cross_node"], settings(), "gate-a", "t");
         assert_eq!(base.kinds["cross_node"].all.n, 12);
-        assert_eq!(base.kinds["cross_node"].nodes["n1"].n, 6);
+        assert_eq!(base.kinds["cross_node"].nodes["n1"].all.n, 6);
+        assert_eq!(base.kinds["cross_node"].nodes["n1"].as_target.n, 3);
         let c = CompareConfig {
             quantile: "p95".into(),
             ratio: 1.5,
