@@ -215,7 +215,8 @@ const GATE_AFTER_HELP: &str = "\
 Exit codes:
   0  pass: every threshold held
   1  fail: conclusive probes breached a threshold (TTFP p95 > --max-ttfp, or more
-     failed probes than --max-failures)
+     failed probes than --max-failures), or a kind or node regressed against
+     --baseline (ratio >= --drift-ratio and difference > --drift-floor)
   2  inconclusive: too many inconclusive probes (> --max-inconclusive), the run was
      interrupted or hit --timeout, or an error (API unreachable/forbidden, < 2 nodes);
      --report is still written (verdict inconclusive, the cause in errors[])
@@ -225,6 +226,8 @@ Examples:
   prober gate --pairs 20 --concurrency 8 --report gate.json
   prober gate --node-selector pool=web --toleration dedicated=web:NoSchedule
   prober gate --seed 42 --dry-run               # print the plan and pod specs only
+  prober gate --pairs 12 --save-baseline before.json          # before an upgrade
+  prober gate --pairs 12 --baseline before.json --junit j.xml # after it
   FIRSTPACKET_MAX_TTFP=2s prober gate           # every flag has an env fallback";
 
 const RUN_LONG_ABOUT: &str = "\
@@ -714,6 +717,32 @@ mod tests {
             .to_string();
         assert!(help.contains("FIRSTPACKET_PROBE_INTERVAL"), "{help}");
         assert!(help.contains("/api/v1/probes"), "{help}");
+    }
+
+    #[test]
+    fn drift_flags_have_their_documented_defaults_and_reject_ratios_up_to_one() {
+        let cli = Cli::try_parse_from(["prober", "run"]).expect("parse");
+        let Command::Run(r) = cli.command else {
+            panic!("not run")
+        };
+        assert_eq!(r.drift.drift_ratio, 1.5);
+        assert_eq!(r.drift.drift_floor, Duration::from_millis(500));
+        assert_eq!(r.drift.baseline_min_samples, 20);
+        assert_eq!(r.baseline_window, Duration::from_secs(24 * 3600));
+        assert_eq!(r.recent_window, Duration::from_secs(600));
+        assert_eq!(r.baseline_save_interval, Duration::from_secs(300));
+        assert_eq!(r.baseline_configmap, "firstpacket-baseline");
+        assert!(r.baseline_ttfp.is_none());
+        let g = gate(&["--baseline-quantile", "p50", "--drift-ratio", "2"]).expect("parse");
+        assert_eq!(
+            (g.baseline_quantile.as_str(), g.drift.drift_ratio),
+            ("p50", 2.0)
+        );
+        assert_eq!(gate(&[]).expect("parse").baseline_quantile, "p95");
+        assert!(gate(&["--drift-ratio", "1"]).is_err());
+        assert!(gate(&["--drift-ratio", "x"]).is_err());
+        assert!(gate(&["--baseline-quantile", "p99"]).is_err());
+        assert!(gate(&["--baseline-min-samples", "0"]).is_err());
     }
 
     #[test]

@@ -18,7 +18,7 @@
 
 mod common;
 
-use common::{curl, wait_ready, Testbed, SERIAL};
+use common::{curl, started_unix, wait_ready, Testbed, SERIAL};
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::process::{Child, Stdio};
@@ -144,12 +144,6 @@ fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
                     .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
         })
         .find_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
-}
-
-fn started_unix(p: &Value) -> f64 {
-    let s = p["timeline"]["started_at"].as_str().expect("started_at");
-    let ts: k8s_openapi::jiff::Timestamp = s.parse().expect("RFC 3339");
-    ts.as_millisecond() as f64 / 1000.0
 }
 
 fn now_unix() -> f64 {
