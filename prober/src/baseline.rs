@@ -79,8 +79,8 @@ pub const KIND_CAPACITY: usize = 4096;
 /// most 8 MiB at 1 000 nodes with every node series full.
 pub const NODE_CAPACITY: usize = 256;
 
-/// Samples the recent window needs before drift is reported: one odd probe never
-/// makes a median of 3 drift.
+/// Samples the recent window needs before drift is reported (a node's probes in both
+/// roles together): one odd probe never makes a median of 3 drift.
 pub const RECENT_MIN_SAMPLES: usize = 3;
 
 /// Samples a snapshot (the persisted baseline) holds at most: at ~14 bytes of JSON a
@@ -538,7 +538,14 @@ fn best_of<'a>(groups: &BTreeMap<(bool, &'a str), Vec<f64>>, q: f64) -> Option<(
 
 fn status(s: &Series, now: f64, cfg: &DriftConfig, by_peer: bool) -> DriftStatus {
     if !by_peer {
-        return eval(s.samples.iter(), now, cfg, cfg.min_samples, false);
+        return eval(
+            s.samples.iter(),
+            now,
+            cfg,
+            cfg.min_samples,
+            RECENT_MIN_SAMPLES,
+            false,
+        );
     }
     // A node: each role against its own baseline (a target's TTFPs are partly masked,
     // so the roles' normals differ), the role that drifts more decides.
@@ -551,6 +558,7 @@ fn status(s: &Series, now: f64, cfg: &DriftConfig, by_peer: bool) -> DriftStatus
                 now,
                 cfg,
                 min,
+                1,
                 true,
             )
         })
@@ -576,6 +584,8 @@ fn status(s: &Series, now: f64, cfg: &DriftConfig, by_peer: bool) -> DriftStatus
         .unwrap_or_default();
     pick.baseline_samples = baseline_samples;
     pick.recent_samples = recent_samples;
+    // The recent minimum counts the node's probes in both roles.
+    pick.active &= recent_samples >= RECENT_MIN_SAMPLES as u64;
     pick
 }
 
@@ -585,6 +595,7 @@ fn eval<'a>(
     now: f64,
     cfg: &DriftConfig,
     min_samples: usize,
+    recent_min: usize,
     by_peer: bool,
 ) -> DriftStatus {
     let recent_from = now - cfg.recent_window.as_secs_f64();
@@ -616,7 +627,7 @@ fn eval<'a>(
     };
     let active = match (ratio, recent_median, base_median) {
         (Some(ratio), Some(r), Some(b)) => {
-            ratio >= cfg.ratio && r - b > cfg.floor && recent.len() >= RECENT_MIN_SAMPLES
+            ratio >= cfg.ratio && r - b > cfg.floor && recent.len() >= recent_min
         }
         _ => false,
     };

@@ -383,6 +383,32 @@ fn run_drift_follows_s5_at_runtime_and_back_without_absorbing_it_and_survives_a_
         "the new leader's baseline ({samples} samples, the old one had {samples_before}) is its own ({own} probes)"
     );
     assert_eq!(standby.stop(), 0);
+
+    // A restart (a new process, no election): it starts from the saved baseline too.
+    let restarted = Run::start(&tb, "restarted", 45, &[]);
+    let got = common::poll_until(
+        Duration::from_secs(15),
+        || {
+            restarted.metric(
+                &tb,
+                "firstpacket_baseline_seconds",
+                &[("kind", "cross_node"), ("quantile", "0.5")],
+            )
+        },
+        |v| v.is_some_and(|v| !v.is_nan()),
+    );
+    let p50 =
+        got.unwrap_or_else(|| panic!("restarted prober has no baseline\n{}", restarted.logs()));
+    assert!(
+        (p50 - after_p50).abs() <= (0.2 * after_p50).max(0.1),
+        "{p50} vs {after_p50}"
+    );
+    assert!(
+        restarted.logs().contains("baseline restored"),
+        "{}",
+        restarted.logs()
+    );
+    assert_eq!(restarted.stop(), 0);
 }
 
 #[test]
