@@ -874,7 +874,7 @@ impl BaselineStore {
         let ok = match r {
             Ok(Ok(())) => true,
             Ok(Err(e)) => {
-                tracing::warn!(configmap = %self.name, error = %crate::error::kube_error_text(&e), "cannot write the baseline ConfigMap (patch/create configmaps); retried at the next save");
+                tracing::warn!(configmap = %self.name, error = %crate::error::kube_error_text(&e), "cannot write the baseline ConfigMap (the error names the refused verb); retried at the next save");
                 false
             }
             Err(_) => {
