@@ -180,6 +180,17 @@ fn learned_p50(tb: &Testbed, run: &Run, within: Duration) -> f64 {
         .unwrap_or_else(|| panic!("no baseline learned within {within:?}\n{}", run.logs()))
 }
 
+/// Asserts `run` shows (within `within`) a baseline p50 within max(20 %, 100 ms) of
+/// `want` that it restored from the ConfigMap (its log says so).
+fn starts_from_saved(tb: &Testbed, run: &Run, want: f64, within: Duration) {
+    let p50 = learned_p50(tb, run, within);
+    assert!(
+        (p50 - want).abs() <= (0.2 * want).max(0.1),
+        "{p50} vs {want}"
+    );
+    assert!(run.logs().contains("baseline restored"), "{}", run.logs());
+}
+
 /// Records of `node` started after `from`, oldest first, with TTFP.
 fn after(probes: &[Value], node: &str, from: f64) -> Vec<Value> {
     let mut v: Vec<Value> = probes
@@ -349,27 +360,7 @@ fn run_drift_follows_s5_at_runtime_and_back_without_absorbing_it_and_survives_a_
         )
         .expect("samples");
     assert_eq!(leader.stop(), 0);
-    let got = common::poll_until(
-        Duration::from_secs(30),
-        || {
-            standby.metric(
-                &tb,
-                "firstpacket_baseline_seconds",
-                &[("kind", "cross_node"), ("quantile", "0.5")],
-            )
-        },
-        |v| v.is_some_and(|v| !v.is_nan()),
-    );
-    let p50 = got.unwrap_or_else(|| panic!("new leader has no baseline\n{}", standby.logs()));
-    assert!(
-        (p50 - after_p50).abs() <= (0.2 * after_p50).max(0.1),
-        "{p50} vs {after_p50}"
-    );
-    assert!(
-        standby.logs().contains("baseline restored"),
-        "{}",
-        standby.logs()
-    );
+    starts_from_saved(&tb, &standby, after_p50, Duration::from_secs(30));
     let own = standby.probes(&tb).len() as f64;
     let samples = standby
         .metric(
@@ -386,28 +377,7 @@ fn run_drift_follows_s5_at_runtime_and_back_without_absorbing_it_and_survives_a_
 
     // A restart (a new process, no election): it starts from the saved baseline too.
     let restarted = Run::start(&tb, "restarted", 45, &[]);
-    let got = common::poll_until(
-        Duration::from_secs(15),
-        || {
-            restarted.metric(
-                &tb,
-                "firstpacket_baseline_seconds",
-                &[("kind", "cross_node"), ("quantile", "0.5")],
-            )
-        },
-        |v| v.is_some_and(|v| !v.is_nan()),
-    );
-    let p50 =
-        got.unwrap_or_else(|| panic!("restarted prober has no baseline\n{}", restarted.logs()));
-    assert!(
-        (p50 - after_p50).abs() <= (0.2 * after_p50).max(0.1),
-        "{p50} vs {after_p50}"
-    );
-    assert!(
-        restarted.logs().contains("baseline restored"),
-        "{}",
-        restarted.logs()
-    );
+    starts_from_saved(&tb, &restarted, after_p50, Duration::from_secs(15));
     assert_eq!(restarted.stop(), 0);
 }
 
