@@ -55,7 +55,7 @@ use kube::runtime::WatchStreamExt;
 use kube::Api;
 use rand::RngExt;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
@@ -74,6 +74,10 @@ pub const SHUTDOWN_CLEANUP: Duration = Duration::from_secs(5);
 
 /// How often leftovers of this instance (objects no probe in flight owns) are deleted.
 pub const JANITOR_INTERVAL: Duration = Duration::from_secs(30);
+
+/// How long the baseline write at shutdown may wait for the API (within the 25 s a
+/// SIGTERM allows, after [`SHUTDOWN_GRACE`] and [`SHUTDOWN_CLEANUP`]).
+pub const BASELINE_SHUTDOWN_SAVE: Duration = Duration::from_secs(3);
 
 /// How often the agent index is compared for changed agent pods.
 pub const AGENT_POLL: Duration = Duration::from_secs(1);
@@ -498,14 +502,15 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
     let concurrency = p.concurrency as usize;
     let cm_api: Api<k8s_openapi::api::core::v1::ConfigMap> =
         Api::namespaced(conn.client.clone(), &p.namespace);
-    let store = BaselineStore {
+    let store = Arc::new(BaselineStore {
         api: cm_api,
         name: args.baseline_configmap.clone(),
         instance: instance.clone(),
         admin: admin.clone(),
         cfg: drift_cfg,
         saved: AtomicU64::new(0),
-    };
+        saving: AtomicBool::new(false),
+    });
     if term.is_some() {
         store.load().await;
     }
@@ -556,8 +561,10 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
                 }
             }
             _ = baseline_tick.tick() => {
+                // In the background: a slow API must not hold up the loop.
                 if term.is_some() {
-                    store.save_if_learned().await;
+                    let store = store.clone();
+                    tokio::spawn(async move { store.save_if_learned(crate::probe::API_CALL_TIMEOUT).await });
                 }
             }
             Some(st) = leadership_changed(&mut leader_rx) => {
@@ -565,7 +572,10 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
                 if st.leading && term.as_ref().map(|t| t.0) != Some(st.terms) {
                     // A new term starts from the latest persisted baseline (the
                     // previous leader's, or ours from before).
-                    store.load().await;
+                    {
+                        let store = store.clone();
+                        tokio::spawn(async move { store.load().await });
+                    }
                     term = Some((st.terms, spawn_term(st.terms, cancel_rx.clone(), leader_rx.clone(), admin.clone())));
                     start_now = set.len() < concurrency;
                     next_probe = tokio::time::Instant::now()
@@ -760,7 +770,7 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
     // The learned baseline, for the next incarnation or leader (only a replica that led
     // has learned anything worth keeping).
     if term.is_some() {
-        store.save_if_learned().await;
+        store.save_if_learned(BASELINE_SHUTDOWN_SAVE).await;
     }
     // The probes ended and their pods are gone: hand the leadership over at once.
     if let Some(h) = leader {
@@ -815,6 +825,8 @@ struct BaselineStore {
     cfg: crate::baseline::DriftConfig,
     /// `Baselines::added` at the last write.
     saved: AtomicU64,
+    /// A write is under way (the next tick skips rather than overlap it).
+    saving: AtomicBool,
 }
 
 impl BaselineStore {
@@ -852,8 +864,17 @@ impl BaselineStore {
         }
     }
 
-    /// Writes the baseline when samples were added since the last write.
-    async fn save_if_learned(&self) {
+    /// Writes the baseline when samples were added since the last write, waiting at
+    /// most `within` for the API; skipped while another write is under way.
+    async fn save_if_learned(&self, within: Duration) {
+        if self.saving.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.write(within).await;
+        self.saving.store(false, Ordering::Release);
+    }
+
+    async fn write(&self, within: Duration) {
         let snap = {
             let b = lock(&self.admin.baselines);
             match b.as_ref() {
@@ -867,7 +888,7 @@ impl BaselineStore {
             return;
         };
         let r = tokio::time::timeout(
-            crate::probe::API_CALL_TIMEOUT,
+            within,
             crate::baseline_store::save(&self.api, &self.name, &self.instance, &snap),
         )
         .await;
