@@ -70,6 +70,10 @@ pub struct RunInfo {
     /// Leader election (`enabled` false without `--leader-elect`): whether this replica
     /// leads, and who holds the Lease ([`crate::leader::Leadership`]).
     pub leadership: crate::leader::Leadership,
+    /// Baseline and drift per kind ([`crate::baseline`]), as the gauges show them.
+    pub drift: BTreeMap<String, crate::baseline::DriftStatus>,
+    /// Baseline and drift per node.
+    pub node_drift: BTreeMap<String, crate::baseline::DriftStatus>,
 }
 
 /// Everything the admin server reads.
@@ -82,6 +86,9 @@ pub struct AdminState {
     pub ready: AtomicBool,
     /// Run facts for the page.
     pub info: Mutex<RunInfo>,
+    /// The learned baseline (`prober run`; `None` in tests that do not need it). Lock
+    /// order: `recent`, then this.
+    pub baselines: Mutex<Option<crate::baseline::Baselines>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -96,13 +103,39 @@ impl AdminState {
             recent: Mutex::new(Recent::default()),
             ready: AtomicBool::new(false),
             info: Mutex::new(info),
+            baselines: Mutex::new(None),
         }
+    }
+
+    /// Brings the baseline and drift gauges and the page's drift facts up to `now`
+    /// (Unix seconds): the windows slide with time, not only with probes.
+    pub fn sync_drift(&self, now_unix: f64) {
+        let _r = lock(&self.recent);
+        self.sync_drift_locked(now_unix);
+    }
+
+    fn sync_drift_locked(&self, now_unix: f64) {
+        let (kinds, nodes) = match lock(&self.baselines).as_ref() {
+            Some(b) => (b.kinds(now_unix), b.nodes(now_unix)),
+            None => return,
+        };
+        self.metrics.set_drift(&kinds, &nodes);
+        let mut info = lock(&self.info);
+        info.drift = kinds;
+        info.node_drift = nodes;
     }
 
     /// Records a finished probe: metrics and the ring under one lock (module docs).
     /// Returns the new running total.
-    pub fn record(&self, rec: ProbeRecord, now_unix: f64) -> u64 {
+    pub fn record(&self, mut rec: ProbeRecord, now_unix: f64) -> u64 {
         let mut r = lock(&self.recent);
+        let mark = lock(&self.baselines)
+            .as_mut()
+            .map(|b| b.observe(&rec, now_unix));
+        if mark.is_some() {
+            rec.drift = mark;
+            self.sync_drift_locked(now_unix);
+        }
         self.metrics.observe(&rec, now_unix);
         r.total += 1;
         r.records.push_back(rec);
@@ -223,10 +256,54 @@ fn secs(v: Option<f64>) -> String {
     v.map_or("–".into(), |v| format!("{v:.3}s"))
 }
 
+/// The baseline and drift per kind, and the drifting nodes (table `#drift`).
+fn drift_table(info: &RunInfo) -> String {
+    if info.drift.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from("<table id=\"drift\"><tr><th>kind</th><th>baseline p50 / p95</th><th>baseline samples</th><th>recent median</th><th>ratio</th><th>drift</th></tr>");
+    for (k, st) in &info.drift {
+        let _ = write!(
+            out,
+            "<tr data-kind=\"{}\"><td>{}</td><td>{} / {}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"drift-active\">{}</td></tr>",
+            esc(k),
+            esc(k),
+            secs(st.baseline.and_then(|b| b.p50)),
+            secs(st.baseline.and_then(|b| b.p95)),
+            st.baseline_samples,
+            secs(st.recent_median),
+            st.ratio.map_or("–".into(), |r| format!("{r:.2}")),
+            if st.active { "DRIFT" } else { "no" }
+        );
+    }
+    out.push_str("</table>");
+    let drifting: Vec<String> = info
+        .node_drift
+        .iter()
+        .filter(|(_, st)| st.active)
+        .map(|(n, st)| format!("{} (×{:.1})", esc(n), st.ratio.unwrap_or(f64::NAN)))
+        .collect();
+    if !drifting.is_empty() {
+        let _ = write!(
+            out,
+            "<p id=\"drifting-nodes\">drifting nodes: {}</p>",
+            drifting.join(", ")
+        );
+    }
+    out
+}
+
 /// The TTFP-over-time chart: one dot per record (x = finish time, y = TTFP, colour =
 /// result; records without a TTFP on the top edge as crosses), the slow threshold as a
-/// dashed line. Inline SVG, 720 × 220.
-pub fn ttfp_svg(records: &[ProbeRecord], finished: &[f64], slow: f64) -> String {
+/// dashed line, and behind the dots each kind's baseline band (`bands`: from its
+/// baseline p50 to its p95, with the p50 as a line; kinds without a baseline yet have
+/// none). Inline SVG, 720 × 220.
+pub fn ttfp_svg(
+    records: &[ProbeRecord],
+    finished: &[f64],
+    slow: f64,
+    bands: &BTreeMap<String, crate::baseline::DriftStatus>,
+) -> String {
     let (w, h, pad) = (720.0f64, 220.0f64, 36.0f64);
     let mut out = format!(
         "<svg width=\"{w}\" height=\"{h}\" viewBox=\"0 0 {w} {h}\" role=\"img\" aria-label=\"TTFP over time\">"
@@ -251,6 +328,21 @@ pub fn ttfp_svg(records: &[ProbeRecord], finished: &[f64], slow: f64) -> String 
         .max(0.1);
     let x = |t: f64| pad + (t - t0) / span * (w - 2.0 * pad);
     let y = |v: f64| h - pad - (v / ymax).min(1.0) * (h - 2.0 * pad);
+    // Baseline bands first, so the dots are drawn over them.
+    for (kind, st) in bands {
+        let Some((p50, p95)) = st.baseline.and_then(|b| Some((b.p50?, b.p95?))) else {
+            continue;
+        };
+        let (top, bottom) = (y(p95), y(p50));
+        let _ = write!(
+            out,
+            "<rect class=\"baseline-band\" data-kind=\"{k}\" x=\"{pad}\" y=\"{top:.1}\" width=\"{bw:.1}\" height=\"{bh:.1}\" fill=\"#90caf9\" fill-opacity=\"0.3\"><title>{k} baseline p50 {p50:.3}s – p95 {p95:.3}s</title></rect><line class=\"baseline-p50\" data-kind=\"{k}\" x1=\"{pad}\" y1=\"{bottom:.1}\" x2=\"{x2}\" y2=\"{bottom:.1}\" stroke=\"#1e88e5\" stroke-width=\"1\"/>",
+            k = esc(kind),
+            bw = w - 2.0 * pad,
+            bh = (bottom - top).max(1.0),
+            x2 = w - pad,
+        );
+    }
     // Axes and labels.
     let _ = write!(
         out,
@@ -370,7 +462,13 @@ pub fn render_status(
         let _ = write!(out, "<p>skipped: {}</p>", s.join("; "));
     }
     out.push_str("<h2>TTFP over time</h2>");
-    out.push_str(&ttfp_svg(records, finished, info.slow_threshold_seconds));
+    out.push_str(&ttfp_svg(
+        records,
+        finished,
+        info.slow_threshold_seconds,
+        &info.drift,
+    ));
+    out.push_str(&drift_table(info));
     let _ = write!(
         out,
         "<h2>Node pairs (latest result, source ↓ target →)</h2><table id=\"matrix\"><tr><th>source \\ target</th>"
@@ -542,6 +640,81 @@ mod tests {
         assert!(!text.contains("fp-x-"));
         s.metrics.node_removed("a");
         assert!(!s.metrics.render().contains("node=\"a\""));
+    }
+
+    fn drift_cfg() -> crate::baseline::DriftConfig {
+        crate::baseline::DriftConfig {
+            baseline_window: std::time::Duration::from_secs(3600),
+            recent_window: std::time::Duration::from_secs(10),
+            min_samples: 3,
+            ratio: 1.5,
+            floor: 0.5,
+            dial_interval: 0.1,
+            static_baseline: None,
+        }
+    }
+
+    #[test]
+    fn drift_series_exist_from_the_start_follow_the_records_and_stay_off_a_standby() {
+        let s = AdminState::new(Metrics::new(&[ProbeKind::CrossNode]), RunInfo::default());
+        s.metrics.node_added("a");
+        let text = s.metrics.render();
+        for want in [
+            "firstpacket_baseline_seconds{kind=\"cross_node\",quantile=\"0.95\"} NaN",
+            "firstpacket_drift_ratio{kind=\"cross_node\"} NaN",
+            "firstpacket_recent_median_seconds{kind=\"cross_node\"} NaN",
+            "firstpacket_drift_active{kind=\"cross_node\"} 0",
+            "firstpacket_baseline_samples{kind=\"cross_node\"} 0",
+            "firstpacket_node_drift_ratio{node=\"a\"} NaN",
+            "firstpacket_node_drift_active{node=\"a\"} 0",
+        ] {
+            assert!(text.contains(want), "{want} missing:\n{text}");
+        }
+        *lock(&s.baselines) = Some(crate::baseline::Baselines::new(drift_cfg()));
+        // Learn 0.3 s, then 2 s: drift, counted in the record and the gauges.
+        for i in 0..6 {
+            let r = s.record(rec(i, "a", "b", Some(0.3), ProbeResult::Success), i as f64);
+            assert!(r > 0);
+        }
+        for i in 6..10 {
+            s.record(
+                rec(i, "a", "b", Some(2.0), ProbeResult::Success),
+                100.0 + i as f64,
+            );
+        }
+        let page = s.probes_page();
+        let last = page.probes.last().expect("record");
+        let mark = last.drift.as_ref().expect("drift mark");
+        assert!(mark.counted && mark.kind, "{mark:?}");
+        let text = s.metrics.render();
+        assert!(
+            text.contains("firstpacket_drift_active{kind=\"cross_node\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("firstpacket_baseline_seconds{kind=\"cross_node\",quantile=\"0.5\"} 0.3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("firstpacket_node_drift_active{node=\"a\"} 1"),
+            "{text}"
+        );
+        // Node b never added (not known): no series brought back by a probe.
+        assert!(
+            !text.contains("firstpacket_node_drift_ratio{node=\"b\"}"),
+            "{text}"
+        );
+        let html = render_status(&page.probes, &[1.0; 10], 10, &page.info);
+        assert!(
+            html.contains("class=\"baseline-band\" data-kind=\"cross_node\""),
+            "{html}"
+        );
+        assert!(html.contains("id=\"drift\"") && html.contains("DRIFT"));
+        assert!(html.contains("id=\"drifting-nodes\""));
+        s.metrics.node_removed("a");
+        assert!(!s.metrics.render().contains("node=\"a\""));
+        s.metrics.leader.set(0);
+        assert!(!s.metrics.render().contains("drift"));
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! Inputs ([`BoundInputs`]): `nodes` N — the nodes the prober currently knows (its node
 //! watch, pruned as nodes leave); `concurrency` C (`--concurrency`); `burst_size` F
 //! (`--burst-size`, the filler pods of a `burst` probe); `profiles` P (node-agent
-//! profiles enabled). The bounds:
+//! profiles enabled); `kinds` K (`--kinds`). The bounds:
 //!
 //! | structure | bound | why |
 //! |---|---|---|
@@ -25,6 +25,7 @@
 //! | `agent_via_proxy` | N·P | the (node, profile) pairs that fell back to the pod proxy |
 //! | `pending_blames` | 64 | [`crate::events::PENDING_CAPACITY`] |
 //! | `api_outages` | 100 | [`crate::apihealth::MAX_OUTAGES`] |
+//! | `baseline_samples` | K·4096 + N·256 | TTFP samples of the learned baseline ([`crate::baseline`]): [`crate::baseline::KIND_CAPACITY`] per kind, [`crate::baseline::NODE_CAPACITY`] per node (a node's series goes when it leaves); 32 bytes each: ≤ 8.1 MiB at 1 000 nodes with every series full |
 
 /// What the bounds depend on (module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +38,8 @@ pub struct BoundInputs {
     pub burst_size: usize,
     /// Enabled node-agent profiles (P).
     pub profiles: usize,
+    /// Probe kinds (K, `--kinds`).
+    pub kinds: usize,
 }
 
 /// Signals a node can carry at once (`target_server::report::Signal`'s variants).
@@ -59,6 +62,9 @@ pub fn bound(structure: &str, i: BoundInputs) -> Option<usize> {
         "agent_via_proxy" => n * p,
         "pending_blames" => crate::events::PENDING_CAPACITY,
         "api_outages" => crate::apihealth::MAX_OUTAGES,
+        "baseline_samples" => {
+            i.kinds * crate::baseline::KIND_CAPACITY + n * crate::baseline::NODE_CAPACITY
+        }
         _ => return None,
     })
 }
@@ -74,9 +80,11 @@ mod tests {
             concurrency: 2,
             burst_size: 3,
             profiles: 3,
+            kinds: 2,
         };
         assert_eq!(bound("tracked_pods", i), Some(2 * 2 * 5 + 10));
         assert_eq!(bound("agent_history_rings", i), Some(30));
+        assert_eq!(bound("baseline_samples", i), Some(2 * 4096 + 10 * 256));
         assert_eq!(bound("no_such_structure", i), None);
         assert_eq!(
             SIGNALS,

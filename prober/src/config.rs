@@ -215,7 +215,8 @@ const GATE_AFTER_HELP: &str = "\
 Exit codes:
   0  pass: every threshold held
   1  fail: conclusive probes breached a threshold (TTFP p95 > --max-ttfp, or more
-     failed probes than --max-failures)
+     failed probes than --max-failures), or a kind or node regressed against
+     --baseline (ratio >= --drift-ratio and difference > --drift-floor)
   2  inconclusive: too many inconclusive probes (> --max-inconclusive), the run was
      interrupted or hit --timeout, or an error (API unreachable/forbidden, < 2 nodes);
      --report is still written (verdict inconclusive, the cause in errors[])
@@ -225,6 +226,8 @@ Examples:
   prober gate --pairs 20 --concurrency 8 --report gate.json
   prober gate --node-selector pool=web --toleration dedicated=web:NoSchedule
   prober gate --seed 42 --dry-run               # print the plan and pod specs only
+  prober gate --pairs 12 --save-baseline before.json          # before an upgrade
+  prober gate --pairs 12 --baseline before.json --junit j.xml # after it
   FIRSTPACKET_MAX_TTFP=2s prober gate           # every flag has an env fallback";
 
 const RUN_LONG_ABOUT: &str = "\
@@ -440,17 +443,31 @@ pub struct GateArgs {
     #[arg(long, env = "FIRSTPACKET_REPORT")]
     pub report: Option<PathBuf>,
 
-    /// Write a JUnit XML file (not implemented yet).
+    /// Write a JUnit XML file: one testsuite, a testcase per kind, per node and one
+    /// for the baseline comparison; failures carry the suspects and numbers.
     #[arg(long, env = "FIRSTPACKET_JUNIT")]
     pub junit: Option<PathBuf>,
 
-    /// Store p50/p90/p95 and n per kind here (not implemented yet).
+    /// Store this run's TTFP p50/p90/p95 and sample count per kind and per node (and
+    /// the thresholds used) here, as JSON, for a later `--baseline`.
     #[arg(long, env = "FIRSTPACKET_SAVE_BASELINE")]
     pub save_baseline: Option<PathBuf>,
 
-    /// Compare against a saved baseline (not implemented yet).
+    /// Compare with a baseline saved by `--save-baseline` (like for like: the kinds both
+    /// have, the same --baseline-quantile on both sides, per kind and per node): a
+    /// regression (ratio ≥ --drift-ratio and difference > --drift-floor) fails the gate.
     #[arg(long, env = "FIRSTPACKET_BASELINE")]
     pub baseline: Option<PathBuf>,
+
+    /// The quantile `--baseline` compares: p50, p90 or p95 (the quantile --max-ttfp
+    /// judges).
+    #[arg(long, env = "FIRSTPACKET_BASELINE_QUANTILE", default_value = "p95",
+          value_parser = ["p50", "p90", "p95"])]
+    pub baseline_quantile: String,
+
+    /// Drift thresholds (the comparison with --baseline).
+    #[command(flatten)]
+    pub drift: DriftArgs,
 
     /// Print the planned pairs and pod specs, write nothing, exit 0.
     #[arg(long, env = "FIRSTPACKET_DRY_RUN")]
@@ -500,6 +517,73 @@ pub struct RunArgs {
     /// Admin HTTP server address (/metrics, /livez, /readyz, /api/v1/probes, /).
     #[arg(long, env = "FIRSTPACKET_ADMIN_ADDR", default_value = "0.0.0.0:9090")]
     pub admin_addr: String,
+
+    /// Drift thresholds.
+    #[command(flatten)]
+    pub drift: DriftArgs,
+
+    /// How far back the learned baseline reaches, before the recent window. 24h: a
+    /// day of probes (≈ 2 880 at the default interval) spans the cluster's daily load
+    /// cycle, and a slow creep still shows against yesterday.
+    #[arg(long, env = "FIRSTPACKET_BASELINE_WINDOW", default_value = "24h", value_parser = parse_duration)]
+    pub baseline_window: Duration,
+
+    /// The recent window whose median is compared with the baseline (excluded from the
+    /// baseline). 10m: ≈ 20 probes at the default 30 s interval, enough for a median
+    /// one odd probe cannot move, short enough that a shift shows within minutes.
+    #[arg(long, env = "FIRSTPACKET_RECENT_WINDOW", default_value = "10m", value_parser = parse_duration)]
+    pub recent_window: Duration,
+
+    /// A static baseline TTFP instead of the learned one (drift is reported from the
+    /// first probes; quantile gauges all show it).
+    #[arg(long, env = "FIRSTPACKET_BASELINE_TTFP", value_parser = parse_duration)]
+    pub baseline_ttfp: Option<Duration>,
+
+    /// ConfigMap in --namespace that keeps the learned baseline across restarts and
+    /// leader changes (read at each leadership term's start, written by the leader).
+    #[arg(long, env = "FIRSTPACKET_BASELINE_CONFIGMAP", default_value = "firstpacket-baseline", value_parser = parse_dns_subdomain)]
+    pub baseline_configmap: String,
+
+    /// How often the leader writes the baseline ConfigMap when it learned something
+    /// (plus once at shutdown). 5m: at most 12 writes an hour; a restart loses at most
+    /// this much learning.
+    #[arg(long, env = "FIRSTPACKET_BASELINE_SAVE_INTERVAL", default_value = "5m", value_parser = parse_duration)]
+    pub baseline_save_interval: Duration,
+}
+
+/// Drift thresholds, shared by `prober run` (the learned baseline) and `prober gate`
+/// (the comparison with `--baseline`).
+#[derive(Debug, Clone, Args)]
+pub struct DriftArgs {
+    /// Drift when recent median / max(baseline median, --dial-interval) reaches this
+    /// (and --drift-floor holds). 1.5: healthy medians of 20 probes move well under
+    /// ±30 % between windows, while the shifts worth a look (an agent upgrade adding
+    /// 1–3 s) are ×2 and more.
+    #[arg(long, env = "FIRSTPACKET_DRIFT_RATIO", default_value_t = 1.5,
+          value_parser = parse_ratio)]
+    pub drift_ratio: f64,
+
+    /// …and recent median − baseline median exceeds this. 500ms: on a healthy cluster
+    /// (medians near 0 s on the testbed, 0.2–0.6 s on fast real ones) the ratio alone
+    /// fires on noise; half a second is what an application starting at Ready notices.
+    #[arg(long, env = "FIRSTPACKET_DRIFT_FLOOR", default_value = "500ms", value_parser = parse_duration)]
+    pub drift_floor: Duration,
+
+    /// Baseline samples needed before drift is reported (run), or below which a saved
+    /// baseline is compared with a warning (gate). 20: the median of 20 samples is
+    /// within the 30th–70th percentile with 95 % confidence.
+    #[arg(long, env = "FIRSTPACKET_BASELINE_MIN_SAMPLES", default_value_t = 20,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub baseline_min_samples: u64,
+}
+
+/// Parses a ratio > 1 (`1.5`). Errors: not a number, or ≤ 1 (every median would drift).
+pub fn parse_ratio(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|e| format!("'{s}': {e}"))?;
+    if !v.is_finite() || v <= 1.0 {
+        return Err(format!("'{s}': must be a number above 1"));
+    }
+    Ok(v)
 }
 
 /// Default `--hold` for the gate (docs/design.md §2 step 7).
@@ -633,6 +717,32 @@ mod tests {
             .to_string();
         assert!(help.contains("FIRSTPACKET_PROBE_INTERVAL"), "{help}");
         assert!(help.contains("/api/v1/probes"), "{help}");
+    }
+
+    #[test]
+    fn drift_flags_have_their_documented_defaults_and_reject_ratios_up_to_one() {
+        let cli = Cli::try_parse_from(["prober", "run"]).expect("parse");
+        let Command::Run(r) = cli.command else {
+            panic!("not run")
+        };
+        assert_eq!(r.drift.drift_ratio, 1.5);
+        assert_eq!(r.drift.drift_floor, Duration::from_millis(500));
+        assert_eq!(r.drift.baseline_min_samples, 20);
+        assert_eq!(r.baseline_window, Duration::from_secs(24 * 3600));
+        assert_eq!(r.recent_window, Duration::from_secs(600));
+        assert_eq!(r.baseline_save_interval, Duration::from_secs(300));
+        assert_eq!(r.baseline_configmap, "firstpacket-baseline");
+        assert!(r.baseline_ttfp.is_none());
+        let g = gate(&["--baseline-quantile", "p50", "--drift-ratio", "2"]).expect("parse");
+        assert_eq!(
+            (g.baseline_quantile.as_str(), g.drift.drift_ratio),
+            ("p50", 2.0)
+        );
+        assert_eq!(gate(&[]).expect("parse").baseline_quantile, "p95");
+        assert!(gate(&["--drift-ratio", "1"]).is_err());
+        assert!(gate(&["--drift-ratio", "x"]).is_err());
+        assert!(gate(&["--baseline-quantile", "p99"]).is_err());
+        assert!(gate(&["--baseline-min-samples", "0"]).is_err());
     }
 
     #[test]

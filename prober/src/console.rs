@@ -268,6 +268,15 @@ impl Console {
             eprintln!("report written to {}", path.display());
         }
     }
+
+    /// A file other than the report was written (`what`: `JUnit XML`, `baseline`).
+    pub fn file_written(&self, what: &str, path: &std::path::Path) {
+        if self.json() {
+            tracing::info!(target: "prober::console", path = %path.display(), what, "file written");
+        } else {
+            eprintln!("{what} written to {}", path.display());
+        }
+    }
 }
 
 #[cfg(test)]
@@ -324,6 +333,7 @@ mod tests {
             recreate: None,
             burst: None,
             service: None,
+            drift: None,
         }
     }
 

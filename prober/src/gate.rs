@@ -634,7 +634,61 @@ pub fn build_report(
         skipped_nodes: inputs.skipped_nodes,
         agents: None,
         api_outages: Vec::new(),
+        baseline: None,
     }
+}
+
+/// Puts the comparison with `--baseline` into `report`: a regression makes the verdict
+/// `fail` (exit 1, which takes precedence over inconclusive), with one
+/// `verdict_reasons` line per regressed kind or node naming its numbers; a comparison
+/// without regression leaves the verdict as it was.
+pub fn apply_baseline(report: &mut GateReport, cmp: target_server::report::BaselineComparison) {
+    if cmp.regressed {
+        let lines: Vec<String> = crate::baseline::regression_lines(&cmp)
+            .into_iter()
+            .map(|l| format!("baseline regression: {l}"))
+            .collect();
+        if report.verdict != Verdict::Fail {
+            report.verdict = Verdict::Fail;
+            report.exit_code = 1;
+        }
+        let mut reasons = lines;
+        reasons.append(&mut report.verdict_reasons);
+        report.verdict_reasons = reasons;
+    }
+    report.baseline = Some(cmp);
+}
+
+/// The text section of the baseline comparison (empty without one): the compared
+/// quantile and thresholds, one line per kind and node, the warnings.
+pub fn render_baseline_text(report: &GateReport) -> String {
+    let Some(c) = &report.baseline else {
+        return String::new();
+    };
+    let mut out = format!(
+        "\nbaseline comparison ({} vs the baseline saved {}; regression: ratio >= {} and +{:.3}s):\n",
+        c.quantile, c.saved_at, c.ratio, c.floor_seconds
+    );
+    let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}s"));
+    for e in &c.entries {
+        let what = match &e.node {
+            Some(n) => format!("  {} {n}", e.kind),
+            None => format!("{} (all nodes)", e.kind),
+        };
+        out.push_str(&format!(
+            "  {what:<28} now {:>9} (n={:<3}) baseline {:>9} (n={:<3}) ratio {:>6}  {}\n",
+            f(e.current_seconds),
+            e.current_samples,
+            f(e.baseline_seconds),
+            e.baseline_samples,
+            e.ratio.map_or("-".into(), |r| format!("{r:.2}")),
+            if e.regressed { "REGRESSED" } else { "ok" }
+        ));
+    }
+    for w in &c.warnings {
+        out.push_str(&format!("warning: {w}\n"));
+    }
+    out
 }
 
 /// What a gate run knows about its node-agent scrapes at the end, gathered from the
@@ -1263,6 +1317,7 @@ mod tests {
             recreate: None,
             burst: None,
             service: None,
+            drift: None,
         }
     }
 

@@ -238,16 +238,64 @@ fn check_settings(args: &GateArgs) -> Result<(), Error> {
     if p.give_up.is_zero() {
         return bad("--give-up", "must be more than 0s".into());
     }
-    if let Some(report) = &args.report {
-        let dir = report.parent().filter(|d| !d.as_os_str().is_empty());
+    for (flag, file) in [
+        ("--report", &args.report),
+        ("--junit", &args.junit),
+        ("--save-baseline", &args.save_baseline),
+    ] {
+        let Some(file) = file else { continue };
+        let dir = file.parent().filter(|d| !d.as_os_str().is_empty());
         if dir.is_some_and(|d| !d.is_dir()) {
             return bad(
-                "--report",
-                format!("directory of {} does not exist", report.display()),
+                flag,
+                format!("directory of {} does not exist", file.display()),
             );
         }
     }
     Ok(())
+}
+
+/// Reads a `--baseline` file ([`crate::baseline::SavedBaseline`]). Errors:
+/// [`Error::Config`] naming `--baseline`, the file and what is wrong (unreadable, not
+/// JSON of that shape, another version).
+pub fn load_saved_baseline(
+    path: &std::path::Path,
+) -> Result<crate::baseline::SavedBaseline, Error> {
+    let bad = |message: String| Error::Config {
+        flag: "--baseline",
+        message: format!("{}: {message}", path.display()),
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    let b: crate::baseline::SavedBaseline =
+        serde_json::from_str(&text).map_err(|e| bad(format!("not a saved baseline: {e}")))?;
+    if b.version != crate::baseline::SAVED_BASELINE_VERSION {
+        return Err(bad(format!(
+            "baseline version {} (this prober reads {})",
+            b.version,
+            crate::baseline::SAVED_BASELINE_VERSION
+        )));
+    }
+    Ok(b)
+}
+
+/// The settings a saved baseline records (and a comparison checks).
+pub fn saved_settings(args: &GateArgs) -> crate::baseline::SavedSettings {
+    crate::baseline::SavedSettings {
+        dial_interval_seconds: args.probe.dial_interval.as_secs_f64(),
+        slow_threshold_seconds: args.probe.slow_threshold.as_secs_f64(),
+        max_ttfp_seconds: args.max_ttfp.as_secs_f64(),
+        drift_ratio: args.drift.drift_ratio,
+        drift_floor_seconds: args.drift.drift_floor.as_secs_f64(),
+        baseline_min_samples: args.drift.baseline_min_samples,
+    }
+}
+
+/// Writes `text` to `path` (`flag` names it in the error).
+fn write_file(flag: &'static str, path: &std::path::Path, text: &str) -> Result<(), Error> {
+    std::fs::write(path, text).map_err(|e| Error::Output {
+        path: format!("{} ({flag})", path.display()),
+        source: e,
+    })
 }
 
 /// Settings that are valid but defeat themselves, as (flag, why): a `--timeout` shorter
@@ -515,6 +563,12 @@ pub async fn run_gate(args: GateArgs) -> Result<i32, Error> {
                         Ok(()) => console.report_written(path),
                         Err(w) => console.error(Some(w.reason()), &w.to_string()),
                     }
+                    if let Some(junit) = &args.junit {
+                        match write_file("--junit", junit, &crate::junit::render(&report)) {
+                            Ok(()) => console.file_written("JUnit XML", junit),
+                            Err(w) => console.error(Some(w.reason()), &w.to_string()),
+                        }
+                    }
                 }
             }
             Err(e)
@@ -536,15 +590,10 @@ async fn run_gate_inner(
     }
     // Agent profiles first: a bad --agent-config fails before any API call.
     let profiles = crate::engine::load_profiles(p)?;
-    for (flag, set) in [
-        ("--junit", args.junit.is_some()),
-        ("--save-baseline", args.save_baseline.is_some()),
-        ("--baseline", args.baseline.is_some()),
-    ] {
-        if set {
-            return Err(Error::NotImplemented(flag.to_string()));
-        }
-    }
+    let saved_baseline = match &args.baseline {
+        Some(path) => Some(load_saved_baseline(path)?),
+        None => None,
+    };
     let hold = p.hold_or(GATE_DEFAULT_HOLD);
     let seed = args.seed.unwrap_or_else(|| rand::rng().random());
     let instance = start.instance.clone();
@@ -877,7 +926,25 @@ async fn run_gate_inner(
     drop(pings);
     health.finish();
     report.api_outages = api_outages(&health);
+    let kind_names: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
+    if let Some(saved) = &saved_baseline {
+        let cmp = crate::baseline::compare(
+            saved,
+            &report.probes,
+            &kind_names,
+            &saved_settings(args),
+            &crate::baseline::CompareConfig {
+                quantile: args.baseline_quantile.clone(),
+                ratio: args.drift.drift_ratio,
+                floor: args.drift.drift_floor.as_secs_f64(),
+                min_samples: args.drift.baseline_min_samples,
+                dial_interval: p.dial_interval.as_secs_f64(),
+            },
+        );
+        crate::gate::apply_baseline(&mut report, cmp);
+    }
     print!("{}", render_text(&report, &p.group_by_label));
+    print!("{}", crate::gate::render_baseline_text(&report));
     console.verdict(&report);
     tracing::info!(
         api_writes = env.writes.load(Ordering::Relaxed),
@@ -892,6 +959,31 @@ async fn run_gate_inner(
     if let Some(path) = &args.report {
         write_report(path, &report)?;
         console.report_written(path);
+    }
+    if let Some(path) = &args.junit {
+        write_file("--junit", path, &crate::junit::render(&report))?;
+        console.file_written("JUnit XML", path);
+    }
+    if let Some(path) = &args.save_baseline {
+        if report.verdict != target_server::report::Verdict::Pass {
+            console.setting_warning(
+                "--save-baseline",
+                "this run did not pass: the saved baseline holds what it measured anyway",
+            );
+        }
+        let saved = crate::baseline::save(
+            &report.probes,
+            &kind_names,
+            saved_settings(args),
+            &report.instance,
+            &report.started_at,
+        );
+        let json = serde_json::to_string_pretty(&saved).map_err(|e| Error::Output {
+            path: path.display().to_string(),
+            source: std::io::Error::other(e),
+        })?;
+        write_file("--save-baseline", path, &(json + "\n"))?;
+        console.file_written("baseline", path);
     }
     Ok(report.exit_code)
 }

@@ -7,12 +7,15 @@
 //! [`gate_run`] (`prober gate`), [`console`] (stderr notices, plain or JSON). [`agents`]: node-agent metrics.
 //! Both modes share [`engine`] (start-up, cleanup) and [`probe::run_probe`];
 //! [`run_mode`] (`prober run`) adds [`rotation`] (pure), [`metrics`], [`admin`] (HTTP
-//! server, status page), [`events`] (Node Events) and [`leader`] (`--leader-elect`). [`stats`]: pure statistics.
+//! server, status page), [`events`] (Node Events) and [`leader`] (`--leader-elect`). [`stats`]: pure statistics. [`baseline`]: learned
+//! baseline and drift (pure), the gate's saved baseline and its comparison.
 
 pub mod admin;
 pub mod admission;
 pub mod agents;
 pub mod apihealth;
+pub mod baseline;
+pub mod baseline_store;
 pub mod bounds;
 pub mod cleanup;
 pub mod config;
@@ -22,6 +25,7 @@ pub mod error;
 pub mod events;
 pub mod gate;
 pub mod gate_run;
+pub mod junit;
 pub mod leader;
 pub mod lease;
 pub mod metrics;

@@ -86,6 +86,26 @@ pub struct Metrics {
     /// (`create_forbidden`, `delete_forbidden`) and admission rejections
     /// (`admission_rejected`).
     pub engine_faults: IntCounterVec,
+    baseline_seconds: GaugeVec,
+    baseline_samples: GaugeVec,
+    recent_median: GaugeVec,
+    drift_ratio: GaugeVec,
+    drift_active: GaugeVec,
+    node_drift_ratio: GaugeVec,
+    node_drift_active: GaugeVec,
+    /// `firstpacket_drift_threshold_ratio`: `--drift-ratio`.
+    pub drift_threshold_ratio: Gauge,
+    /// `firstpacket_drift_floor_seconds`: `--drift-floor`.
+    pub drift_floor_seconds: Gauge,
+    /// `firstpacket_baseline_writes_total{result}`: baseline ConfigMap writes (`ok`,
+    /// `error`), counted apart from the probes' API writes.
+    pub baseline_writes: IntCounterVec,
+    /// Nodes with per-node drift series (added by [`Metrics::node_added`]).
+    drift_nodes: std::sync::Mutex<std::collections::BTreeSet<String>>,
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: T) -> T {
@@ -187,6 +207,42 @@ impl Metrics {
                 "Forbidden probe-object creates/deletes (RBAC) and admission rejections, by fault.",
                 &["fault"],
             )),
+            baseline_seconds: reg(&r, GaugeVec::new(
+                Opts::new("firstpacket_baseline_seconds", "Baseline TTFP (learned, or --baseline-ttfp) by kind and quantile, seconds; NaN until the baseline has --baseline-min-samples."),
+                &["kind", "quantile"],
+            ).expect("gauge")),
+            baseline_samples: reg(&r, GaugeVec::new(
+                Opts::new("firstpacket_baseline_samples", "Successful probes in the baseline window (excluding the recent window and drifting probes), by kind."),
+                &["kind"],
+            ).expect("gauge")),
+            recent_median: reg(&r, GaugeVec::new(
+                Opts::new("firstpacket_recent_median_seconds", "Median TTFP in the recent window by kind, seconds; NaN when empty."),
+                &["kind"],
+            ).expect("gauge")),
+            drift_ratio: reg(&r, GaugeVec::new(
+                Opts::new("firstpacket_drift_ratio", "Recent median / max(baseline median, dial interval) by kind; NaN until computable."),
+                &["kind"],
+            ).expect("gauge")),
+            drift_active: reg(&r, GaugeVec::new(
+                Opts::new("firstpacket_drift_active", "1 when the kind drifts: ratio >= --drift-ratio and recent - baseline > --drift-floor with enough samples."),
+                &["kind"],
+            ).expect("gauge")),
+            node_drift_ratio: reg(&r, GaugeVec::new(
+                Opts::new("firstpacket_node_drift_ratio", "A node's drift ratio (its probes in either role, its best peer's recent median) / max(its baseline median, dial interval); NaN until computable."),
+                &["node"],
+            ).expect("gauge")),
+            node_drift_active: reg(&r, GaugeVec::new(
+                Opts::new("firstpacket_node_drift_active", "1 when the node drifts (ratio and floor, enough samples)."),
+                &["node"],
+            ).expect("gauge")),
+            drift_threshold_ratio: reg(&r, Gauge::new("firstpacket_drift_threshold_ratio", "--drift-ratio: the ratio drift needs.").expect("gauge")),
+            drift_floor_seconds: reg(&r, Gauge::new("firstpacket_drift_floor_seconds", "--drift-floor: the absolute rise drift needs, seconds.").expect("gauge")),
+            baseline_writes: reg(&r, counter(
+                "firstpacket_baseline_writes_total",
+                "Writes of the baseline ConfigMap, by result (ok, error); apart from the probes' API writes.",
+                &["result"],
+            )),
+            drift_nodes: Default::default(),
             registry: r,
         };
         let build = reg(
@@ -201,8 +257,20 @@ impl Metrics {
         // A replica without leader election probes; `--leader-elect` sets 0 until its
         // first term.
         m.leader.set(1);
+        m.drift_threshold_ratio.set(f64::NAN);
+        m.drift_floor_seconds.set(f64::NAN);
+        for r in ["ok", "error"] {
+            m.baseline_writes.with_label_values(&[r]);
+        }
         for k in kinds {
             let k = k.as_str();
+            for (q, _) in crate::baseline::QUANTILES {
+                m.baseline_seconds.with_label_values(&[k, q]).set(f64::NAN);
+            }
+            m.baseline_samples.with_label_values(&[k]).set(0.0);
+            m.recent_median.with_label_values(&[k]).set(f64::NAN);
+            m.drift_ratio.with_label_values(&[k]).set(f64::NAN);
+            m.drift_active.with_label_values(&[k]).set(0.0);
             m.ttfp.with_label_values(&[k]);
             m.hold_failures.with_label_values(&[k]);
             m.first_attempt_failures.with_label_values(&[k]);
@@ -226,8 +294,54 @@ impl Metrics {
         m
     }
 
+    /// Sets the baseline and drift gauges from `kinds` (per kind in `--kinds`) and
+    /// `nodes` (per node that has a series: others keep NaN / 0). Pure data in:
+    /// [`crate::baseline::Baselines::kinds`] / `nodes`.
+    pub fn set_drift(
+        &self,
+        kinds: &BTreeMap<String, crate::baseline::DriftStatus>,
+        nodes: &BTreeMap<String, crate::baseline::DriftStatus>,
+    ) {
+        let nan = |v: Option<f64>| v.unwrap_or(f64::NAN);
+        for (k, st) in kinds {
+            for (q, _) in crate::baseline::QUANTILES {
+                self.baseline_seconds
+                    .with_label_values(&[k, q])
+                    .set(nan(st.baseline.and_then(|b| b.get(q))));
+            }
+            self.baseline_samples
+                .with_label_values(&[k])
+                .set(st.baseline_samples as f64);
+            self.recent_median
+                .with_label_values(&[k])
+                .set(nan(st.recent_median));
+            self.drift_ratio.with_label_values(&[k]).set(nan(st.ratio));
+            self.drift_active
+                .with_label_values(&[k])
+                .set(f64::from(u8::from(st.active)));
+        }
+        for (n, st) in nodes {
+            // Only nodes the prober knows (node_added): a probe of a node that just
+            // left must not bring its series back.
+            if !lock(&self.drift_nodes).contains(n) {
+                continue;
+            }
+            self.node_drift_ratio
+                .with_label_values(&[n])
+                .set(nan(st.ratio));
+            self.node_drift_active
+                .with_label_values(&[n])
+                .set(f64::from(u8::from(st.active)));
+        }
+    }
+
     /// Pre-initialises the per-node series of `node` (probes by role × result).
     pub fn node_added(&self, node: &str) {
+        self.node_drift_ratio
+            .with_label_values(&[node])
+            .set(f64::NAN);
+        self.node_drift_active.with_label_values(&[node]).set(0.0);
+        lock(&self.drift_nodes).insert(node.to_string());
         for role in ["source", "target"] {
             for result in ProbeResult::ALL {
                 self.node_probes
@@ -238,6 +352,9 @@ impl Metrics {
 
     /// Removes every per-node series of `node` (it left the cluster or the selector).
     pub fn node_removed(&self, node: &str) {
+        let _ = self.node_drift_ratio.remove_label_values(&[node]);
+        let _ = self.node_drift_active.remove_label_values(&[node]);
+        lock(&self.drift_nodes).remove(node);
         for role in ["source", "target"] {
             let _ = self.node_last_ttfp.remove_label_values(&[node, role]);
             for result in ProbeResult::ALL {

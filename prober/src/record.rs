@@ -346,6 +346,7 @@ pub fn build_record(
         recreate: None,
         burst: None,
         service: None,
+        drift: None,
     }
 }
 

@@ -55,7 +55,7 @@ use kube::runtime::WatchStreamExt;
 use kube::Api;
 use rand::RngExt;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
@@ -74,6 +74,10 @@ pub const SHUTDOWN_CLEANUP: Duration = Duration::from_secs(5);
 
 /// How often leftovers of this instance (objects no probe in flight owns) are deleted.
 pub const JANITOR_INTERVAL: Duration = Duration::from_secs(30);
+
+/// How long the baseline write at shutdown may wait for the API (within the 25 s a
+/// SIGTERM allows, after [`SHUTDOWN_GRACE`] and [`SHUTDOWN_CLEANUP`]).
+pub const BASELINE_SHUTDOWN_SAVE: Duration = Duration::from_secs(3);
 
 /// How often the agent index is compared for changed agent pods.
 pub const AGENT_POLL: Duration = Duration::from_secs(1);
@@ -319,6 +323,7 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
             message: "must be more than 0s".into(),
         });
     }
+    let drift_cfg = drift_config(&args)?;
     if args.leader_elect {
         crate::leader::validate(
             args.leader_elect_lease_duration,
@@ -346,6 +351,9 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
     ));
     // Without --leader-elect this replica always probes; with it, it starts as a standby.
     admin.metrics.leader.set(i64::from(!args.leader_elect));
+    *lock(&admin.baselines) = Some(crate::baseline::Baselines::new(drift_cfg));
+    admin.metrics.drift_threshold_ratio.set(drift_cfg.ratio);
+    admin.metrics.drift_floor_seconds.set(drift_cfg.floor);
     let listener = tokio::net::TcpListener::bind(&args.admin_addr)
         .await
         .map_err(|e| Error::Config {
@@ -492,6 +500,22 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
     let mut next_probe = tokio::time::Instant::now();
     let mut announced: Option<bool> = None;
     let concurrency = p.concurrency as usize;
+    let cm_api: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(conn.client.clone(), &p.namespace);
+    let store = Arc::new(BaselineStore {
+        api: cm_api,
+        name: args.baseline_configmap.clone(),
+        instance: instance.clone(),
+        admin: admin.clone(),
+        cfg: drift_cfg,
+        saved: AtomicU64::new(0),
+        saving: AtomicBool::new(false),
+    });
+    if term.is_some() {
+        store.load().await;
+    }
+    let mut baseline_tick = tokio::time::interval(args.baseline_save_interval);
+    baseline_tick.tick().await;
 
     let signal = loop {
         // Reap finished probes.
@@ -536,9 +560,22 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
                     Err(_) => tracing::warn!("leftover cleanup got no answer; retried later"),
                 }
             }
+            _ = baseline_tick.tick() => {
+                // In the background: a slow API must not hold up the loop.
+                if term.is_some() {
+                    let store = store.clone();
+                    tokio::spawn(async move { store.save_if_learned(crate::probe::API_CALL_TIMEOUT).await });
+                }
+            }
             Some(st) = leadership_changed(&mut leader_rx) => {
                 lock(&admin.info).leadership = st.clone();
                 if st.leading && term.as_ref().map(|t| t.0) != Some(st.terms) {
+                    // A new term starts from the latest persisted baseline (the
+                    // previous leader's, or ours from before).
+                    {
+                        let store = store.clone();
+                        tokio::spawn(async move { store.load().await });
+                    }
                     term = Some((st.terms, spawn_term(st.terms, cancel_rx.clone(), leader_rx.clone(), admin.clone())));
                     start_now = set.len() < concurrency;
                     next_probe = tokio::time::Instant::now()
@@ -574,6 +611,11 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
             let keep = |n: &str| names_now.contains(n);
             let now = Instant::now();
             lock(&limiter).prune(keep, now);
+            if let Some(b) = lock(&admin.baselines).as_mut() {
+                for gone in known_nodes.iter().filter(|n| !keep(n)) {
+                    b.forget_node(gone);
+                }
+            }
             agents.forget_nodes(keep);
             let slot_names: HashSet<String> = names_now
                 .iter()
@@ -605,12 +647,18 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
             known_nodes.len(),
         );
         sizes.push(("pending_blames", lock(&pending).len()));
+        sizes.push((
+            "baseline_samples",
+            lock(&admin.baselines).as_ref().map_or(0, |b| b.len()),
+        ));
+        admin.sync_drift(unix_now());
         sizes.push(("api_outages", conn_health.len()));
         let bound_inputs = crate::bounds::BoundInputs {
             nodes: known_nodes.len(),
             concurrency,
             burst_size: p.burst_size as usize,
             profiles: n_profiles,
+            kinds: kinds.len(),
         };
         for (k, v) in &sizes {
             admin
@@ -719,6 +767,11 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
             0
         }
     };
+    // The learned baseline, for the next incarnation or leader (only a replica that led
+    // has learned anything worth keeping).
+    if term.is_some() {
+        store.save_if_learned(BASELINE_SHUTDOWN_SAVE).await;
+    }
     // The probes ended and their pods are gone: hand the leadership over at once.
     if let Some(h) = leader {
         h.release(Duration::from_secs(5)).await;
@@ -730,6 +783,135 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
         l.release().await;
     }
     Ok(code)
+}
+
+/// Wall time now, Unix seconds.
+fn unix_now() -> f64 {
+    Timestamp::now().as_millisecond() as f64 / 1000.0
+}
+
+/// The baseline settings from `prober run`'s flags. Errors: a zero window
+/// ([`Error::Config`] naming the flag).
+pub fn drift_config(args: &RunArgs) -> Result<crate::baseline::DriftConfig, Error> {
+    for (flag, d) in [
+        ("--baseline-window", args.baseline_window),
+        ("--recent-window", args.recent_window),
+        ("--baseline-save-interval", args.baseline_save_interval),
+    ] {
+        if d.is_zero() {
+            return Err(Error::Config {
+                flag,
+                message: "must be more than 0s".into(),
+            });
+        }
+    }
+    Ok(crate::baseline::DriftConfig {
+        baseline_window: args.baseline_window,
+        recent_window: args.recent_window,
+        min_samples: usize::try_from(args.drift.baseline_min_samples).unwrap_or(usize::MAX),
+        ratio: args.drift.drift_ratio,
+        floor: args.drift.drift_floor.as_secs_f64(),
+        dial_interval: args.probe.dial_interval.as_secs_f64(),
+        static_baseline: args.baseline_ttfp.map(|d| d.as_secs_f64()),
+    })
+}
+
+/// The baseline ConfigMap of this run ([`crate::baseline_store`]).
+struct BaselineStore {
+    api: Api<k8s_openapi::api::core::v1::ConfigMap>,
+    name: String,
+    instance: String,
+    admin: Arc<AdminState>,
+    cfg: crate::baseline::DriftConfig,
+    /// `Baselines::added` at the last write.
+    saved: AtomicU64,
+    /// A write is under way (the next tick skips rather than overlap it).
+    saving: AtomicBool,
+}
+
+impl BaselineStore {
+    /// Replaces the in-memory baseline with the persisted one (a term's start). A
+    /// missing ConfigMap keeps what is held; a refused or unreadable one is logged.
+    async fn load(&self) {
+        let got = tokio::time::timeout(
+            crate::probe::API_CALL_TIMEOUT,
+            crate::baseline_store::load(&self.api, &self.name),
+        )
+        .await;
+        match got {
+            Ok(Ok(Some(snap))) => {
+                let mut fresh = crate::baseline::Baselines::new(self.cfg);
+                match fresh.restore(&snap, unix_now()) {
+                    Ok(n) => {
+                        tracing::info!(configmap = %self.name, samples = n, "baseline restored");
+                        self.saved.store(0, Ordering::Relaxed);
+                        *lock(&self.admin.baselines) = Some(fresh);
+                    }
+                    Err(e) => {
+                        tracing::warn!(configmap = %self.name, error = %e, "baseline ConfigMap not used")
+                    }
+                }
+            }
+            Ok(Ok(None)) => {
+                tracing::info!(configmap = %self.name, "no baseline saved yet: learning from scratch")
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "cannot read the baseline; learning from scratch")
+            }
+            Err(_) => {
+                tracing::warn!(configmap = %self.name, "get configmaps: no answer; learning the baseline from scratch")
+            }
+        }
+    }
+
+    /// Writes the baseline when samples were added since the last write, waiting at
+    /// most `within` for the API; skipped while another write is under way.
+    async fn save_if_learned(&self, within: Duration) {
+        if self.saving.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.write(within).await;
+        self.saving.store(false, Ordering::Release);
+    }
+
+    async fn write(&self, within: Duration) {
+        let snap = {
+            let b = lock(&self.admin.baselines);
+            match b.as_ref() {
+                Some(b) if b.added() != self.saved.load(Ordering::Relaxed) => {
+                    Some((b.snapshot(unix_now()), b.added()))
+                }
+                _ => None,
+            }
+        };
+        let Some((snap, added)) = snap else {
+            return;
+        };
+        let r = tokio::time::timeout(
+            within,
+            crate::baseline_store::save(&self.api, &self.name, &self.instance, &snap),
+        )
+        .await;
+        let ok = match r {
+            Ok(Ok(())) => true,
+            Ok(Err(e)) => {
+                tracing::warn!(configmap = %self.name, error = %crate::error::kube_error_text(&e), "cannot write the baseline ConfigMap (the error names the refused verb); retried at the next save");
+                false
+            }
+            Err(_) => {
+                tracing::warn!(configmap = %self.name, "patch configmaps: no answer; the baseline is written at the next save");
+                false
+            }
+        };
+        if ok {
+            self.saved.store(added, Ordering::Relaxed);
+        }
+        self.admin
+            .metrics
+            .baseline_writes
+            .with_label_values(&[if ok { "ok" } else { "error" }])
+            .inc();
+    }
 }
 
 /// The next status of the election, once it changed (never, without one).

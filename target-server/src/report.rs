@@ -428,6 +428,72 @@ pub struct ProbeRecord {
     /// Added field (issue 5).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service: Option<ServiceInfo>,
+    /// `prober run` only: whether the probe counted as drift off the learned baseline
+    /// (the prober's `baseline` module). Absent in gate reports. Added field (issue 14).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drift: Option<DriftMark>,
+}
+
+/// What a probe counted as in `prober run`'s drift detection: taken when its kind's
+/// drift or one of its nodes' drift was active once the probe was added (recent median
+/// / max(baseline median, dial interval) ≥ `--drift-ratio` and recent − baseline >
+/// `--drift-floor`, with enough samples). Such probes stay out of the baseline.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct DriftMark {
+    /// The kind's or a node's drift was active.
+    pub counted: bool,
+    /// The probe kind's drift was active.
+    pub kind: bool,
+    /// The probe's nodes (source, target) whose drift was active.
+    pub nodes: Vec<String>,
+}
+
+/// The gate's comparison with a saved baseline (`--baseline FILE`), report field
+/// `baseline`. Added field (issue 14).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BaselineComparison {
+    /// The quantile compared on both sides: `p50`, `p90` or `p95`.
+    pub quantile: String,
+    /// `--drift-ratio`: regression when now / max(baseline, dial interval) ≥ this…
+    pub ratio: f64,
+    /// …and now − baseline > `--drift-floor`, seconds.
+    pub floor_seconds: f64,
+    /// `--baseline-min-samples`: baseline series with fewer samples are compared with a
+    /// warning.
+    pub min_samples: u64,
+    /// When the baseline was saved (RFC 3339, from the file).
+    pub saved_at: String,
+    /// Some entry regressed (the gate exits 1).
+    pub regressed: bool,
+    /// Some baseline series had fewer than `min_samples` samples.
+    pub few_samples: bool,
+    /// One per kind (`node` null) and per kind and node.
+    pub entries: Vec<BaselineEntry>,
+    /// Kinds or nodes on one side only, too few samples, settings that differ.
+    pub warnings: Vec<String>,
+}
+
+/// One compared series of [`BaselineComparison`]. Seconds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BaselineEntry {
+    pub kind: String,
+    /// Null for the kind as a whole.
+    pub node: Option<String>,
+    /// The saved quantile (null when the saved series had no sample).
+    pub baseline_seconds: Option<f64>,
+    pub baseline_samples: u64,
+    /// This run's quantile: the kind's, or the node's best peer's (its probes grouped by
+    /// the other node, the lowest group quantile). Null without a sample.
+    pub current_seconds: Option<f64>,
+    pub current_samples: u64,
+    /// current / max(baseline, dial interval).
+    pub ratio: Option<f64>,
+    pub regressed: bool,
+    /// The baseline series had fewer than `min_samples` samples.
+    pub few_samples: bool,
+    /// Nodes only: the peer whose probes gave `current_seconds`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best_peer: Option<String>,
 }
 
 /// The per-probe ClusterIP Service of a `service` probe (docs/design.md §2 kinds): it selects
@@ -630,6 +696,9 @@ pub struct GateReport {
     /// unanswered request to the first answer), oldest first, at most 100. Added field.
     #[serde(default)]
     pub api_outages: Vec<ApiOutage>,
+    /// The comparison with `--baseline FILE` (absent without it). Added field (issue 14).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline: Option<BaselineComparison>,
 }
 
 /// One entry of the report's `api_outages[]`.

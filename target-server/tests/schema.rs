@@ -127,6 +127,7 @@ fn probe(id: &str, result: ProbeResult, reason: Option<Reason>) -> ProbeRecord {
         recreate: None,
         burst: None,
         service: None,
+        drift: None,
     }
 }
 
@@ -193,6 +194,7 @@ fn gate_report() -> GateReport {
         skipped_nodes: Vec::new(),
         agents: None,
         api_outages: Vec::new(),
+        baseline: None,
     }
 }
 

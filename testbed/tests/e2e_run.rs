@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{assert_ttfp_near_truth, curl, wait_ready, Testbed, SERIAL};
+use common::{assert_ttfp_near_truth, curl, started_unix, wait_ready, Testbed, SERIAL};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::{Child, Stdio};
@@ -427,13 +427,6 @@ fn run_metrics_agree_with_records_cover_every_node_and_sigterm_cleans_up() {
         }
     }
     assert!(done >= total, "{done} probe done events for {total} probes");
-}
-
-/// Wall-clock start time of a record (Unix seconds, from `timeline.started_at`).
-fn started_unix(p: &Value) -> f64 {
-    let s = p["timeline"]["started_at"].as_str().expect("started_at");
-    let ts: k8s_openapi::jiff::Timestamp = s.parse().expect("RFC 3339");
-    ts.as_millisecond() as f64 / 1000.0
 }
 
 /// `restartCount` of node's calico-node pod (Σ over containers), `None` when absent.

@@ -624,3 +624,10 @@ pub fn testbed_ok(tb: &Testbed, args: &[&str]) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Wall-clock start time of a probe record (Unix seconds, from `timeline.started_at`).
+pub fn started_unix(p: &Value) -> f64 {
+    let s = p["timeline"]["started_at"].as_str().expect("started_at");
+    let ts: k8s_openapi::jiff::Timestamp = s.parse().expect("RFC 3339");
+    ts.as_millisecond() as f64 / 1000.0
+}

@@ -1,0 +1,418 @@
+//! The gate's `--junit FILE`: JUnit XML for CI systems (Jenkins, GitLab, GitHub
+//! actions' test reporters, `junitparser`). Pure: the report in, XML text out.
+//!
+//! Shape (the de-facto JUnit schema those consumers read: `testsuites` >
+//! `testsuite` > `testcase` with an optional `failure message=…` or `skipped`,
+//! <https://github.com/testmoapp/junitxml>): one `testsuite` named `firstpacket gate`,
+//! and in it
+//!
+//! - per probe kind in the run, `classname="firstpacket.kind"`, `name=<kind>`: fails
+//!   when the kind has `failed` probes, its TTFP p95 is over `--max-ttfp`, or the
+//!   baseline comparison regressed for it;
+//! - per node probed, `classname="firstpacket.node"`, `name=<node>`: fails when the
+//!   baseline comparison regressed for it, when it is slow with every peer (its best
+//!   peer's p95 — crate `baseline` module docs, "Per-node attribution" — is over
+//!   `--max-ttfp`), or when every conclusive probe touching it was slow or failed (at
+//!   least 2; the gate's `slow_nodes` rule), so a healthy node probed with slow peers
+//!   passes;
+//! - one `classname="firstpacket.baseline"`, `name="baseline comparison"`: fails on a
+//!   regression, `skipped` without `--baseline`.
+//!
+//! Failure messages carry the numbers; the failure body lists the slow/failed probes
+//! concerned with their suspects (node, signal, evidence). The XML is written here
+//! (six element types; the only trap, escaping, is [`esc`]) rather than through an XML
+//! crate.
+
+use crate::baseline::{best_peers, regression_lines};
+use std::fmt::Write as _;
+use target_server::report::{GateReport, ProbeRecord, ProbeResult};
+
+/// Escapes text for XML attributes and content; drops characters XML 1.0 forbids.
+pub fn esc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&apos;"),
+            '\t' | '\n' | '\r' => out.push(c),
+            c if (c as u32) < 0x20 || c == '\u{fffe}' || c == '\u{ffff}' => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+struct Case {
+    classname: &'static str,
+    name: String,
+    failure: Option<(String, String)>,
+    skipped: Option<String>,
+    out: String,
+}
+
+fn probe_line(p: &ProbeRecord) -> String {
+    let suspects: Vec<String> = p
+        .suspects
+        .iter()
+        .map(|s| {
+            format!(
+                "{} {} ({}) {}",
+                s.node,
+                crate::metrics::signal_label(s),
+                crate::metrics::role_label(s.role),
+                s.evidence
+            )
+        })
+        .collect();
+    format!(
+        "{} {} {} -> {}: {}{} ttfp {}{}",
+        p.id,
+        p.kind,
+        p.source.node,
+        p.target.node,
+        p.result.as_str(),
+        p.reason
+            .map(|r| format!("/{}", r.as_str()))
+            .unwrap_or_default(),
+        p.ttfp_seconds.map_or("-".into(), |t| format!("{t:.3}s")),
+        if suspects.is_empty() {
+            String::new()
+        } else {
+            format!("; suspects: {}", suspects.join("; "))
+        }
+    )
+}
+
+fn bad(p: &ProbeRecord) -> bool {
+    matches!(p.result, ProbeResult::Slow | ProbeResult::Failed)
+}
+
+/// The JUnit XML of `report` (module docs).
+pub fn render(report: &GateReport) -> String {
+    let max = report.thresholds.max_ttfp_seconds;
+    let mut cases: Vec<Case> = Vec::new();
+    let kinds: Vec<String> = report.summary.by_kind.keys().cloned().collect();
+    let cmp = report.baseline.as_ref();
+    for k in &kinds {
+        let ks = &report.summary.by_kind[k];
+        let mut why = Vec::new();
+        let failed = ks.by_result.get(&ProbeResult::Failed).copied().unwrap_or(0);
+        if failed > 0 {
+            why.push(format!("{failed} failed probe(s)"));
+        }
+        if let Some(p95) = ks.ttfp_p95.filter(|p| *p > max) {
+            why.push(format!("TTFP p95 {p95:.3}s > --max-ttfp {max:.3}s"));
+        }
+        if let Some(e) = cmp.and_then(|c| {
+            c.entries
+                .iter()
+                .find(|e| e.kind == *k && e.node.is_none() && e.regressed)
+        }) {
+            why.push(format!(
+                "baseline {} {:.3}s vs {:.3}s (x{:.1})",
+                cmp.map_or("", |c| c.quantile.as_str()),
+                e.current_seconds.unwrap_or(f64::NAN),
+                e.baseline_seconds.unwrap_or(f64::NAN),
+                e.ratio.unwrap_or(f64::NAN)
+            ));
+        }
+        let body: Vec<String> = report
+            .probes
+            .iter()
+            .filter(|p| p.kind == *k && bad(p))
+            .map(probe_line)
+            .collect();
+        cases.push(Case {
+            classname: "firstpacket.kind",
+            name: k.clone(),
+            failure: (!why.is_empty())
+                .then(|| (format!("{k}: {}", why.join("; ")), body.join("\n"))),
+            skipped: None,
+            out: format!(
+                "probes {}, TTFP p50 {} p95 {} max {}",
+                ks.total,
+                fmt(ks.ttfp_p50),
+                fmt(ks.ttfp_p95),
+                fmt(ks.ttfp_max)
+            ),
+        });
+    }
+    let suspects = crate::gate::suspect_nodes(&report.probes);
+    let best: Vec<(String, crate::baseline::BestPeers)> = kinds
+        .iter()
+        .map(|k| (k.clone(), best_peers(&report.probes, k, 0.95)))
+        .collect();
+    for n in &report.nodes {
+        let node = &n.node;
+        let mut why = Vec::new();
+        for (k, b) in &best {
+            if let Some((x, peer, count)) = b.get(node).filter(|b| b.0 > max) {
+                why.push(format!(
+                    "{k}: slow with every peer: best peer {peer} p95 {x:.3}s > --max-ttfp {max:.3}s ({count} probes)"
+                ));
+            }
+        }
+        if suspects.contains(node) {
+            why.push("every conclusive probe touching it was slow or failed".into());
+        }
+        if let Some(c) = cmp {
+            for e in c
+                .entries
+                .iter()
+                .filter(|e| e.node.as_deref() == Some(node) && e.regressed)
+            {
+                why.push(format!(
+                    "{}: baseline {} {:.3}s vs {:.3}s (x{:.1}, +{:.3}s; best peer {})",
+                    e.kind,
+                    c.quantile,
+                    e.current_seconds.unwrap_or(f64::NAN),
+                    e.baseline_seconds.unwrap_or(f64::NAN),
+                    e.ratio.unwrap_or(f64::NAN),
+                    e.current_seconds.unwrap_or(f64::NAN) - e.baseline_seconds.unwrap_or(f64::NAN),
+                    e.best_peer.as_deref().unwrap_or("-")
+                ));
+            }
+        }
+        let body: Vec<String> = report
+            .probes
+            .iter()
+            .filter(|p| (p.source.node == *node || p.target.node == *node) && bad(p))
+            .map(probe_line)
+            .collect();
+        let labels: Vec<String> = n.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        cases.push(Case {
+            classname: "firstpacket.node",
+            name: node.clone(),
+            failure: (!why.is_empty())
+                .then(|| (format!("{node}: {}", why.join("; ")), body.join("\n"))),
+            skipped: None,
+            out: format!(
+                "as source {} probes (max {}), as target {} probes (max {}){}",
+                n.as_source.probes,
+                fmt(n.as_source.ttfp_max),
+                n.as_target.probes,
+                fmt(n.as_target.ttfp_max),
+                if labels.is_empty() {
+                    String::new()
+                } else {
+                    format!("; labels {}", labels.join(","))
+                }
+            ),
+        });
+    }
+    cases.push(match cmp {
+        None => Case {
+            classname: "firstpacket.baseline",
+            name: "baseline comparison".into(),
+            failure: None,
+            skipped: Some("no --baseline given".into()),
+            out: String::new(),
+        },
+        Some(c) => {
+            let lines = regression_lines(c);
+            Case {
+                classname: "firstpacket.baseline",
+                name: "baseline comparison".into(),
+                failure: c.regressed.then(|| {
+                    (
+                        format!(
+                            "regressed against the baseline saved {}: {}",
+                            c.saved_at,
+                            lines.join("; ")
+                        ),
+                        lines.join("\n"),
+                    )
+                }),
+                skipped: None,
+                out: c
+                    .warnings
+                    .iter()
+                    .map(|w| format!("warning: {w}"))
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            }
+        }
+    });
+    let failures = cases.iter().filter(|c| c.failure.is_some()).count();
+    let skipped = cases.iter().filter(|c| c.skipped.is_some()).count();
+    let mut out = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+    let _ = writeln!(
+        out,
+        "<testsuites name=\"firstpacket\" tests=\"{}\" failures=\"{failures}\" errors=\"0\" skipped=\"{skipped}\" time=\"{:.3}\">",
+        cases.len(),
+        report.duration_seconds
+    );
+    let _ = writeln!(
+        out,
+        "  <testsuite name=\"firstpacket gate\" tests=\"{}\" failures=\"{failures}\" errors=\"0\" skipped=\"{skipped}\" time=\"{:.3}\" timestamp=\"{}\">",
+        cases.len(),
+        report.duration_seconds,
+        esc(&report.started_at)
+    );
+    let _ = writeln!(
+        out,
+        "    <properties><property name=\"instance\" value=\"{}\"/><property name=\"verdict\" value=\"{}\"/><property name=\"diagnosis\" value=\"{}\"/></properties>",
+        esc(&report.instance),
+        serde_json::to_value(report.verdict).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default(),
+        serde_json::to_value(report.summary.diagnosis).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
+    );
+    for c in &cases {
+        let _ = write!(
+            out,
+            "    <testcase classname=\"{}\" name=\"{}\" time=\"0\">",
+            c.classname,
+            esc(&c.name)
+        );
+        if let Some((msg, body)) = &c.failure {
+            let _ = write!(
+                out,
+                "<failure message=\"{}\" type=\"firstpacket\">{}</failure>",
+                esc(msg),
+                esc(body)
+            );
+        }
+        if let Some(why) = &c.skipped {
+            let _ = write!(out, "<skipped message=\"{}\"/>", esc(why));
+        }
+        if !c.out.is_empty() {
+            let _ = write!(out, "<system-out>{}</system-out>", esc(&c.out));
+        }
+        out.push_str("</testcase>\n");
+    }
+    out.push_str("  </testsuite>\n</testsuites>\n");
+    out
+}
+
+fn fmt(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:.3}s"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(slow: &[&str], baseline: Option<&crate::baseline::SavedBaseline>) -> GateReport {
+        let nodes = ["n1", "n2", "n3", "n4"];
+        let mut probes = Vec::new();
+        for off in 1..4 {
+            for s in 0..4 {
+                let (src, dst) = (nodes[s], nodes[(s + off) % 4]);
+                let t = if slow.contains(&src) || slow.contains(&dst) {
+                    20.0
+                } else {
+                    0.3
+                };
+                let mut r = crate::record::test_record(
+                    &format!("p{off}{s}"),
+                    src,
+                    dst,
+                    ProbeResult::Success,
+                );
+                r.reason = None;
+                r.ttfp_seconds = Some(t);
+                probes.push(r);
+            }
+        }
+        let mut rep = crate::gate::build_report(
+            probes,
+            &[],
+            Vec::new(),
+            crate::gate::ReportInputs {
+                thresholds: target_server::report::Thresholds {
+                    slow_threshold_seconds: 60.0,
+                    max_ttfp_seconds: 60.0,
+                    max_failures: 0,
+                    max_inconclusive: 0,
+                },
+                instance: "gate-x".into(),
+                started_at: "2026-01-01T00:00:00Z".into(),
+                finished_at: "2026-01-01T00:01:00Z".into(),
+                duration_seconds: 60.0,
+                errors: vec![],
+                group_by: vec![],
+                stopped_early: None,
+                skipped_nodes: vec![],
+            },
+        );
+        if let Some(b) = baseline {
+            let settings = b.settings.clone();
+            let cmp = crate::baseline::compare(
+                b,
+                &rep.probes,
+                &["cross_node"],
+                &settings,
+                &crate::baseline::CompareConfig {
+                    quantile: "p95".into(),
+                    ratio: 1.5,
+                    floor: 0.5,
+                    min_samples: 20,
+                    dial_interval: 0.1,
+                },
+            );
+            crate::gate::apply_baseline(&mut rep, cmp);
+        }
+        rep
+    }
+
+    #[test]
+    fn a_regression_fails_the_gate_and_junit_fails_exactly_the_slow_nodes() {
+        let healthy = report(&[], None);
+        assert_eq!(healthy.exit_code, 0);
+        let xml = render(&healthy);
+        assert_eq!(xml.matches("<testcase ").count(), 4 + 1 + 1, "{xml}");
+        assert!(!xml.contains("<failure"), "{xml}");
+        assert!(xml.contains("<skipped message=\"no --baseline given\"/>"));
+        let saved = crate::baseline::save(
+            &healthy.probes,
+            &["cross_node"],
+            Default::default(),
+            "gate-x",
+            "t0",
+        );
+        let slow = report(&["n2", "n3"], Some(&saved));
+        // Every probe is under --max-ttfp 60s: only the baseline fails the gate.
+        assert_eq!(
+            (slow.exit_code, slow.verdict),
+            (1, target_server::report::Verdict::Fail)
+        );
+        assert!(
+            slow.verdict_reasons[0].starts_with(
+                "baseline regression: cross_node (all nodes): p95 20.000s vs baseline 0.300s"
+            ),
+            "{:?}",
+            slow.verdict_reasons
+        );
+        let xml = render(&slow);
+        let failing: Vec<&str> = xml
+            .lines()
+            .filter(|l| l.contains("<failure"))
+            .filter_map(|l| l.split(" name=\"").nth(1)?.split('"').next())
+            .collect();
+        assert_eq!(
+            failing,
+            ["cross_node", "n2", "n3", "baseline comparison"],
+            "{xml}"
+        );
+        assert!(
+            xml.contains("n2: cross_node: baseline p95 20.000s vs 0.300s"),
+            "{xml}"
+        );
+        let text = crate::gate::render_baseline_text(&slow);
+        assert!(
+            text.contains("REGRESSED") && text.contains("fewer than 20"),
+            "{text}"
+        );
+        // The same cluster again: no regression, the verdict untouched.
+        let again = report(&[], Some(&saved));
+        assert_eq!(again.exit_code, 0);
+        assert!(!render(&again).contains("<failure"));
+    }
+
+    #[test]
+    fn escaping_covers_markup_quotes_and_forbidden_controls() {
+        assert_eq!(esc("a<b>&\"c'\u{1}\n"), "a&lt;b&gt;&amp;&quot;c&apos;\n");
+    }
+}
