@@ -16,6 +16,8 @@
 //!   Actions and GitLab CI, the same commands) run against the testbed with a CNI agent
 //!   rollout as the upgrade; `scripts/gate-job.sh` on S4 exits 1 with the cross-node
 //!   failures, with a missing probe image exits 2, with a missing prober image exits 2.
+//! - `config_map_env_reaches_the_container_as_the_kubelet_gives_it`: the testbed
+//!   kubelet's env from ConfigMaps (what the gate Job's thresholds use), on either control plane.
 mod common;
 
 use common::{poll_until, repo_file, Testbed, SERIAL};
@@ -859,4 +861,87 @@ fn kustomize_helm_and_the_gate_job_on_the_real_control_plane() {
     assert_eq!(code, 2, "missing prober image: exit {code}\n{stderr}");
     assert!(stderr.contains("cannot pull"), "{stderr}");
     step("done");
+}
+
+/// The testbed kubelet gives a container its environment from ConfigMaps as the real
+/// kubelet does (what the gate Job's thresholds rely on): `envFrom` `configMapRef`
+/// (with `prefix`), `valueFrom.configMapKeyRef`, `env` overriding `envFrom`, an optional
+/// missing key left unset; a missing ConfigMap that is not optional is a
+/// `CreateContainerConfigError` naming it. The container is `env` (from a bin dir of
+/// its own), whose log is its environment.
+#[test]
+fn config_map_env_reaches_the_container_as_the_kubelet_gives_it() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let bin_dir = std::env::temp_dir().join(format!("fp-bin-cmenv-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&bin_dir);
+    std::fs::create_dir_all(&bin_dir).expect("bin dir");
+    for (name, target) in [
+        ("prober", common::bin("prober")),
+        ("target-server", common::bin("target-server")),
+        ("env", PathBuf::from("/usr/bin/env")),
+    ] {
+        std::os::unix::fs::symlink(&target, bin_dir.join(name)).expect("symlink");
+    }
+    let tb = Testbed::up(
+        "cmenv",
+        2,
+        "rules: []\n",
+        &["--bin-dir", bin_dir.to_str().expect("path")],
+    );
+    let cm = tb.manifest(
+        "cm.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: settings, namespace: default}\ndata: {A: from-map, B: overridden, C: keyed}\n",
+    );
+    tb.kubectl(&["apply", "-f", &cm]);
+    let pod = tb.manifest(
+        "envpod.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: envpod, namespace: default}\nspec:\n  restartPolicy: Never\n  containers:\n  - name: env\n    image: env\n    envFrom:\n    - configMapRef: {name: settings}\n    - configMapRef: {name: settings}\n      prefix: P_\n    - configMapRef: {name: absent, optional: true}\n    env:\n    - {name: B, value: literal}\n    - name: K\n      valueFrom: {configMapKeyRef: {name: settings, key: C}}\n    - name: OPT\n      valueFrom: {configMapKeyRef: {name: settings, key: nope, optional: true}}\n",
+    );
+    tb.kubectl(&["apply", "-f", &pod]);
+    let phase = tb.kubectl_until(
+        &["get", "pod", "envpod", "-o", "jsonpath={.status.phase}"],
+        Duration::from_secs(60),
+        |p| p == "Succeeded" || p == "Failed",
+    );
+    let log = tb.kubectl(&["logs", "envpod"]);
+    assert_eq!(phase, "Succeeded", "{log}");
+    let env: Vec<&str> = log.lines().collect();
+    for want in [
+        "A=from-map",
+        "B=literal",
+        "K=keyed",
+        "P_A=from-map",
+        "P_C=keyed",
+    ] {
+        assert!(env.contains(&want), "{want} not in the environment:\n{log}");
+    }
+    assert!(
+        !env.iter().any(|l| l.starts_with("OPT=")),
+        "an optional missing key was set:\n{log}"
+    );
+
+    // Not optional and missing: CreateContainerConfigError (after the kubelet's ~10 s
+    // of re-reading), naming the ConfigMap.
+    let bad = tb.manifest(
+        "badpod.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: badpod, namespace: default}\nspec:\n  restartPolicy: Never\n  containers:\n  - name: env\n    image: env\n    envFrom:\n    - configMapRef: {name: missing-settings}\n",
+    );
+    tb.kubectl(&["apply", "-f", &bad]);
+    let waiting = tb.kubectl_until(
+        &[
+            "get",
+            "pod",
+            "badpod",
+            "-o",
+            "jsonpath={.status.containerStatuses[0].state.waiting.reason}|{.status.containerStatuses[0].state.waiting.message}",
+        ],
+        Duration::from_secs(40),
+        |w| w.starts_with("CreateContainerConfigError"),
+    );
+    assert!(
+        waiting.starts_with("CreateContainerConfigError") && waiting.contains("missing-settings"),
+        "{waiting}"
+    );
+    drop(tb);
+    let _ = std::fs::remove_dir_all(&bin_dir);
 }
