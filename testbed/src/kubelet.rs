@@ -845,14 +845,9 @@ impl Kubelet {
             };
             let name = cm["name"].as_str().unwrap_or_default();
             let optional = cm["optional"].as_bool().unwrap_or(false);
-            let data = match cache.get(name) {
-                Some(d) => d.clone(),
-                None => {
-                    let d = self.config_map_data(ns, name, optional, deadline).await?;
-                    cache.insert(name.to_owned(), d.clone());
-                    d
-                }
-            };
+            let data = self
+                .config_map_data(&mut cache, ns, name, optional, deadline)
+                .await?;
             let prefix = from["prefix"].as_str().unwrap_or_default();
             for (k, v) in data.into_iter().flatten() {
                 out.from.push((
@@ -876,14 +871,9 @@ impl Kubelet {
             let name = r["name"].as_str().unwrap_or_default();
             let key = r["key"].as_str().unwrap_or_default();
             let optional = r["optional"].as_bool().unwrap_or(false);
-            let data = match cache.get(name) {
-                Some(d) => d.clone(),
-                None => {
-                    let d = self.config_map_data(ns, name, optional, deadline).await?;
-                    cache.insert(name.to_owned(), d.clone());
-                    d
-                }
-            };
+            let data = self
+                .config_map_data(&mut cache, ns, name, optional, deadline)
+                .await?;
             match data.as_ref().and_then(|d| d.get(key)) {
                 Some(v) => {
                     out.by_key_ref.insert(
@@ -898,20 +888,32 @@ impl Kubelet {
         Ok(out)
     }
 
-    /// The `data` of ConfigMap `ns/name`; `None` when it does not exist and `optional`.
-    /// A missing (or unreachable) ConfigMap is re-read every 250 ms until `deadline`.
+    /// The `data` of ConfigMap `ns/name` (from `cache` when read before, else from the
+    /// API and kept in `cache`); `None` when it does not exist and `optional`. A missing
+    /// (or unreachable) ConfigMap is re-read every 250 ms until `deadline`.
     async fn config_map_data(
         &self,
+        cache: &mut HashMap<String, Option<serde_json::Map<String, Value>>>,
         ns: &str,
         name: &str,
         optional: bool,
         deadline: tokio::time::Instant,
     ) -> Result<Option<serde_json::Map<String, Value>>, String> {
+        if let Some(d) = cache.get(name) {
+            return Ok(d.clone());
+        }
         let path = core_path(Some(ns), "configmaps", name);
         loop {
             match self.api.get(&path).await {
-                Ok(o) => return Ok(Some(o["data"].as_object().cloned().unwrap_or_default())),
-                Err(e) if e.code == 404 && optional => return Ok(None),
+                Ok(o) => {
+                    let d = Some(o["data"].as_object().cloned().unwrap_or_default());
+                    cache.insert(name.to_owned(), d.clone());
+                    return Ok(d);
+                }
+                Err(e) if e.code == 404 && optional => {
+                    cache.insert(name.to_owned(), None);
+                    return Ok(None);
+                }
                 Err(e)
                     if (e.code == 404 || e.is_transient())
                         && tokio::time::Instant::now() < deadline =>
