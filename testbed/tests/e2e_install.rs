@@ -519,6 +519,28 @@ fn gate_job(tb: &Testbed, cwd: &Path, args: &[&str]) -> (i32, String, String) {
     (out.status.code().unwrap_or(-1), o, e)
 }
 
+/// The condition type (`Complete` or `Failed`) the Job controller gave Job
+/// `firstpacket/firstpacket-gate` once it finished (polled: it follows the pod).
+fn job_outcome(tb: &Testbed) -> String {
+    tb.kubectl_until(
+        &[
+            "get",
+            "job",
+            "firstpacket-gate",
+            "-n",
+            "firstpacket",
+            "-o",
+            "jsonpath={range .status.conditions[?(@.status==\"True\")]}{.type}{\"\\n\"}{end}",
+        ],
+        Duration::from_secs(30),
+        |c| c.lines().any(|t| t == "Complete" || t == "Failed"),
+    )
+    .lines()
+    .find(|t| *t == "Complete" || *t == "Failed")
+    .unwrap_or_default()
+    .to_owned()
+}
+
 fn read_report(path: &Path, ctx: &str) -> Value {
     let text = std::fs::read_to_string(path)
         .unwrap_or_else(|e| panic!("{ctx}: no report {} ({e})", path.display()));
@@ -740,6 +762,7 @@ fn kustomize_helm_and_the_gate_job_on_the_real_control_plane() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    assert_eq!(job_outcome(&tb), "Complete", "the S1 gate Job");
     for name in ["before.json", "after.json", "in-cluster.json"] {
         let r = read_report(&work.join(name), "recipe");
         assert_eq!(r["verdict"], "pass", "{name}: {r:#}");
@@ -781,6 +804,8 @@ fn kustomize_helm_and_the_gate_job_on_the_real_control_plane() {
     );
     let r = read_report(&tb.state.join("s4.json"), "S4");
     assert_eq!(code, 1, "S4: exit {code}\n{stdout}\n{r:#}");
+    // The Job itself only says Failed, as it will for exit 2 below.
+    assert_eq!(job_outcome(&tb), "Failed", "the S4 gate Job");
     assert_eq!(r["verdict"], "fail", "{r:#}");
     assert_eq!(r["summary"]["diagnosis"], "cross_node_broken", "{r:#}");
     let failed_cross = r["probes"]
@@ -826,6 +851,7 @@ fn kustomize_helm_and_the_gate_job_on_the_real_control_plane() {
     );
     let r = read_report(&tb.state.join("missing.json"), "missing image");
     assert_eq!(code, 2, "missing probe image: exit {code}\n{stdout}\n{r:#}");
+    assert_eq!(job_outcome(&tb), "Failed", "the missing-image gate Job");
     assert_eq!(r["verdict"], "inconclusive", "{r:#}");
     assert!(
         r["probes"]
