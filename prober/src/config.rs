@@ -439,7 +439,9 @@ pub struct GateArgs {
 
     /// Write the JSON report (schema 1) here. Also written when the run fails at
     /// start-up (API unreachable, RBAC forbids a list, …): verdict inconclusive, exit
-    /// code 2, the cause in errors[], no probes.
+    /// code 2, the cause in errors[], no probes. `-` prints it to stdout between the
+    /// lines `===== BEGIN firstpacket report.json =====` and `===== END firstpacket
+    /// report.json =====` (for a gate run as a Job: the report stays in the pod's log).
     #[arg(long, env = "FIRSTPACKET_REPORT")]
     pub report: Option<PathBuf>,
 

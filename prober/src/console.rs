@@ -262,10 +262,16 @@ impl Console {
 
     /// The JSON report was written to `path`.
     pub fn report_written(&self, path: &std::path::Path) {
-        if self.json() {
-            tracing::info!(target: "prober::console", path = %path.display(), "report written");
+        // `--report -` printed it to stdout between markers.
+        let to = if path.as_os_str() == crate::gate_run::STDOUT_PATH {
+            "stdout".to_string()
         } else {
-            eprintln!("report written to {}", path.display());
+            path.display().to_string()
+        };
+        if self.json() {
+            tracing::info!(target: "prober::console", path = %to, "report written");
+        } else {
+            eprintln!("report written to {to}");
         }
     }
 

@@ -292,6 +292,14 @@ pub fn saved_settings(args: &GateArgs) -> crate::baseline::SavedSettings {
 
 /// Writes `text` to `path` (`flag` names it in the error).
 fn write_file(flag: &'static str, path: &std::path::Path, text: &str) -> Result<(), Error> {
+    if path.as_os_str() == STDOUT_PATH {
+        let name = match flag {
+            "--junit" => "junit.xml",
+            "--save-baseline" => "baseline.json",
+            _ => "output",
+        };
+        return write_output(path, name, text);
+    }
     std::fs::write(path, text).map_err(|e| Error::Output {
         path: format!("{} ({flag})", path.display()),
         source: e,
@@ -524,16 +532,43 @@ pub fn agent_facts(
     }
 }
 
-/// Writes `report` as pretty JSON plus a newline to `path`.
+/// Writes `report` as pretty JSON plus a newline to `path`; `-` prints it to stdout
+/// between marker lines ([`write_output`]).
 pub fn write_report(path: &std::path::Path, report: &GateReport) -> Result<(), Error> {
     let json = serde_json::to_string_pretty(report).map_err(|e| Error::Output {
         path: path.display().to_string(),
         source: std::io::Error::other(e),
     })?;
-    std::fs::write(path, json + "\n").map_err(|e| Error::Output {
+    write_output(path, "report.json", &(json + "\n"))
+}
+
+/// `text` (ending in a newline) between the marker lines of [`write_output`].
+fn framed(name: &str, text: &str) -> String {
+    format!("===== BEGIN firstpacket {name} =====\n{text}===== END firstpacket {name} =====\n")
+}
+
+/// The path that means "stdout, between markers" for `--report` (and the gate's other
+/// output files).
+pub const STDOUT_PATH: &str = "-";
+
+/// Writes `text` (ending in a newline) to the file `path`, or, when `path` is `-`, to
+/// stdout between the lines `===== BEGIN firstpacket NAME =====` and `===== END
+/// firstpacket NAME =====`, in one locked write, so a gate run as a Kubernetes Job
+/// (whose files vanish with its pod) leaves the output in the pod's log, where
+/// `scripts/gate-job.sh` cuts it out. Errors: [`Error::Output`] naming the path.
+pub fn write_output(path: &std::path::Path, name: &str, text: &str) -> Result<(), Error> {
+    let err = |e: std::io::Error| Error::Output {
         path: path.display().to_string(),
         source: e,
-    })
+    };
+    if path.as_os_str() == STDOUT_PATH {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        out.write_all(framed(name, text).as_bytes()).map_err(err)?;
+        out.flush().map_err(err)
+    } else {
+        std::fs::write(path, text).map_err(err)
+    }
 }
 
 /// Runs `prober gate`. Returns the process exit code (0 pass, 1 fail, 2 inconclusive);
@@ -1008,6 +1043,30 @@ pub fn api_outages(h: &crate::apihealth::ApiHealth) -> Vec<target_server::report
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn output_to_stdout_is_framed_by_marker_lines_and_a_file_gets_the_text_alone() {
+        let f = framed("report.json", "{\n  \"a\": 1\n}\n");
+        let lines: Vec<&str> = f.lines().collect();
+        assert_eq!(
+            lines.first(),
+            Some(&"===== BEGIN firstpacket report.json =====")
+        );
+        assert_eq!(
+            lines.last(),
+            Some(&"===== END firstpacket report.json =====")
+        );
+        assert_eq!(lines[1..lines.len() - 1].join("\n"), "{\n  \"a\": 1\n}");
+        let dir = std::env::temp_dir().join(format!("fp-write-output-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("r.json");
+        write_output(&file, "report.json", "x\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "x\n");
+        let bad = dir.join("missing-dir/r.json");
+        let e = write_output(&bad, "report.json", "x\n").unwrap_err();
+        assert!(e.to_string().contains("missing-dir"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn instance_and_probe_ids_have_the_documented_shape() {

@@ -60,6 +60,15 @@ pub const FALLBACK_LOG_LINES: usize = 80;
 /// Default `terminationGracePeriodSeconds` (Kubernetes API default).
 pub const DEFAULT_GRACE_SECONDS: i64 = 30;
 
+/// A container's environment from ConfigMaps ([`Kubelet::config_map_env`]).
+#[derive(Debug, Default)]
+struct ConfigMapEnv {
+    /// `envFrom` variables in order (later ones override earlier ones).
+    from: Vec<(String, String)>,
+    /// `valueFrom.configMapKeyRef` values by env name (absent: optional and missing).
+    by_key_ref: HashMap<String, String>,
+}
+
 /// Pods carrying this annotation are simulated by the daemon (the calico-node and
 /// kube-proxy agent pods; the value is the app, `calico-node` or `kube-proxy`): the
 /// kubelet runs no container for them and writes their status from the agent.
@@ -814,6 +823,109 @@ impl Kubelet {
         }
     }
 
+    /// The container's environment taken from ConfigMaps, as the real kubelet resolves
+    /// it (Kubernetes docs, "Configure a Pod to Use a ConfigMap"): `envFrom[].configMapRef`
+    /// (every key, with the entry's `prefix`, in list order) and
+    /// `env[].valueFrom.configMapKeyRef` (by the env entry's name). A ConfigMap or key
+    /// that does not exist is an error unless marked `optional: true`; missing
+    /// ConfigMaps are re-read for ~10 s first (one applied in the same `kubectl apply` may
+    /// land after the pod). Secrets are refused (this testbed has none to give).
+    /// Errors: a message for `CreateContainerConfigError`.
+    async fn config_map_env(&self, pod: &Value, container: &Value) -> Result<ConfigMapEnv, String> {
+        let ns = pod["metadata"]["namespace"].as_str().unwrap_or("default");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let mut cache: HashMap<String, Option<serde_json::Map<String, Value>>> = HashMap::new();
+        let mut out = ConfigMapEnv::default();
+        for from in container["envFrom"].as_array().into_iter().flatten() {
+            if from.get("secretRef").is_some() {
+                return Err("envFrom secretRef: this testbed has no Secrets to give".into());
+            }
+            let Some(cm) = from.get("configMapRef") else {
+                continue;
+            };
+            let name = cm["name"].as_str().unwrap_or_default();
+            let optional = cm["optional"].as_bool().unwrap_or(false);
+            let data = self
+                .config_map_data(&mut cache, ns, name, optional, deadline)
+                .await?;
+            let prefix = from["prefix"].as_str().unwrap_or_default();
+            for (k, v) in data.into_iter().flatten() {
+                out.from.push((
+                    format!("{prefix}{k}"),
+                    v.as_str().unwrap_or_default().to_owned(),
+                ));
+            }
+        }
+        for e in container["env"].as_array().into_iter().flatten() {
+            let Some(env_name) = e["name"].as_str() else {
+                continue;
+            };
+            if e["valueFrom"].get("secretKeyRef").is_some() {
+                return Err(format!(
+                    "env {env_name}: secretKeyRef: this testbed has no Secrets to give"
+                ));
+            }
+            let Some(r) = e["valueFrom"].get("configMapKeyRef") else {
+                continue;
+            };
+            let name = r["name"].as_str().unwrap_or_default();
+            let key = r["key"].as_str().unwrap_or_default();
+            let optional = r["optional"].as_bool().unwrap_or(false);
+            let data = self
+                .config_map_data(&mut cache, ns, name, optional, deadline)
+                .await?;
+            match data.as_ref().and_then(|d| d.get(key)) {
+                Some(v) => {
+                    out.by_key_ref.insert(
+                        env_name.to_owned(),
+                        v.as_str().unwrap_or_default().to_owned(),
+                    );
+                }
+                None if optional => {}
+                None => return Err(format!("couldn't find key {key} in ConfigMap {ns}/{name}")),
+            }
+        }
+        Ok(out)
+    }
+
+    /// The `data` of ConfigMap `ns/name` (from `cache` when read before, else from the
+    /// API and kept in `cache`); `None` when it does not exist and `optional`. A missing
+    /// (or unreachable) ConfigMap is re-read every 250 ms until `deadline`.
+    async fn config_map_data(
+        &self,
+        cache: &mut HashMap<String, Option<serde_json::Map<String, Value>>>,
+        ns: &str,
+        name: &str,
+        optional: bool,
+        deadline: tokio::time::Instant,
+    ) -> Result<Option<serde_json::Map<String, Value>>, String> {
+        if let Some(d) = cache.get(name) {
+            return Ok(d.clone());
+        }
+        let path = core_path(Some(ns), "configmaps", name);
+        loop {
+            match self.api.get(&path).await {
+                Ok(o) => {
+                    let d = Some(o["data"].as_object().cloned().unwrap_or_default());
+                    cache.insert(name.to_owned(), d.clone());
+                    return Ok(d);
+                }
+                Err(e) if e.code == 404 && optional => {
+                    cache.insert(name.to_owned(), None);
+                    return Ok(None);
+                }
+                Err(e)
+                    if (e.code == 404 || e.is_transient())
+                        && tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(250)).await
+                }
+                Err(e) if e.code == 404 => return Err(format!("configmap {name:?} not found")),
+                Err(e) => return Err(format!("configmap {name:?}: {e}")),
+            }
+        }
+    }
+
     /// Fills the pod's projected `kube-api-access-*` volume, if its first container
     /// mounts one at the service-account path, into `<pod_dir>/<volume>`: a
     /// TokenRequest token (`POST serviceaccounts/NAME/token`, bound to the pod), the
@@ -1468,7 +1580,15 @@ impl PodWorker {
             Ok(dir) => crate::security::container_identity(&pod, &container).map(|id| (dir, id)),
             Err(msg) => Err(msg),
         };
-        let (api_access, identity) = match prepared {
+        let prepared = match prepared {
+            Ok((dir, id)) => self
+                .k
+                .config_map_env(&pod, &container)
+                .await
+                .map(|env| (dir, id, env)),
+            Err(msg) => Err(msg),
+        };
+        let (api_access, identity, cm_env) = match prepared {
             Ok(v) => v,
             Err(msg) => {
                 tracing::warn!(pod = %self.name, "{msg}");
@@ -1495,6 +1615,7 @@ impl PodWorker {
                 &pod_dir,
                 api_access.as_deref(),
                 &identity,
+                &cm_env,
             ) {
                 Ok(c) => c,
                 Err(msg) => {
@@ -1695,6 +1816,7 @@ impl PodWorker {
         pod_dir: &Path,
         api_access: Option<&Path>,
         identity: &crate::security::Identity,
+        cm_env: &ConfigMapEnv,
     ) -> Result<tokio::process::Child, String> {
         let dev_dir = pod_dir.join("dev");
         std::fs::create_dir_all(&dev_dir)
@@ -1771,6 +1893,10 @@ impl PodWorker {
         for (k, v) in self.k.agent.container_env() {
             cmd.env(k, v);
         }
+        // envFrom first, `env` entries override it (as the real kubelet orders them).
+        for (k, v) in &cm_env.from {
+            cmd.env(k, v);
+        }
         if let Some(envs) = container["env"].as_array() {
             for e in envs {
                 let Some(name) = e["name"].as_str() else {
@@ -1780,6 +1906,12 @@ impl PodWorker {
                     v.to_owned()
                 } else if let Some(fp) = e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
                     downward_field(pod, fp, &net.ip.to_string(), &self.k.cfg)
+                } else if e["valueFrom"].get("configMapKeyRef").is_some() {
+                    match cm_env.by_key_ref.get(name) {
+                        Some(v) => v.clone(),
+                        // optional and missing: the variable is not set at all
+                        None => continue,
+                    }
                 } else {
                     String::new()
                 };

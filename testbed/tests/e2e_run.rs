@@ -972,13 +972,21 @@ fn in_cluster_deployment_owns_its_probe_pods_exits_0_on_sigterm_and_cleans_up_af
         &["--bin-dir", bin_dir.to_str().expect("path")],
     );
     // The probe namespace (Pod Security `restricted`) and the prober's RBAC as a user
-    // applies them: `kubectl apply -k manifests/base`. A real API server authorises the
-    // pod's ServiceAccount by exactly that RBAC (the built-in one allows everything).
+    // applies them: `kubectl apply -f manifests/base/namespace.yaml -f
+    // manifests/base/rbac.yaml` (not the base's own Deployment: this test runs its own).
+    // A real API server authorises the pod's ServiceAccount by exactly that RBAC (the
+    // built-in one allows everything).
     if common::on_real_control_plane() {
         tb.kubectl(&[
             "apply",
-            "-k",
-            common::repo_file("manifests/base").to_str().expect("path"),
+            "-f",
+            common::repo_file("manifests/base/namespace.yaml")
+                .to_str()
+                .expect("path"),
+            "-f",
+            common::repo_file("manifests/base/rbac.yaml")
+                .to_str()
+                .expect("path"),
         ]);
     } else {
         // The built-in API server has no RBAC types: the namespace and the

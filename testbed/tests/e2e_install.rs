@@ -1,0 +1,973 @@
+//! Installing firstpacket as users do, on the real control plane (etcd, kube-apiserver,
+//! kube-scheduler, kube-controller-manager; `bash scripts/control-plane.sh`), with
+//! `helm` built by `bash scripts/helm.sh` and the prometheus-operator CRDs fetched by
+//! `bash scripts/prometheus-operator-crds.sh` (`.ci/run` runs all three first):
+//!
+//! - `chart_lints_and_renders_the_continuous_overlay`: `helm lint`, and `helm template`
+//!   with default values renders the objects of `kubectl kustomize
+//!   manifests/overlays/continuous` after the normalisation README "Helm chart" documents
+//!   (no testbed).
+//! - `kustomize_helm_and_the_gate_job_on_the_real_control_plane`: one testbed, in steps:
+//!   `kubectl apply -k manifests/overlays/continuous` gives two Ready replicas, one
+//!   leader, probes running and metrics served (through the API server's pod proxy and
+//!   the Service's named port); a server-side dry-run of every object each overlay and
+//!   the chart render (ServiceMonitor and PrometheusRule against the CRDs); `helm
+//!   install` in another namespace gives a Ready leader too; README's CI recipe (GitHub
+//!   Actions and GitLab CI, the same commands) run against the testbed with a CNI agent
+//!   rollout as the upgrade; `scripts/gate-job.sh` on S4 exits 1 with the cross-node
+//!   failures, with a missing probe image exits 2, with a missing prober image exits 2.
+//! - `config_map_env_reaches_the_container_as_the_kubelet_gives_it`: the testbed
+//!   kubelet's env from ConfigMaps (what the gate Job's thresholds use), on either control plane.
+mod common;
+
+use common::{poll_until, repo_file, Testbed, SERIAL};
+use serde::Deserialize;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// Labels the chart adds to what the kustomize manifests carry (Helm's bookkeeping);
+/// the normalisation drops them before comparing.
+const CHART_ONLY_LABELS: [&str; 3] = [
+    "helm.sh/chart",
+    "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/version",
+];
+
+/// The path a `scripts/*.sh --print` names (the cached tool), if it exists.
+fn cached_tool(script: &str) -> Option<PathBuf> {
+    let out = Command::new("bash")
+        .arg(repo_file(script))
+        .arg("--print")
+        .output()
+        .ok()?;
+    let p = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    p.exists().then_some(p)
+}
+
+fn helm_bin() -> Option<PathBuf> {
+    let h = cached_tool("scripts/helm.sh");
+    if h.is_none() {
+        eprintln!("SKIPPED: helm is not built (bash scripts/helm.sh)");
+    }
+    h
+}
+
+/// stdout of a command on the host; panics with its stderr unless it exits 0.
+fn run_ok(cmd: &mut Command) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("start {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Every non-empty document of a multi-document YAML text, as JSON values.
+fn yaml_docs(text: &str) -> Vec<Value> {
+    serde_yaml_ng::Deserializer::from_str(text)
+        .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("YAML: {e}\n{text}")))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// `kubectl kustomize manifests/overlays/NAME`.
+fn render_overlay(name: &str) -> String {
+    run_ok(
+        Command::new("kubectl")
+            .arg("kustomize")
+            .arg(repo_file(&format!("manifests/overlays/{name}"))),
+    )
+}
+
+/// `helm template RELEASE manifests/helm/firstpacket -n NAMESPACE --set …`.
+fn helm_template(helm: &Path, release: &str, namespace: &str, sets: &[&str]) -> String {
+    let mut c = Command::new(helm);
+    c.args(["template", release])
+        .arg(repo_file("manifests/helm/firstpacket"))
+        .args(["-n", namespace]);
+    for s in sets {
+        c.args(["--set", s]);
+    }
+    run_ok(&mut c)
+}
+
+/// The documented normalisation (README "Helm chart"): the Namespace object left out
+/// (Helm does not create the release namespace), the labels of [`CHART_ONLY_LABELS`]
+/// dropped (an emptied `labels` map with them), objects sorted by kind, namespace, name.
+fn normalise(objects: Vec<Value>) -> Vec<Value> {
+    let mut v: Vec<Value> = objects
+        .into_iter()
+        .filter(|o| o["kind"] != "Namespace")
+        .map(|mut o| {
+            if let Some(md) = o["metadata"].as_object_mut() {
+                if let Some(labels) = md.get_mut("labels").and_then(Value::as_object_mut) {
+                    for l in CHART_ONLY_LABELS {
+                        labels.remove(l);
+                    }
+                    if labels.is_empty() {
+                        md.remove("labels");
+                    }
+                }
+            }
+            o
+        })
+        .collect();
+    let key = |o: &Value| {
+        (
+            o["kind"].as_str().unwrap_or_default().to_owned(),
+            o["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            o["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        )
+    };
+    v.sort_by_key(key);
+    v
+}
+
+/// `kind/namespace/name` of each object, for messages.
+fn names(objects: &[Value]) -> Vec<String> {
+    objects
+        .iter()
+        .map(|o| {
+            format!(
+                "{}/{}/{}",
+                o["kind"].as_str().unwrap_or_default(),
+                o["metadata"]["namespace"].as_str().unwrap_or("-"),
+                o["metadata"]["name"].as_str().unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
+/// The first object that differs between two normalised renderings, for the message.
+fn first_difference(a: &[Value], b: &[Value]) -> String {
+    if a.len() != b.len() {
+        return format!("{:?}\nvs\n{:?}", names(a), names(b));
+    }
+    a.iter()
+        .zip(b)
+        .find(|(x, y)| x != y)
+        .map(|(x, y)| format!("{x:#}\nvs\n{y:#}"))
+        .unwrap_or_default()
+}
+
+#[test]
+fn chart_lints_and_renders_the_continuous_overlay() {
+    let Some(helm) = helm_bin() else {
+        return;
+    };
+    let lint = run_ok(
+        Command::new(&helm)
+            .arg("lint")
+            .arg(repo_file("manifests/helm/firstpacket")),
+    );
+    assert!(lint.contains("0 chart(s) failed"), "{lint}");
+
+    let overlay = normalise(yaml_docs(&render_overlay("continuous")));
+    let chart = normalise(yaml_docs(&helm_template(
+        &helm,
+        "firstpacket",
+        "firstpacket",
+        &[],
+    )));
+    assert!(
+        overlay.len() >= 10,
+        "the overlay rendered too little: {:?}",
+        names(&overlay)
+    );
+    assert!(
+        overlay == chart,
+        "helm template (default values) and kubectl kustomize manifests/overlays/continuous differ after normalisation:\n{}",
+        first_difference(&overlay, &chart)
+    );
+    // The comparison sees a difference in values (it can fail).
+    let three = normalise(yaml_docs(&helm_template(
+        &helm,
+        "firstpacket",
+        "firstpacket",
+        &["replicas=3"],
+    )));
+    assert!(three != overlay, "replicas=3 rendered the same objects");
+
+    // The ServiceMonitor toggle renders the prometheus-operator overlay's ServiceMonitor.
+    let monitor = |objects: Vec<Value>| {
+        normalise(objects)
+            .into_iter()
+            .filter(|o| o["kind"] == "ServiceMonitor")
+            .collect::<Vec<_>>()
+    };
+    let from_overlay = monitor(yaml_docs(&render_overlay("prometheus-operator")));
+    let from_chart = monitor(yaml_docs(&helm_template(
+        &helm,
+        "firstpacket",
+        "firstpacket",
+        &["serviceMonitor.enabled=true"],
+    )));
+    assert_eq!(from_overlay.len(), 1, "{:?}", names(&from_overlay));
+    assert!(
+        from_overlay == from_chart,
+        "ServiceMonitor differs:\n{}",
+        first_difference(&from_overlay, &from_chart)
+    );
+
+    // The PrometheusRule toggle reads files/firstpacket.rules.yaml: rendered with the
+    // thresholds from values when the file is there, a clear error when it is not.
+    let rules = repo_file("manifests/helm/firstpacket/files/firstpacket.rules.yaml");
+    let mut c = Command::new(&helm);
+    c.args(["template", "firstpacket"])
+        .arg(repo_file("manifests/helm/firstpacket"))
+        .args(["--set", "prometheusRule.enabled=true"]);
+    let out = c.output().expect("helm template");
+    if rules.is_file() {
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}");
+        let rule = yaml_docs(&text)
+            .into_iter()
+            .find(|o| o["kind"] == "PrometheusRule");
+        assert!(rule.is_some(), "no PrometheusRule rendered:\n{text}");
+    } else {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("files/firstpacket.rules.yaml"),
+            "prometheusRule.enabled without the rules file: {err}"
+        );
+        eprintln!("note: no manifests/helm/firstpacket/files/firstpacket.rules.yaml yet: the PrometheusRule toggle was checked to refuse clearly");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// On the real control plane.
+
+fn json(tb: &Testbed, args: &[&str]) -> Value {
+    let mut a = args.to_vec();
+    a.extend(["-o", "json"]);
+    let out = tb.kubectl(&a);
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("kubectl {args:?}: {e}: {out}"))
+}
+
+/// Names of the Ready pods (not being deleted) matching `selector` in `ns`.
+fn ready_pods(tb: &Testbed, ns: &str, selector: &str) -> Vec<String> {
+    let list = json(tb, &["get", "pods", "-n", ns, "-l", selector]);
+    list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .filter(|p| {
+            p["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        })
+        .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// A path through the API server (`kubectl get --raw`), `None` when it fails.
+fn raw(tb: &Testbed, path: &str) -> Option<String> {
+    let out = tb.exec(&["kubectl", "get", "--raw", path]);
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Sum of the samples of metric family `name` on an exposition page (`None`: absent).
+fn metric(page: &str, name: &str) -> Option<f64> {
+    let mut seen = false;
+    let sum = page
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let family = series.split('{').next()?;
+            (family == name).then(|| value.parse::<f64>().ok())?
+        })
+        .inspect(|_| seen = true)
+        .sum();
+    seen.then_some(sum)
+}
+
+/// The Ready replicas of a `prober run` install in `ns` (two of them), the leader among
+/// them (the Lease's holder, whose /metrics says `firstpacket_leader 1` while the other
+/// says 0, read through the API server's pod proxy), and probes running on it
+/// (`firstpacket_probes_in_flight` or `firstpacket_probes_total` above 0).
+fn assert_ready_leader_probing(tb: &Testbed, ns: &str, selector: &str) -> String {
+    let pods = poll_until(
+        Duration::from_secs(120),
+        || ready_pods(tb, ns, selector),
+        |p| p.len() == 2,
+    );
+    assert_eq!(
+        pods.len(),
+        2,
+        "not 2 Ready prober pods in {ns}: {:#}",
+        json(tb, &["get", "pods", "-n", ns])
+    );
+    let holder = tb.kubectl_until(
+        &[
+            "get",
+            "lease",
+            "firstpacket-leader",
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.spec.holderIdentity}",
+        ],
+        Duration::from_secs(60),
+        |h| pods.iter().any(|p| p == h.trim()),
+    );
+    let holder = holder.trim().to_owned();
+    assert!(
+        pods.contains(&holder),
+        "Lease holder {holder:?}, pods {pods:?}"
+    );
+    let page = |pod: &str| {
+        raw(
+            tb,
+            &format!("/api/v1/namespaces/{ns}/pods/{pod}:9090/proxy/metrics"),
+        )
+    };
+    let leaders = poll_until(
+        Duration::from_secs(30),
+        || {
+            pods.iter()
+                .map(|p| {
+                    (
+                        p.clone(),
+                        page(p).and_then(|m| metric(&m, "firstpacket_leader")),
+                    )
+                })
+                .collect::<Vec<_>>()
+        },
+        |l| {
+            l.iter()
+                .all(|(p, v)| *v == Some(if *p == holder { 1.0 } else { 0.0 }))
+        },
+    );
+    for (p, v) in &leaders {
+        let want = if *p == holder { 1.0 } else { 0.0 };
+        assert_eq!(
+            *v,
+            Some(want),
+            "firstpacket_leader of {p} (holder {holder})"
+        );
+    }
+    let probing = poll_until(
+        Duration::from_secs(60),
+        || page(&holder).unwrap_or_default(),
+        |m| {
+            metric(m, "firstpacket_probes_in_flight").unwrap_or(0.0) > 0.0
+                || metric(m, "firstpacket_probes_total").unwrap_or(0.0) > 0.0
+        },
+    );
+    assert!(
+        metric(&probing, "firstpacket_probes_in_flight").unwrap_or(0.0) > 0.0
+            || metric(&probing, "firstpacket_probes_total").unwrap_or(0.0) > 0.0,
+        "the leader {holder} is not probing:\n{probing}"
+    );
+    holder
+}
+
+/// `kubectl apply --dry-run=server -f FILE` of a rendering: every object accepted.
+fn dry_run(tb: &Testbed, what: &str, text: &str) {
+    let objects = yaml_docs(text);
+    let file = tb.manifest(&format!("dry-run-{what}.yaml"), text);
+    let out = tb.kubectl(&["apply", "--dry-run=server", "-f", &file]);
+    let accepted = out
+        .lines()
+        .filter(|l| l.contains("(server dry run)"))
+        .count();
+    assert_eq!(
+        accepted,
+        objects.len(),
+        "server-side dry-run of {what}: {out}\nobjects: {:?}",
+        names(&objects)
+    );
+    eprintln!("dry-run {what}: {accepted} objects accepted");
+}
+
+/// Whether `prober gate --help` still calls FLAG "not implemented yet".
+fn not_implemented(flag: &str) -> bool {
+    let help = run_ok(Command::new(common::bin("prober")).args(["gate", "--help"]));
+    let mut lines = help
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with(flag));
+    let Some(first) = lines.next() else {
+        return true;
+    };
+    std::iter::once(first)
+        .chain(lines.take_while(|l| !l.trim_start().starts_with('-')))
+        .any(|l| l.contains("not implemented yet"))
+}
+
+/// `cmd` without `FLAG VALUE` for each flag in `drop`.
+fn without_flags(cmd: &str, drop: &[&str]) -> String {
+    let mut out = Vec::new();
+    let mut skip = false;
+    for w in cmd.split_whitespace() {
+        if skip {
+            skip = false;
+        } else if drop.contains(&w) {
+            skip = true;
+        } else {
+            out.push(w);
+        }
+    }
+    out.join(" ")
+}
+
+/// The commands of README's worked CI examples, per step: from the GitHub Actions
+/// workflow (every `run:` of the job's steps, by step name) and the GitLab CI job
+/// (`before_script` + `script`). Both must list the same commands.
+fn readme_ci_commands() -> Vec<String> {
+    let readme = std::fs::read_to_string(repo_file("README.md")).expect("README.md");
+    let blocks: Vec<&str> = readme
+        .split("```yaml\n")
+        .skip(1)
+        .filter_map(|b| b.split("\n```").next())
+        .collect();
+    let github = blocks
+        .iter()
+        .find(|b| b.contains("runs-on:") && b.contains("prober gate"))
+        .expect("README: a GitHub Actions example running prober gate");
+    let gitlab = blocks
+        .iter()
+        .find(|b| b.contains("script:") && b.contains("prober gate") && !b.contains("runs-on:"))
+        .expect("README: a GitLab CI example running prober gate");
+    let gh: Value = serde_yaml_ng::from_str(github).expect("GitHub Actions YAML");
+    let gh_cmds: Vec<String> = gh["jobs"]
+        .as_object()
+        .and_then(|j| j.values().next())
+        .and_then(|j| j["steps"].as_array())
+        .expect("jobs.*.steps")
+        .iter()
+        .filter_map(|s| s["run"].as_str().map(|r| r.trim().to_owned()))
+        .collect();
+    let gl: Value = serde_yaml_ng::from_str(gitlab).expect("GitLab CI YAML");
+    let job = gl
+        .as_object()
+        .and_then(|o| o.values().find(|j| j["script"].is_array()))
+        .expect("a GitLab job with script:");
+    let gl_cmds: Vec<String> = ["before_script", "script"]
+        .iter()
+        .flat_map(|k| job[*k].as_array().cloned().unwrap_or_default())
+        .filter_map(|c| c.as_str().map(|c| c.trim().to_owned()))
+        .collect();
+    // GitHub writes the kubeconfig from a secret; GitLab's is a File variable.
+    let gh_cmds: Vec<String> = gh_cmds
+        .into_iter()
+        .filter(|c| !c.contains("KUBECONFIG_DATA"))
+        .collect();
+    assert_eq!(
+        gh_cmds, gl_cmds,
+        "README's GitHub Actions and GitLab CI examples run different commands"
+    );
+    gh_cmds
+}
+
+/// A kustomization in the state dir on top of manifests/overlays/gate (kustomize wants a
+/// relative path to it) with `config` added to the ConfigMap `firstpacket-gate` and
+/// `extra` appended (e.g. an `images:` entry). Returns its directory.
+fn gate_overlay(tb: &Testbed, name: &str, config: &[(&str, &str)], extra: &str) -> PathBuf {
+    let dir = tb.state.join(format!("overlay-{name}"));
+    std::fs::create_dir_all(&dir).expect("overlay dir");
+    let gate = repo_file("manifests/overlays/gate")
+        .canonicalize()
+        .expect("gate overlay");
+    let dir_abs = dir.canonicalize().expect("overlay dir");
+    let up = "../".repeat(dir_abs.components().count() - 1);
+    let rel = format!("{up}{}", gate.display().to_string().trim_start_matches('/'));
+    let data: String = config
+        .iter()
+        .map(|(k, v)| format!("      {k}: \"{v}\"\n"))
+        .collect();
+    let patch = if config.is_empty() {
+        String::new()
+    } else {
+        format!("patches:\n- patch: |-\n    apiVersion: v1\n    kind: ConfigMap\n    metadata: {{name: firstpacket-gate, namespace: firstpacket}}\n    data:\n{data}")
+    };
+    let text = format!("resources:\n- {rel}\n{patch}{extra}");
+    std::fs::write(dir.join("kustomization.yaml"), text).expect("kustomization");
+    dir
+}
+
+/// `bash scripts/gate-job.sh ARGS…` against the testbed: (exit code, stdout, stderr).
+fn gate_job(tb: &Testbed, cwd: &Path, args: &[&str]) -> (i32, String, String) {
+    let script = repo_file("scripts/gate-job.sh");
+    let mut cmd = format!("cd '{}' && bash '{}'", cwd.display(), script.display());
+    for a in args {
+        cmd.push_str(&format!(" '{a}'"));
+    }
+    let out = tb.exec(&["bash", "-c", &cmd]);
+    let (o, e) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    eprintln!("gate-job.sh {args:?}: exit {:?}\n{e}", out.status.code());
+    (out.status.code().unwrap_or(-1), o, e)
+}
+
+/// The condition type (`Complete` or `Failed`) the Job controller gave Job
+/// `firstpacket/firstpacket-gate` once it finished (polled: it follows the pod).
+fn job_outcome(tb: &Testbed) -> String {
+    tb.kubectl_until(
+        &[
+            "get",
+            "job",
+            "firstpacket-gate",
+            "-n",
+            "firstpacket",
+            "-o",
+            "jsonpath={range .status.conditions[?(@.status==\"True\")]}{.type}{\"\\n\"}{end}",
+        ],
+        Duration::from_secs(30),
+        |c| c.lines().any(|t| t == "Complete" || t == "Failed"),
+    )
+    .lines()
+    .find(|t| *t == "Complete" || *t == "Failed")
+    .unwrap_or_default()
+    .to_owned()
+}
+
+fn read_report(path: &Path, ctx: &str) -> Value {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{ctx}: no report {} ({e})", path.display()));
+    let v: Value = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("{ctx}: report {}: {e}\n{text}", path.display()));
+    common::validate(&v);
+    v
+}
+
+#[test]
+fn kustomize_helm_and_the_gate_job_on_the_real_control_plane() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(helm) = helm_bin() else {
+        return;
+    };
+    let s1 = std::fs::read_to_string(repo_file("testbed/faults/s1-healthy.yaml")).expect("S1");
+    let Some(tb) = Testbed::up_real("install", 3, &s1, &[]) else {
+        return;
+    };
+    let t0 = Instant::now();
+    let step = |name: &str| eprintln!("== {name} (at {:.1}s)", t0.elapsed().as_secs_f64());
+    let junit = !not_implemented("--junit");
+
+    // 1. The continuous overlay, as users apply it.
+    step("kubectl apply -k manifests/overlays/continuous");
+    let continuous = repo_file("manifests/overlays/continuous");
+    tb.kubectl(&["apply", "-k", continuous.to_str().expect("path")]);
+    let selector = "app.kubernetes.io/name=firstpacket-prober";
+    let leader = assert_ready_leader_probing(&tb, "firstpacket", selector);
+    eprintln!("leader {leader}");
+    // The Service's named port reaches the admin server of both replicas.
+    let slices = json(
+        &tb,
+        &[
+            "get",
+            "endpointslices",
+            "-n",
+            "firstpacket",
+            "-l",
+            "kubernetes.io/service-name=firstpacket",
+        ],
+    );
+    let ready_endpoints: usize = slices["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| {
+            s["ports"].as_array().is_some_and(|p| {
+                p.iter()
+                    .any(|p| p["name"] == "metrics" && p["port"] == 9090)
+            })
+        })
+        .map(|s| {
+            s["endpoints"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|e| e["conditions"]["ready"] == true)
+                .count()
+        })
+        .sum();
+    assert_eq!(
+        ready_endpoints, 2,
+        "EndpointSlices of Service firstpacket: {slices:#}"
+    );
+    let via_service = raw(
+        &tb,
+        "/api/v1/namespaces/firstpacket/services/firstpacket:metrics/proxy/metrics",
+    )
+    .unwrap_or_default();
+    assert!(
+        metric(&via_service, "firstpacket_leader").is_some(),
+        "no firstpacket_leader through the Service's metrics port:\n{via_service}"
+    );
+
+    // 2. Server-side dry-run of every rendered object (the CRDs first).
+    step("server-side dry-run of every rendering");
+    let crds = cached_tool("scripts/prometheus-operator-crds.sh");
+    match &crds {
+        Some(dir) => {
+            for kind in ["servicemonitors", "prometheusrules"] {
+                let f = dir.join(format!("monitoring.coreos.com_{kind}.yaml"));
+                tb.kubectl(&["apply", "--server-side", "-f", f.to_str().expect("path")]);
+            }
+            tb.kubectl(&[
+                "wait",
+                "--for",
+                "condition=established",
+                "--timeout",
+                "60s",
+                "crd/servicemonitors.monitoring.coreos.com",
+                "crd/prometheusrules.monitoring.coreos.com",
+            ]);
+        }
+        None => eprintln!(
+            "SKIPPED: ServiceMonitor/PrometheusRule dry-runs: no CRDs (bash scripts/prometheus-operator-crds.sh)"
+        ),
+    }
+    dry_run(&tb, "continuous", &render_overlay("continuous"));
+    dry_run(&tb, "gate", &render_overlay("gate"));
+    if crds.is_some() {
+        dry_run(
+            &tb,
+            "prometheus-operator",
+            &render_overlay("prometheus-operator"),
+        );
+    }
+    tb.manifest(
+        "fp-helm-ns.yaml",
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: fp-helm\n  labels: {pod-security.kubernetes.io/enforce: restricted}\n",
+    );
+    tb.kubectl(&[
+        "apply",
+        "-f",
+        tb.state.join("fp-helm-ns.yaml").to_str().expect("path"),
+    ]);
+    let rules_file = repo_file("manifests/helm/firstpacket/files/firstpacket.rules.yaml");
+    let mut sets = vec![];
+    if crds.is_some() {
+        sets.push("serviceMonitor.enabled=true");
+        if rules_file.is_file() {
+            sets.push("prometheusRule.enabled=true");
+        }
+    }
+    dry_run(&tb, "helm", &helm_template(&helm, "fph", "fp-helm", &sets));
+
+    // 3. helm install into another namespace: a Ready leader there too.
+    step("helm install -n fp-helm");
+    let chart = repo_file("manifests/helm/firstpacket");
+    let out = tb.exec(&[
+        helm.to_str().expect("path"),
+        "install",
+        "fph",
+        chart.to_str().expect("path"),
+        "-n",
+        "fp-helm",
+    ]);
+    assert!(
+        out.status.success(),
+        "helm install: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let helm_leader = assert_ready_leader_probing(&tb, "fp-helm", selector);
+    eprintln!("helm install's leader {helm_leader}");
+    let out = tb.exec(&[
+        helm.to_str().expect("path"),
+        "uninstall",
+        "fph",
+        "-n",
+        "fp-helm",
+        "--wait",
+    ]);
+    assert!(
+        out.status.success(),
+        "helm uninstall: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The gates below get the cluster to themselves.
+    tb.kubectl(&[
+        "delete",
+        "deployment",
+        "firstpacket",
+        "-n",
+        "firstpacket",
+        "--wait",
+    ]);
+    let left = tb.wait_no_probe_pods(Duration::from_secs(60));
+    assert!(left.is_empty(), "probe pods left: {left:?}");
+
+    // 4. README's CI recipe (runner with a kubeconfig, then the in-cluster Job).
+    step("README CI recipe");
+    let work = tb.state.join("ci");
+    std::fs::create_dir_all(&work).expect("ci dir");
+    std::os::unix::fs::symlink(
+        repo_file("").canonicalize().expect("repo"),
+        work.join("firstpacket"),
+    )
+    .expect("symlink firstpacket");
+    let mut drop_flags = vec![];
+    for flag in ["--junit", "--save-baseline", "--baseline"] {
+        if not_implemented(flag) {
+            drop_flags.push(flag);
+        }
+    }
+    if !drop_flags.is_empty() {
+        eprintln!(
+            "note: prober gate --help says {drop_flags:?} are not implemented yet: the recipe runs without them"
+        );
+    }
+    for cmd in readme_ci_commands() {
+        if cmd.starts_with("git clone") || cmd.starts_with("cargo install") {
+            // This checkout is the clone (symlinked) and its prober is built.
+            eprintln!("recipe: skipped here: {cmd}");
+            continue;
+        }
+        if cmd.contains("upgrade-cluster") {
+            // The upgrade: a CNI agent rollout on node-1.
+            eprintln!("recipe: the upgrade: testbed agent roll node-1");
+            common::testbed_ok(
+                &tb,
+                &[
+                    "agent",
+                    "roll",
+                    "node-1",
+                    "--image",
+                    "docker.io/calico/node:v3.31.0",
+                ],
+            );
+            continue;
+        }
+        let cmd = without_flags(&cmd, &drop_flags);
+        eprintln!("recipe: {cmd}");
+        let out = tb.exec(&["bash", "-ec", &format!("cd '{}'\n{cmd}", work.display())]);
+        assert!(
+            out.status.success(),
+            "recipe step {cmd:?} exited {:?}:\n{}\n{}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_eq!(job_outcome(&tb), "Complete", "the S1 gate Job");
+    for name in ["before.json", "after.json", "in-cluster.json"] {
+        let r = read_report(&work.join(name), "recipe");
+        assert_eq!(r["verdict"], "pass", "{name}: {r:#}");
+        assert!(
+            r["summary"]["total"].as_u64().unwrap_or(0) > 0,
+            "{name}: no probes"
+        );
+    }
+    if junit {
+        for name in ["before.xml", "after.xml", "in-cluster.xml"] {
+            let x = std::fs::read_to_string(work.join(name)).unwrap_or_default();
+            assert!(x.contains("<testsuite"), "{name}: {x}");
+        }
+    }
+
+    // 5. S4 through the Job: exit 1, the cross-node failures in the report.
+    step("gate Job on S4");
+    tb.set_fault(
+        &std::fs::read_to_string(repo_file("testbed/faults/s4-cross-node.yaml")).expect("S4"),
+    );
+    let mut s4_config = vec![("FIRSTPACKET_GIVE_UP", "10s")];
+    if junit {
+        s4_config.push(("FIRSTPACKET_JUNIT", "-"));
+    }
+    let s4 = gate_overlay(&tb, "s4", &s4_config, "");
+    let (code, stdout, _) = gate_job(
+        &tb,
+        &tb.state,
+        &[
+            "-k",
+            s4.to_str().expect("path"),
+            "--report",
+            "s4.json",
+            "--junit",
+            "s4.xml",
+            "--timeout",
+            "240",
+        ],
+    );
+    let r = read_report(&tb.state.join("s4.json"), "S4");
+    assert_eq!(code, 1, "S4: exit {code}\n{stdout}\n{r:#}");
+    // The Job itself only says Failed, as it will for exit 2 below.
+    assert_eq!(job_outcome(&tb), "Failed", "the S4 gate Job");
+    assert_eq!(r["verdict"], "fail", "{r:#}");
+    assert_eq!(r["summary"]["diagnosis"], "cross_node_broken", "{r:#}");
+    let failed_cross = r["probes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["kind"] == "cross_node" && p["result"] == "failed")
+        .count();
+    assert!(
+        failed_cross >= 2,
+        "S4: {failed_cross} failed cross-node probes: {r:#}"
+    );
+    assert!(
+        stdout.contains("cross_node_broken"),
+        "the gate's table is not in gate-job.sh's output:\n{stdout}"
+    );
+    if junit {
+        let x = std::fs::read_to_string(tb.state.join("s4.xml")).unwrap_or_default();
+        assert!(x.contains("<failure"), "S4 JUnit has no failure: {x}");
+    }
+    tb.set_fault(&s1);
+
+    // 6. A probe image that does not exist: the gate's exit 2 through the Job.
+    step("gate Job with a missing probe image");
+    let missing = gate_overlay(
+        &tb,
+        "missing-probe-image",
+        &[(
+            "FIRSTPACKET_IMAGE",
+            "ghcr.io/firstpacket/no-such-image:0.1.0",
+        )],
+        "",
+    );
+    let (code, stdout, _) = gate_job(
+        &tb,
+        &tb.state,
+        &[
+            "-k",
+            missing.to_str().expect("path"),
+            "--report",
+            "missing.json",
+        ],
+    );
+    let r = read_report(&tb.state.join("missing.json"), "missing image");
+    assert_eq!(code, 2, "missing probe image: exit {code}\n{stdout}\n{r:#}");
+    assert_eq!(job_outcome(&tb), "Failed", "the missing-image gate Job");
+    assert_eq!(r["verdict"], "inconclusive", "{r:#}");
+    assert!(
+        r["probes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|p| p["reason"] == "image_pull"),
+        "no image_pull probe: {r:#}"
+    );
+
+    // 7. The prober's own image missing: the Job never runs the gate; still exit 2.
+    step("gate Job with a missing prober image");
+    let no_prober = gate_overlay(
+        &tb,
+        "missing-prober-image",
+        &[],
+        "images:\n- {name: ghcr.io/firstpacket/prober, newName: ghcr.io/firstpacket/no-such-prober}\n",
+    );
+    let (code, _, stderr) = gate_job(
+        &tb,
+        &tb.state,
+        &[
+            "-k",
+            no_prober.to_str().expect("path"),
+            "--report",
+            "none.json",
+            "--pull-grace",
+            "2",
+            "--timeout",
+            "60",
+        ],
+    );
+    assert_eq!(code, 2, "missing prober image: exit {code}\n{stderr}");
+    assert!(stderr.contains("cannot pull"), "{stderr}");
+    step("done");
+}
+
+/// The testbed kubelet gives a container its environment from ConfigMaps as the real
+/// kubelet does (what the gate Job's thresholds rely on): `envFrom` `configMapRef`
+/// (with `prefix`), `valueFrom.configMapKeyRef`, `env` overriding `envFrom`, an optional
+/// missing key left unset; a missing ConfigMap that is not optional is a
+/// `CreateContainerConfigError` naming it. The container is `env` (from a bin dir of
+/// its own), whose log is its environment.
+#[test]
+fn config_map_env_reaches_the_container_as_the_kubelet_gives_it() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let bin_dir = std::env::temp_dir().join(format!("fp-bin-cmenv-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&bin_dir);
+    std::fs::create_dir_all(&bin_dir).expect("bin dir");
+    for (name, target) in [
+        ("prober", common::bin("prober")),
+        ("target-server", common::bin("target-server")),
+        ("env", PathBuf::from("/usr/bin/env")),
+    ] {
+        std::os::unix::fs::symlink(&target, bin_dir.join(name)).expect("symlink");
+    }
+    let tb = Testbed::up(
+        "cmenv",
+        2,
+        "rules: []\n",
+        &["--bin-dir", bin_dir.to_str().expect("path")],
+    );
+    let cm = tb.manifest(
+        "cm.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: settings, namespace: default}\ndata: {A: from-map, B: overridden, C: keyed}\n",
+    );
+    tb.kubectl(&["apply", "-f", &cm]);
+    let pod = tb.manifest(
+        "envpod.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: envpod, namespace: default}\nspec:\n  restartPolicy: Never\n  containers:\n  - name: env\n    image: env\n    envFrom:\n    - configMapRef: {name: settings}\n    - configMapRef: {name: settings}\n      prefix: P_\n    - configMapRef: {name: absent, optional: true}\n    env:\n    - {name: B, value: literal}\n    - name: K\n      valueFrom: {configMapKeyRef: {name: settings, key: C}}\n    - name: OPT\n      valueFrom: {configMapKeyRef: {name: settings, key: nope, optional: true}}\n",
+    );
+    tb.kubectl(&["apply", "-f", &pod]);
+    let phase = tb.kubectl_until(
+        &["get", "pod", "envpod", "-o", "jsonpath={.status.phase}"],
+        Duration::from_secs(60),
+        |p| p == "Succeeded" || p == "Failed",
+    );
+    let log = tb.kubectl(&["logs", "envpod"]);
+    assert_eq!(phase, "Succeeded", "{log}");
+    let env: Vec<&str> = log.lines().collect();
+    for want in [
+        "A=from-map",
+        "B=literal",
+        "K=keyed",
+        "P_A=from-map",
+        "P_C=keyed",
+    ] {
+        assert!(env.contains(&want), "{want} not in the environment:\n{log}");
+    }
+    assert!(
+        !env.iter().any(|l| l.starts_with("OPT=")),
+        "an optional missing key was set:\n{log}"
+    );
+
+    // Not optional and missing: CreateContainerConfigError (after the kubelet's ~10 s
+    // of re-reading), naming the ConfigMap.
+    let bad = tb.manifest(
+        "badpod.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: badpod, namespace: default}\nspec:\n  restartPolicy: Never\n  containers:\n  - name: env\n    image: env\n    envFrom:\n    - configMapRef: {name: missing-settings}\n",
+    );
+    tb.kubectl(&["apply", "-f", &bad]);
+    let waiting = tb.kubectl_until(
+        &[
+            "get",
+            "pod",
+            "badpod",
+            "-o",
+            "jsonpath={.status.containerStatuses[0].state.waiting.reason}|{.status.containerStatuses[0].state.waiting.message}",
+        ],
+        Duration::from_secs(40),
+        |w| w.starts_with("CreateContainerConfigError"),
+    );
+    assert!(
+        waiting.starts_with("CreateContainerConfigError") && waiting.contains("missing-settings"),
+        "{waiting}"
+    );
+    drop(tb);
+    let _ = std::fs::remove_dir_all(&bin_dir);
+}
