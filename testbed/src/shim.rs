@@ -9,14 +9,20 @@
 //! 3. bind-mounts the host's `null`, `zero`, `random`, `urandom` and `full` devices onto
 //!    empty files the kubelet prepared in `DIR`, then `DIR` over `/dev` — `DIR` also
 //!    holds the pod's termination-message file (`/dev/termination-log`, read back by the
-//!    kubelet after exit, as the real kubelet bind-mounts a per-container file there);
+//!    kubelet after exit, as the real kubelet bind-mounts a per-container file there) —
+//!    and mounts a private tmpfs on `/dev/shm` (mode 1777, 64 MiB: containerd's default
+//!    for a pod; libfaketime keeps its semaphore there);
 //! 4. optionally mounts a tmpfs on `/run` and bind-mounts `--sa-dir` at
 //!    `/run/secrets/kubernetes.io/serviceaccount` (`/var/run` is a symlink to `/run`);
 //! 5. sets the hostname to the pod name (a real pod's hostname is its name);
-//! 6. with `readOnlyRootFilesystem`, makes every mount read-only except `/dev`;
-//! 7. takes the container's identity ([`crate::security::apply`]: capability sets,
+//! 6. with `--clock-offset S` (fault `clock_skew`), unshares a time namespace and
+//!    writes `S` as its monotonic and boot-time offsets (`time_namespaces(7)`; the
+//!    exec below enters it, Linux ≥ 5.16 for a namespace unshared by the caller);
+//! 7. with `readOnlyRootFilesystem`, makes every mount read-only except `/dev` and
+//!    `/dev/shm` (after step 6: `/proc` turns read-only too);
+//! 8. takes the container's identity ([`crate::security::apply`]: capability sets,
 //!    supplementary groups, gid, uid, `no_new_privs`);
-//! 8. `execvp`s the binary with the environment it was given.
+//! 9. `execvp`s the binary with the environment it was given.
 //!
 //! It must run before any thread is started: `setns(CLONE_NEWNET)`/`unshare(CLONE_NEWNS)`
 //! act on the calling thread only, and `unshare(CLONE_NEWNS)` fails in a multi-threaded
@@ -52,7 +58,15 @@ pub struct ShimSpec {
     /// Binary to exec (absolute path) and its arguments (without argv\[0\]).
     pub program: PathBuf,
     pub args: Vec<String>,
+    /// Offset of the container's `CLOCK_MONOTONIC`/`CLOCK_BOOTTIME` (fault `clock_skew`).
+    pub clock_offset: Option<crate::fault::ClockSkew>,
 }
+
+/// `CLONE_NEWTIME` (linux/sched.h; nix 0.32 has no name for it).
+const CLONE_NEWTIME: nix::libc::c_int = 0x80;
+
+/// Size of a pod's `/dev/shm` (containerd's default `shm_size` for a sandbox).
+pub const SHM_SIZE: &str = "64m";
 
 /// Errors while entering the pod: each names the step and the path involved.
 #[derive(Debug, thiserror::Error)]
@@ -135,6 +149,18 @@ pub fn enter_and_exec(spec: &ShimSpec) -> Result<std::convert::Infallible, ShimE
         bind(&Path::new("/dev").join(dev), &dst, false)?;
     }
     bind(&spec.dev_dir, Path::new("/dev"), true)?;
+    std::fs::create_dir_all("/dev/shm").map_err(|source| ShimError::Io {
+        step: "mkdir /dev/shm".into(),
+        source,
+    })?;
+    mount(
+        Some("shm"),
+        "/dev/shm",
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some(format!("mode=1777,size={SHM_SIZE}").as_str()),
+    )
+    .map_err(sys("mount tmpfs on /dev/shm"))?;
 
     if let Some(sa) = &spec.sa_dir {
         mount(
@@ -153,6 +179,20 @@ pub fn enter_and_exec(spec: &ShimSpec) -> Result<std::convert::Infallible, ShimE
     }
 
     nix::unistd::sethostname(&spec.hostname).map_err(sys("sethostname"))?;
+
+    if let Some(skew) = &spec.clock_offset {
+        unshare(CloneFlags::from_bits_retain(CLONE_NEWTIME))
+            .map_err(sys("unshare time namespace"))?;
+        std::fs::write("/proc/self/timens_offsets", skew.timens_offsets()).map_err(|source| {
+            ShimError::Io {
+                step: format!(
+                    "write /proc/self/timens_offsets ({})",
+                    skew.timens_offsets().trim()
+                ),
+                source,
+            }
+        })?;
+    }
 
     if spec.identity.read_only_root {
         crate::security::make_root_read_only()
