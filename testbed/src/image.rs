@@ -14,9 +14,13 @@
 //!    `command`/`args`/`env` as a container runtime combines them (Kubernetes docs,
 //!    "Define a Command and Arguments for a Container"). The container's status
 //!    reports `imageID` `NAME@sha256:<manifest digest>`, as the real kubelet does;
-//! 2. the local binary named by the reference's last path component without `:tag` or
+//! 2. for a reference on a registry on this machine's loopback (`127.0.0.1:PORT/…`,
+//!    `localhost:PORT/…`, e.g. `crane registry serve`): the image pulled from it over
+//!    plain HTTP ([`pull_and_unpack`]), and run as in 1; a failed pull is `ErrImagePull`
+//!    (no fallback: a real node would not find a binary by name either);
+//! 3. the local binary named by the reference's last path component without `:tag` or
 //!    `@digest` in the bin dir (`target-server`, `prober`), run as root;
-//! 3. nothing: `ErrImagePull`.
+//! 4. nothing: `ErrImagePull`.
 //!
 //! The testbed does not change the container's root directory: the unpacked entrypoint
 //! runs with the host's file system, as the bin-dir binaries always have (the images
@@ -371,6 +375,204 @@ fn unpack(layout: &Path, manifest: &Value, dest: &Path) -> Result<(), ImageError
         }
     }
     Ok(())
+}
+
+/// Whether `reference` names an image on a registry on this machine's loopback
+/// (`127.0.0.1:PORT/…`, `localhost:PORT/…`): the only registries the testbed pulls from
+/// ([`pull_loopback`]).
+pub fn is_loopback_registry(reference: &str) -> bool {
+    let Some(r) = Reference::parse(reference) else {
+        return false;
+    };
+    let host = r.name.split('/').next().unwrap_or_default();
+    host.starts_with("127.0.0.1:") || host.starts_with("localhost:")
+}
+
+/// Media types a pull accepts for a manifest (OCI and Docker, single and multi-platform).
+const MANIFEST_ACCEPT: &str = "application/vnd.oci.image.manifest.v1+json, application/vnd.oci.image.index.v1+json, application/vnd.docker.distribution.manifest.v2+json, application/vnd.docker.distribution.manifest.list.v2+json";
+
+/// Largest manifest or blob a pull accepts (bytes).
+const MAX_PULL_BYTES: usize = 512 * 1024 * 1024;
+
+/// One plain-HTTP GET (HTTP/1.0, so the body ends with the connection) to
+/// `addr` (`127.0.0.1:PORT` or `localhost:PORT`), following up to 3 redirects on the
+/// same registry; the 200 answer's body.
+fn http_get(addr: &str, path: &str, accept: &str) -> Result<Vec<u8>, String> {
+    use std::io::{Read, Write};
+    let mut path = path.to_owned();
+    for _ in 0..4 {
+        let sock: std::net::SocketAddr = addr
+            .replacen("localhost:", "127.0.0.1:", 1)
+            .parse()
+            .map_err(|e| format!("registry address {addr}: {e}"))?;
+        let mut s = std::net::TcpStream::connect_timeout(&sock, std::time::Duration::from_secs(5))
+            .map_err(|e| format!("GET http://{addr}{path}: {e}"))?;
+        s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+            .map_err(|e| e.to_string())?;
+        write!(
+            s,
+            "GET {path} HTTP/1.0\r\nHost: {addr}\r\nAccept: {accept}\r\nUser-Agent: testbed-kubelet\r\n\r\n"
+        )
+        .map_err(|e| format!("GET http://{addr}{path}: {e}"))?;
+        let mut raw = Vec::new();
+        s.take(MAX_PULL_BYTES as u64 + 64 * 1024)
+            .read_to_end(&mut raw)
+            .map_err(|e| format!("GET http://{addr}{path}: {e}"))?;
+        let split = raw
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .ok_or_else(|| format!("GET http://{addr}{path}: malformed answer"))?;
+        let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+        let status: u16 = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .ok_or_else(|| format!("GET http://{addr}{path}: malformed status line"))?;
+        if (300..400).contains(&status) {
+            let loc = head
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("location")
+                        .then(|| v.trim().to_owned())
+                })
+                .ok_or_else(|| format!("GET http://{addr}{path}: {status} without Location"))?;
+            path = match loc.strip_prefix(&format!("http://{addr}")) {
+                Some(p) => p.to_owned(),
+                None if loc.starts_with('/') => loc,
+                None => {
+                    return Err(format!(
+                        "GET http://{addr}{path}: redirect off the registry to {loc}"
+                    ))
+                }
+            };
+            continue;
+        }
+        if status != 200 {
+            return Err(format!("GET http://{addr}{path}: HTTP {status}"));
+        }
+        return Ok(raw[split + 4..].to_vec());
+    }
+    Err(format!("GET http://{addr}{path}: too many redirects"))
+}
+
+/// Pulls `reference` from its loopback registry ([`is_loopback_registry`]) over plain
+/// HTTP with the OCI distribution API (`GET /v2/NAME/manifests/REF`, `GET
+/// /v2/NAME/blobs/DIGEST`; for an index, its linux/amd64 manifest), checking every
+/// digest, into a new OCI image layout `dest` (which must not exist) whose index names
+/// the manifest `reference`. The calling thread must be in the network namespace
+/// where the registry listens.
+///
+/// Errors: the registry's answer (e.g. `HTTP 404` for an unknown tag), a digest
+/// mismatch, an unreadable manifest, a file that cannot be written.
+pub fn pull_loopback(reference: &str, dest: &Path) -> Result<(), String> {
+    let r = Reference::parse(reference).ok_or_else(|| format!("bad reference {reference:?}"))?;
+    let (addr, repo) = r
+        .name
+        .split_once('/')
+        .ok_or_else(|| format!("{reference}: no registry"))?;
+    let blobs = dest.join("blobs").join("sha256");
+    std::fs::create_dir_all(&blobs).map_err(|e| format!("mkdir {}: {e}", blobs.display()))?;
+    let put = |digest: &str, data: &[u8]| -> Result<(), String> {
+        let actual = sha256_digest(data);
+        if actual != digest {
+            return Err(format!("blob {digest}: content has digest {actual}"));
+        }
+        let p = blob_path(dest, digest).map_err(|e| e.to_string())?;
+        std::fs::write(&p, data).map_err(|e| format!("write {}: {e}", p.display()))
+    };
+    let want = r.digest.clone().or(r.tag.clone()).unwrap_or_default();
+    let mut body = http_get(
+        addr,
+        &format!("/v2/{repo}/manifests/{want}"),
+        MANIFEST_ACCEPT,
+    )?;
+    let mut digest = sha256_digest(&body);
+    if let Some(d) = &r.digest {
+        put(d, &body)?;
+    }
+    let mut manifest: Value =
+        serde_json::from_slice(&body).map_err(|e| format!("manifest of {reference}: {e}"))?;
+    if is_index(manifest["mediaType"].as_str().unwrap_or_default()) {
+        put(&digest, &body)?;
+        let pick = manifest["manifests"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|m| m["platform"]["os"] == "linux" && m["platform"]["architecture"] == "amd64")
+            .and_then(|m| m["digest"].as_str().map(str::to_owned))
+            .ok_or_else(|| format!("{reference}: the index has no linux/amd64 image"))?;
+        body = http_get(
+            addr,
+            &format!("/v2/{repo}/manifests/{pick}"),
+            MANIFEST_ACCEPT,
+        )?;
+        digest = pick;
+        manifest = serde_json::from_slice(&body).map_err(|e| format!("manifest {digest}: {e}"))?;
+    }
+    put(&digest, &body)?;
+    let mut wanted: Vec<String> = manifest["config"]["digest"]
+        .as_str()
+        .map(str::to_owned)
+        .into_iter()
+        .collect();
+    for l in manifest["layers"].as_array().into_iter().flatten() {
+        wanted.extend(l["digest"].as_str().map(str::to_owned));
+    }
+    for d in wanted {
+        let data = http_get(addr, &format!("/v2/{repo}/blobs/{d}"), "*/*")?;
+        put(&d, &data)?;
+    }
+    let index = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [{
+            "mediaType": manifest["mediaType"].as_str().unwrap_or("application/vnd.oci.image.manifest.v1+json"),
+            "digest": digest,
+            "size": body.len(),
+            "annotations": { "org.opencontainers.image.ref.name": reference },
+        }],
+    });
+    let write = |name: &str, data: &[u8]| {
+        std::fs::write(dest.join(name), data).map_err(|e| format!("write {name}: {e}"))
+    };
+    write("oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#)?;
+    write("index.json", index.to_string().as_bytes())
+}
+
+/// Pulls `reference` from its loopback registry into a fresh layout under
+/// `unpack_root/pulls/` ([`pull_loopback`]) and unpacks it as [`find_and_unpack`] does;
+/// the pulled layout is removed afterwards (the unpacked root file system stays, keyed
+/// by manifest digest). The pull runs on a thread of its own that first enters the
+/// network namespace of this process's main thread: the testbed daemon's, the machine's,
+/// where a registry on 127.0.0.1 listens (the calling kubelet's thread is in its node's).
+///
+/// Errors: as [`pull_loopback`], or the namespace cannot be entered.
+pub fn pull_and_unpack(reference: &str, unpack_root: &Path) -> Result<OciImage, String> {
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = unpack_root
+        .join("pulls")
+        .join(format!("{}-{seq}", std::process::id()));
+    let layout = dir.join("image");
+    let pulled = std::thread::scope(|sc| {
+        sc.spawn(|| -> Result<(), String> {
+            let ns_path = format!("/proc/{}/ns/net", std::process::id());
+            let ns = std::fs::File::open(&ns_path).map_err(|e| format!("open {ns_path}: {e}"))?;
+            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(|e| format!("setns {ns_path}: {e}"))?;
+            pull_loopback(reference, &layout)
+        })
+        .join()
+        .unwrap_or_else(|_| Err("the pull thread panicked".to_owned()))
+    });
+    let result = pulled.and_then(|()| {
+        find_and_unpack(&dir, reference, unpack_root)
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| "the pulled layout does not name the reference".to_owned())
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+    result
 }
 
 /// The process a container runs: the executable (a host path) and its arguments, as

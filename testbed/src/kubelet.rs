@@ -278,8 +278,9 @@ fn node_conditions_stale(current: &Value) -> bool {
 
 impl Kubelet {
     /// Resolves a pod's image (docs/design.md §6 pod-spec contract): an OCI image in
-    /// the image dir (unpacked off the runtime's thread), else the bin-dir binary named
-    /// like it. Errors: the message for `ErrImagePull` (no such image, or an image
+    /// the image dir (unpacked off the runtime's thread), else for a loopback registry
+    /// the image pulled from it ([`crate::image::pull_and_unpack`]), else the bin-dir
+    /// binary named like it. Errors: the message for `ErrImagePull` (no such image, or an image
     /// there that cannot be read).
     async fn resolve(&self, image: &str) -> Result<ResolvedImage, String> {
         let (dir, unpack, reference) = (
@@ -295,6 +296,17 @@ impl Kubelet {
         .map_err(|e| format!("failed to pull and unpack image \"{image}\": {e}"))?;
         if let Some(img) = found {
             return Ok(ResolvedImage::Oci(img));
+        }
+        if crate::image::is_loopback_registry(image) {
+            let (reference, unpack) = (image.to_owned(), self.cfg.unpack_dir.clone());
+            return tokio::task::spawn_blocking(move || {
+                crate::image::pull_and_unpack(&reference, &unpack)
+            })
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r)
+            .map(ResolvedImage::Oci)
+            .map_err(|e| format!("failed to pull and unpack image \"{image}\": {e}"));
         }
         resolve_image(&self.cfg.bin_dir, image)
             .map(ResolvedImage::Binary)

@@ -2,7 +2,8 @@
 //! tests): what they hold, publishing them to a registry (`crane push` to one served on
 //! loopback, pulled back with the same digest), a gate whose probe pods run the
 //! target-server image itself (the testbed's `--image-dir`, docs/design.md §6 pod-spec
-//! contract), and fault `clock_skew` with that static image.
+//! contract), one whose probe pods pull it from that loopback registry, and fault
+//! `clock_skew` with that static image.
 
 mod common;
 
@@ -65,7 +66,12 @@ struct Registry {
 
 impl Registry {
     fn start(crane: &Path) -> Registry {
-        let log = std::env::temp_dir().join(format!("fp-registry-{}.log", std::process::id()));
+        // One log per registry: tests of this binary may run side by side.
+        let log = std::env::temp_dir().join(format!(
+            "fp-registry-{}-{}.log",
+            std::process::id(),
+            common::rand_suffix()
+        ));
         let child = Command::new(crane)
             .args(["registry", "serve", "--address", "127.0.0.1:0"])
             .stdout(Stdio::null())
@@ -320,6 +326,60 @@ fn a_gate_runs_the_built_target_server_image() {
         |o| o.contains("ErrImagePull"),
     );
     assert_eq!(got.trim(), "ErrImagePull");
+}
+
+#[test]
+fn a_gate_runs_the_image_pushed_to_a_loopback_registry() {
+    let _g = serial();
+    let dir = built_image_dir();
+    let digest = built_image_digest(&dir, "target-server");
+    let crane = crane();
+    let reg = Registry::start(&crane);
+    let reference = format!("{}/firstpacket/target-server:{VERSION}", reg.addr);
+    run(Command::new(&crane)
+        .arg("push")
+        .arg(dir.join("target-server"))
+        .arg(&reference));
+    // No image directory: the kubelet pulls from the registry, as a real one would.
+    let tb = Testbed::up("pull", 2, "rules: []\n", &[]);
+    let (code, report, out) = tb.gate(&["--pairs", "2", "--hold", "1s", "--image", &reference]);
+    assert_eq!(code, 0, "{out}");
+    let truth = tb.truth();
+    for p in report["probes"].as_array().unwrap() {
+        assert_ttfp_near_truth(&truth, p, &out);
+    }
+    let probe_pods = readiness_events(&truth, "firstpacket");
+    assert!(probe_pods.len() >= 4, "{probe_pods:#?}");
+    let want = format!("{}/firstpacket/target-server@{digest}", reg.addr);
+    for e in &probe_pods {
+        assert_eq!(e.detail["image_id"], want.as_str(), "{e:?}");
+    }
+    // A tag the registry does not have is ErrImagePull, even though a bin-dir binary
+    // has the image's name: a registry reference is pulled or nothing.
+    let m = tb.manifest(
+        "pods.yaml",
+        &pod(
+            "unknown-tag",
+            "node-1",
+            &format!("{}/firstpacket/target-server:0.0.0-none", reg.addr),
+        ),
+    );
+    tb.kubectl(&["apply", "-f", &m]);
+    let got = tb.kubectl_until(
+        &[
+            "get",
+            "pod",
+            "unknown-tag",
+            "-o",
+            "jsonpath={.status.containerStatuses[0].state.waiting.reason}|{.status.containerStatuses[0].state.waiting.message}",
+        ],
+        READY_TIMEOUT,
+        |o| o.contains("ErrImagePull"),
+    );
+    assert!(
+        got.starts_with("ErrImagePull|") && got.contains("HTTP 404"),
+        "{got}"
+    );
 }
 
 /// Copies image layout `from` to `to`, naming its manifest `reference`.
