@@ -216,11 +216,50 @@ fn pod(name: &str, node: &str, image: &str) -> String {
     )
 }
 
+/// Polls until pod `name` (namespace default) waits with `reason`; returns
+/// `REASON|MESSAGE` as last seen.
+fn waiting(tb: &Testbed, name: &str, reason: &str) -> String {
+    tb.kubectl_until(
+        &[
+            "get",
+            "pod",
+            name,
+            "-o",
+            "jsonpath={.status.containerStatuses[0].state.waiting.reason}|{.status.containerStatuses[0].state.waiting.message}",
+        ],
+        READY_TIMEOUT,
+        |o| o.starts_with(&format!("{reason}|")),
+    )
+}
+
 fn readiness_events<'a>(truth: &'a [TruthEvent], ns: &str) -> Vec<&'a TruthEvent> {
     truth
         .iter()
         .filter(|e| e.event == TruthKind::ReadinessOk && e.namespace.as_deref() == Some(ns))
         .collect()
+}
+
+/// Runs a 2-pair gate (`extra` flags added) that must pass with every TTFP true to the
+/// testbed, and checks that each probe pod ran image `image_id` (`NAME@sha256:…`, the
+/// truth log's `readiness_ok` detail).
+fn gate_runs_image(tb: &Testbed, extra: &[&str], image_id: &str) {
+    let mut args = vec!["--pairs", "2", "--hold", "1s"];
+    args.extend_from_slice(extra);
+    let (code, report, out) = tb.gate(&args);
+    assert_eq!(code, 0, "{out}");
+    let truth = tb.truth();
+    for p in report["probes"].as_array().unwrap() {
+        assert_ttfp_near_truth(&truth, p, &out);
+    }
+    let probe_pods = readiness_events(&truth, "firstpacket");
+    assert!(probe_pods.len() >= 4, "{probe_pods:#?}");
+    for e in &probe_pods {
+        assert_eq!(
+            e.detail["image_id"], image_id,
+            "probe pod {:?} did not run the image: {e:?}",
+            e.pod
+        );
+    }
 }
 
 #[test]
@@ -234,22 +273,7 @@ fn a_gate_runs_the_built_target_server_image() {
 
     // The prober's default --image is the one the script built, and every probe pod
     // ran it: the testbed records the image digest it ran (truth `readiness_ok`).
-    let (code, report, out) = tb.gate(&["--pairs", "2", "--hold", "1s"]);
-    assert_eq!(code, 0, "{out}");
-    let truth = tb.truth();
-    for p in report["probes"].as_array().unwrap() {
-        assert_ttfp_near_truth(&truth, p, &out);
-    }
-    let probe_pods = readiness_events(&truth, "firstpacket");
-    assert!(probe_pods.len() >= 4, "{probe_pods:#?}");
-    for e in &probe_pods {
-        assert_eq!(
-            e.detail["image_id"],
-            image_id.as_str(),
-            "probe pod {:?} did not run the built image: {e:?}",
-            e.pod
-        );
-    }
+    gate_runs_image(&tb, &[], &image_id);
 
     // A pod of that image: imageID is the repo digest (as a real kubelet reports it),
     // the process runs the image's binary as the image's user (no securityContext);
@@ -314,18 +338,8 @@ fn a_gate_runs_the_built_target_server_image() {
         std::fs::read_link(format!("/proc/{pid}/exe")).unwrap(),
         common::bin("target-server").canonicalize().unwrap()
     );
-    let got = tb.kubectl_until(
-        &[
-            "get",
-            "pod",
-            "missing",
-            "-o",
-            "jsonpath={.status.containerStatuses[0].state.waiting.reason}",
-        ],
-        READY_TIMEOUT,
-        |o| o.contains("ErrImagePull"),
-    );
-    assert_eq!(got.trim(), "ErrImagePull");
+    let got = waiting(&tb, "missing", "ErrImagePull");
+    assert!(got.starts_with("ErrImagePull|"), "{got}");
 }
 
 #[test]
@@ -342,18 +356,8 @@ fn a_gate_runs_the_image_pushed_to_a_loopback_registry() {
         .arg(&reference));
     // No image directory: the kubelet pulls from the registry, as a real one would.
     let tb = Testbed::up("pull", 2, "rules: []\n", &[]);
-    let (code, report, out) = tb.gate(&["--pairs", "2", "--hold", "1s", "--image", &reference]);
-    assert_eq!(code, 0, "{out}");
-    let truth = tb.truth();
-    for p in report["probes"].as_array().unwrap() {
-        assert_ttfp_near_truth(&truth, p, &out);
-    }
-    let probe_pods = readiness_events(&truth, "firstpacket");
-    assert!(probe_pods.len() >= 4, "{probe_pods:#?}");
     let want = format!("{}/firstpacket/target-server@{digest}", reg.addr);
-    for e in &probe_pods {
-        assert_eq!(e.detail["image_id"], want.as_str(), "{e:?}");
-    }
+    gate_runs_image(&tb, &["--image", &reference], &want);
     // A tag the registry does not have is ErrImagePull, even though a bin-dir binary
     // has the image's name: a registry reference is pulled or nothing.
     let m = tb.manifest(
@@ -365,17 +369,7 @@ fn a_gate_runs_the_image_pushed_to_a_loopback_registry() {
         ),
     );
     tb.kubectl(&["apply", "-f", &m]);
-    let got = tb.kubectl_until(
-        &[
-            "get",
-            "pod",
-            "unknown-tag",
-            "-o",
-            "jsonpath={.status.containerStatuses[0].state.waiting.reason}|{.status.containerStatuses[0].state.waiting.message}",
-        ],
-        READY_TIMEOUT,
-        |o| o.contains("ErrImagePull"),
-    );
+    let got = waiting(&tb, "unknown-tag", "ErrImagePull");
     assert!(
         got.starts_with("ErrImagePull|") && got.contains("HTTP 404"),
         "{got}"
@@ -530,17 +524,7 @@ fn clock_skew_shifts_the_static_images_pods_and_ttfp_stays_true() {
     );
 
     // No mechanism for the static-only image: the container does not start, and says why.
-    let got = tb.kubectl_until(
-        &[
-            "get",
-            "pod",
-            "static-only",
-            "-o",
-            "jsonpath={.status.containerStatuses[0].state.waiting.reason}|{.status.containerStatuses[0].state.waiting.message}",
-        ],
-        READY_TIMEOUT,
-        |o| o.contains("CreateContainerError"),
-    );
+    let got = waiting(&tb, "static-only", "CreateContainerError");
     assert!(
         got.starts_with("CreateContainerError|clock_skew: ") && got.contains("statically linked"),
         "{got}"
