@@ -149,6 +149,10 @@ pub enum Cmd {
         /// this many seconds (signed) in a time namespace of its own.
         #[arg(long, allow_hyphen_values = true)]
         clock_offset: Option<f64>,
+        /// An OCI image's unpacked root file system to `chroot` into (the program is a
+        /// path inside it).
+        #[arg(long)]
+        rootfs: Option<PathBuf>,
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
         cmd: Vec<String>,
     },
@@ -755,6 +759,7 @@ pub fn main_with(cli: Cli) -> Result<i32> {
             no_new_privs,
             read_only_root,
             clock_offset,
+            rootfs,
             cmd,
         } => {
             let spec = crate::shim::ShimSpec {
@@ -773,6 +778,7 @@ pub fn main_with(cli: Cli) -> Result<i32> {
                 program: PathBuf::from(&cmd[0]),
                 args: cmd[1..].to_vec(),
                 clock_offset: clock_offset.map(|seconds| crate::fault::ClockSkew { seconds }),
+                rootfs,
             };
             let e = crate::shim::enter_and_exec(&spec).unwrap_err();
             Err(anyhow!("container start failed: {e}"))

@@ -22,9 +22,12 @@
 //!    `@digest` in the bin dir (`target-server`, `prober`), run as root;
 //! 4. nothing: `ErrImagePull`.
 //!
-//! The testbed does not change the container's root directory: the unpacked entrypoint
-//! runs with the host's file system, as the bin-dir binaries always have (the images
-//! hold one static binary, which needs nothing else).
+//! An OCI image's process runs `chroot`ed into the unpacked root file system, with the
+//! pod's `/dev` (and `/dev/shm`), `/proc` and the service account
+//! (`/var/run/secrets/kubernetes.io/serviceaccount`) mounted in it ([`crate::shim`]);
+//! no `/etc/hosts` or `/etc/resolv.conf` is provided (the testbed has no cluster DNS).
+//! The unpacked tree is shared by the image's containers (mount-point directories are
+//! created in it once). Bin-dir binaries keep the host's file system.
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};

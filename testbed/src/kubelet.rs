@@ -1789,6 +1789,11 @@ impl PodWorker {
                 Vec::new(),
             ),
         };
+        // An OCI image's program runs inside its root file system (chroot).
+        let mut rootfs = match resolved {
+            ResolvedImage::Oci(img) => Some(img.rootfs.clone()),
+            ResolvedImage::Binary(_) => None,
+        };
         let mut run = json!({ "image_id": resolved.image_id(image) });
         let skew = self.k.agent.clock_skew();
         if let Some(skew) = &skew {
@@ -1801,7 +1806,11 @@ impl PodWorker {
             if crate::image::is_static_elf(&program) {
                 let bin_dir = &self.k.cfg.bin_dir;
                 match resolve_image(bin_dir, image).filter(|b| !crate::image::is_static_elf(b)) {
-                    Some(b) => program = b,
+                    Some(b) => {
+                        // A dynamically linked build needs the host's libraries.
+                        program = b;
+                        rootfs = None;
+                    }
                     None => {
                         return Err(format!(
                             "clock_skew: {} is statically linked, so libfaketime (LD_PRELOAD) cannot shift its wall clock, and {} has no dynamically linked build of it",
@@ -1870,7 +1879,19 @@ impl PodWorker {
         if let Some(skew) = &skew {
             cmd.arg("--clock-offset").arg(skew.seconds.to_string());
         }
-        cmd.arg("--").arg(&program).args(&argv);
+        match rootfs
+            .as_ref()
+            .and_then(|r| program.strip_prefix(r).ok().map(|p| (r, p)))
+        {
+            Some((root, inside)) => {
+                cmd.arg("--rootfs").arg(root);
+                cmd.arg("--").arg(Path::new("/").join(inside));
+            }
+            None => {
+                cmd.arg("--").arg(&program);
+            }
+        }
+        cmd.args(&argv);
         cmd.env_clear().env("PATH", "/usr/local/bin:/usr/bin:/bin");
         // The image's environment, then the kubelet's and the container's (which win).
         for kv in &image_env {

@@ -6,6 +6,9 @@
 //! 1. joins the pod's network namespace `/run/netns/NS` (`setns(2)`, `CLONE_NEWNET`);
 //! 2. unshares a mount and a UTS namespace and makes every mount private, so nothing it
 //!    mounts is visible on the host;
+//!    with `--rootfs ROOT` (an OCI image's unpacked root file system) it bind-mounts
+//!    ROOT onto itself and mounts `proc` in it; steps 3–4 then mount inside ROOT, and
+//!    the service account goes to `/var/run/secrets/kubernetes.io/serviceaccount` in it;
 //! 3. bind-mounts the host's `null`, `zero`, `random`, `urandom` and `full` devices onto
 //!    empty files the kubelet prepared in `DIR`, then `DIR` over `/dev` — `DIR` also
 //!    holds the pod's termination-message file (`/dev/termination-log`, read back by the
@@ -18,7 +21,9 @@
 //! 6. with `--clock-offset S` (fault `clock_skew`), unshares a time namespace and
 //!    writes `S` as its monotonic and boot-time offsets (`time_namespaces(7)`; the
 //!    exec below enters it, Linux ≥ 5.16 for a namespace unshared by the caller);
-//! 7. with `readOnlyRootFilesystem`, makes every mount read-only except `/dev` and
+//! 7. with `--rootfs`, `chroot`s into ROOT: the container sees the image's files only
+//!    (and what was mounted into them), as under a container runtime;
+//!    with `readOnlyRootFilesystem`, makes every mount read-only except `/dev` and
 //!    `/dev/shm` (after step 6: `/proc` turns read-only too);
 //! 8. takes the container's identity ([`crate::security::apply`]: capability sets,
 //!    supplementary groups, gid, uid, `no_new_privs`);
@@ -60,7 +65,14 @@ pub struct ShimSpec {
     pub args: Vec<String>,
     /// Offset of the container's `CLOCK_MONOTONIC`/`CLOCK_BOOTTIME` (fault `clock_skew`).
     pub clock_offset: Option<crate::fault::ClockSkew>,
+    /// An OCI image's unpacked root file system: the container sees it as `/`
+    /// (`program` is then a path inside it).
+    pub rootfs: Option<PathBuf>,
 }
+
+/// Where the service-account files appear inside an image's root file system (the
+/// path the kubelet mounts them at; images need not have the `/var/run` → `/run` link).
+pub const IMAGE_SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
 /// `CLONE_NEWTIME` (linux/sched.h; nix 0.32 has no name for it).
 const CLONE_NEWTIME: nix::libc::c_int = 0x80;
@@ -137,6 +149,32 @@ pub fn enter_and_exec(spec: &ShimSpec) -> Result<std::convert::Infallible, ShimE
         None::<&str>,
     )
     .map_err(sys("make / private"))?;
+    let mkdir = |p: &Path| {
+        std::fs::create_dir_all(p).map_err(|source| ShimError::Io {
+            step: format!("mkdir {}", p.display()),
+            source,
+        })
+    };
+    // An image's root: a mount of its own (so `readOnlyRootFilesystem` can act on it),
+    // with the container's /dev, /proc and service account mounted inside.
+    let root = match &spec.rootfs {
+        Some(r) => {
+            bind(r, r, true)?;
+            mkdir(&r.join("proc"))?;
+            mount(
+                Some("proc"),
+                &r.join("proc"),
+                Some("proc"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+                None::<&str>,
+            )
+            .map_err(sys(format!("mount proc on {}/proc", r.display())))?;
+            r.clone()
+        }
+        None => PathBuf::from("/"),
+    };
+    let dev = root.join("dev");
+    mkdir(&dev)?;
 
     for dev in POD_DEVICES {
         let dst = spec.dev_dir.join(dev);
@@ -148,21 +186,22 @@ pub fn enter_and_exec(spec: &ShimSpec) -> Result<std::convert::Infallible, ShimE
         }
         bind(&Path::new("/dev").join(dev), &dst, false)?;
     }
-    bind(&spec.dev_dir, Path::new("/dev"), true)?;
-    std::fs::create_dir_all("/dev/shm").map_err(|source| ShimError::Io {
-        step: "mkdir /dev/shm".into(),
-        source,
-    })?;
+    bind(&spec.dev_dir, &dev, true)?;
+    mkdir(&dev.join("shm"))?;
     mount(
         Some("shm"),
-        "/dev/shm",
+        &dev.join("shm"),
         Some("tmpfs"),
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
         Some(format!("mode=1777,size={SHM_SIZE}").as_str()),
     )
     .map_err(sys("mount tmpfs on /dev/shm"))?;
 
-    if let Some(sa) = &spec.sa_dir {
+    if let (Some(sa), Some(_)) = (&spec.sa_dir, &spec.rootfs) {
+        let dst = root.join(IMAGE_SERVICE_ACCOUNT_DIR.trim_start_matches('/'));
+        mkdir(&dst)?;
+        bind(sa, &dst, false)?;
+    } else if let Some(sa) = &spec.sa_dir {
         mount(
             Some("tmpfs"),
             "/run",
@@ -192,6 +231,11 @@ pub fn enter_and_exec(spec: &ShimSpec) -> Result<std::convert::Infallible, ShimE
                 source,
             }
         })?;
+    }
+
+    if spec.rootfs.is_some() {
+        nix::unistd::chroot(&root).map_err(sys(format!("chroot {}", root.display())))?;
+        nix::unistd::chdir("/").map_err(sys("chdir /"))?;
     }
 
     if spec.identity.read_only_root {

@@ -325,11 +325,23 @@ fn a_gate_runs_the_built_target_server_image() {
     let st = common::proc_status(pid);
     assert_eq!(st["Uid"], "65532\t65532\t65532\t65532", "{st:#?}");
     assert_eq!(st["Gid"], "65532\t65532\t65532\t65532", "{st:#?}");
-    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
+    // Its root is the image's: the binary and what the runtime mounts (/dev, /proc,
+    // the service account under /var/run/secrets), nothing of the host (no shell, no
+    // /etc).
+    let mut root: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/root"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    root.sort();
+    assert_eq!(
+        root,
+        ["dev", "proc", "target-server", "var"],
+        "bytag's root"
+    );
+    let token = format!("/proc/{pid}/root/var/run/secrets/kubernetes.io/serviceaccount/token");
     assert!(
-        exe.starts_with(tb.state.join("images")) && exe.ends_with("rootfs/target-server"),
-        "bytag runs {} (not the unpacked image)",
-        exe.display()
+        Path::new(&token).is_file(),
+        "no service-account token at {token}"
     );
     let pid = tb
         .container_pid("default", "fallback")
@@ -340,6 +352,43 @@ fn a_gate_runs_the_built_target_server_image() {
     );
     let got = waiting(&tb, "missing", "ErrImagePull");
     assert!(got.starts_with("ErrImagePull|"), "{got}");
+
+    // The prober image talks to the API from inside its own root (no CA bundle, no
+    // /etc): the service account's token and CA are all it has. On the real control
+    // plane the default service account needs the right to list pods first.
+    if common::on_real_control_plane() {
+        tb.kubectl(&[
+            "create",
+            "clusterrolebinding",
+            "fp-e2e-images-default",
+            "--clusterrole=cluster-admin",
+            "--serviceaccount=default:default",
+        ]);
+    }
+    let m = tb.manifest(
+        "prober.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: prober}}\nspec:\n  restartPolicy: Never\n  securityContext: {{runAsNonRoot: true}}\n  containers:\n  - name: c\n    image: ghcr.io/firstpacket/prober:{VERSION}\n    args: [cleanup, --namespace, default]\n    securityContext: {{readOnlyRootFilesystem: true, allowPrivilegeEscalation: false, capabilities: {{drop: [ALL]}}}}\n"
+        ),
+    );
+    tb.kubectl(&["apply", "-f", &m]);
+    let phase = tb.kubectl_until(
+        &["get", "pod", "prober", "-o", "jsonpath={.status.phase}"],
+        READY_TIMEOUT,
+        |o| o == "Succeeded" || o == "Failed",
+    );
+    let logs = tb.kubectl(&["logs", "prober"]);
+    assert_eq!(
+        phase, "Succeeded",
+        "prober cleanup in the prober image:\n{logs}"
+    );
+    assert_eq!(
+        image_id_of("prober"),
+        format!(
+            "ghcr.io/firstpacket/prober@{}",
+            built_image_digest(&dir, "prober")
+        )
+    );
 }
 
 #[test]
