@@ -680,6 +680,17 @@ mod tests {
     }
 
     #[test]
+    fn only_loopback_registries_are_pulled_from() {
+        assert!(is_loopback_registry("127.0.0.1:5000/fp/ts:1"));
+        assert!(is_loopback_registry("localhost:40123/ts@sha256:ab"));
+        assert!(!is_loopback_registry(
+            "ghcr.io/firstpacket/target-server:0.1.0"
+        ));
+        assert!(!is_loopback_registry("target-server"));
+        assert!(!is_loopback_registry("127.0.0.1.example.com/ts:1"));
+    }
+
+    #[test]
     fn image_users_parse_as_the_runtime_reads_them() {
         assert_eq!(ImageUser::parse(""), ImageUser::Unset);
         assert_eq!(

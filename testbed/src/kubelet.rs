@@ -1509,9 +1509,9 @@ impl PodWorker {
         let pod_dir = self.k.cfg.pods_dir.join(&self.uid);
         // The projected `kube-api-access-*` volume (ServiceAccount admission adds it), then
         // the process identity (runAsUser/runAsGroup, capabilities, no_new_privs), where
-        // `runAsNonRoot` against the image's user (root for bin-dir binaries) is checked, as the real kubelet
-        // does when it generates the container config. Either failing is a
-        // `CreateContainerConfigError`.
+        // `runAsNonRoot` against the image's user (root for bin-dir binaries) is checked,
+        // as the real kubelet does when it generates the container config. Either
+        // failing is a `CreateContainerConfigError`.
         let prepared = match self.k.fill_api_access(&pod, &pod_dir, &pod_ip).await {
             Ok(dir) => crate::security::container_identity(&pod, &container, &resolved.user())
                 .map(|id| (dir, id)),
