@@ -8,6 +8,7 @@
 # (target-server/Dockerfile, prober/Dockerfile) with docker.
 #
 #   bash scripts/image.sh            # build both images; prints the image directory
+#   bash scripts/image.sh NAME…      # only these (target-server, prober)
 #   bash scripts/image.sh --crane    # only build (or find cached) crane; prints its path
 #   bash scripts/image.sh --print    # only print the image directory it would write
 #
@@ -22,9 +23,12 @@
 # `testbed up` runs these images by default (its --image-dir defaults to this directory).
 # Publishing: `crane push target/images/NAME ghcr.io/firstpacket/NAME:VERSION` (README).
 #
-# The binaries are built with the release profile into their own target directory
-# (target/image), so the dynamically linked dev/test builds in target/debug stay as
-# they are (tests preload libfaketime into those).
+# The binaries are built with the release profile into their own target directory,
+# outside the checkout like crane (FIRSTPACKET_IMAGE_TARGET_DIR, default
+# ${XDG_CACHE_HOME:-~/.cache}/firstpacket/image-target): the dynamically linked dev/test
+# builds in target/debug stay as they are (tests preload libfaketime into those), and a
+# fresh clone recompiles only the workspace's crates (the dependencies' static release
+# build takes minutes on two cores).
 #
 # crane (github.com/google/go-containerregistry/cmd/crane, pinned below) is built from its
 # Go module into a cache outside the checkout, keyed by version; it packs the images
@@ -36,6 +40,7 @@
 #   FIRSTPACKET_IMAGE_DIR     output directory (default: <repo>/target/images)
 #   FIRSTPACKET_TOOLS_CACHE   cache root for crane (default ${XDG_CACHE_HOME:-~/.cache}/firstpacket/tools)
 #   FIRSTPACKET_CRANE_VERSION override the pinned crane version
+#   FIRSTPACKET_IMAGE_TARGET_DIR  cargo target directory of the static build (see above)
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 
@@ -47,6 +52,7 @@ NAMES=(target-server prober)
 REGISTRY_PREFIX=ghcr.io/firstpacket
 
 tools="${FIRSTPACKET_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/firstpacket/tools}"
+target_dir="${FIRSTPACKET_IMAGE_TARGET_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/firstpacket/image-target}"
 crane="$tools/crane-$CRANE_VERSION/crane"
 out="${FIRSTPACKET_IMAGE_DIR:-$repo/target/images}"
 
@@ -74,7 +80,12 @@ case "${1:-}" in
   --print) echo "$out"; exit 0 ;;
   --crane) build_crane; echo "$crane"; exit 0 ;;
   "") ;;
-  *) die "unknown argument '$1' (use --crane, --print or nothing)" ;;
+  *)
+    for n in "$@"; do
+      case " ${NAMES[*]} " in *" $n "*) ;; *) die "unknown argument '$n' (use --crane, --print, or image names: ${NAMES[*]})" ;; esac
+    done
+    NAMES=("$@")
+    ;;
 esac
 
 version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version *= *"\(.*\)"/\1/p' "$repo/Cargo.toml")
@@ -82,12 +93,12 @@ version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version *= *"\(.*\)"/\1/p' "$
 build_crane
 
 t0=$(date +%s)
-log "building ${NAMES[*]} (release, +crt-static, $TARGET) into target/image"
+log "building ${NAMES[*]} (release, +crt-static, $TARGET) in $target_dir"
 pkgs=()
 for n in "${NAMES[@]}"; do pkgs+=(-p "$n"); done
 (cd "$repo" && RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
-  cargo build --release --locked --target "$TARGET" --target-dir "$repo/target/image" --bins "${pkgs[@]}")
-bindir="$repo/target/image/$TARGET/release"
+  cargo build --release --locked --target "$TARGET" --target-dir "$target_dir" --bins "${pkgs[@]}")
+bindir="$target_dir/$TARGET/release"
 for n in "${NAMES[@]}"; do
   [ -x "$bindir/$n" ] || die "$bindir/$n was not built"
   # Static (static-pie with +crt-static on gnu): no program interpreter (PT_INTERP),
@@ -97,8 +108,10 @@ for n in "${NAMES[@]}"; do
   fi
   log "$n: $(stat -c %s "$bindir/$n") bytes, static"
 done
-ts_size=$(stat -c %s "$bindir/target-server")
-[ "$ts_size" -le 5000000 ] || die "target-server is $ts_size bytes, over the 5 MB budget (docs/design.md §7)"
+if [ -x "$bindir/target-server" ]; then
+  ts_size=$(stat -c %s "$bindir/target-server")
+  [ "$ts_size" -le 5000000 ] || die "target-server is $ts_size bytes, over the 5 MB budget (docs/design.md §7)"
+fi
 log "binaries built in $(($(date +%s) - t0))s"
 
 work=$(mktemp -d)
