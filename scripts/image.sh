@@ -94,10 +94,12 @@ build_crane
 
 t0=$(date +%s)
 log "building ${NAMES[*]} (release, +crt-static, $TARGET) in $target_dir"
-pkgs=()
-for n in "${NAMES[@]}"; do pkgs+=(-p "$n"); done
-(cd "$repo" && RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
-  cargo build --release --locked --target "$TARGET" --target-dir "$target_dir" --bins "${pkgs[@]}")
+# One cargo build per package: built together, features unify (target-server's tokio
+# would carry the prober's), and the image would depend on which others were built.
+for n in "${NAMES[@]}"; do
+  (cd "$repo" && RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
+    cargo build --release --locked --target "$TARGET" --target-dir "$target_dir" --bins -p "$n")
+done
 bindir="$target_dir/$TARGET/release"
 for n in "${NAMES[@]}"; do
   [ -x "$bindir/$n" ] || die "$bindir/$n was not built"
