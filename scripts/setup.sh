@@ -5,6 +5,9 @@ need=()
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v nft >/dev/null 2>&1 || need+=(nftables)
 command -v curl >/dev/null 2>&1 || need+=(curl)
+# scripts/image.sh: jq edits the image index, readelf checks the binaries are static.
+command -v jq >/dev/null 2>&1 || need+=(jq)
+command -v readelf >/dev/null 2>&1 || need+=(binutils)
 # libfaketime: the testbed's clock_skew fault shifts pod wall clocks with it.
 [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || [ -e /usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1 ] || need+=(libfaketime)
 # Prometheus, promtool, Alertmanager and amtool (Debian's packages): the alerting rules'

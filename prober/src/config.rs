@@ -95,6 +95,14 @@ impl AgentScrape {
     }
 }
 
+/// The default `--image`: target-server's image as `bash scripts/image.sh` names it,
+/// tagged with the workspace version (Cargo.toml), so a release's prober starts the
+/// target-server image of the same release.
+pub const DEFAULT_IMAGE: &str = concat!(
+    "ghcr.io/firstpacket/target-server:",
+    env!("CARGO_PKG_VERSION")
+);
+
 const ABOUT: &str = "firstpacket prober: time to first packet (TTFP) between brand-new pods";
 
 const LONG_ABOUT: &str = "\
@@ -284,12 +292,9 @@ pub struct ProbeArgs {
     #[arg(long, env = "FIRSTPACKET_NAMESPACE", default_value = "firstpacket")]
     pub namespace: String,
 
-    /// target-server image (args only are set; its entrypoint is the binary).
-    #[arg(
-        long,
-        env = "FIRSTPACKET_IMAGE",
-        default_value = "ghcr.io/firstpacket/target-server:0.1.0"
-    )]
+    /// target-server image (args only are set; its entrypoint is the binary). Default:
+    /// the image `bash scripts/image.sh` builds, tagged with this prober's version.
+    #[arg(long, env = "FIRSTPACKET_IMAGE", default_value = DEFAULT_IMAGE)]
     pub image: String,
 
     /// Nodes to probe: label selector k=v[,k!=v][,k][,!k].
@@ -756,7 +761,13 @@ mod tests {
     fn defaults_follow_design() {
         let g = gate(&[]).expect("parse");
         assert_eq!(g.probe.namespace, "firstpacket");
-        assert_eq!(g.probe.image, "ghcr.io/firstpacket/target-server:0.1.0");
+        assert_eq!(
+            g.probe.image,
+            format!(
+                "ghcr.io/firstpacket/target-server:{}",
+                env!("CARGO_PKG_VERSION")
+            )
+        );
         assert_eq!(g.probe.node_selector.to_string(), "kubernetes.io/os=linux");
         assert_eq!(g.probe.concurrency, 4);
         assert_eq!(g.probe.kinds, vec![ProbeKind::CrossNode]);

@@ -381,25 +381,10 @@ impl Agent {
         self.inner.counters.restarts.load(Ordering::Relaxed)
     }
 
-    /// Extra environment for a container started now on this node: libfaketime's
-    /// variables when fault `clock_skew` is in force for the node
-    /// ([`ClockSkew::faketime_env`](crate::fault::ClockSkew::faketime_env)), else none.
-    /// If the library is missing (Debian package `libfaketime`), logs an error and
-    /// returns none.
-    pub fn container_env(&self) -> Vec<(String, String)> {
-        let nf = self.inner.faults_at(Instant::now());
-        let Some(skew) = nf.clock_skew else {
-            return Vec::new();
-        };
-        if !std::path::Path::new(crate::fault::LIBFAKETIME_PATH).exists() {
-            tracing::error!(
-                node = %self.inner.node.name,
-                path = crate::fault::LIBFAKETIME_PATH,
-                "clock_skew: libfaketime is not installed (apt-get install libfaketime); pod clocks are not shifted"
-            );
-            return Vec::new();
-        }
-        skew.faketime_env()
+    /// Fault `clock_skew` in force for this node now (the kubelet applies it to the
+    /// containers it starts: [`crate::fault::ClockSkew`]).
+    pub fn clock_skew(&self) -> Option<crate::fault::ClockSkew> {
+        self.inner.faults_at(Instant::now()).clock_skew
     }
 
     /// What the agent did so far.

@@ -145,6 +145,14 @@ pub enum Cmd {
         /// `readOnlyRootFilesystem: true`: every mount read-only except /dev.
         #[arg(long)]
         read_only_root: bool,
+        /// Fault `clock_skew`: offset the container's monotonic and boot-time clocks by
+        /// this many seconds (signed) in a time namespace of its own.
+        #[arg(long, allow_hyphen_values = true)]
+        clock_offset: Option<f64>,
+        /// An OCI image's unpacked root file system to `chroot` into (the program is a
+        /// path inside it).
+        #[arg(long)]
+        rootfs: Option<PathBuf>,
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
         cmd: Vec<String>,
     },
@@ -172,6 +180,12 @@ pub struct UpArgs {
     /// directory of this executable.
     #[arg(long)]
     pub bin_dir: Option<PathBuf>,
+    /// Directory of OCI images (image layouts, as `bash scripts/image.sh` writes them);
+    /// a pod's image found there runs before any bin-dir binary (docs/design.md §6
+    /// pod-spec contract). Default: `images` beside the bin dir (`target/images` for
+    /// `target/debug`, where the script writes); a missing directory holds no images.
+    #[arg(long, env = "TESTBED_IMAGE_DIR")]
+    pub image_dir: Option<PathBuf>,
     /// Where each node's kube-proxy serves its metrics (port 10249): `all` = every
     /// address of the node (reachable at NODE_IP:10249, as clusters that scrape
     /// kube-proxy configure it), `localhost` = 127.0.0.1 only (kube-proxy's own default
@@ -231,6 +245,15 @@ pub fn default_bin_dir() -> Result<PathBuf> {
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from(".")))
+}
+
+/// The default `--image-dir`: `images` beside the bin dir (`target/images` for
+/// `target/debug`), where `bash scripts/image.sh` writes.
+pub fn default_image_dir(bin_dir: &Path) -> PathBuf {
+    bin_dir
+        .parent()
+        .unwrap_or_else(|| Path::new("."))
+        .join("images")
 }
 
 /// True while `pid` exists and is not a zombie (a daemon started by this very process,
@@ -358,6 +381,12 @@ pub fn up(state: &Path, args: &UpArgs) -> Result<()> {
     if let Some(b) = &cp_bin {
         cmd.arg("--control-plane-bin").arg(b);
     }
+    let image_dir = args
+        .image_dir
+        .clone()
+        .unwrap_or_else(|| default_image_dir(&bin_dir));
+    cmd.arg("--image-dir")
+        .arg(image_dir.canonicalize().unwrap_or(image_dir));
     cmd.arg("--bin-dir")
         .arg(bin_dir.canonicalize().unwrap_or(bin_dir));
     use std::os::unix::process::CommandExt;
@@ -467,7 +496,14 @@ pub fn down(state: &Path) -> Result<()> {
     ] {
         let _ = std::fs::remove_file(state.join(f));
     }
-    for d in ["pods", "etcd", "pki", "control-plane", "kube-cache"] {
+    for d in [
+        "pods",
+        "images",
+        "etcd",
+        "pki",
+        "control-plane",
+        "kube-cache",
+    ] {
         let _ = std::fs::remove_dir_all(state.join(d));
     }
     let _ = std::fs::remove_dir(state);
@@ -652,6 +688,7 @@ pub fn demo(state: &Path, args: &DemoArgs) -> Result<i32> {
         node_labels: vec![],
         hostname_label_suffix: None,
         bin_dir: None,
+        image_dir: None,
         kube_proxy_metrics: Default::default(),
         timeout: None,
         control_plane: Default::default(),
@@ -721,6 +758,8 @@ pub fn main_with(cli: Cli) -> Result<i32> {
             caps,
             no_new_privs,
             read_only_root,
+            clock_offset,
+            rootfs,
             cmd,
         } => {
             let spec = crate::shim::ShimSpec {
@@ -738,6 +777,8 @@ pub fn main_with(cli: Cli) -> Result<i32> {
                 },
                 program: PathBuf::from(&cmd[0]),
                 args: cmd[1..].to_vec(),
+                clock_offset: clock_offset.map(|seconds| crate::fault::ClockSkew { seconds }),
+                rootfs,
             };
             let e = crate::shim::enter_and_exec(&spec).unwrap_err();
             Err(anyhow!("container start failed: {e}"))
@@ -759,6 +800,11 @@ pub fn main_with(cli: Cli) -> Result<i32> {
                 nodes: a.nodes,
                 fault: a.fault,
                 node_labels,
+                image_dir: match (a.image_dir, &a.bin_dir) {
+                    (Some(d), _) => d,
+                    (None, Some(b)) => default_image_dir(b),
+                    (None, None) => default_image_dir(&default_bin_dir()?),
+                },
                 bin_dir: a.bin_dir.unwrap_or(default_bin_dir()?),
                 kube_proxy_metrics: a.kube_proxy_metrics,
                 control_plane: a.control_plane,

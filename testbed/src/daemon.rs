@@ -47,6 +47,8 @@ pub struct DaemonArgs {
     pub node_labels: BTreeMap<String, BTreeMap<String, String>>,
     /// Directory holding the image binaries.
     pub bin_dir: PathBuf,
+    /// Directory of OCI image layouts, looked up before `bin_dir` ([`crate::image`]).
+    pub image_dir: PathBuf,
     /// Where the simulated kube-proxy serves its metrics (`none`: no kube-proxy pods).
     pub kube_proxy_metrics: crate::kube_proxy::MetricsBind,
     /// Built-in or real control plane ([`crate::control_plane`]).
@@ -305,6 +307,8 @@ pub async fn start_nodes(
             pod_cidr: n.pod_cidr.to_string(),
             node_labels: labels.clone(),
             bin_dir: args.bin_dir.clone(),
+            image_dir: args.image_dir.clone(),
+            unpack_dir: state.join("images"),
             pods_dir: pods_dir.clone(),
             testbed_exe: testbed_exe.clone(),
             // Pods reach the API through the `kubernetes` Service, as on a real node.

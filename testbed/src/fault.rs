@@ -81,6 +81,14 @@ pub enum FaultError {
         /// The cluster's nodes, comma-separated.
         known: String,
     },
+    /// A rule needs something this machine lacks (e.g. `clock_skew` without
+    /// libfaketime): applying it would silently do nothing.
+    #[error("fault file: rule {rule}: {message}")]
+    Unsupported {
+        /// 1-based rule number.
+        rule: usize,
+        message: String,
+    },
 }
 
 impl FaultError {
@@ -557,9 +565,19 @@ impl<'de> Deserialize<'de> for StaleRoutes {
     }
 }
 
-/// `clock_skew: D` with an optional sign (`30s`, `+30s`, `-1m`): the wall clock of pod
-/// processes started on the node is shifted by `D` (libfaketime, see
-/// [`ClockSkew::faketime_env`]); monotonic clocks and the daemon's clock are not.
+/// `clock_skew: D` with an optional sign (`30s`, `+30s`, `-1m`): for pod processes
+/// started on the node while the rule is in force,
+/// - the wall clock (`CLOCK_REALTIME`) is shifted by `D` through libfaketime
+///   ([`ClockSkew::faketime_env`]); it reaches dynamically linked binaries only, so a
+///   statically linked image binary is replaced by the dynamically linked build of the
+///   same name in the bin dir (none there: the container fails to start with
+///   `CreateContainerError`);
+/// - `CLOCK_MONOTONIC` and `CLOCK_BOOTTIME` are offset by `D` in a time namespace of
+///   the pod's own ([`ClockSkew::timens_offsets`]; Linux ≥ 5.6, `time_namespaces(7)`);
+///   intervals on one clock, which TTFP is, do not move.
+///
+/// The daemon's (and the prober's) clocks are not shifted. Linux cannot offset
+/// `CLOCK_REALTIME` per namespace, hence libfaketime for the wall clock.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ClockSkew {
     /// Signed shift in seconds.
@@ -586,6 +604,18 @@ impl ClockSkew {
             ),
             ("FAKETIME_DONT_FAKE_MONOTONIC".to_owned(), "1".to_owned()),
         ]
+    }
+}
+
+impl ClockSkew {
+    /// The contents written to `/proc/self/timens_offsets` of a new time namespace:
+    /// `monotonic S N` and `boottime S N` lines (seconds, and nanoseconds in
+    /// 0 … 10⁹−1, so −2.5 s is `-3 500000000`; `time_namespaces(7)`).
+    pub fn timens_offsets(&self) -> String {
+        let total_ns = (self.seconds * 1e9).round() as i128;
+        let secs = total_ns.div_euclid(1_000_000_000);
+        let nanos = total_ns.rem_euclid(1_000_000_000);
+        format!("monotonic {secs} {nanos}\nboottime {secs} {nanos}\n")
     }
 }
 
@@ -994,11 +1024,21 @@ impl FaultFile {
     }
 
     /// Checks that every node a rule names (`nodes: {names}`, `cross_node.broken_peers`
-    /// lists) is one of `nodes`. Errors: [`FaultError::UnknownNode`] for the first one
-    /// that is not. Label selectors are not checked (they may select nothing on
-    /// purpose).
+    /// lists) is one of `nodes`, and that this machine can apply every rule.
+    /// Errors: [`FaultError::UnknownNode`] for the first name that is not a node
+    /// (label selectors are not checked: they may select nothing on purpose);
+    /// [`FaultError::Unsupported`] for `clock_skew` when libfaketime is not installed
+    /// at [`LIBFAKETIME_PATH`] (Debian package `libfaketime`, `scripts/setup.sh`).
     pub fn check_nodes(&self, nodes: &[String]) -> Result<(), FaultError> {
         for (i, r) in self.rules.iter().enumerate() {
+            if r.clock_skew.is_some() && !std::path::Path::new(LIBFAKETIME_PATH).exists() {
+                return Err(FaultError::Unsupported {
+                    rule: i + 1,
+                    message: format!(
+                        "clock_skew needs libfaketime at {LIBFAKETIME_PATH} (apt-get install libfaketime)"
+                    ),
+                });
+            }
             let mut named: Vec<&String> = Vec::new();
             if let NodeSelector::Names(n) = &r.nodes {
                 named.extend(n);
@@ -1397,6 +1437,18 @@ mod tests {
         assert_eq!(v[0]["clock_skew"], "-1m");
         assert_eq!(v[0]["cross_node"]["broken_peers"], "all");
         assert_eq!(v[0]["stale_routes"]["for"], "10s");
+    }
+
+    #[test]
+    fn clock_skew_timens_offsets_keep_nanoseconds_positive() {
+        assert_eq!(
+            ClockSkew { seconds: 30.0 }.timens_offsets(),
+            "monotonic 30 0\nboottime 30 0\n"
+        );
+        assert_eq!(
+            ClockSkew { seconds: -2.5 }.timens_offsets(),
+            "monotonic -3 500000000\nboottime -3 500000000\n"
+        );
     }
 
     #[test]

@@ -14,12 +14,13 @@
 //! - finishes graceful deletion itself: SIGTERM, grace, SIGKILL, then `DELETE` with
 //!   `gracePeriodSeconds=0` and a UID precondition.
 //!
-//! Per pod it: resolves the image to a local binary (pod-spec contract, docs/design.md §6:
-//! last path component without `:tag`/`@digest`; anything unknown → `ErrImagePull`),
+//! Per pod it: resolves the image (pod-spec contract, docs/design.md §6): an OCI image
+//! of the image dir ([`crate::image`]), else the local binary named by the last path
+//! component without `:tag`/`@digest`, else `ErrImagePull`,
 //! sets up the sandbox network ([`Dataplane::add_pod`]) and tells the node's agent,
 //! starts the container through `testbed shim` with the identity its `securityContext`
-//! gives ([`crate::security::container_identity`]; `runAsNonRoot` on the testbed's
-//! root images → `CreateContainerConfigError`), runs the readiness probe (`httpGet`,
+//! and its image's user give ([`crate::security::container_identity`]; `runAsNonRoot`
+//! against a root user → `CreateContainerConfigError`), runs the readiness probe (`httpGet`,
 //! `User-Agent: kube-probe/1.32`), keeps `status` like the real kubelet (conditions
 //! with timestamps, container state, termination message), enforces
 //! `activeDeadlineSeconds`.
@@ -111,6 +112,10 @@ pub struct KubeletConfig {
     pub node_labels: BTreeMap<String, String>,
     /// Directory holding the image binaries (`target-server`, `prober`, …).
     pub bin_dir: PathBuf,
+    /// Directory of OCI image layouts, looked up first ([`crate::image`]).
+    pub image_dir: PathBuf,
+    /// Where OCI images are unpacked (`<unpack_dir>/<manifest hex>/rootfs`).
+    pub unpack_dir: PathBuf,
     /// Directory for per-pod files (`<pods_dir>/<uid>/…`).
     pub pods_dir: PathBuf,
     /// The `testbed` executable, run as `testbed shim` for every container.
@@ -281,6 +286,48 @@ fn node_conditions_stale(current: &Value) -> bool {
 }
 
 impl Kubelet {
+    /// Resolves a pod's image (docs/design.md §6 pod-spec contract): an OCI image in
+    /// the image dir (unpacked off the runtime's thread), else for a loopback registry
+    /// the image pulled from it ([`crate::image::pull_and_unpack`]), else the bin-dir
+    /// binary named like it. Errors: the message for `ErrImagePull` (no such image, or an image
+    /// there that cannot be read).
+    async fn resolve(&self, image: &str) -> Result<ResolvedImage, String> {
+        let (dir, unpack, reference) = (
+            self.cfg.image_dir.clone(),
+            self.cfg.unpack_dir.clone(),
+            image.to_owned(),
+        );
+        let found = tokio::task::spawn_blocking(move || {
+            crate::image::find_and_unpack(&dir, &reference, &unpack)
+        })
+        .await
+        .map_err(|e| format!("failed to pull and unpack image \"{image}\": {e}"))?
+        .map_err(|e| format!("failed to pull and unpack image \"{image}\": {e}"))?;
+        if let Some(img) = found {
+            return Ok(ResolvedImage::Oci(img));
+        }
+        if crate::image::is_loopback_registry(image) {
+            let (reference, unpack) = (image.to_owned(), self.cfg.unpack_dir.clone());
+            return tokio::task::spawn_blocking(move || {
+                crate::image::pull_and_unpack(&reference, &unpack)
+            })
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r)
+            .map(ResolvedImage::Oci)
+            .map_err(|e| format!("failed to pull and unpack image \"{image}\": {e}"));
+        }
+        resolve_image(&self.cfg.bin_dir, image)
+            .map(ResolvedImage::Binary)
+            .ok_or_else(|| {
+                format!(
+                    "failed to pull and unpack image \"{image}\": not found (no OCI image with that reference in {} and no binary named like it in {})",
+                    self.cfg.image_dir.display(),
+                    self.cfg.bin_dir.display()
+                )
+            })
+    }
+
     /// Builds the kubelet's API client (on the current runtime: call this on the node's
     /// runtime), registers the Node (or takes over an existing one), creates its Lease
     /// and records the `Starting`/`NodeReady` events, then starts the heartbeat. Call
@@ -1534,16 +1581,17 @@ impl PodWorker {
         })
         .await;
 
-        // Image → local binary (pod-spec contract).
-        let binary = match resolve_image(&self.k.cfg.bin_dir, &image) {
-            Some(b) => b,
-            None => {
-                let msg = format!("failed to pull and unpack image \"{image}\": not found (the testbed maps only images named like a binary in its bin dir)");
+        // Image → an OCI image in the image dir, else a local binary (pod-spec contract).
+        let resolved = match self.k.resolve(&image).await {
+            Ok(r) => r,
+            Err(msg) => {
+                tracing::warn!(pod = %self.name, "{msg}");
                 self.fail_waiting(&cname, &image, "ErrImagePull", &msg, None, None)
                     .await;
                 return;
             }
         };
+        let image_id = resolved.image_id(&image);
 
         // A pod of the same name still being torn down here (force-deleted, then
         // recreated) holds the sandbox name and interface: wait for it first.
@@ -1573,11 +1621,12 @@ impl PodWorker {
         let pod_dir = self.k.cfg.pods_dir.join(&self.uid);
         // The projected `kube-api-access-*` volume (ServiceAccount admission adds it), then
         // the process identity (runAsUser/runAsGroup, capabilities, no_new_privs), where
-        // `runAsNonRoot` against the image's (root) user is checked, as the real kubelet
-        // does when it generates the container config. Either failing is a
-        // `CreateContainerConfigError`.
+        // `runAsNonRoot` against the image's user (root for bin-dir binaries) is checked,
+        // as the real kubelet does when it generates the container config. Either
+        // failing is a `CreateContainerConfigError`.
         let prepared = match self.k.fill_api_access(&pod, &pod_dir, &pod_ip).await {
-            Ok(dir) => crate::security::container_identity(&pod, &container).map(|id| (dir, id)),
+            Ok(dir) => crate::security::container_identity(&pod, &container, &resolved.user())
+                .map(|id| (dir, id)),
             Err(msg) => Err(msg),
         };
         let prepared = match prepared {
@@ -1607,10 +1656,11 @@ impl PodWorker {
         let mut restarts: u64 = 0;
         let mut last_state = json!({});
         let ended = loop {
-            let child = match self.start_container(
+            let (child, run_detail) = match self.start_container(
                 &pod,
                 &container,
-                &binary,
+                &image,
+                &resolved,
                 &net,
                 &pod_dir,
                 api_access.as_deref(),
@@ -1619,6 +1669,7 @@ impl PodWorker {
             ) {
                 Ok(c) => c,
                 Err(msg) => {
+                    tracing::warn!(pod = %self.name, "{msg}");
                     self.fail_waiting(
                         &cname,
                         &image,
@@ -1637,12 +1688,13 @@ impl PodWorker {
             let container_id = format!("testbed://{}-{pid}", self.uid);
             let has_readiness = container["readinessProbe"].is_object();
             {
-                let (cname, image, cid, sa, pod_ip) = (
+                let (cname, image, cid, sa, pod_ip, iid) = (
                     cname.clone(),
                     image.clone(),
                     container_id.clone(),
                     started_at.clone(),
                     pod_ip.clone(),
+                    image_id.clone(),
                 );
                 let last_state_now = last_state.clone();
                 self.update(move |st| {
@@ -1651,7 +1703,7 @@ impl PodWorker {
                     st["podIPs"] = json!([{ "ip": pod_ip }]);
                     set_condition(st, "PodReadyToStartContainers", true, None, None);
                     st["containerStatuses"] = json!([{
-                        "name": cname, "image": image, "imageID": format!("testbed://{image}"),
+                        "name": cname, "image": image, "imageID": iid,
                         "containerID": cid, "ready": !has_readiness, "started": true,
                         "restartCount": restarts, "state": { "running": { "startedAt": sa } },
                         "lastState": last_state_now,
@@ -1665,7 +1717,7 @@ impl PodWorker {
             }
             if !has_readiness {
                 self.status.owns_ready.store(true, Ordering::SeqCst);
-                self.readiness_ok(&net);
+                self.readiness_ok(&net, &run_detail);
             }
 
             // Readiness prober (runs on this node's runtime: packets leave the node netns).
@@ -1677,6 +1729,7 @@ impl PodWorker {
                     self.status.clone(),
                     container["readinessProbe"].clone(),
                     net.clone(),
+                    run_detail.clone(),
                     stop_rx,
                 )))
             } else {
@@ -1714,8 +1767,13 @@ impl PodWorker {
                 });
                 restarts += 1;
                 last_state = json!({ "terminated": term });
-                let (cname, image, ls, n) =
-                    (cname.clone(), image.clone(), last_state.clone(), restarts);
+                let (cname, image, ls, n, iid) = (
+                    cname.clone(),
+                    image.clone(),
+                    last_state.clone(),
+                    restarts,
+                    image_id.clone(),
+                );
                 let wait_msg = format!(
                     "back-off {}s restarting failed container={cname} pod={}_{}({})",
                     backoff.as_secs(),
@@ -1725,7 +1783,7 @@ impl PodWorker {
                 );
                 self.update(move |st| {
                 st["containerStatuses"] = json!([{
-                    "name": cname, "image": image, "imageID": format!("testbed://{image}"),
+                    "name": cname, "image": image, "imageID": iid,
                     "ready": false, "started": false, "restartCount": n,
                     "state": { "waiting": { "reason": "CrashLoopBackOff", "message": wait_msg } },
                     "lastState": ls,
@@ -1740,7 +1798,12 @@ impl PodWorker {
                 continue;
             }
             {
-                let (cname, image, cid) = (cname.clone(), image.clone(), container_id.clone());
+                let (cname, image, cid, iid) = (
+                    cname.clone(),
+                    image.clone(),
+                    container_id.clone(),
+                    image_id.clone(),
+                );
                 let deadline = matches!(ended, Ended::DeadlineExceeded);
                 self.update(move |st| {
                     let mut term = json!({
@@ -1751,7 +1814,7 @@ impl PodWorker {
                         term["message"] = json!(m);
                     }
                     st["containerStatuses"] = json!([{
-                        "name": cname, "image": image, "imageID": format!("testbed://{image}"),
+                        "name": cname, "image": image, "imageID": iid,
                         "containerID": cid, "ready": false, "started": false,
                         "restartCount": restarts, "state": { "terminated": term },
                     }]);
@@ -1795,29 +1858,93 @@ impl PodWorker {
 
     /// A pod without a readiness probe is Ready once started: arm the agent's
     /// `first_connections_dropped` budget (it counts from readiness_ok), then record it.
-    fn readiness_ok(&self, net: &PodNet) {
+    fn readiness_ok(&self, net: &PodNet, run: &Value) {
         let armed = self.k.agent.arm_first_connections_dropped(net);
         self.k.truth.emit(TruthEvent::pod(
             TruthKind::ReadinessOk,
             net,
-            readiness_ok_detail(armed),
+            readiness_ok_detail(armed, run),
         ));
     }
 
-    /// Starts the container through the shim; returns the child or a message for
-    /// `CreateContainerError`.
+    /// Starts the container through the shim; returns the child and what it runs (the
+    /// truth detail of its `readiness_ok`: `image_id`; with fault `clock_skew` also
+    /// `clock_skew` and `program`), or a message for `CreateContainerError`.
+    ///
+    /// Fault `clock_skew` ([`crate::fault::ClockSkew`]): libfaketime's variables, and
+    /// the shim offsets the pod's monotonic clocks in a time namespace; a statically
+    /// linked program (libfaketime cannot reach it) is replaced by the dynamically
+    /// linked build of the same name in the bin dir, and without one (or without
+    /// libfaketime) the container does not start.
     #[allow(clippy::too_many_arguments)]
     fn start_container(
         &self,
         pod: &Value,
         container: &Value,
-        binary: &Path,
+        image: &str,
+        resolved: &ResolvedImage,
         net: &PodNet,
         pod_dir: &Path,
         api_access: Option<&Path>,
         identity: &crate::security::Identity,
         cm_env: &ConfigMapEnv,
-    ) -> Result<tokio::process::Child, String> {
+    ) -> Result<(tokio::process::Child, Value), String> {
+        let strings = |v: &Value| -> Option<Vec<String>> {
+            v.as_array().map(|a| {
+                a.iter()
+                    .map(|x| x.as_str().unwrap_or_default().to_owned())
+                    .collect()
+            })
+        };
+        let (mut program, argv, image_env) = match resolved {
+            ResolvedImage::Oci(img) => {
+                let (p, a) = crate::image::process_for(
+                    img,
+                    strings(&container["command"]),
+                    strings(&container["args"]),
+                )?;
+                (p, a, img.env.clone())
+            }
+            ResolvedImage::Binary(b) => (
+                b.clone(),
+                strings(&container["args"]).unwrap_or_default(),
+                Vec::new(),
+            ),
+        };
+        // An OCI image's program runs inside its root file system (chroot).
+        let mut rootfs = match resolved {
+            ResolvedImage::Oci(img) => Some(img.rootfs.clone()),
+            ResolvedImage::Binary(_) => None,
+        };
+        let mut run = json!({ "image_id": resolved.image_id(image) });
+        let skew = self.k.agent.clock_skew();
+        if let Some(skew) = &skew {
+            if !Path::new(crate::fault::LIBFAKETIME_PATH).exists() {
+                return Err(format!(
+                    "clock_skew: libfaketime is not installed at {} (apt-get install libfaketime)",
+                    crate::fault::LIBFAKETIME_PATH
+                ));
+            }
+            if crate::image::is_static_elf(&program) {
+                let bin_dir = &self.k.cfg.bin_dir;
+                match resolve_image(bin_dir, image).filter(|b| !crate::image::is_static_elf(b)) {
+                    Some(b) => {
+                        // A dynamically linked build needs the host's libraries.
+                        program = b;
+                        rootfs = None;
+                    }
+                    None => {
+                        return Err(format!(
+                            "clock_skew: {} is statically linked, so libfaketime (LD_PRELOAD) cannot shift its wall clock, and {} has no dynamically linked build of it",
+                            program.display(),
+                            bin_dir.display()
+                        ))
+                    }
+                }
+            }
+            run["clock_skew"] = json!(skew);
+            run["program"] = json!(program.display().to_string());
+        }
         let dev_dir = pod_dir.join("dev");
         std::fs::create_dir_all(&dev_dir)
             .map_err(|e| format!("mkdir {}: {e}", dev_dir.display()))?;
@@ -1871,15 +1998,30 @@ impl PodWorker {
             cmd.arg("--sa-dir").arg(&sa);
         }
         cmd.args(identity.to_args());
-        cmd.arg("--").arg(binary);
-        if let Some(args) = container["args"].as_array() {
-            for a in args {
-                cmd.arg(a.as_str().unwrap_or_default());
+        if let Some(skew) = &skew {
+            cmd.arg("--clock-offset").arg(skew.seconds.to_string());
+        }
+        match rootfs
+            .as_ref()
+            .and_then(|r| program.strip_prefix(r).ok().map(|p| (r, p)))
+        {
+            Some((root, inside)) => {
+                cmd.arg("--rootfs").arg(root);
+                cmd.arg("--").arg(Path::new("/").join(inside));
+            }
+            None => {
+                cmd.arg("--").arg(&program);
             }
         }
-        cmd.env_clear()
-            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-            .env("HOSTNAME", &self.name)
+        cmd.args(&argv);
+        cmd.env_clear().env("PATH", "/usr/local/bin:/usr/bin:/bin");
+        // The image's environment, then the kubelet's and the container's (which win).
+        for kv in &image_env {
+            if let Some((k, v)) = kv.split_once('=') {
+                cmd.env(k, v);
+            }
+        }
+        cmd.env("HOSTNAME", &self.name)
             .env("KUBERNETES_SERVICE_HOST", &self.k.cfg.api_host)
             .env("KUBERNETES_SERVICE_PORT", self.k.cfg.api_port.to_string())
             .env(
@@ -1889,8 +2031,8 @@ impl PodWorker {
         if let Ok(v) = std::env::var("RUST_LOG") {
             cmd.env("RUST_LOG", v);
         }
-        // Fault `clock_skew`: libfaketime's variables for this node's new containers.
-        for (k, v) in self.k.agent.container_env() {
+        // Fault `clock_skew`: libfaketime's variables.
+        for (k, v) in skew.iter().flat_map(|s| s.faketime_env()) {
             cmd.env(k, v);
         }
         // envFrom first, `env` entries override it (as the real kubelet orders them).
@@ -1923,7 +2065,8 @@ impl PodWorker {
             .stderr(log2)
             .process_group(0)
             .kill_on_drop(false);
-        cmd.spawn().map_err(|e| format!("start container: {e}"))
+        let child = cmd.spawn().map_err(|e| format!("start container: {e}"))?;
+        Ok((child, run))
     }
 
     /// Waits for exit, a deletion request or `activeDeadlineSeconds`; stops the container
@@ -2049,15 +2192,20 @@ impl PodWorker {
     }
 }
 
-/// Truth detail of `readiness_ok`: `{"first_connections_dropped": N}` when the agent
-/// armed that budget for the pod right before (fault `first_connections_dropped`),
-/// `{}` otherwise.
-fn readiness_ok_detail(armed: u32) -> Value {
-    if armed > 0 {
-        json!({ "first_connections_dropped": armed })
-    } else {
-        json!({})
+/// Truth detail of `readiness_ok`: what the container runs (`run`, from
+/// [`PodWorker::start_container`]: `image_id`, and with fault `clock_skew` the
+/// `clock_skew` applied and the `program` run), plus `"first_connections_dropped": N`
+/// when the agent armed that budget for the pod right before (fault
+/// `first_connections_dropped`).
+fn readiness_ok_detail(armed: u32, run: &Value) -> Value {
+    let mut d = run.clone();
+    if !d.is_object() {
+        d = json!({});
     }
+    if armed > 0 {
+        d["first_connections_dropped"] = json!(armed);
+    }
+    d
 }
 
 /// Runs the pod's readiness probe until told to stop; updates the Ready conditions on
@@ -2068,6 +2216,7 @@ async fn readiness_loop(
     status: Arc<StatusWriter>,
     probe: Value,
     net: PodNet,
+    run: Value,
     mut stop: watch::Receiver<bool>,
 ) {
     let http = &probe["httpGet"];
@@ -2145,7 +2294,7 @@ async fn readiness_loop(
             k.truth.emit(TruthEvent::pod(
                 TruthKind::ReadinessOk,
                 &net,
-                readiness_ok_detail(armed),
+                readiness_ok_detail(armed, &run),
             ));
         }
         if new_ready != ready {
@@ -2252,6 +2401,33 @@ async fn container_logs(
         .header("Content-Type", "text/plain")
         .body(body)
         .unwrap_or_else(|_| text(500, String::new()))
+}
+
+/// What a pod's image resolved to (docs/design.md §6 pod-spec contract).
+enum ResolvedImage {
+    /// An OCI image from the image directory, unpacked.
+    Oci(crate::image::OciImage),
+    /// A binary of the bin dir named like the image.
+    Binary(PathBuf),
+}
+
+impl ResolvedImage {
+    /// The container status's `imageID`: `NAME@sha256:…` for an OCI image (as the
+    /// real kubelet reports the repo digest), `testbed://IMAGE` for a bin-dir binary.
+    fn image_id(&self, image: &str) -> String {
+        match self {
+            ResolvedImage::Oci(i) => i.image_id.clone(),
+            ResolvedImage::Binary(_) => format!("testbed://{image}"),
+        }
+    }
+
+    /// The image's user (bin-dir binaries run as root).
+    fn user(&self) -> crate::image::ImageUser {
+        match self {
+            ResolvedImage::Oci(i) => crate::image::ImageUser::parse(&i.user),
+            ResolvedImage::Binary(_) => crate::image::ImageUser::Unset,
+        }
+    }
 }
 
 /// Maps an image reference to a binary in `bin_dir`: the last path component without

@@ -16,6 +16,7 @@ pub mod dataplane;
 pub mod fault;
 pub mod felix;
 pub mod httpc;
+pub mod image;
 pub mod kube_proxy;
 pub mod kubelet;
 pub mod netns;

@@ -139,12 +139,25 @@ fn id_field(v: &Value) -> Option<i64> {
 /// keeps every capability; otherwise [`DEFAULT_CAPS`], `drop` (`ALL` empties it), then
 /// `add` (`ALL` = every capability).
 ///
+/// The user is `runAsUser`, else the image's (`image_user`: an OCI image config's
+/// `User`; root for bin-dir binaries); the group is `runAsGroup`, else the image's
+/// group when the image's user is used, else 0 (the testbed's images have no
+/// `/etc/passwd` to look a group up in).
+///
 /// Errors (the kubelet reports them as `CreateContainerConfigError`, with the real
-/// kubelet's texts): `runAsNonRoot: true` with no `runAsUser` ("container has
-/// runAsNonRoot and image will run as root (pod: "NAME_NS(UID)", container: C)": the
-/// testbed's images run as root) or with `runAsUser: 0` ("container's runAsUser breaks
-/// non-root policy …"); an id outside 0 … 2³²−2; an unknown capability name.
-pub fn container_identity(pod: &Value, container: &Value) -> Result<Identity, String> {
+/// kubelet's texts, k8s.io/kubernetes `pkg/kubelet/kuberuntime/security_context_others.go`
+/// `verifyRunAsNonRoot`): `runAsNonRoot: true` with no `runAsUser` and an image user
+/// that is root ("container has runAsNonRoot and image will run as root (pod:
+/// "NAME_NS(UID)", container: C)") or not numeric ("… image has non-numeric user (U),
+/// cannot verify user is non-root …"), or with `runAsUser: 0` ("container's runAsUser
+/// breaks non-root policy …"); an image user given by name without `runAsUser` (no
+/// passwd file to resolve it); an id outside 0 … 2³²−2; an unknown capability name.
+pub fn container_identity(
+    pod: &Value,
+    container: &Value,
+    image_user: &crate::image::ImageUser,
+) -> Result<Identity, String> {
+    use crate::image::ImageUser;
     let psc = &pod["spec"]["securityContext"];
     let csc = &container["securityContext"];
     let pick = |key: &str| -> Option<&Value> {
@@ -176,24 +189,39 @@ pub fn container_identity(pod: &Value, container: &Value) -> Result<Identity, St
         .map(|v| to_id("runAsUser", v))
         .transpose()?;
     if pick("runAsNonRoot").is_some_and(|v| *v == true) {
-        match run_as_user {
-            Some(0) => {
+        match (run_as_user, image_user) {
+            (Some(0), _) => {
                 return Err(format!(
                     "container's runAsUser breaks non-root policy {who}"
                 ))
             }
-            Some(_) => {}
-            None => {
+            (Some(_), _) | (None, ImageUser::Numeric { uid: 1.., .. }) => {}
+            (None, ImageUser::Named(name)) => {
+                return Err(format!(
+                    "container has runAsNonRoot and image has non-numeric user ({name}), cannot verify user is non-root {who}"
+                ))
+            }
+            (None, _) => {
                 return Err(format!(
                     "container has runAsNonRoot and image will run as root {who}"
                 ))
             }
         }
     }
-    let uid = run_as_user.unwrap_or(0);
+    let (uid, image_gid) = match (run_as_user, image_user) {
+        (Some(u), _) => (u, None),
+        (None, ImageUser::Numeric { uid, gid }) => (*uid, *gid),
+        (None, ImageUser::Unset) => (0, None),
+        (None, ImageUser::Named(name)) => {
+            return Err(format!(
+                "unable to find user {name}: no matching entries in passwd file {who}"
+            ))
+        }
+    };
     let gid = pick("runAsGroup")
         .map(|v| to_id("runAsGroup", v))
         .transpose()?
+        .or(image_gid)
         .unwrap_or(0);
     let mut groups = Vec::new();
     for g in psc["supplementalGroups"].as_array().into_iter().flatten() {
@@ -282,13 +310,16 @@ fn mount_setattr(path: &str, recursive: bool, set: u64, clr: u64) -> nix::Result
 
 /// `readOnlyRootFilesystem`: makes every mount under `/` of the calling process's
 /// (private) mount namespace read-only, then `/dev` (the pod's device and
-/// termination-message directory, writable in a real container too) writable again.
+/// termination-message directory) and `/dev/shm` writable again (both are in a real
+/// container too).
 /// Call it after the container's mounts are in place. Errors name the step.
 pub fn make_root_read_only() -> Result<(), (String, nix::errno::Errno)> {
     mount_setattr("/", true, MOUNT_ATTR_RDONLY, 0)
         .map_err(|e| ("make / read-only (mount_setattr)".to_owned(), e))?;
     mount_setattr("/dev", false, 0, MOUNT_ATTR_RDONLY)
-        .map_err(|e| ("make /dev writable (mount_setattr)".to_owned(), e))
+        .map_err(|e| ("make /dev writable (mount_setattr)".to_owned(), e))?;
+    mount_setattr("/dev/shm", false, 0, MOUNT_ATTR_RDONLY)
+        .map_err(|e| ("make /dev/shm writable (mount_setattr)".to_owned(), e))
 }
 
 #[repr(C)]
@@ -430,6 +461,7 @@ pub fn apply(id: &Identity) -> Result<(), (String, nix::errno::Errno)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::image::ImageUser;
     use serde_json::json;
 
     fn pod(psc: Value, csc: Value) -> (Value, Value) {
@@ -445,7 +477,7 @@ mod tests {
     fn default_is_root_with_the_runtime_default_capabilities() {
         let (p, c) = pod(json!({}), Value::Null);
         assert_eq!(
-            container_identity(&p, &c).unwrap(),
+            container_identity(&p, &c, &ImageUser::Unset).unwrap(),
             Identity::root_default()
         );
         let names: Vec<&str> = (0..41)
@@ -463,7 +495,7 @@ mod tests {
             json!({"runAsUser": 65532, "allowPrivilegeEscalation": false,
                    "capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]}}),
         );
-        let id = container_identity(&p, &c).unwrap();
+        let id = container_identity(&p, &c, &ImageUser::Unset).unwrap();
         assert_eq!((id.uid, id.gid), (65532, 1000));
         assert_eq!(id.groups, vec![5, 7]);
         assert_eq!(id.caps, 1 << 10);
@@ -475,17 +507,51 @@ mod tests {
     fn run_as_non_root_without_user_fails_as_the_kubelet_says() {
         let (p, c) = pod(json!({"runAsNonRoot": true}), Value::Null);
         assert_eq!(
-            container_identity(&p, &c).unwrap_err(),
+            container_identity(&p, &c, &ImageUser::Unset).unwrap_err(),
             "container has runAsNonRoot and image will run as root (pod: \"p_ns(u-1)\", container: c)"
         );
         let (p, c) = pod(json!({"runAsNonRoot": true}), json!({"runAsUser": 0}));
-        assert!(container_identity(&p, &c)
+        assert!(container_identity(&p, &c, &ImageUser::Unset)
             .unwrap_err()
             .starts_with("container's runAsUser breaks non-root policy"));
         let (p, c) = pod(json!({"runAsNonRoot": true, "runAsUser": 10}), Value::Null);
-        assert_eq!(container_identity(&p, &c).unwrap().uid, 10);
+        assert_eq!(
+            container_identity(&p, &c, &ImageUser::Unset).unwrap().uid,
+            10
+        );
         let (p, c) = pod(json!({}), json!({"capabilities": {"add": ["NOPE"]}}));
-        assert!(container_identity(&p, &c).is_err());
+        assert!(container_identity(&p, &c, &ImageUser::Unset).is_err());
+    }
+
+    #[test]
+    fn the_image_user_runs_unless_run_as_user_overrides_it() {
+        let nonroot = ImageUser::Numeric {
+            uid: 65532,
+            gid: Some(65532),
+        };
+        let (p, c) = pod(json!({"runAsNonRoot": true}), Value::Null);
+        let id = container_identity(&p, &c, &nonroot).unwrap();
+        assert_eq!((id.uid, id.gid), (65532, 65532));
+        // runAsUser wins, and the image's group goes with the image's user.
+        let (p, c) = pod(json!({"runAsUser": 1000}), Value::Null);
+        let id = container_identity(&p, &c, &nonroot).unwrap();
+        assert_eq!((id.uid, id.gid), (1000, 0));
+        let (p, c) = pod(json!({"runAsGroup": 7}), Value::Null);
+        let id = container_identity(&p, &c, &nonroot).unwrap();
+        assert_eq!((id.uid, id.gid), (65532, 7));
+        // Image user root by number, or by name: runAsNonRoot refuses as the kubelet does.
+        let (p, c) = pod(json!({"runAsNonRoot": true}), Value::Null);
+        let root = ImageUser::Numeric { uid: 0, gid: None };
+        assert!(container_identity(&p, &c, &root)
+            .unwrap_err()
+            .starts_with("container has runAsNonRoot and image will run as root"));
+        assert!(container_identity(&p, &c, &ImageUser::Named("app".into()))
+            .unwrap_err()
+            .starts_with("container has runAsNonRoot and image has non-numeric user (app)"));
+        let (p, c) = pod(json!({}), Value::Null);
+        assert!(container_identity(&p, &c, &ImageUser::Named("app".into()))
+            .unwrap_err()
+            .starts_with("unable to find user app"));
     }
 
     #[test]
@@ -494,6 +560,9 @@ mod tests {
             json!({}),
             json!({"privileged": true, "capabilities": {"drop": ["ALL"]}}),
         );
-        assert_eq!(container_identity(&p, &c).unwrap().caps, ALL_CAPS);
+        assert_eq!(
+            container_identity(&p, &c, &ImageUser::Unset).unwrap().caps,
+            ALL_CAPS
+        );
     }
 }

@@ -6,17 +6,28 @@
 //! 1. joins the pod's network namespace `/run/netns/NS` (`setns(2)`, `CLONE_NEWNET`);
 //! 2. unshares a mount and a UTS namespace and makes every mount private, so nothing it
 //!    mounts is visible on the host;
+//!    with `--rootfs ROOT` (an OCI image's unpacked root file system) it bind-mounts
+//!    ROOT onto itself and mounts `proc` in it; steps 3–4 then mount inside ROOT, and
+//!    the service account goes to `/var/run/secrets/kubernetes.io/serviceaccount` in it;
 //! 3. bind-mounts the host's `null`, `zero`, `random`, `urandom` and `full` devices onto
 //!    empty files the kubelet prepared in `DIR`, then `DIR` over `/dev` — `DIR` also
 //!    holds the pod's termination-message file (`/dev/termination-log`, read back by the
-//!    kubelet after exit, as the real kubelet bind-mounts a per-container file there);
+//!    kubelet after exit, as the real kubelet bind-mounts a per-container file there) —
+//!    and mounts a private tmpfs on `/dev/shm` (mode 1777, 64 MiB: containerd's default
+//!    for a pod; libfaketime keeps its semaphore there);
 //! 4. optionally mounts a tmpfs on `/run` and bind-mounts `--sa-dir` at
 //!    `/run/secrets/kubernetes.io/serviceaccount` (`/var/run` is a symlink to `/run`);
 //! 5. sets the hostname to the pod name (a real pod's hostname is its name);
-//! 6. with `readOnlyRootFilesystem`, makes every mount read-only except `/dev`;
-//! 7. takes the container's identity ([`crate::security::apply`]: capability sets,
+//! 6. with `--clock-offset S` (fault `clock_skew`), unshares a time namespace and
+//!    writes `S` as its monotonic and boot-time offsets (`time_namespaces(7)`; the
+//!    exec below enters it, Linux ≥ 5.16 for a namespace unshared by the caller);
+//! 7. with `--rootfs`, `chroot`s into ROOT: the container sees the image's files only
+//!    (and what was mounted into them), as under a container runtime;
+//!    with `readOnlyRootFilesystem`, makes every mount read-only except `/dev` and
+//!    `/dev/shm` (after step 6: `/proc` turns read-only too);
+//! 8. takes the container's identity ([`crate::security::apply`]: capability sets,
 //!    supplementary groups, gid, uid, `no_new_privs`);
-//! 8. `execvp`s the binary with the environment it was given.
+//! 9. `execvp`s the binary with the environment it was given.
 //!
 //! It must run before any thread is started: `setns(CLONE_NEWNET)`/`unshare(CLONE_NEWNS)`
 //! act on the calling thread only, and `unshare(CLONE_NEWNS)` fails in a multi-threaded
@@ -52,7 +63,22 @@ pub struct ShimSpec {
     /// Binary to exec (absolute path) and its arguments (without argv\[0\]).
     pub program: PathBuf,
     pub args: Vec<String>,
+    /// Offset of the container's `CLOCK_MONOTONIC`/`CLOCK_BOOTTIME` (fault `clock_skew`).
+    pub clock_offset: Option<crate::fault::ClockSkew>,
+    /// An OCI image's unpacked root file system: the container sees it as `/`
+    /// (`program` is then a path inside it).
+    pub rootfs: Option<PathBuf>,
 }
+
+/// Where the service-account files appear inside an image's root file system (the
+/// path the kubelet mounts them at; images need not have the `/var/run` → `/run` link).
+pub const IMAGE_SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// `CLONE_NEWTIME` (linux/sched.h; nix 0.32 has no name for it).
+const CLONE_NEWTIME: nix::libc::c_int = 0x80;
+
+/// Size of a pod's `/dev/shm` (containerd's default `shm_size` for a sandbox).
+pub const SHM_SIZE: &str = "64m";
 
 /// Errors while entering the pod: each names the step and the path involved.
 #[derive(Debug, thiserror::Error)]
@@ -123,6 +149,32 @@ pub fn enter_and_exec(spec: &ShimSpec) -> Result<std::convert::Infallible, ShimE
         None::<&str>,
     )
     .map_err(sys("make / private"))?;
+    let mkdir = |p: &Path| {
+        std::fs::create_dir_all(p).map_err(|source| ShimError::Io {
+            step: format!("mkdir {}", p.display()),
+            source,
+        })
+    };
+    // An image's root: a mount of its own (so `readOnlyRootFilesystem` can act on it),
+    // with the container's /dev, /proc and service account mounted inside.
+    let root = match &spec.rootfs {
+        Some(r) => {
+            bind(r, r, true)?;
+            mkdir(&r.join("proc"))?;
+            mount(
+                Some("proc"),
+                &r.join("proc"),
+                Some("proc"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+                None::<&str>,
+            )
+            .map_err(sys(format!("mount proc on {}/proc", r.display())))?;
+            r.clone()
+        }
+        None => PathBuf::from("/"),
+    };
+    let dev = root.join("dev");
+    mkdir(&dev)?;
 
     for dev in POD_DEVICES {
         let dst = spec.dev_dir.join(dev);
@@ -134,9 +186,22 @@ pub fn enter_and_exec(spec: &ShimSpec) -> Result<std::convert::Infallible, ShimE
         }
         bind(&Path::new("/dev").join(dev), &dst, false)?;
     }
-    bind(&spec.dev_dir, Path::new("/dev"), true)?;
+    bind(&spec.dev_dir, &dev, true)?;
+    mkdir(&dev.join("shm"))?;
+    mount(
+        Some("shm"),
+        &dev.join("shm"),
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some(format!("mode=1777,size={SHM_SIZE}").as_str()),
+    )
+    .map_err(sys("mount tmpfs on /dev/shm"))?;
 
-    if let Some(sa) = &spec.sa_dir {
+    if let (Some(sa), Some(_)) = (&spec.sa_dir, &spec.rootfs) {
+        let dst = root.join(IMAGE_SERVICE_ACCOUNT_DIR.trim_start_matches('/'));
+        mkdir(&dst)?;
+        bind(sa, &dst, false)?;
+    } else if let Some(sa) = &spec.sa_dir {
         mount(
             Some("tmpfs"),
             "/run",
@@ -153,6 +218,25 @@ pub fn enter_and_exec(spec: &ShimSpec) -> Result<std::convert::Infallible, ShimE
     }
 
     nix::unistd::sethostname(&spec.hostname).map_err(sys("sethostname"))?;
+
+    if let Some(skew) = &spec.clock_offset {
+        unshare(CloneFlags::from_bits_retain(CLONE_NEWTIME))
+            .map_err(sys("unshare time namespace"))?;
+        std::fs::write("/proc/self/timens_offsets", skew.timens_offsets()).map_err(|source| {
+            ShimError::Io {
+                step: format!(
+                    "write /proc/self/timens_offsets ({})",
+                    skew.timens_offsets().trim()
+                ),
+                source,
+            }
+        })?;
+    }
+
+    if spec.rootfs.is_some() {
+        nix::unistd::chroot(&root).map_err(sys(format!("chroot {}", root.display())))?;
+        nix::unistd::chdir("/").map_err(sys("chdir /"))?;
+    }
 
     if spec.identity.read_only_root {
         crate::security::make_root_read_only()

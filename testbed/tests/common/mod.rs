@@ -36,6 +36,33 @@ pub fn bin(name: &str) -> PathBuf {
     p
 }
 
+/// The image directory `bash scripts/image.sh` writes (`target/images`, beside the
+/// bin dir of the binaries under test), after checking it holds both images: panics
+/// naming the command to run when not.
+pub fn built_image_dir() -> PathBuf {
+    let bin_dir = bin("testbed").parent().unwrap().to_path_buf();
+    let dir = testbed::cli::default_image_dir(&bin_dir);
+    for name in ["target-server", "prober"] {
+        assert!(
+            dir.join(name).join("index.json").is_file()
+                && dir.join(format!("{name}.digest")).is_file(),
+            "no {name} image in {}: build the images first (`bash scripts/image.sh`)",
+            dir.display()
+        );
+    }
+    dir
+}
+
+/// The manifest digest (`sha256:…`) of image `name` in `dir`, as `scripts/image.sh`
+/// recorded it.
+pub fn built_image_digest(dir: &std::path::Path, name: &str) -> String {
+    let p = dir.join(format!("{name}.digest"));
+    std::fs::read_to_string(&p)
+        .unwrap_or_else(|e| panic!("read {}: {e}", p.display()))
+        .trim()
+        .to_owned()
+}
+
 pub struct Testbed {
     pub state: PathBuf,
 }
@@ -100,6 +127,12 @@ impl Testbed {
         up.args(["up", "--nodes", &nodes.to_string(), "--fault"])
             .arg(&fault_path)
             .args(extra);
+        // Tests run the freshly built bin-dir binaries unless they ask for the OCI
+        // images (`--image-dir`, e.g. [`built_image_dir`]): an image directory left
+        // from an earlier `scripts/image.sh` may hold older code.
+        if !extra.contains(&"--image-dir") {
+            up.arg("--image-dir").arg(tb.state.join("no-images"));
+        }
         let out = output_within(up, command_timeout());
         let _ = std::fs::remove_file(&fault_path);
         assert!(
