@@ -232,7 +232,7 @@ impl Metrics {
                 &["node"],
             ).expect("gauge")),
             node_drift_active: reg(&r, GaugeVec::new(
-                Opts::new("firstpacket_node_drift_active", "1 when the node drifts (ratio and floor, enough samples)."),
+                Opts::new("firstpacket_node_drift_active", "1 when the node drifts (ratio and floor, above its baseline p90, enough samples)."),
                 &["node"],
             ).expect("gauge")),
             drift_threshold_ratio: reg(&r, Gauge::new("firstpacket_drift_threshold_ratio", "--drift-ratio: the ratio drift needs.").expect("gauge")),

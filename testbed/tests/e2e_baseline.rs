@@ -8,8 +8,8 @@
 //!   standby running) keeps the baseline (ConfigMap);
 //! - a slower normal (`program_delay` 1–2 s) gives no drift once learned; 2–4 s does;
 //! - the gate: `--save-baseline` on S1 (`--pairs 12`), `--baseline` on S2 exits 1
-//!   naming the regressed kind and exactly the slow nodes, and on S1 again exits 0 (2
-//!   runs by default, 5 with `FIRSTPACKET_LONG_TESTS=1`); `--junit` parsed by
+//!   naming the regressed kind and exactly the slow nodes, and on S1 again exits 0 (five
+//!   runs in a row); `--junit` parsed by
 //!   `junitparser` (PyPI, pinned; `scripts/setup.sh` installs it) has one testcase per
 //!   node and kind, failures on exactly the slow nodes.
 //!
@@ -68,7 +68,12 @@ impl Run {
         let addr = format!("127.0.0.1:{port}");
         let log = tb.state.join(format!("{name}.log"));
         let mut args = vec!["exec", "--", "prober", "run", "--admin-addr", &addr];
-        args.extend_from_slice(RUN_FLAGS);
+        // RUN_FLAGS are (flag, value) pairs; a flag `extra` gives again replaces its pair.
+        for pair in RUN_FLAGS.chunks(2) {
+            if !extra.contains(&pair[0]) {
+                args.extend_from_slice(pair);
+            }
+        }
         args.extend_from_slice(extra);
         let child = tb
             .cmd()
@@ -180,6 +185,29 @@ fn learned_p50(tb: &Testbed, run: &Run, within: Duration) -> f64 {
         .unwrap_or_else(|| panic!("no baseline learned within {within:?}\n{}", run.logs()))
 }
 
+/// Waits (at most `within`) until every node of `nodes` has a learned baseline: its
+/// `firstpacket_node_drift_ratio` is a number (NaN until a role of the node has half of
+/// `--baseline-min-samples` in its baseline and a probe in its recent window).
+fn nodes_learned(tb: &Testbed, run: &Run, nodes: &[&str], within: Duration) {
+    let text = common::poll_until(
+        within,
+        || curl(tb, &format!("{}/metrics", run.base)).unwrap_or_default(),
+        |t| {
+            nodes.iter().all(|n| {
+                metric(t, "firstpacket_node_drift_ratio", &[("node", n)])
+                    .is_some_and(|v| !v.is_nan())
+            })
+        },
+    );
+    for n in nodes {
+        assert!(
+            metric(&text, "firstpacket_node_drift_ratio", &[("node", n)])
+                .is_some_and(|v| !v.is_nan()),
+            "{n}: no baseline learned within {within:?}\n{text}"
+        );
+    }
+}
+
 /// Asserts `run` shows (within `within`) a baseline p50 within max(20 %, 100 ms) of
 /// `want` that it restored from the ConfigMap (its log says so).
 fn starts_from_saved(tb: &Testbed, run: &Run, want: f64, within: Duration) {
@@ -238,6 +266,8 @@ fn run_drift_follows_s5_at_runtime_and_back_without_absorbing_it_and_survives_a_
     );
     let before = learned_p50(&tb, &leader, Duration::from_secs(120));
     assert!(before < 1.0, "S1 baseline p50 {before}");
+    let nodes = ["node-1", "node-2", "node-3", "node-4"];
+    nodes_learned(&tb, &leader, &nodes, Duration::from_secs(120));
 
     // S5 at runtime: drift within 10 probes touching node-1 / node-4.
     let switched = now_unix();
@@ -385,9 +415,17 @@ fn run_drift_follows_s5_at_runtime_and_back_without_absorbing_it_and_survives_a_
 fn a_slower_normal_is_learned_without_drift_and_doubling_it_drifts() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let tb = Testbed::up("normal", 3, NORMAL_1_2, &[]);
-    let run = Run::start(&tb, "normal", 47, &[]);
+    // 4 at a time: ~20 probes in the 20 s recent window, as the defaults have in theirs
+    // (10 minutes at a probe every 30 s); with fewer, a node's median rests on 2–3 probes.
+    let run = Run::start(&tb, "normal", 47, &["--concurrency", "4"]);
     let p50 = learned_p50(&tb, &run, Duration::from_secs(150));
     assert!(p50 > 0.3, "1-2 s normal learned as {p50}");
+    nodes_learned(
+        &tb,
+        &run,
+        &["node-1", "node-2", "node-3"],
+        Duration::from_secs(120),
+    );
     // Learned: a few more probes, none counted as drift, gauges 0.
     let learned_at = now_unix();
     let probes = common::poll_until(
@@ -597,12 +635,7 @@ fn gate_saves_a_baseline_on_s1_fails_on_s2_naming_the_slow_nodes_and_passes_on_s
 
     // S1 again: exit 0, every time.
     tb.set_fault(S1);
-    let runs = if std::env::var("FIRSTPACKET_LONG_TESTS").is_ok_and(|v| v == "1") {
-        5
-    } else {
-        2
-    };
-    for i in 0..runs {
+    for i in 0..5 {
         let mut args: Vec<&str> = common_args.to_vec();
         args.extend([
             "--baseline",
