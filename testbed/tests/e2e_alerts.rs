@@ -26,13 +26,11 @@
 //! `for: 5m` is 15 s. The Alertmanager configuration is the example's with its receiver
 //! URLs pointed at the webhook and its group timers at 1 s.
 //!
-//! Metrics of the drift contract (`mon::DRIFT_CONTRACT`) that the prober does not export
-//! yet are reported by name (and their queries and the drift alert skipped) instead of
-//! failing the test; as soon as the page has any of them, all are required, and the
-//! drift alert must arrive. The prober gets short baseline/recent windows when its
-//! `--help` has the flags ([`drift_flags`]).
+//! Every metric name the rules and the dashboard use must be on the prober's page,
+//! the drift metrics (`mon::DRIFT_CONTRACT`) included; the prober gets short
+//! baseline/recent windows ([`DRIFT_FLAGS`]).
 //!
-//! A long test (`FIRSTPACKET_LONG_TESTS=1`) runs the same stack on a slower normal
+//! A second test runs the same stack on a slower normal
 //! (1–2 s programming everywhere, learned as the baseline): nothing fires; doubling it
 //! fires `FirstPacketTTFPDrift`.
 //!
@@ -68,7 +66,7 @@ const WEBHOOK_PORT: u16 = 19195;
 /// them failed, firing FirstPacketProbeFailures on a cluster that is slower, not broken); a
 /// slow threshold of 1.2 s (S1's TTFPs stay under 1 s) so S5's 1.5–3.5 s probes are
 /// `slow` and name their agents as suspects (on a `success` they are only warnings).
-/// The drift part's flags come from [`drift_flags`].
+/// The drift part's flags are [`DRIFT_FLAGS`].
 const RUN_FLAGS: &[&str] = &[
     "--slow-threshold",
     "1200ms",
@@ -87,20 +85,8 @@ const RUN_FLAGS: &[&str] = &[
 ];
 
 /// The `prober run` flags for the learned baseline and drift, short enough for a test:
-/// a 20 s recent window and 10 baseline samples (S1 gives ~25 per kind). Used when the
-/// prober has them (`prober run --help` names both); none otherwise.
-fn drift_flags() -> Vec<&'static str> {
-    let out = std::process::Command::new(common::bin("prober"))
-        .args(["run", "--help"])
-        .output()
-        .expect("prober run --help");
-    let help = String::from_utf8_lossy(&out.stdout);
-    if help.contains("--recent-window") && help.contains("--baseline-min-samples") {
-        vec!["--recent-window", "20s", "--baseline-min-samples", "10"]
-    } else {
-        Vec::new()
-    }
-}
+/// a 20 s recent window and 10 baseline samples (S1 gives ~25 per kind).
+const DRIFT_FLAGS: &[&str] = &["--recent-window", "20s", "--baseline-min-samples", "10"];
 
 /// A process started in the testbed's host netns, in its own process group; killed
 /// (SIGTERM, then SIGKILL after 5 s) with its group when dropped.
@@ -548,10 +534,8 @@ fn prometheus_and_alertmanager_alert_on_s5_drift_and_s4_cross_node_and_stay_sile
     );
     let test_start = Instant::now();
 
-    let drift = drift_flags();
-    eprintln!("drift flags: {drift:?}");
     let mut flags = RUN_FLAGS.to_vec();
-    flags.extend(drift.iter().copied());
+    flags.extend_from_slice(DRIFT_FLAGS);
     let mut stack = start_stack(&tb, &flags);
     let (hooks, base, am_url, prom_start) = (
         stack.hooks.clone(),
@@ -580,9 +564,6 @@ fn prometheus_and_alertmanager_alert_on_s5_drift_and_s4_cross_node_and_stay_sile
     tb.set_fault(&mon::read(S5));
     let s5_start = Instant::now();
     let page = curl(&tb, &format!("{base}/metrics")).expect("/metrics");
-    let has_drift = mon::DRIFT_CONTRACT
-        .iter()
-        .any(|n| page_names(&page).iter().any(|p| p.starts_with(n)));
     // Wait for a suspect (its counter appears at the first one), then check the names.
     let mut names_on_page = page_names(&page);
     while !names_on_page.contains("firstpacket_suspects_total")
@@ -604,44 +585,23 @@ fn prometheus_and_alertmanager_alert_on_s5_drift_and_s4_cross_node_and_stay_sile
         .iter()
         .filter(|n| !names_on_page.contains(*n))
         .collect();
-    let (contract, other): (Vec<&String>, Vec<&String>) = missing
-        .into_iter()
-        .partition(|n| mon::DRIFT_CONTRACT.contains(&n.as_str()));
     assert!(
-        other.is_empty(),
-        "metric names in the rules/dashboard that `prober run`'s /metrics lacks: {other:?}\n(page has {names_on_page:?})"
+        missing.is_empty(),
+        "metric names in the rules/dashboard that `prober run`'s /metrics lacks: {missing:?}\n(page has {names_on_page:?})"
     );
-    if has_drift {
-        assert!(
-            contract.is_empty(),
-            "the prober exports drift metrics but lacks {contract:?}"
-        );
-    } else {
-        eprintln!(
-            "PENDING (drift metrics not exported by this prober yet): missing {contract:?}; the drift alert and its queries are not checked"
-        );
-    }
     eprintln!(
         "metric names checked against /metrics: {} ({used:?})",
         used.len()
     );
     let diag = || format!("ALERTS: {:#?}", alerts(&tb));
-    if has_drift {
-        let (labels, ann) =
-            stack.wait_notified("FirstPacketTTFPDrift", Duration::from_secs(120), &diag);
-        assert_eq!(labels["severity"], "warning");
-        assert_runbook(&ann, "FirstPacketTTFPDrift");
-        eprintln!(
-            "S5: FirstPacketTTFPDrift at the webhook after {:.0} s: {labels}",
-            s5_start.elapsed().as_secs_f64()
-        );
-    } else {
-        // Enough S5 data for the dashboard's panels.
-        while s5_start.elapsed() < Duration::from_secs(40) {
-            stack.prober.assert_running();
-            std::thread::sleep(Duration::from_secs(1));
-        }
-    }
+    let (labels, ann) =
+        stack.wait_notified("FirstPacketTTFPDrift", Duration::from_secs(120), &diag);
+    assert_eq!(labels["severity"], "warning");
+    assert_runbook(&ann, "FirstPacketTTFPDrift");
+    eprintln!(
+        "S5: FirstPacketTTFPDrift at the webhook after {:.0} s: {labels}",
+        s5_start.elapsed().as_secs_f64()
+    );
 
     // S4: cross-node broken, same-node fine.
     let names = |from: usize| -> Vec<String> {
@@ -768,7 +728,6 @@ fn prometheus_and_alertmanager_alert_on_s5_drift_and_s4_cross_node_and_stay_sile
     )
     .expect("summary");
     let mut empty = Vec::new();
-    let mut pending = Vec::new();
     let mut checked = 0;
     for p in summary.as_array().expect("panels") {
         assert!(
@@ -784,15 +743,8 @@ fn prometheus_and_alertmanager_alert_on_s5_drift_and_s4_cross_node_and_stay_sile
                 p["title"],
                 t["error"]
             );
-            let needs_drift = mon::metric_names(expr)
-                .iter()
-                .any(|n| mon::DRIFT_CONTRACT.contains(&n.as_str()));
             if t["points"].as_u64().unwrap_or(0) == 0 {
-                if needs_drift && !has_drift {
-                    pending.push(format!("{}: {expr}", p["title"]));
-                } else {
-                    empty.push(format!("{}: {expr}", p["title"]));
-                }
+                empty.push(format!("{}: {expr}", p["title"]));
             } else {
                 checked += 1;
             }
@@ -802,9 +754,6 @@ fn prometheus_and_alertmanager_alert_on_s5_drift_and_s4_cross_node_and_stay_sile
         "dashboard: {checked} queries returned data; PNGs in {}",
         out_dir.display()
     );
-    if !pending.is_empty() {
-        eprintln!("PENDING (drift metrics not exported yet): {pending:#?}");
-    }
     assert!(
         empty.is_empty(),
         "dashboard queries without data: {empty:#?}"
@@ -820,19 +769,9 @@ const DOUBLED: &str = "rules:\n  - nodes: {all: true}\n    program_delay: {unifo
 
 /// A cluster whose normal is slower (1–2 s programming everywhere) learns that as its
 /// baseline and fires nothing; doubling the delay fires FirstPacketTTFPDrift at the
-/// webhook. Long test (`FIRSTPACKET_LONG_TESTS=1`, about 3 minutes), and only with a
-/// prober that has baseline and drift ([`drift_flags`]).
+/// webhook (about 3 minutes).
 #[test]
 fn a_slower_normal_fires_nothing_and_doubling_it_fires_the_drift_alert() {
-    if std::env::var("FIRSTPACKET_LONG_TESTS").map_or(true, |v| v != "1") {
-        eprintln!("SKIPPED: long test (FIRSTPACKET_LONG_TESTS=1)");
-        return;
-    }
-    let drift = drift_flags();
-    if drift.is_empty() {
-        eprintln!("SKIPPED: this prober has no baseline/drift flags");
-        return;
-    }
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let tb = Testbed::up("alerts-slow", 4, SLOWER_NORMAL, &[]);
     // The default --slow-threshold (5 s): a 1–2 s normal is `success`, not `slow`.
@@ -848,7 +787,7 @@ fn a_slower_normal_fires_nothing_and_doubling_it_fires_the_drift_alert() {
         "--kinds",
         "cross_node",
     ];
-    flags.extend(drift.iter().copied());
+    flags.extend_from_slice(DRIFT_FLAGS);
     let mut stack = start_stack(&tb, &flags);
     stack.quiet_phase(&tb, "the slower normal");
     let baseline = prom_query(&tb, "firstpacket_baseline_seconds{quantile=\"0.5\"}");
