@@ -7,8 +7,10 @@
 //!   with default values renders the objects of `kubectl kustomize
 //!   manifests/overlays/continuous` after the normalisation README "Helm chart" documents
 //!   (no testbed).
-//! - `kustomize_helm_and_the_gate_job_on_the_real_control_plane`: one testbed, in steps:
-//!   `kubectl apply -k manifests/overlays/continuous` gives two Ready replicas, one
+//! - `kustomize_helm_and_the_gate_job_on_the_real_control_plane`: one testbed running
+//!   the OCI images `scripts/image.sh` built (`--image-dir`), in steps:
+//!   `kubectl apply -k manifests/overlays/continuous` gives two Ready replicas of the
+//!   built prober image, one
 //!   leader, probes running and metrics served (through the API server's pod proxy and
 //!   the Service's named port); a server-side dry-run of every object each overlay and
 //!   the chart render (ServiceMonitor and PrometheusRule against the CRDs); `helm
@@ -398,36 +400,6 @@ fn dry_run(tb: &Testbed, what: &str, text: &str) {
     eprintln!("dry-run {what}: {accepted} objects accepted");
 }
 
-/// Whether `prober gate --help` still calls FLAG "not implemented yet".
-fn not_implemented(flag: &str) -> bool {
-    let help = run_ok(Command::new(common::bin("prober")).args(["gate", "--help"]));
-    let mut lines = help
-        .lines()
-        .skip_while(|l| !l.trim_start().starts_with(flag));
-    let Some(first) = lines.next() else {
-        return true;
-    };
-    std::iter::once(first)
-        .chain(lines.take_while(|l| !l.trim_start().starts_with('-')))
-        .any(|l| l.contains("not implemented yet"))
-}
-
-/// `cmd` without `FLAG VALUE` for each flag in `drop`.
-fn without_flags(cmd: &str, drop: &[&str]) -> String {
-    let mut out = Vec::new();
-    let mut skip = false;
-    for w in cmd.split_whitespace() {
-        if skip {
-            skip = false;
-        } else if drop.contains(&w) {
-            skip = true;
-        } else {
-            out.push(w);
-        }
-    }
-    out.join(" ")
-}
-
 /// The commands of README's worked CI examples, per step: from the GitHub Actions
 /// workflow (every `run:` of the job's steps, by step name) and the GitLab CI job
 /// (`before_script` + `script`). Both must list the same commands.
@@ -557,12 +529,15 @@ fn kustomize_helm_and_the_gate_job_on_the_real_control_plane() {
         return;
     };
     let s1 = std::fs::read_to_string(repo_file("testbed/faults/s1-healthy.yaml")).expect("S1");
-    let Some(tb) = Testbed::up_real("install", 3, &s1, &[]) else {
+    // The images `scripts/image.sh` built: the Deployment, the chart and the gate Job
+    // run the OCI images the manifests name (not the binary-name fallback).
+    let images = common::built_image_dir();
+    let images = images.to_str().expect("image dir");
+    let Some(tb) = Testbed::up_real("install", 3, &s1, &["--image-dir", images]) else {
         return;
     };
     let t0 = Instant::now();
     let step = |name: &str| eprintln!("== {name} (at {:.1}s)", t0.elapsed().as_secs_f64());
-    let junit = !not_implemented("--junit");
 
     // 1. The continuous overlay, as users apply it.
     step("kubectl apply -k manifests/overlays/continuous");
@@ -571,6 +546,20 @@ fn kustomize_helm_and_the_gate_job_on_the_real_control_plane() {
     let selector = "app.kubernetes.io/name=firstpacket-prober";
     let leader = assert_ready_leader_probing(&tb, "firstpacket", selector);
     eprintln!("leader {leader}");
+    // The replicas run the prober image the build made (the testbed kubelet reports
+    // `imageID` as the image's name with its manifest digest).
+    let digest = common::built_image_digest(Path::new(images), "prober");
+    let pods = json(&tb, &["get", "pods", "-n", "firstpacket", "-l", selector]);
+    for p in pods["items"].as_array().expect("items") {
+        let id = p["status"]["containerStatuses"][0]["imageID"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(
+            id.ends_with(&format!("@{digest}")),
+            "{}: imageID {id:?}, built prober image {digest}",
+            p["metadata"]["name"]
+        );
+    }
     // The Service's named port reaches the admin server of both replicas.
     let slices = json(
         &tb,
@@ -719,17 +708,6 @@ fn kustomize_helm_and_the_gate_job_on_the_real_control_plane() {
         work.join("firstpacket"),
     )
     .expect("symlink firstpacket");
-    let mut drop_flags = vec![];
-    for flag in ["--junit", "--save-baseline", "--baseline"] {
-        if not_implemented(flag) {
-            drop_flags.push(flag);
-        }
-    }
-    if !drop_flags.is_empty() {
-        eprintln!(
-            "note: prober gate --help says {drop_flags:?} are not implemented yet: the recipe runs without them"
-        );
-    }
     for cmd in readme_ci_commands() {
         if cmd.starts_with("git clone") || cmd.starts_with("cargo install") {
             // This checkout is the clone (symlinked) and its prober is built.
@@ -751,7 +729,6 @@ fn kustomize_helm_and_the_gate_job_on_the_real_control_plane() {
             );
             continue;
         }
-        let cmd = without_flags(&cmd, &drop_flags);
         eprintln!("recipe: {cmd}");
         let out = tb.exec(&["bash", "-ec", &format!("cd '{}'\n{cmd}", work.display())]);
         assert!(
@@ -771,11 +748,9 @@ fn kustomize_helm_and_the_gate_job_on_the_real_control_plane() {
             "{name}: no probes"
         );
     }
-    if junit {
-        for name in ["before.xml", "after.xml", "in-cluster.xml"] {
-            let x = std::fs::read_to_string(work.join(name)).unwrap_or_default();
-            assert!(x.contains("<testsuite"), "{name}: {x}");
-        }
+    for name in ["before.xml", "after.xml", "in-cluster.xml"] {
+        let x = std::fs::read_to_string(work.join(name)).unwrap_or_default();
+        assert!(x.contains("<testsuite"), "{name}: {x}");
     }
 
     // 5. S4 through the Job: exit 1, the cross-node failures in the report.
@@ -783,10 +758,7 @@ fn kustomize_helm_and_the_gate_job_on_the_real_control_plane() {
     tb.set_fault(
         &std::fs::read_to_string(repo_file("testbed/faults/s4-cross-node.yaml")).expect("S4"),
     );
-    let mut s4_config = vec![("FIRSTPACKET_GIVE_UP", "10s")];
-    if junit {
-        s4_config.push(("FIRSTPACKET_JUNIT", "-"));
-    }
+    let s4_config = vec![("FIRSTPACKET_GIVE_UP", "10s"), ("FIRSTPACKET_JUNIT", "-")];
     let s4 = gate_overlay(&tb, "s4", &s4_config, "");
     let (code, stdout, _) = gate_job(
         &tb,
@@ -822,10 +794,8 @@ fn kustomize_helm_and_the_gate_job_on_the_real_control_plane() {
         stdout.contains("cross_node_broken"),
         "the gate's table is not in gate-job.sh's output:\n{stdout}"
     );
-    if junit {
-        let x = std::fs::read_to_string(tb.state.join("s4.xml")).unwrap_or_default();
-        assert!(x.contains("<failure"), "S4 JUnit has no failure: {x}");
-    }
+    let x = std::fs::read_to_string(tb.state.join("s4.xml")).unwrap_or_default();
+    assert!(x.contains("<failure"), "S4 JUnit has no failure: {x}");
     tb.set_fault(&s1);
 
     // 6. A probe image that does not exist: the gate's exit 2 through the Job.
