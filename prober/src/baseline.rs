@@ -102,6 +102,10 @@ pub const ROLE_RECENT_MIN_SAMPLES: usize = 2;
 /// sample, ≤ ~700 KiB, under a ConfigMap's 1 MiB.
 pub const SNAPSHOT_MAX_SAMPLES: usize = 50_000;
 
+/// Seconds a restored sample may be dated after this prober's clock (replicas' clocks
+/// differ by a little; more is a clock that ran ahead, or a forged snapshot).
+pub const RESTORE_FUTURE_SLACK: f64 = 60.0;
+
 /// Version of [`Snapshot`].
 pub const SNAPSHOT_VERSION: u32 = 1;
 
@@ -416,8 +420,10 @@ impl Baselines {
     }
 
     /// Adds the samples of a snapshot (a restart, or a new leader taking over) in front
-    /// of what is held: samples older than the windows at `now`, non-finite values and
-    /// samples newer than the oldest held of the same series are skipped. Returns the
+    /// of what is held: samples older than the windows at `now`, samples dated more than
+    /// [`RESTORE_FUTURE_SLACK`] after `now` (a writer whose clock ran ahead: they would sit
+    /// in the recent window as drift for as long), non-finite values and samples newer
+    /// than the oldest held of the same series are skipped. Returns the
     /// samples taken. Errors: a snapshot of another version (nothing taken).
     pub fn restore(&mut self, snap: &Snapshot, now: f64) -> Result<usize, String> {
         if snap.version != SNAPSHOT_VERSION {
@@ -434,7 +440,12 @@ impl Baselines {
             let mut add: Vec<Sample> = v
                 .iter()
                 .filter(|([t, x], _)| {
-                    t.is_finite() && x.is_finite() && *x >= 0.0 && *t >= oldest && *t < first
+                    t.is_finite()
+                        && x.is_finite()
+                        && *x >= 0.0
+                        && *t >= oldest
+                        && *t <= now + RESTORE_FUTURE_SLACK
+                        && *t < first
                 })
                 .map(|([t, x], as_source)| Sample {
                     t: *t,
@@ -1344,6 +1355,21 @@ mod tests {
             ..Default::default()
         };
         assert!(fresh.restore(&bad, t).is_err());
+        // Samples from a clock that ran ahead stay out (they would be "recent" drift).
+        let ahead = Snapshot {
+            version: SNAPSHOT_VERSION,
+            saved_at: t + 3600.0,
+            kinds: [(
+                "cross_node".to_string(),
+                vec![[t + 3600.0, 10.0], [t + 30.0, 0.2]],
+            )]
+            .into_iter()
+            .collect(),
+            ..Default::default()
+        };
+        let mut empty = Baselines::new(cfg());
+        assert_eq!(empty.restore(&ahead, t), Ok(1));
+        assert_eq!(empty.kind("cross_node", t + 31.0).recent_samples, 1);
     }
 
     fn settings() -> SavedSettings {

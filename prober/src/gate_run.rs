@@ -255,11 +255,13 @@ fn check_settings(args: &GateArgs) -> Result<(), Error> {
     Ok(())
 }
 
-/// Reads a `--baseline` file ([`crate::baseline::SavedBaseline`]). Errors:
-/// [`Error::Config`] naming `--baseline`, the file and what is wrong (unreadable, not
-/// JSON of that shape, another version).
+/// Reads a `--baseline` file ([`crate::baseline::SavedBaseline`]) for a run of `kinds`.
+/// Errors: [`Error::Config`] naming `--baseline`, the file and what is wrong
+/// (unreadable, not JSON of that shape, another version, no kind of `kinds`: a
+/// comparison of nothing would pass).
 pub fn load_saved_baseline(
     path: &std::path::Path,
+    kinds: &[crate::config::ProbeKind],
 ) -> Result<crate::baseline::SavedBaseline, Error> {
     let bad = |message: String| Error::Config {
         flag: "--baseline",
@@ -273,6 +275,17 @@ pub fn load_saved_baseline(
             "baseline version {} (this prober reads {})",
             b.version,
             crate::baseline::SAVED_BASELINE_VERSION
+        )));
+    }
+    if !kinds.iter().any(|k| b.kinds.contains_key(k.as_str())) {
+        return Err(bad(format!(
+            "holds kinds [{}], none of --kinds [{}]: nothing to compare",
+            b.kinds.keys().cloned().collect::<Vec<_>>().join(", "),
+            kinds
+                .iter()
+                .map(|k| k.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         )));
     }
     Ok(b)
@@ -626,7 +639,7 @@ async fn run_gate_inner(
     // Agent profiles first: a bad --agent-config fails before any API call.
     let profiles = crate::engine::load_profiles(p)?;
     let saved_baseline = match &args.baseline {
-        Some(path) => Some(load_saved_baseline(path)?),
+        Some(path) => Some(load_saved_baseline(path, &kinds)?),
         None => None,
     };
     let hold = p.hold_or(GATE_DEFAULT_HOLD);
@@ -991,13 +1004,27 @@ async fn run_gate_inner(
             tracing::info!(profile = %profile, result = %result, scrapes = n, "agent scrapes");
         }
     }
+    // Every output is attempted, also after one failed (an unwritable --junit must not
+    // cost the --save-baseline of a passed run); the first failure is the run's error,
+    // the others are logged.
+    let mut failed: Option<Error> = None;
+    let mut keep = |r: Result<(), Error>| {
+        if let Err(e) = r {
+            if failed.is_some() {
+                tracing::error!(error = %e, "another output not written");
+            } else {
+                failed = Some(e);
+            }
+        }
+    };
     if let Some(path) = &args.report {
-        write_report(path, &report)?;
-        console.report_written(path);
+        keep(write_report(path, &report).map(|()| console.report_written(path)));
     }
     if let Some(path) = &args.junit {
-        write_file("--junit", path, &crate::junit::render(&report))?;
-        console.file_written("JUnit XML", path);
+        keep(
+            write_file("--junit", path, &crate::junit::render(&report))
+                .map(|()| console.file_written("JUnit XML", path)),
+        );
     }
     if let Some(path) = &args.save_baseline {
         if report.verdict != target_server::report::Verdict::Pass {
@@ -1013,12 +1040,18 @@ async fn run_gate_inner(
             &report.instance,
             &report.started_at,
         );
-        let json = serde_json::to_string_pretty(&saved).map_err(|e| Error::Output {
-            path: path.display().to_string(),
-            source: std::io::Error::other(e),
-        })?;
-        write_file("--save-baseline", path, &(json + "\n"))?;
-        console.file_written("baseline", path);
+        keep(
+            serde_json::to_string_pretty(&saved)
+                .map_err(|e| Error::Output {
+                    path: path.display().to_string(),
+                    source: std::io::Error::other(e),
+                })
+                .and_then(|json| write_file("--save-baseline", path, &(json + "\n")))
+                .map(|()| console.file_written("baseline", path)),
+        );
+    }
+    if let Some(e) = failed {
+        return Err(e);
     }
     Ok(report.exit_code)
 }
@@ -1043,6 +1076,42 @@ pub fn api_outages(h: &crate::apihealth::ApiHealth) -> Vec<target_server::report
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_baseline_file_that_is_unreadable_or_shares_no_kind_is_a_config_error() {
+        use crate::config::ProbeKind;
+        let dir = std::env::temp_dir().join(format!("fp-saved-baseline-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let write = |name: &str, text: &str| {
+            let f = dir.join(name);
+            std::fs::write(&f, text).unwrap();
+            f
+        };
+        let saved = |kinds: &[&str]| {
+            serde_json::to_string(&crate::baseline::save(
+                &[],
+                kinds,
+                Default::default(),
+                "gate-x",
+                "2026-12-03T00:00:00Z",
+            ))
+            .unwrap()
+        };
+        let cross = [ProbeKind::CrossNode];
+        let err = |f: &std::path::Path| load_saved_baseline(f, &cross).unwrap_err().to_string();
+        assert!(err(&dir.join("missing.json")).contains("--baseline"));
+        assert!(err(&write("garbage.json", "{nope")).contains("not a saved baseline"));
+        let v2 = saved(&["cross_node"]).replace("\"version\":1", "\"version\":2");
+        assert!(err(&write("v2.json", &v2)).contains("baseline version 2"));
+        let other = err(&write("other.json", &saved(&["recreate"])));
+        assert!(
+            other.contains("holds kinds [recreate], none of --kinds [cross_node]"),
+            "{other}"
+        );
+        let ok = write("ok.json", &saved(&["cross_node", "recreate"]));
+        assert!(load_saved_baseline(&ok, &cross).is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn output_to_stdout_is_framed_by_marker_lines_and_a_file_gets_the_text_alone() {

@@ -510,6 +510,8 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
         cfg: drift_cfg,
         saved: AtomicU64::new(0),
         saving: AtomicBool::new(false),
+        read: AtomicBool::new(false),
+        kinds: kinds.iter().map(|k| k.as_str().to_string()).collect(),
     });
     if term.is_some() {
         store.load().await;
@@ -827,39 +829,76 @@ struct BaselineStore {
     saved: AtomicU64,
     /// A write is under way (the next tick skips rather than overlap it).
     saving: AtomicBool,
+    /// The stored baseline was read (or found missing, or unusable) this term: until it
+    /// was, nothing is written, so a refused or unanswered `get` never lets what was
+    /// learned since start overwrite a day of baseline.
+    read: AtomicBool,
+    /// The run's probe kinds: a stored kind outside them is not restored.
+    kinds: Vec<String>,
 }
 
 impl BaselineStore {
     /// Replaces the in-memory baseline with the persisted one (a term's start). A
-    /// missing ConfigMap keeps what is held; a refused or unreadable one is logged.
+    /// missing ConfigMap keeps what is held; an unusable one (not a snapshot this prober
+    /// reads) is logged and later overwritten; a refused or unanswered `get` is logged,
+    /// and the read is retried before each write ([`Self::write`]).
     async fn load(&self) {
-        let got = tokio::time::timeout(
-            crate::probe::API_CALL_TIMEOUT,
-            crate::baseline_store::load(&self.api, &self.name),
-        )
-        .await;
+        self.read.store(false, Ordering::Relaxed);
+        self.read_stored(true, crate::probe::API_CALL_TIMEOUT).await;
+    }
+
+    /// One read of the stored baseline: `replace` puts it in place of what is held, else
+    /// its samples older than what is held are added ([`crate::baseline::Baselines::restore`]).
+    /// Kinds outside the run's `--kinds` are dropped. Sets `read` unless the API refused
+    /// or did not answer within `within`.
+    async fn read_stored(&self, replace: bool, within: Duration) {
+        let got =
+            tokio::time::timeout(within, crate::baseline_store::load(&self.api, &self.name)).await;
         match got {
-            Ok(Ok(Some(snap))) => {
+            Ok(Ok(Some(mut snap))) => {
+                let dropped: Vec<String> = snap
+                    .kinds
+                    .keys()
+                    .filter(|k| !self.kinds.contains(k))
+                    .cloned()
+                    .collect();
+                if !dropped.is_empty() {
+                    tracing::warn!(configmap = %self.name, kinds = ?dropped, "baseline kinds this run does not probe (--kinds): not restored");
+                    snap.kinds.retain(|k, _| self.kinds.contains(k));
+                }
+                let mut b = lock(&self.admin.baselines);
                 let mut fresh = crate::baseline::Baselines::new(self.cfg);
-                match fresh.restore(&snap, unix_now()) {
+                let target = match b.as_mut() {
+                    Some(held) if !replace => held,
+                    _ => &mut fresh,
+                };
+                match target.restore(&snap, unix_now()) {
                     Ok(n) => {
                         tracing::info!(configmap = %self.name, samples = n, "baseline restored");
                         self.saved.store(0, Ordering::Relaxed);
-                        *lock(&self.admin.baselines) = Some(fresh);
+                        if replace || b.is_none() {
+                            *b = Some(fresh);
+                        }
                     }
                     Err(e) => {
-                        tracing::warn!(configmap = %self.name, error = %e, "baseline ConfigMap not used")
+                        tracing::warn!(configmap = %self.name, error = %e, "baseline ConfigMap not used (it is overwritten at the next save)")
                     }
                 }
+                self.read.store(true, Ordering::Relaxed);
             }
             Ok(Ok(None)) => {
-                tracing::info!(configmap = %self.name, "no baseline saved yet: learning from scratch")
+                tracing::info!(configmap = %self.name, "no baseline saved yet: learning from scratch");
+                self.read.store(true, Ordering::Relaxed);
+            }
+            Ok(Err(e @ crate::baseline_store::LoadError::Bad { .. })) => {
+                tracing::warn!(error = %e, "baseline ConfigMap unusable: learning from scratch (it is overwritten at the next save)");
+                self.read.store(true, Ordering::Relaxed);
             }
             Ok(Err(e)) => {
-                tracing::warn!(error = %e, "cannot read the baseline; learning from scratch")
+                tracing::warn!(error = %e, "cannot read the baseline: learning meanwhile; nothing is written until a read succeeds (retried at each save)")
             }
             Err(_) => {
-                tracing::warn!(configmap = %self.name, "get configmaps: no answer; learning the baseline from scratch")
+                tracing::warn!(configmap = %self.name, "get configmaps: no answer: learning meanwhile; nothing is written until a read succeeds (retried at each save)")
             }
         }
     }
@@ -875,6 +914,14 @@ impl BaselineStore {
     }
 
     async fn write(&self, within: Duration) {
+        if !self.read.load(Ordering::Relaxed) {
+            // The stored baseline was never read: read it now, adding its samples to what
+            // was learned meanwhile, and write only once that worked.
+            self.read_stored(false, within).await;
+            if !self.read.load(Ordering::Relaxed) {
+                return;
+            }
+        }
         let snap = {
             let b = lock(&self.admin.baselines);
             match b.as_ref() {

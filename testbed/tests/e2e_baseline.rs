@@ -650,3 +650,116 @@ fn gate_saves_a_baseline_on_s1_fails_on_s2_naming_the_slow_nodes_and_passes_on_s
         assert!(cases.iter().all(|c| c.2.is_empty()), "run {i}: {cases:?}");
     }
 }
+
+/// The stored baseline (ConfigMap `firstpacket-baseline`, read with `list`: the test
+/// denies `get configmaps`) and its `cross_node` samples.
+fn stored(tb: &Testbed) -> (Value, Vec<Value>) {
+    let list: Value = serde_json::from_str(&tb.kubectl(&[
+        "get",
+        "configmaps",
+        "-n",
+        "firstpacket",
+        "-o",
+        "json",
+    ]))
+    .expect("configmap list json");
+    let cm = list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["metadata"]["name"] == "firstpacket-baseline")
+        .cloned()
+        .expect("configmap firstpacket-baseline");
+    let snap: Value =
+        serde_json::from_str(cm["data"]["baseline.json"].as_str().expect("baseline.json"))
+            .expect("snapshot json");
+    let samples = snap["kinds"]["cross_node"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    (snap, samples)
+}
+
+#[test]
+fn a_refused_baseline_read_never_overwrites_the_stored_baseline_and_a_later_read_merges_it() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let tb = Testbed::up("readfail", 3, S1, &[]);
+    // A stored baseline of 40 samples (4.321 s: no S1 probe takes that long) over the
+    // last 5 minutes, plus one sample dated an hour ahead (a clock that ran ahead) and a
+    // kind this run does not probe.
+    let now = now_unix();
+    let mut samples: Vec<[f64; 2]> = (0..40)
+        .map(|i| [(now - 300.0 + 6.0 * i as f64).round(), 4.321])
+        .collect();
+    samples.push([now + 3600.0, 10.0]);
+    let snap = serde_json::json!({
+        "version": 1,
+        "saved_at": now,
+        "kinds": {"cross_node": samples, "no_such_kind": [[now - 100.0, 1.0]]},
+        "nodes": {},
+        "nodes_as_target": {},
+    });
+    let cm = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "List",
+        "items": [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "firstpacket"}},
+            {"apiVersion": "v1", "kind": "ConfigMap",
+             "metadata": {"name": "firstpacket-baseline", "namespace": "firstpacket"},
+             "data": {"baseline.json": snap.to_string()}},
+        ],
+    });
+    let file = tb.state.join("stored-baseline.json");
+    std::fs::write(&file, cm.to_string()).expect("write");
+    tb.kubectl(&[
+        "apply",
+        "--validate=false",
+        "-f",
+        file.to_str().expect("path"),
+    ]);
+    let before = stored(&tb).1;
+    assert_eq!(before.len(), 41);
+
+    // The read is refused: the run learns meanwhile but writes nothing.
+    common::testbed_ok(&tb, &["api", "deny", "get", "configmaps"]);
+    let run = Run::start(&tb, "readfail", 49, &[]);
+    common::poll_until(
+        Duration::from_secs(60),
+        || run.probes(&tb).len(),
+        |n| *n >= 3,
+    );
+    std::thread::sleep(Duration::from_secs(6)); // > one --baseline-save-interval (5 s)
+    assert_eq!(stored(&tb).1, before, "{}", run.logs());
+    assert!(
+        run.logs()
+            .contains("nothing is written until a read succeeds"),
+        "{}",
+        run.logs()
+    );
+
+    // Allowed again: the next save reads first, adds the stored samples (not the one
+    // from the future, not the unknown kind) to what was learned, then writes.
+    common::testbed_ok(&tb, &["api", "allow", "all"]);
+    let after = common::poll_until(
+        Duration::from_secs(30),
+        || stored(&tb).1,
+        |s| s.len() != before.len(),
+    );
+    let t_max = now + 120.0;
+    assert!(
+        after.len() >= 40
+            && after
+                .iter()
+                .all(|s| s[0].as_f64().unwrap_or(f64::MAX) < t_max),
+        "stored after the merge: {after:?}\n{}",
+        run.logs()
+    );
+    let kept = after
+        .iter()
+        .filter(|s| s[1].as_f64() == Some(4.321))
+        .count();
+    assert_eq!(kept, 40, "the stored samples survive: {after:?}");
+    let (snap, _) = stored(&tb);
+    assert!(snap["kinds"].get("no_such_kind").is_none(), "{snap}");
+    assert_eq!(run.stop(), 0);
+}
