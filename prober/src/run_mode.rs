@@ -324,6 +324,9 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
         });
     }
     let drift_cfg = drift_config(&args)?;
+    for (flag, message) in questionable_run_settings(&args) {
+        console.setting_warning(flag, &message);
+    }
     if args.leader_elect {
         crate::leader::validate(
             args.leader_elect_lease_duration,
@@ -792,6 +795,42 @@ fn unix_now() -> f64 {
     Timestamp::now().as_millisecond() as f64 / 1000.0
 }
 
+/// `prober run` settings that start but defeat themselves, as (flag, warning): a recent
+/// window that cannot hold the 3 probes drift needs ([`crate::baseline::RECENT_MIN_SAMPLES`])
+/// at `--probe-interval` (one probe start per interval, jittered by ±20 %), a baseline
+/// window that cannot hold `--baseline-min-samples`.
+pub fn questionable_run_settings(args: &RunArgs) -> Vec<(&'static str, String)> {
+    let mut out = Vec::new();
+    let interval = args.probe_interval.as_secs_f64();
+    // One probe starts per --probe-interval, jittered by at most −20 %.
+    let per_window = |w: Duration| w.as_secs_f64() / (0.8 * interval);
+    let recent = per_window(args.recent_window);
+    let need = crate::baseline::RECENT_MIN_SAMPLES as f64;
+    if recent < need {
+        out.push((
+            "--recent-window",
+            format!(
+                "{} holds at most ~{recent:.1} probes at --probe-interval {}: drift needs {need} recent probes and is never reported",
+                humantime::format_duration(args.recent_window),
+                humantime::format_duration(args.probe_interval)
+            ),
+        ));
+    }
+    let base = per_window(args.baseline_window);
+    let min = args.drift.baseline_min_samples as f64;
+    if args.baseline_ttfp.is_none() && base < min {
+        out.push((
+            "--baseline-window",
+            format!(
+                "{} holds at most ~{base:.0} probes at --probe-interval {}, fewer than --baseline-min-samples {min}: no baseline is ever learned",
+                humantime::format_duration(args.baseline_window),
+                humantime::format_duration(args.probe_interval)
+            ),
+        ));
+    }
+    out
+}
+
 /// The baseline settings from `prober run`'s flags. Errors: a zero window
 /// ([`Error::Config`] naming the flag).
 pub fn drift_config(args: &RunArgs) -> Result<crate::baseline::DriftConfig, Error> {
@@ -806,6 +845,16 @@ pub fn drift_config(args: &RunArgs) -> Result<crate::baseline::DriftConfig, Erro
                 message: "must be more than 0s".into(),
             });
         }
+    }
+    if args.baseline_save_interval < Duration::from_secs(1) {
+        // Each save is an API write of up to a few hundred KiB.
+        return Err(Error::Config {
+            flag: "--baseline-save-interval",
+            message: format!(
+                "{} is under 1s (each save writes the ConfigMap; the default is 5m)",
+                humantime::format_duration(args.baseline_save_interval)
+            ),
+        });
     }
     Ok(crate::baseline::DriftConfig {
         baseline_window: args.baseline_window,
@@ -1122,6 +1171,44 @@ impl ProbeTask {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn run_args(flags: &[&str]) -> RunArgs {
+        use clap::Parser;
+        let mut argv = vec!["prober", "run"];
+        argv.extend_from_slice(flags);
+        match crate::config::Cli::try_parse_from(argv)
+            .expect("parse")
+            .command
+        {
+            crate::config::Command::Run(r) => r,
+            _ => panic!("not run"),
+        }
+    }
+
+    #[test]
+    fn self_defeating_run_settings_warn_and_a_sub_second_save_interval_is_refused() {
+        assert!(questionable_run_settings(&run_args(&[])).is_empty());
+        let w = questionable_run_settings(&run_args(&["--recent-window", "1m"]));
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert_eq!(w[0].0, "--recent-window");
+        assert!(w[0].1.contains("never reported"), "{w:?}");
+        let w = questionable_run_settings(&run_args(&["--baseline-window", "5m"]));
+        assert_eq!(
+            w.iter().map(|x| x.0).collect::<Vec<_>>(),
+            ["--baseline-window"]
+        );
+        // A static baseline needs no learning.
+        let w = questionable_run_settings(&run_args(&[
+            "--baseline-window",
+            "5m",
+            "--baseline-ttfp",
+            "1s",
+        ]));
+        assert!(w.is_empty(), "{w:?}");
+        let e = drift_config(&run_args(&["--baseline-save-interval", "1ns"])).unwrap_err();
+        assert!(e.to_string().contains("--baseline-save-interval"), "{e}");
+        assert!(drift_config(&run_args(&["--baseline-save-interval", "1s"])).is_ok());
+    }
 
     #[test]
     fn owner_only_in_the_probe_namespace_and_instance_follows_the_pod_uid() {
