@@ -16,7 +16,10 @@
 //!   least 2; the gate's `slow_nodes` rule), so a healthy node probed with slow peers
 //!   passes;
 //! - one `classname="firstpacket.baseline"`, `name="baseline comparison"`: fails on a
-//!   regression, `skipped` without `--baseline`.
+//!   regression, `skipped` without `--baseline` (or when the run ended with an error);
+//! - when the run ended with an error (the report's `errors[]`, exit 2: API
+//!   unreachable, `--timeout`, a bad `--baseline` file…), one
+//!   `classname="firstpacket.run"`, `name="run"` failing with those errors.
 //!
 //! Failure messages carry the numbers; the failure body lists the slow/failed probes
 //! concerned with their suspects (node, signal, evidence). The XML is written here
@@ -208,7 +211,11 @@ pub fn render(report: &GateReport) -> String {
             classname: "firstpacket.baseline",
             name: "baseline comparison".into(),
             failure: None,
-            skipped: Some("no --baseline given".into()),
+            skipped: Some(if report.errors.is_empty() {
+                "no --baseline given".into()
+            } else {
+                "not compared: the run ended with an error".into()
+            }),
             out: String::new(),
         },
         Some(c) => {
@@ -236,6 +243,19 @@ pub fn render(report: &GateReport) -> String {
             }
         }
     });
+    if !report.errors.is_empty() {
+        // The run itself failed (exit 2): a CI reporter must show it, not a green suite.
+        cases.push(Case {
+            classname: "firstpacket.run",
+            name: "run".into(),
+            failure: Some((
+                format!("the gate ended with an error: {}", report.errors.join("; ")),
+                report.errors.join("\n"),
+            )),
+            skipped: None,
+            out: String::new(),
+        });
+    }
     let failures = cases.iter().filter(|c| c.failure.is_some()).count();
     let skipped = cases.iter().filter(|c| c.skipped.is_some()).count();
     let mut out = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
@@ -365,6 +385,20 @@ mod tests {
         assert_eq!(xml.matches("<testcase ").count(), 4 + 1 + 1, "{xml}");
         assert!(!xml.contains("<failure"), "{xml}");
         assert!(xml.contains("<skipped message=\"no --baseline given\"/>"));
+        // A run that ended with an error fails a `run` testcase (not a green suite).
+        let mut broken = report(&[], None);
+        broken.errors = vec!["--baseline x.json: not a saved baseline".into()];
+        let xml = render(&broken);
+        assert_eq!(xml.matches("<testcase ").count(), 4 + 1 + 1 + 1, "{xml}");
+        assert!(
+            xml.contains("classname=\"firstpacket.run\"")
+                && xml.contains("the gate ended with an error: --baseline x.json"),
+            "{xml}"
+        );
+        assert!(
+            xml.contains("not compared: the run ended with an error"),
+            "{xml}"
+        );
         let saved = crate::baseline::save(
             &healthy.probes,
             &["cross_node"],
