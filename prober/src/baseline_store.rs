@@ -32,6 +32,15 @@ pub enum LoadError {
         /// The API's answer.
         message: String,
     },
+    /// The ConfigMap exists but is not firstpacket's (no `app.kubernetes.io/name:
+    /// firstpacket` label): it is neither read nor written.
+    #[error("configmap {namespace}/{name} is not firstpacket's (no label app.kubernetes.io/name=firstpacket): the baseline is not kept there; choose another --baseline-configmap")]
+    Foreign {
+        /// Namespace.
+        namespace: String,
+        /// ConfigMap name.
+        name: String,
+    },
     /// The ConfigMap exists but its data is not a snapshot this prober reads.
     #[error("configmap {namespace}/{name} key {DATA_KEY}: {message}")]
     Bad {
@@ -45,6 +54,8 @@ pub enum LoadError {
 }
 
 /// Reads the snapshot: `Ok(None)` when the ConfigMap (or its key) does not exist yet.
+/// Errors: the API's refusal, a ConfigMap that is not firstpacket's, data that is not a
+/// snapshot.
 pub async fn load(api: &Api<ConfigMap>, name: &str) -> Result<Option<Snapshot>, LoadError> {
     let ns = api.namespace().unwrap_or_default().to_string();
     let cm = match api.get_opt(name).await {
@@ -58,6 +69,18 @@ pub async fn load(api: &Api<ConfigMap>, name: &str) -> Result<Option<Snapshot>, 
             })
         }
     };
+    let ours = cm
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get("app.kubernetes.io/name"))
+        .is_some_and(|v| v == "firstpacket");
+    if !ours {
+        return Err(LoadError::Foreign {
+            namespace: ns,
+            name: name.to_string(),
+        });
+    }
     let Some(text) = cm.data.as_ref().and_then(|d| d.get(DATA_KEY)) else {
         return Ok(None);
     };

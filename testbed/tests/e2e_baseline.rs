@@ -680,6 +680,9 @@ fn stored(tb: &Testbed) -> (Value, Vec<Value>) {
     (snap, samples)
 }
 
+/// The stored baseline survives a refused read (nothing written until a read works,
+/// then merged; forged kinds and future samples dropped), and a ConfigMap that is not
+/// firstpacket's is never written.
 #[test]
 fn a_refused_baseline_read_never_overwrites_the_stored_baseline_and_a_later_read_merges_it() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
@@ -705,7 +708,8 @@ fn a_refused_baseline_read_never_overwrites_the_stored_baseline_and_a_later_read
         "items": [
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "firstpacket"}},
             {"apiVersion": "v1", "kind": "ConfigMap",
-             "metadata": {"name": "firstpacket-baseline", "namespace": "firstpacket"},
+             "metadata": {"name": "firstpacket-baseline", "namespace": "firstpacket",
+                          "labels": {"app.kubernetes.io/name": "firstpacket"}},
              "data": {"baseline.json": snap.to_string()}},
         ],
     });
@@ -762,4 +766,52 @@ fn a_refused_baseline_read_never_overwrites_the_stored_baseline_and_a_later_read
     let (snap, _) = stored(&tb);
     assert!(snap["kinds"].get("no_such_kind").is_none(), "{snap}");
     assert_eq!(run.stop(), 0);
+
+    // A --baseline-configmap that is not firstpacket's (no label) is left alone.
+    let foreign = tb.state.join("foreign.json");
+    std::fs::write(
+        &foreign,
+        serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "someone-elses", "namespace": "firstpacket"},
+            "data": {"keep": "me"}})
+        .to_string(),
+    )
+    .expect("write");
+    tb.kubectl(&[
+        "apply",
+        "--validate=false",
+        "-f",
+        foreign.to_str().expect("path"),
+    ]);
+    let other = Run::start(
+        &tb,
+        "foreign",
+        51,
+        &["--baseline-configmap", "someone-elses"],
+    );
+    common::poll_until(
+        Duration::from_secs(60),
+        || other.probes(&tb).len(),
+        |n| *n >= 2,
+    );
+    std::thread::sleep(Duration::from_secs(6)); // > one --baseline-save-interval
+    let cm = tb.kubectl(&["get", "configmaps", "-n", "firstpacket", "-o", "json"]);
+    let list: Value = serde_json::from_str(&cm).expect("json");
+    let theirs = list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["metadata"]["name"] == "someone-elses")
+        .expect("someone-elses");
+    assert_eq!(
+        theirs["data"],
+        serde_json::json!({"keep": "me"}),
+        "{theirs}"
+    );
+    assert!(
+        other.logs().contains("is not firstpacket's"),
+        "{}",
+        other.logs()
+    );
+    assert_eq!(other.stop(), 0);
 }
