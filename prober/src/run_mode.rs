@@ -916,17 +916,20 @@ impl BaselineStore {
                     snap.kinds.retain(|k, _| self.kinds.contains(k));
                 }
                 let mut b = lock(&self.admin.baselines);
-                let mut fresh = crate::baseline::Baselines::new(self.cfg);
-                let target = match b.as_mut() {
-                    Some(held) if !replace => held,
-                    _ => &mut fresh,
+                // Into what is held (a merge), or into a new one that replaces it.
+                let restored = match b.as_mut() {
+                    Some(held) if !replace => held.restore(&snap, unix_now()).map(|n| (n, None)),
+                    _ => {
+                        let mut fresh = crate::baseline::Baselines::new(self.cfg);
+                        fresh.restore(&snap, unix_now()).map(|n| (n, Some(fresh)))
+                    }
                 };
-                match target.restore(&snap, unix_now()) {
-                    Ok(n) => {
+                match restored {
+                    Ok((n, fresh)) => {
                         tracing::info!(configmap = %self.name, samples = n, "baseline restored");
                         self.saved.store(0, Ordering::Relaxed);
-                        if replace || b.is_none() {
-                            *b = Some(fresh);
+                        if fresh.is_some() {
+                            *b = fresh;
                         }
                     }
                     Err(e) => {

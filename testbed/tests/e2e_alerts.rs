@@ -27,8 +27,8 @@
 //! URLs pointed at the webhook and its group timers at 1 s.
 //!
 //! Every metric name the rules and the dashboard use must be on the prober's page,
-//! the drift metrics (`mon::DRIFT_CONTRACT`) included; the prober gets short
-//! baseline/recent windows ([`DRIFT_FLAGS`]).
+//! the drift metrics included; the prober gets short baseline/recent windows
+//! ([`DRIFT_FLAGS`]).
 //!
 //! A second test runs the same stack on a slower normal
 //! (1–2 s programming everywhere, learned as the baseline): nothing fires; doubling it

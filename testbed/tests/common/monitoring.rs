@@ -51,22 +51,6 @@ pub const GENERATED: &[(&str, &str, Generator)] = &[
 /// How to regenerate [`GENERATED`] (the message of the staleness test).
 pub const REGENERATE: &str = "FIRSTPACKET_REGENERATE=1 cargo test -p testbed --test alerts";
 
-/// The metric names of the drift contract (exported by `prober run` once baseline and
-/// drift are in: the `firstpacket_baseline_*`, `firstpacket_recent_*` and `*drift*`
-/// families). Until then, the end-to-end test reports which of them its `/metrics` page
-/// lacks instead of failing on them.
-pub const DRIFT_CONTRACT: &[&str] = &[
-    "firstpacket_baseline_seconds",
-    "firstpacket_baseline_samples",
-    "firstpacket_recent_median_seconds",
-    "firstpacket_drift_ratio",
-    "firstpacket_drift_active",
-    "firstpacket_node_drift_ratio",
-    "firstpacket_node_drift_active",
-    "firstpacket_drift_threshold_ratio",
-    "firstpacket_drift_floor_seconds",
-];
-
 pub fn read(rel: &str) -> String {
     std::fs::read_to_string(repo_file(rel)).unwrap_or_else(|e| panic!("read {rel}: {e}"))
 }
