@@ -9,8 +9,8 @@
 mod common;
 
 use common::{
-    assert_ttfp_near_truth, netns_list, output_within, poll_until, Testbed, POD_GONE_TIMEOUT,
-    SERIAL,
+    assert_ttfp_near_truth, netns_list, output_within, poll_until, started_unix, Testbed,
+    POD_GONE_TIMEOUT, SERIAL,
 };
 use serde_json::Value;
 use std::process::Command;
@@ -30,6 +30,10 @@ fn long() -> bool {
 /// `testbed up --nodes 1 --hollow-nodes M …` (without [`Testbed::up`]'s wait for one
 /// calico-node pod per netns node: hollow nodes carry theirs too).
 fn up_hollow(name: &str, hollow: usize) -> Testbed {
+    up_hollow_with(name, hollow, &[])
+}
+
+fn up_hollow_with(name: &str, hollow: usize, extra: &[&str]) -> Testbed {
     common::bin("prober");
     common::bin("target-server");
     let state = std::env::temp_dir().join(format!("fp-e2e-{name}-{}", std::process::id()));
@@ -43,6 +47,7 @@ fn up_hollow(name: &str, hollow: usize) -> Testbed {
             "--hollow-ttfp",
             &humantime::format_duration(TTFP).to_string(),
         ])
+        .args(extra)
         .arg("--image-dir")
         .arg(tb.state.join("no-images"));
     let started = Instant::now();
@@ -200,5 +205,56 @@ fn hollow_nodes_stay_ready_and_a_gate_over_them_measures_their_ttfp() {
     assert!(
         leftover.is_empty(),
         "processes left after down: {leftover:#?}"
+    );
+}
+
+/// Gate start-up (command start to the first probe's start) with every direct agent
+/// scrape timing out (`--hollow-direct-scrapes hold`): it must not grow with the node
+/// count (issue 17; the target is ≤ 10 s at 1 000 nodes, where scraping every node
+/// first took over 4 minutes). Prints the number; asserts a bound three times the
+/// target, so a busy machine does not fail it. 200 hollow nodes by default, 1 000 with
+/// `FIRSTPACKET_LONG_TESTS=1`.
+#[test]
+fn gate_start_up_does_not_wait_for_every_nodes_agent_when_direct_scrapes_fail() {
+    let _g = serial();
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("SKIPPED: needs root (network namespaces)");
+        return;
+    }
+    let n = if long() { 1000 } else { 200 };
+    let tb = up_hollow_with("hollow-startup", n, &["--hollow-direct-scrapes", "hold"]);
+    let t0 = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let (code, report, out) = tb.gate(&[
+        "--node-selector",
+        "testbed.firstpacket.io/hollow=true",
+        "--pairs",
+        "16",
+        "--concurrency",
+        "16",
+        "--hold",
+        "1s",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    let probes = report["probes"].as_array().unwrap();
+    let first = probes
+        .iter()
+        .map(started_unix)
+        .fold(f64::INFINITY, f64::min);
+    let startup = first - t0;
+    let felix = &report["agents"]["profiles"]["calico-felix"];
+    eprintln!(
+        "gate start-up to first probe at {n} hollow nodes, direct scrapes failing: {startup:.2}s \
+         (calico-felix: {} nodes scraped, {} via the proxy)",
+        felix["nodes_scraped"], felix["nodes_via_proxy"]
+    );
+    assert!(startup <= 30.0, "start-up {startup:.2}s\n{out}");
+    // The scrapes went through the proxy (the direct path never answered).
+    assert_eq!(felix["scrapes_failed"].as_u64(), Some(0), "{felix:#}");
+    assert!(
+        felix["nodes_scraped"].as_u64().unwrap_or(u64::MAX) < n as u64 / 2,
+        "{felix:#}"
     );
 }
