@@ -40,8 +40,8 @@
 //! - **Hollow ↔ netns pairs carry no packets**: a hollow source whose target is not a
 //!   hollow pod reports `no_success` (every attempt timed out) after `--give-up`; a netns
 //!   source dialing a hollow pod's IP finds nothing there. Gate hollow nodes apart with
-//!   `--node-selector testbed.firstpacket.io/hollow=true` (and netns nodes with `…=false`
-//!   is not possible: select them by name or another label).
+//!   `--node-selector testbed.firstpacket.io/hollow=true`, netns nodes with
+//!   `--node-selector '!testbed.firstpacket.io/hollow'`.
 //! - **Deletion**: a pod with `deletionTimestamp` is removed at once (DELETE with grace 0
 //!   and a UID precondition, as the kubelet's status manager does); its IP goes back to
 //!   the pool. `activeDeadlineSeconds` is not enforced on hollow nodes.
