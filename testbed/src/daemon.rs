@@ -466,6 +466,7 @@ pub async fn start_hollow(
         ttfp: h.ttfp,
         direct_scrapes: h.direct_scrapes,
         index: plan.index,
+        kube_proxy: args.kube_proxy_metrics,
     };
     let (ep, truth) = (endpoint.clone(), truth.clone());
     let hollow = thread
@@ -955,7 +956,7 @@ impl LogSource for PodLogs {
 pub const CALICO_NODE_IMAGE: &str = "docker.io/calico/node:v3.20.0";
 
 /// Image of the simulated kube-proxy pods.
-const KUBE_PROXY_IMAGE: &str = "registry.k8s.io/kube-proxy:v1.32.0";
+pub const KUBE_PROXY_IMAGE: &str = "registry.k8s.io/kube-proxy:v1.32.0";
 
 /// A node-agent pod the daemon simulates (kube-system, hostNetwork, one per node, as a
 /// DaemonSet would run it): `name` on `node`, labelled `k8s-app=<app>`, with one
@@ -1007,6 +1008,23 @@ pub fn calico_node_pod(node: &str, image: &str) -> serde_json::Value {
     )
 }
 
+/// The simulated kube-proxy pod of `node` (`kube-proxy-NODE` in kube-system,
+/// `k8s-app=kube-proxy`; its container runs kube-proxy the way kubeadm's DaemonSet
+/// does).
+pub fn kube_proxy_pod(node: &str) -> serde_json::Value {
+    agent_pod(
+        &format!("kube-proxy-{node}"),
+        node,
+        "kube-proxy",
+        json!({}),
+        json!({
+            "name": "kube-proxy", "image": KUBE_PROXY_IMAGE,
+            "command": ["/usr/local/bin/kube-proxy", "--config=/var/lib/kube-proxy/config.conf", "--hostname-override=$(NODE_NAME)"],
+            "env": [{ "name": "NODE_NAME", "valueFrom": { "fieldRef": { "apiVersion": "v1", "fieldPath": "spec.nodeName" } } }],
+        }),
+    )
+}
+
 /// The calico-node pod (`k8s-app=calico-node`, Felix's metrics port) and, with
 /// `kube_proxy`, the kube-proxy pod (`k8s-app=kube-proxy`; it stands for the node's
 /// [`crate::services::ServiceProxy`], its container runs kube-proxy the way kubeadm's
@@ -1014,17 +1032,7 @@ pub fn calico_node_pod(node: &str, image: &str) -> serde_json::Value {
 async fn create_agent_pods(api: crate::client::ApiClient, node: String, kube_proxy: bool) {
     let mut pods = vec![calico_node_pod(&node, CALICO_NODE_IMAGE)];
     if kube_proxy {
-        pods.push(agent_pod(
-            &format!("kube-proxy-{node}"),
-            &node,
-            "kube-proxy",
-            json!({}),
-            json!({
-                "name": "kube-proxy", "image": KUBE_PROXY_IMAGE,
-                "command": ["/usr/local/bin/kube-proxy", "--config=/var/lib/kube-proxy/config.conf", "--hostname-override=$(NODE_NAME)"],
-                "env": [{ "name": "NODE_NAME", "valueFrom": { "fieldRef": { "apiVersion": "v1", "fieldPath": "spec.nodeName" } } }],
-            }),
-        ));
+        pods.push(kube_proxy_pod(&node));
     }
     for pod in pods {
         let name = pod["metadata"]["name"].as_str().unwrap_or("").to_owned();

@@ -20,7 +20,9 @@
 //!   hollow node's Felix page; the connection's local address names the node. So both of
 //!   the prober's scrape paths reach it: direct `http://<hostIP>:9091/metrics` from the
 //!   host netns (where `testbed exec` runs) and the API server's pod proxy. Each scrape
-//!   records one fast dataplane apply (5–15 ms, batch 1), so counters move.
+//!   records one fast dataplane apply (5–15 ms, batch 1), so counters move. With
+//!   `--kube-proxy-metrics all|localhost` each node also has a `kube-proxy-hollow-i`
+//!   pod; with `all` a second shared listener serves its page on port 10249.
 //!   With [`DirectScrapes::Hold`], a request that did not come through the API server's
 //!   pod proxy (no `X-Forwarded-For` header; kube-apiserver's proxy, Go's
 //!   `httputil.ReverseProxy`, adds one, and so does the built-in API server's) is held
@@ -118,6 +120,11 @@ pub struct HollowConfig {
     pub direct_scrapes: DirectScrapes,
     /// The plan's subnet index (the `X` of `10.X.…`).
     pub index: u8,
+    /// kube-proxy pods on hollow nodes as on netns ones (`--kube-proxy-metrics`): `all`
+    /// = a pod per node and its page on `hostIP:10249` (one shared listener),
+    /// `localhost` = the pods without a reachable page (refused, as kube-proxy's
+    /// default `127.0.0.1:10249` is from off the node), `none` = no pods.
+    pub kube_proxy: crate::kube_proxy::MetricsBind,
 }
 
 /// Name of hollow node `i` (1-based): `hollow-<i>`.
@@ -192,6 +199,8 @@ struct HollowNode {
     ip: Ipv4Addr,
     /// Its Felix page's counters.
     felix: Mutex<FelixMetrics>,
+    /// Its kube-proxy page.
+    kube_proxy: crate::kube_proxy::KubeProxyMetrics,
     /// Conditions last posted (transition times kept).
     conditions: Mutex<Value>,
     /// When the status was last posted.
@@ -262,6 +271,7 @@ impl Hollow {
                 name: node_name(i),
                 ip: node_ip(cfg.index, i),
                 felix: Mutex::new(FelixMetrics::new(now, start_unix)),
+                kube_proxy: crate::kube_proxy::KubeProxyMetrics::new(start_unix),
                 conditions: Mutex::new(Value::Null),
                 status_at: Mutex::new(now),
             })
@@ -287,7 +297,24 @@ impl Hollow {
         let listener = tokio::net::TcpListener::bind(("0.0.0.0", crate::felix::FELIX_METRICS_PORT))
             .await
             .context("bind the hollow agents' metrics listener on 0.0.0.0:9091 (host netns)")?;
-        let mut tasks = vec![tokio::spawn(serve_metrics(inner.clone(), listener))];
+        let mut tasks = vec![tokio::spawn(serve_metrics(
+            inner.clone(),
+            listener,
+            Page::Felix,
+        ))];
+        if inner.cfg.kube_proxy.addr().is_some() {
+            let port = crate::kube_proxy::KUBE_PROXY_METRICS_PORT;
+            let l = tokio::net::TcpListener::bind(("0.0.0.0", port))
+                .await
+                .with_context(|| {
+                    format!("bind the hollow kube-proxies' metrics listener on 0.0.0.0:{port}")
+                })?;
+            tasks.push(tokio::spawn(serve_metrics(
+                inner.clone(),
+                l,
+                Page::KubeProxy,
+            )));
+        }
         // Registration: Nodes (create + status), Leases, agent pods.
         let results: Vec<Result<()>> = futures::stream::iter(0..inner.nodes.len())
             .map(|i| {
@@ -364,27 +391,43 @@ impl Inner {
             Err(e) if e.code == 409 => self.renew_lease(i).await,
             Err(e) => return Err(e).with_context(|| format!("create the Lease of {}", n.name)),
         }
-        let pod = crate::daemon::calico_node_pod(&n.name, crate::daemon::CALICO_NODE_IMAGE);
+        let mut agents = vec![crate::daemon::calico_node_pod(
+            &n.name,
+            crate::daemon::CALICO_NODE_IMAGE,
+        )];
+        if self.cfg.kube_proxy != crate::kube_proxy::MetricsBind::None {
+            agents.push(crate::daemon::kube_proxy_pod(&n.name));
+        }
+        for pod in agents {
+            self.create_agent_pod(i, &pod).await?;
+        }
+        Ok(())
+    }
+
+    /// Creates agent pod `pod` (kept if it exists) on node `i`, Running and Ready.
+    async fn create_agent_pod(&self, i: usize, pod: &Value) -> Result<()> {
+        let n = &self.nodes[i];
         let pods = "/api/v1/namespaces/kube-system/pods";
-        match retry(|| self.api.post(pods, &pod)).await {
+        let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+        match retry(|| self.api.post(pods, pod)).await {
             Ok(_) => {}
             Err(e) if e.code == 409 => {}
-            Err(e) => return Err(e).with_context(|| format!("create the agent pod of {}", n.name)),
+            Err(e) => return Err(e).with_context(|| format!("create agent pod {name}")),
         }
-        let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+        let c = &pod["spec"]["containers"][0];
         let now = crate::kubelet::now_rfc3339();
         let status = running_status(
             n.ip,
             n.ip,
-            "calico-node",
-            crate::daemon::CALICO_NODE_IMAGE,
+            c["name"].as_str().unwrap_or_default(),
+            c["image"].as_str().unwrap_or_default(),
             name,
             &now,
         );
         let path = format!("{}/status", core_path(Some("kube-system"), "pods", name));
         retry(|| self.api.patch(&path, PatchKind::Merge, &status))
             .await
-            .with_context(|| format!("status of the agent pod of {}", n.name))?;
+            .with_context(|| format!("status of agent pod {name}"))?;
         Ok(())
     }
 
@@ -885,10 +928,19 @@ async fn watch_pods(inner: Arc<Inner>) {
     }
 }
 
-/// Serves every hollow node's Felix page on `listener` (bound on `0.0.0.0:9091` in the
-/// host netns): the connection's local address names the node; unknown addresses and
-/// paths other than `/metrics` and `/` get 404.
-async fn serve_metrics(inner: Arc<Inner>, listener: tokio::net::TcpListener) {
+/// Which agent page a listener serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Page {
+    /// Felix's, port 9091, `/metrics` and `/`.
+    Felix,
+    /// kube-proxy's, port 10249, `/metrics`.
+    KubeProxy,
+}
+
+/// Serves every hollow node's `page` on `listener` (bound on `0.0.0.0` in the host
+/// netns): the connection's local address names the node; unknown addresses and other
+/// paths get 404.
+async fn serve_metrics(inner: Arc<Inner>, listener: tokio::net::TcpListener, page: Page) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -900,11 +952,12 @@ async fn serve_metrics(inner: Arc<Inner>, listener: tokio::net::TcpListener) {
         };
         let inner = inner.clone();
         tokio::spawn(async move {
-            let svc =
-                hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+            let svc = hyper::service::service_fn(
+                move |req: hyper::Request<hyper::body::Incoming>| {
                     let inner = inner.clone();
-                    async move { Ok::<_, std::convert::Infallible>(inner.page(node, &req).await) }
-                });
+                    async move { Ok::<_, std::convert::Infallible>(inner.page(node, page, &req).await) }
+                },
+            );
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
                 .await;
@@ -916,6 +969,7 @@ impl Inner {
     async fn page(
         &self,
         node: Option<usize>,
+        page: Page,
         req: &hyper::Request<hyper::body::Incoming>,
     ) -> hyper::Response<http_body_util::Full<hyper::body::Bytes>> {
         let answer = |code: u16, ct: &str, body: String| {
@@ -925,7 +979,9 @@ impl Inner {
                 .body(http_body_util::Full::new(hyper::body::Bytes::from(body)))
                 .unwrap_or_default()
         };
-        let (Some(i), "/metrics" | "/") = (node, req.uri().path()) else {
+        let path = req.uri().path();
+        let known = path == "/metrics" || (page == Page::Felix && path == "/");
+        let (Some(i), true) = (node, known) else {
             return answer(404, "text/plain", "404 page not found\n".into());
         };
         if self.cfg.direct_scrapes == DirectScrapes::Hold
@@ -936,6 +992,11 @@ impl Inner {
         }
         let now = Instant::now();
         let took = Duration::from_micros(5_000 + rand::random::<u64>() % 10_000);
+        if page == Page::KubeProxy {
+            let m = &self.nodes[i].kube_proxy;
+            m.record_sync(took, true);
+            return answer(200, crate::felix::CONTENT_TYPE, m.render());
+        }
         let mut m = lock(&self.nodes[i].felix);
         m.record_apply(took, Some(1), true, now);
         let body = crate::felix::render(&mut m, 0, now);

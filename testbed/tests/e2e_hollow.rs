@@ -41,7 +41,7 @@ fn up_hollow_with(name: &str, hollow: usize, extra: &[&str]) -> Testbed {
     std::fs::create_dir_all(&state).unwrap();
     let tb = Testbed { state };
     let mut up = tb.cmd();
-    up.args(["up", "--nodes", "1", "--kube-proxy-metrics", "none"])
+    up.args(["up", "--nodes", "1"])
         .args(["--hollow-nodes", &hollow.to_string()])
         .args([
             "--hollow-ttfp",
@@ -174,6 +174,9 @@ fn hollow_nodes_stay_ready_and_a_gate_over_them_measures_their_ttfp() {
         .filter(|x| x["node"].as_str().is_some_and(|s| s.starts_with("hollow-")))
         .collect();
     assert_eq!(hollow.len(), n, "{out}");
+    // Hollow nodes carry calico-node and kube-proxy pods whose pages answer: no
+    // agent warning.
+    assert_eq!(report["warnings"], serde_json::json!([]), "{out}");
     let felix = &report["agents"]["profiles"]["calico-felix"];
     // (node-1's agent may be scraped too: the sweep covers every agent.)
     assert!(
