@@ -12,8 +12,8 @@ use prober::agents::profiles::{
     builtin_profiles, find, AgentReading, SumCount, CALICO_FELIX, CILIUM_AGENT, KUBE_PROXY,
 };
 use prober::agents::scrape::{
-    fetch_direct, no_retry_client, read_page, AgentWatcher, ScrapeError, ScrapeMode,
-    ScrapeSettings, Scraper,
+    fetch_direct, no_retry_client, read_page, reference_sample, AgentWatcher, ScrapeError,
+    ScrapeMode, ScrapeSettings, Scraper,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -1463,4 +1463,67 @@ async fn live_cluster_names_the_faulty_nodes() {
     let want: BTreeSet<String> = slow.into_iter().collect();
     assert_eq!(flagged(&findings, signal), want);
     assert!(findings.iter().all(|s| s.signal == signal));
+}
+
+#[test]
+fn the_start_up_reference_sample_is_bounded_and_spread_over_the_nodes() {
+    let nodes: Vec<String> = (0..1000).map(|i| format!("n{i:04}")).collect();
+    let s = reference_sample(&nodes, 16);
+    assert_eq!(s.len(), 16);
+    assert_eq!(s[0], "n0000");
+    assert_eq!(s[1], "n0062");
+    assert_eq!(s[15], "n0937");
+    assert_eq!(reference_sample(&nodes[..5], 16), nodes[..5].to_vec());
+    assert!(reference_sample(&nodes, 0).is_empty());
+}
+
+/// A port where nothing listens (connection refused at once).
+async fn closed_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+#[tokio::test]
+async fn auto_mode_sends_a_profile_to_the_proxy_once_direct_failed_on_three_nodes() {
+    let closed = closed_port().await;
+    let s = Scraper::new(
+        None,
+        ScrapeSettings {
+            mode: ScrapeMode::Auto,
+            timeout: T,
+            ..ScrapeSettings::default()
+        },
+    );
+    let b = builtin_profiles();
+    let p = find(&b, CALICO_FELIX).expect("felix");
+    for (i, n) in ["n1", "n2", "n3"].iter().enumerate() {
+        assert!(!s.profile_uses_proxy(CALICO_FELIX), "after {i} nodes");
+        let _ = s.scrape(&target(n, closed), p).await;
+    }
+    assert!(s.profile_uses_proxy(CALICO_FELIX));
+    // Every node of the profile, including ones never scraped.
+    assert!(s.uses_proxy("n999", CALICO_FELIX));
+    assert!(!s.profile_uses_proxy(KUBE_PROXY));
+}
+
+#[tokio::test]
+async fn a_profile_whose_direct_path_worked_once_stays_direct_per_node() {
+    let page = Arc::new(Mutex::new(felix_page(&Felix::new())));
+    let open = serve(Serve::Page(page), Arc::default()).await;
+    let closed = closed_port().await;
+    let s = Scraper::new(
+        None,
+        ScrapeSettings {
+            mode: ScrapeMode::Auto,
+            timeout: T,
+            ..ScrapeSettings::default()
+        },
+    );
+    let b = builtin_profiles();
+    let p = find(&b, CALICO_FELIX).expect("felix");
+    s.scrape(&target("n0", open), p).await.expect("n0 answers");
+    for n in ["n1", "n2", "n3", "n4"] {
+        let _ = s.scrape(&target(n, closed), p).await;
+    }
+    assert!(!s.profile_uses_proxy(CALICO_FELIX));
 }

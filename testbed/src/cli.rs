@@ -206,6 +206,19 @@ pub struct UpArgs {
     /// `scripts/control-plane.sh --print` names).
     #[arg(long, env = crate::control_plane::BIN_ENV)]
     pub control_plane_bin: Option<PathBuf>,
+    /// Hollow nodes (`hollow-1` … `hollow-M`, label `testbed.firstpacket.io/hollow=true`):
+    /// Nodes that exist only in the API, with fresh heartbeats, served agent metrics
+    /// and synthetic probe pods (testbed/src/hollow.rs). At most 2000.
+    #[arg(long, env = "TESTBED_HOLLOW_NODES", default_value_t = 0)]
+    pub hollow_nodes: usize,
+    /// TTFP of probe pods on hollow nodes: from the source's Ready to its first success
+    /// (humantime; default 500ms).
+    #[arg(long, env = "TESTBED_HOLLOW_TTFP", default_value = "500ms", value_parser = humantime::parse_duration)]
+    pub hollow_ttfp: Duration,
+    /// How hollow nodes' agents answer scrapes that do not come through the API
+    /// server's pod proxy: `serve`, or `hold` (never answered: direct scrapes time out).
+    #[arg(long, env = "TESTBED_HOLLOW_DIRECT_SCRAPES", default_value = "serve")]
+    pub hollow_direct_scrapes: crate::hollow::DirectScrapes,
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -380,6 +393,17 @@ pub fn up(state: &Path, args: &UpArgs) -> Result<()> {
     cmd.arg("--control-plane").arg(args.control_plane.as_arg());
     if let Some(b) = &cp_bin {
         cmd.arg("--control-plane-bin").arg(b);
+    }
+    if args.hollow_nodes > 0 {
+        cmd.arg("--hollow-nodes")
+            .arg(args.hollow_nodes.to_string())
+            .arg("--hollow-ttfp")
+            .arg(humantime::format_duration(args.hollow_ttfp).to_string())
+            .arg("--hollow-direct-scrapes")
+            .arg(match args.hollow_direct_scrapes {
+                crate::hollow::DirectScrapes::Serve => "serve",
+                crate::hollow::DirectScrapes::Hold => "hold",
+            });
     }
     let image_dir = args
         .image_dir
@@ -693,6 +717,9 @@ pub fn demo(state: &Path, args: &DemoArgs) -> Result<i32> {
         timeout: None,
         control_plane: Default::default(),
         control_plane_bin: None,
+        hollow_nodes: 0,
+        hollow_ttfp: crate::hollow::DEFAULT_TTFP,
+        hollow_direct_scrapes: Default::default(),
     };
     up(state, &up_args)?;
     let report = state.join("report.json");
@@ -809,6 +836,11 @@ pub fn main_with(cli: Cli) -> Result<i32> {
                 kube_proxy_metrics: a.kube_proxy_metrics,
                 control_plane: a.control_plane,
                 control_plane_bin: a.control_plane_bin,
+                hollow: (a.hollow_nodes > 0).then_some(crate::hollow::HollowSettings {
+                    count: a.hollow_nodes,
+                    ttfp: a.hollow_ttfp,
+                    direct_scrapes: a.hollow_direct_scrapes,
+                }),
             })?;
             Ok(0)
         }

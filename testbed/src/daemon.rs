@@ -56,6 +56,8 @@ pub struct DaemonArgs {
     /// Directory of the real control plane's binaries (`None`: located as
     /// [`crate::control_plane::locate_binaries`] does).
     pub control_plane_bin: Option<PathBuf>,
+    /// Hollow nodes to add (`--hollow-nodes`; [`crate::hollow`]), if any.
+    pub hollow: Option<crate::hollow::HollowSettings>,
 }
 
 /// Contents of `ready.json`.
@@ -70,6 +72,9 @@ pub struct ReadyInfo {
     /// `builtin` or `real` (older files without the field: `builtin`).
     #[serde(default = "builtin_mode")]
     pub control_plane: String,
+    /// Hollow nodes (`hollow-1`…), none without `--hollow-nodes`.
+    #[serde(default)]
+    pub hollow_nodes: Vec<String>,
 }
 
 fn builtin_mode() -> String {
@@ -423,6 +428,62 @@ pub async fn start_nodes(
     })
 }
 
+/// Hollow nodes ([`crate::hollow`]) running on their own thread in the host netns;
+/// dropping it stops them.
+pub struct HollowNodes {
+    // Field order is drop order: the tasks go before their runtime.
+    hollow: crate::hollow::Hollow,
+    _thread: NetnsThread,
+}
+
+impl HollowNodes {
+    /// Their names, in order.
+    pub fn names(&self) -> Vec<String> {
+        self.hollow.names().to_vec()
+    }
+}
+
+/// Starts `args.hollow`'s hollow nodes (none: `Ok(None)`) against `endpoint`: makes
+/// their InternalIP block local in the host netns, then registers and runs them on a
+/// thread there ([`crate::hollow::Hollow::start`]). Errors: the address block, the
+/// thread, the client, a registration.
+pub async fn start_hollow(
+    args: &DaemonArgs,
+    plan: &Plan,
+    dataplane: &Dataplane,
+    truth: &Truth,
+    endpoint: &ClusterEndpoint,
+) -> Result<Option<HollowNodes>> {
+    let Some(h) = &args.hollow else {
+        return Ok(None);
+    };
+    dataplane
+        .add_host_local_block(crate::hollow::node_ip_range(plan.index))
+        .context("hollow nodes' address block")?;
+    let thread = NetnsThread::spawn(&plan.host_netns).context("start the hollow nodes' runtime")?;
+    let cfg = crate::hollow::HollowConfig {
+        count: h.count,
+        ttfp: h.ttfp,
+        direct_scrapes: h.direct_scrapes,
+        index: plan.index,
+        kube_proxy: args.kube_proxy_metrics,
+    };
+    let (ep, truth) = (endpoint.clone(), truth.clone());
+    let hollow = thread
+        .handle()
+        .spawn(async move {
+            let api = ep.client().await?;
+            crate::hollow::Hollow::start(cfg, api, truth).await
+        })
+        .await
+        .context("hollow nodes' start task")?
+        .context("start the hollow nodes")?;
+    Ok(Some(HollowNodes {
+        hollow,
+        _thread: thread,
+    }))
+}
+
 /// Runs the daemon until asked to stop; always removes what it built.
 pub fn run(args: DaemonArgs) -> Result<()> {
     let plan = Plan::new(&args.state_dir, args.nodes).context("plan the cluster")?;
@@ -484,6 +545,7 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
         &cp.pod_ca,
     )
     .await?;
+    let hollow = start_hollow(args, plan, &dataplane, &truth, &cp.endpoint).await?;
 
     let info = ReadyInfo {
         pid: std::process::id(),
@@ -493,6 +555,7 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
         kubeconfig_cluster: cp.kubeconfig_cluster.clone(),
         nodes: plan.nodes.iter().map(|n| n.name.clone()).collect(),
         control_plane: builtin_mode(),
+        hollow_nodes: hollow.as_ref().map(HollowNodes::names).unwrap_or_default(),
     };
 
     // Control socket.
@@ -517,6 +580,7 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
         }
     }
     tracing::info!("shutting down");
+    drop(hollow);
     nodes.shutdown().await;
     Ok(())
 }
@@ -837,7 +901,12 @@ impl ProxySource for PodProxy {
                         addr,
                         &method,
                         &path,
-                        &[("Accept", "text/plain;version=0.0.4,*/*")],
+                        // As kube-apiserver's proxy (Go's httputil.ReverseProxy) says
+                        // who asked; the client's address is not kept here.
+                        &[
+                            ("Accept", "text/plain;version=0.0.4,*/*"),
+                            ("X-Forwarded-For", "127.0.0.1"),
+                        ],
                         &body,
                         std::time::Duration::from_secs(10),
                     )
@@ -887,7 +956,7 @@ impl LogSource for PodLogs {
 pub const CALICO_NODE_IMAGE: &str = "docker.io/calico/node:v3.20.0";
 
 /// Image of the simulated kube-proxy pods.
-const KUBE_PROXY_IMAGE: &str = "registry.k8s.io/kube-proxy:v1.32.0";
+pub const KUBE_PROXY_IMAGE: &str = "registry.k8s.io/kube-proxy:v1.32.0";
 
 /// A node-agent pod the daemon simulates (kube-system, hostNetwork, one per node, as a
 /// DaemonSet would run it): `name` on `node`, labelled `k8s-app=<app>`, with one
@@ -939,6 +1008,23 @@ pub fn calico_node_pod(node: &str, image: &str) -> serde_json::Value {
     )
 }
 
+/// The simulated kube-proxy pod of `node` (`kube-proxy-NODE` in kube-system,
+/// `k8s-app=kube-proxy`; its container runs kube-proxy the way kubeadm's DaemonSet
+/// does).
+pub fn kube_proxy_pod(node: &str) -> serde_json::Value {
+    agent_pod(
+        &format!("kube-proxy-{node}"),
+        node,
+        "kube-proxy",
+        json!({}),
+        json!({
+            "name": "kube-proxy", "image": KUBE_PROXY_IMAGE,
+            "command": ["/usr/local/bin/kube-proxy", "--config=/var/lib/kube-proxy/config.conf", "--hostname-override=$(NODE_NAME)"],
+            "env": [{ "name": "NODE_NAME", "valueFrom": { "fieldRef": { "apiVersion": "v1", "fieldPath": "spec.nodeName" } } }],
+        }),
+    )
+}
+
 /// The calico-node pod (`k8s-app=calico-node`, Felix's metrics port) and, with
 /// `kube_proxy`, the kube-proxy pod (`k8s-app=kube-proxy`; it stands for the node's
 /// [`crate::services::ServiceProxy`], its container runs kube-proxy the way kubeadm's
@@ -946,17 +1032,7 @@ pub fn calico_node_pod(node: &str, image: &str) -> serde_json::Value {
 async fn create_agent_pods(api: crate::client::ApiClient, node: String, kube_proxy: bool) {
     let mut pods = vec![calico_node_pod(&node, CALICO_NODE_IMAGE)];
     if kube_proxy {
-        pods.push(agent_pod(
-            &format!("kube-proxy-{node}"),
-            &node,
-            "kube-proxy",
-            json!({}),
-            json!({
-                "name": "kube-proxy", "image": KUBE_PROXY_IMAGE,
-                "command": ["/usr/local/bin/kube-proxy", "--config=/var/lib/kube-proxy/config.conf", "--hostname-override=$(NODE_NAME)"],
-                "env": [{ "name": "NODE_NAME", "valueFrom": { "fieldRef": { "apiVersion": "v1", "fieldPath": "spec.nodeName" } } }],
-            }),
-        ));
+        pods.push(kube_proxy_pod(&node));
     }
     for pod in pods {
         let name = pod["metadata"]["name"].as_str().unwrap_or("").to_owned();

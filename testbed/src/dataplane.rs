@@ -324,6 +324,16 @@ impl Dataplane {
         &self.plan
     }
 
+    /// Makes every address of `block` local in the host netns (the block on its `lo`, so
+    /// a listener on `0.0.0.0` answers each of them): the hollow nodes' InternalIPs
+    /// ([`crate::hollow`]). Gone with the netns. Errors: the `ip` command.
+    pub fn add_host_local_block(&self, block: crate::plan::Ipv4Cidr) -> Result<()> {
+        ip_batch(
+            Some(&self.plan.host_netns),
+            &[format!("addr add {block} dev lo")],
+        )
+    }
+
     /// Tears everything down ([`sweep`] of the plan's prefix). Idempotent.
     pub fn destroy(plan: &Plan) -> Result<()> {
         sweep(&plan.prefix)

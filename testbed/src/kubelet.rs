@@ -195,7 +195,7 @@ fn kernel_version() -> String {
 
 /// The four node conditions the kubelet owns, healthy, with transition times kept from
 /// `current` (a stored Node's `status.conditions`) where the status did not change.
-fn node_conditions(current: &Value) -> Vec<Value> {
+pub(crate) fn node_conditions(current: &Value) -> Vec<Value> {
     let now = now_rfc3339();
     [
         (

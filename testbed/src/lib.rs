@@ -15,6 +15,7 @@ pub mod daemon;
 pub mod dataplane;
 pub mod fault;
 pub mod felix;
+pub mod hollow;
 pub mod httpc;
 pub mod image;
 pub mod kube_proxy;

@@ -101,6 +101,17 @@ pub struct ScrapeSettings {
     pub sweep_batch: usize,
     /// Observations kept per (node, profile) (default 32).
     pub ring: usize,
+    /// Nodes the start-up scrape ([`AgentWatcher::prime`]) covers at most (default 16):
+    /// the reference sample the first probes are compared with (docs/design.md §3,
+    /// "the healthiest half of the cluster"), so start-up costs the same at 10 nodes
+    /// and at 1 000. The sweep and the probes' own nodes add to it as the run goes on.
+    pub reference_sample: usize,
+    /// Auto mode: once the direct path failed (for a reason other than the page's
+    /// content) on this many distinct nodes for a profile, and never worked for it,
+    /// every node of that profile goes through the proxy (default 3; 0 turns it off).
+    /// A prober outside the pod network otherwise pays one timeout per node before
+    /// each node's first proxy scrape.
+    pub profile_proxy_after: usize,
 }
 
 impl Default for ScrapeSettings {
@@ -115,6 +126,8 @@ impl Default for ScrapeSettings {
             sweep_tick: Duration::from_secs(10),
             sweep_batch: 2,
             ring: super::correlate::DEFAULT_RING,
+            reference_sample: 16,
+            profile_proxy_after: 3,
         }
     }
 }
@@ -530,6 +543,18 @@ pub struct Scraper {
     settings: ScrapeSettings,
     permits: Arc<Semaphore>,
     via_proxy: Mutex<HashSet<(String, String)>>,
+    /// Auto mode, per profile: nodes whose direct scrape failed (at most
+    /// `profile_proxy_after` kept), whether a direct scrape ever answered, and the
+    /// profiles that went over to the proxy on every node.
+    direct_paths: Mutex<DirectPaths>,
+}
+
+/// Per-profile record of the direct path (auto mode).
+#[derive(Debug, Default)]
+struct DirectPaths {
+    failed_on: HashMap<String, HashSet<String>>,
+    worked: HashSet<String>,
+    via_proxy: HashSet<String>,
 }
 
 impl Scraper {
@@ -548,7 +573,44 @@ impl Scraper {
             permits: Arc::new(Semaphore::new(settings.concurrency.max(1))),
             settings,
             via_proxy: Mutex::new(HashSet::new()),
+            direct_paths: Mutex::new(DirectPaths::default()),
         }
+    }
+
+    /// Records a direct scrape's outcome for `profile` on `node` (auto mode): an
+    /// answer (even a bad page) marks the path as working for the profile; a failure
+    /// on the `profile_proxy_after`-th distinct node of a profile whose direct path
+    /// never worked sends the whole profile to the proxy.
+    fn note_direct(&self, node: &str, profile: &str, answered: bool) {
+        let after = self.settings.profile_proxy_after;
+        let Ok(mut d) = self.direct_paths.lock() else {
+            return;
+        };
+        if answered {
+            d.worked.insert(profile.to_owned());
+            d.failed_on.remove(profile);
+            return;
+        }
+        if after == 0 || d.worked.contains(profile) || d.via_proxy.contains(profile) {
+            return;
+        }
+        let failed = d.failed_on.entry(profile.to_owned()).or_default();
+        failed.insert(node.to_owned());
+        if failed.len() >= after {
+            d.failed_on.remove(profile);
+            d.via_proxy.insert(profile.to_owned());
+            tracing::info!(profile, nodes = after,
+                "direct agent scrapes failed on several nodes and never worked: this profile uses the API-server proxy on every node from now on");
+        }
+    }
+
+    /// Whether `profile` went over to the proxy on every node (auto mode; see
+    /// [`ScrapeSettings::profile_proxy_after`]).
+    pub fn profile_uses_proxy(&self, profile: &str) -> bool {
+        self.direct_paths
+            .lock()
+            .map(|d| d.via_proxy.contains(profile))
+            .unwrap_or(false)
     }
 
     /// The settings in force.
@@ -557,12 +619,15 @@ impl Scraper {
     }
 
     /// Whether (node, profile) went over to the proxy in auto mode (a direct scrape
-    /// failed for a reason other than the page's content).
+    /// of that node failed for a reason other than the page's content, or the whole
+    /// profile did, [`Scraper::profile_uses_proxy`]).
     pub fn uses_proxy(&self, node: &str, profile: &str) -> bool {
-        self.via_proxy
-            .lock()
-            .map(|s| s.contains(&(node.to_owned(), profile.to_owned())))
-            .unwrap_or(false)
+        self.profile_uses_proxy(profile)
+            || self
+                .via_proxy
+                .lock()
+                .map(|s| s.contains(&(node.to_owned(), profile.to_owned())))
+                .unwrap_or(false)
     }
 
     fn has_client(&self) -> bool {
@@ -655,10 +720,18 @@ impl Scraper {
             ScrapeMode::Direct => ("direct", direct().await),
             ScrapeMode::Proxy => ("proxy", self.proxy(target, port, path).await),
             ScrapeMode::Auto => {
-                if self.uses_proxy(&target.node, &target.profile) {
+                if self.has_client() && self.uses_proxy(&target.node, &target.profile) {
                     ("proxy", self.proxy(target, port, path).await)
                 } else {
-                    match direct().await {
+                    let answer = direct().await;
+                    self.note_direct(
+                        &target.node,
+                        &target.profile,
+                        answer
+                            .as_ref()
+                            .map_or_else(|e| e.is_page_problem(), |_| true),
+                    );
+                    match answer {
                         Err(e) if !e.is_page_problem() && self.has_client() => {
                             tracing::debug!(pod = %pod, node = %target.node, error = %e,
                                 "direct agent scrape failed: this node and profile use the API-server proxy from now on");
@@ -682,6 +755,15 @@ impl Scraper {
             read_page(profile, &format!("{label} {pod}:{port}{path}"), &body),
         )
     }
+}
+
+/// At most `k` of `nodes`, spread evenly over the list in its order (the `i`-th of
+/// `k` is element `i·len/k`): all of them when `k ≥ len`, none when `k` is 0.
+pub fn reference_sample(nodes: &[String], k: usize) -> Vec<String> {
+    if k >= nodes.len() {
+        return nodes.to_vec();
+    }
+    (0..k).map(|i| nodes[i * nodes.len() / k].clone()).collect()
 }
 
 /// Suspects for the probe record and warnings for the gate report from one probe.
@@ -997,10 +1079,14 @@ impl AgentWatcher {
         }
     }
 
-    /// Scrapes every agent on `nodes` once (e.g. the planned nodes at gate start, so
-    /// the first probes have a cluster baseline).
-    pub async fn prime(&self, nodes: &[String]) {
-        self.inner.scrape_nodes(nodes).await;
+    /// Scrapes every agent on a reference sample of `nodes` once (e.g. the eligible
+    /// nodes at start, so the first probes have a cluster baseline): all of them up to
+    /// [`ScrapeSettings::reference_sample`], else that many spread evenly over the list
+    /// ([`reference_sample`]). Returns the nodes scraped.
+    pub async fn prime(&self, nodes: &[String]) -> Vec<String> {
+        let sample = reference_sample(nodes, self.settings.reference_sample);
+        self.inner.scrape_nodes(&sample).await;
+        sample
     }
 
     /// Call before creating a probe's target pod: marks both nodes hot, scrapes their

@@ -169,8 +169,32 @@ async fn serve(
         )
         .await?;
     }
+    // Hollow nodes: registered once the netns nodes are up; `up` returns when the
+    // node-lifecycle controller has lifted their not-ready taints too.
+    let hollow = crate::daemon::start_hollow(args, plan, dataplane, truth, &endpoint).await?;
+    if let Some(h) = &hollow {
+        let want = h.names().len();
+        let selector = format!(
+            "/api/v1/nodes?labelSelector={}%3Dtrue",
+            crate::hollow::HOLLOW_LABEL
+        );
+        wait_object(
+            cp,
+            &selector,
+            &format!("{want} hollow Nodes Ready without the node.kubernetes.io/not-ready taint"),
+            |list| {
+                let items = list["items"].as_array();
+                items.is_some_and(|i| i.len() == want && i.iter().all(node_schedulable_ready))
+            },
+        )
+        .await?;
+    }
     let info = ReadyInfo {
         pid: std::process::id(),
+        hollow_nodes: hollow
+            .as_ref()
+            .map(crate::daemon::HollowNodes::names)
+            .unwrap_or_default(),
         api_local: format!("https://{local}"),
         api_cluster: cp.config().api_url(),
         kubeconfig: kc,
@@ -200,6 +224,7 @@ async fn serve(
         }
     }
     tracing::info!("shutting down");
+    drop(hollow);
     Ok(())
 }
 
