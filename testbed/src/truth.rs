@@ -241,6 +241,29 @@ pub fn truth_ttfp(
     source_pod_uid: &str,
     target_pod_uid: &str,
 ) -> Option<f64> {
+    let ready = events
+        .iter()
+        .filter(|e| e.event == TruthKind::ReadinessOk && e.uid.as_deref() == Some(source_pod_uid))
+        .map(|e| e.t)
+        .fold(None, |m: Option<f64>, t| Some(m.map_or(t, |m| m.min(t))))?;
+    Some(path_up_from(events, source_pod_uid, target_pod_uid, ready)? - ready)
+}
+
+/// The earliest time (Unix seconds) at or after `from` at which every part of the path
+/// between pods `source_pod_uid` and `target_pod_uid` is up: both endpoints programmed
+/// (and not revoked), and, across nodes, both directions' peer routes present. `from`
+/// itself when the path is already up then. This is [`truth_ttfp`] with the moment of
+/// reference given instead of the source's `readiness_ok`: the benchmark times other
+/// methods (the operator's loop, a 1 s poller) from the moment each starts timing.
+///
+/// Returns `None` when either pod's node is unknown (no `endpoint_added`) or the path
+/// never came up in the log after `from`.
+pub fn path_up_from(
+    events: &[TruthEvent],
+    source_pod_uid: &str,
+    target_pod_uid: &str,
+    from: f64,
+) -> Option<f64> {
     let uid_is = |e: &TruthEvent, u: &str| e.uid.as_deref() == Some(u);
     let node_of = |u: &str| {
         events
@@ -248,11 +271,7 @@ pub fn truth_ttfp(
             .find(|e| e.event == TruthKind::EndpointAdded && uid_is(e, u))
             .and_then(|e| e.node.clone())
     };
-    let ready = events
-        .iter()
-        .filter(|e| e.event == TruthKind::ReadinessOk && uid_is(e, source_pod_uid))
-        .map(|e| e.t)
-        .fold(None, |m: Option<f64>, t| Some(m.map_or(t, |m| m.min(t))))?;
+    let ready = from;
     let (src_node, dst_node) = (node_of(source_pod_uid)?, node_of(target_pod_uid)?);
 
     let mut relevant: Vec<&TruthEvent> = events
@@ -310,12 +329,12 @@ pub fn truth_ttfp(
         apply(&mut up, e);
     }
     if up.iter().all(|&u| u) {
-        return Some(0.0);
+        return Some(ready);
     }
     for e in iter {
         apply(&mut up, e);
         if up.iter().all(|&u| u) {
-            return Some((e.t - ready).max(0.0));
+            return Some(e.t.max(ready));
         }
     }
     None
