@@ -67,10 +67,14 @@ fn rel(p: &Path) -> String {
         .unwrap_or_else(|| p.display().to_string())
 }
 
-/// The documents users read: README, docs/, testbed/ARCHITECTURE.md, fault files,
-/// manifests.
+/// The documents users read: README, BENCHMARKS.md, docs/, testbed/ARCHITECTURE.md, fault
+/// files, manifests.
 fn user_documents() -> Vec<PathBuf> {
-    let mut v = vec![repo_file("README.md"), repo_file("testbed/ARCHITECTURE.md")];
+    let mut v = vec![
+        repo_file("README.md"),
+        repo_file("BENCHMARKS.md"),
+        repo_file("testbed/ARCHITECTURE.md"),
+    ];
     let ext = |e: &'static [&'static str]| {
         move |p: &Path| {
             p.extension()

@@ -1,0 +1,103 @@
+//! `cargo bench -p testbed --bench firstpacket -- [--smoke] [--only SECTIONS] [--out FILE]
+//! [--parser-output FILE]`: runs the benchmark sections (testbed/tests/bench/) on testbeds,
+//! prints one table per measurement and writes them as Markdown to `--out` (default
+//! `BENCHMARKS.md` at the repository root). `bash scripts/bench.sh` is the one command
+//! that builds what it needs and runs it. Needs root (network namespaces), `kubectl`, and
+//! the release binaries beside this one (`cargo build --release --workspace --bins`).
+//!
+//! Sections (`--only`, comma-separated): `accuracy` (accuracy, mesh, resolution),
+//! `footprint` (target-server, parser), `scale` (prober at 10/100/1 000 nodes, gate wall
+//! time).
+
+#[path = "../tests/bench/mod.rs"]
+mod bench;
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::time::Instant;
+
+const SECTIONS: [&str; 3] = ["accuracy", "footprint", "scale"];
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: cargo bench -p testbed --bench firstpacket -- [--smoke] [--only {}] [--out FILE] [--parser-output FILE]",
+        SECTIONS.join(",")
+    );
+    std::process::exit(2)
+}
+
+fn main() {
+    let mut opts = bench::Opts::default();
+    let mut out = common::repo_file("BENCHMARKS.md");
+    let mut only: Vec<String> = SECTIONS.iter().map(|s| (*s).to_owned()).collect();
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--smoke" => opts.smoke = true,
+            "--out" => out = args.next().unwrap_or_else(|| usage()).into(),
+            "--parser-output" => {
+                let p = args.next().unwrap_or_else(|| usage());
+                opts.parser_output = Some(std::fs::read_to_string(&p).unwrap_or_else(|e| {
+                    eprintln!("--parser-output {p}: {e}");
+                    std::process::exit(2)
+                }));
+            }
+            "--only" => {
+                only = args
+                    .next()
+                    .unwrap_or_else(|| usage())
+                    .split(',')
+                    .map(str::to_owned)
+                    .collect();
+                if let Some(bad) = only.iter().find(|s| !SECTIONS.contains(&s.as_str())) {
+                    eprintln!(
+                        "--only: unknown section {bad:?} (sections: {})",
+                        SECTIONS.join(",")
+                    );
+                    std::process::exit(2)
+                }
+            }
+            // `cargo bench` passes `--bench` to every bench target.
+            "--bench" => {}
+            "-h" | "--help" => usage(),
+            other => {
+                eprintln!("unknown argument {other:?}");
+                usage()
+            }
+        }
+    }
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("the benchmark needs root (network namespaces)");
+        std::process::exit(2)
+    }
+    let started = std::process::Command::new("date")
+        .arg("-u")
+        .arg("+%Y-%m-%d %H:%M UTC")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    let started = format!("{started} (load average at the start {})", bench::loadavg());
+    let t0 = Instant::now();
+    let mut tables = Vec::new();
+    for s in &only {
+        eprintln!("==> bench section {s}");
+        let t = Instant::now();
+        let got = match s.as_str() {
+            "accuracy" => bench::accuracy::run(&opts),
+            "footprint" => bench::footprint::run(&opts),
+            "scale" => bench::scale::run(&opts),
+            _ => unreachable!(),
+        };
+        for table in &got {
+            println!("{}", table.text());
+        }
+        eprintln!("<== bench section {s}: {:.0}s", t.elapsed().as_secs_f64());
+        tables.extend(got);
+    }
+    let md = bench::render(&tables, &opts, &started, t0.elapsed().as_secs_f64());
+    std::fs::write(&out, md).unwrap_or_else(|e| {
+        eprintln!("write {}: {e}", out.display());
+        std::process::exit(1)
+    });
+    eprintln!("wrote {}", out.display());
+}

@@ -1,0 +1,92 @@
+//! Smoke run of the benchmark (`bash scripts/bench.sh` runs it in full into
+//! `BENCHMARKS.md`): one small iteration of every section, on testbeds, asserting each
+//! table is complete (every row it must have, no empty cell). Not a timed test: the
+//! numbers are printed, not judged, except where a section checks a measurement against
+//! the testbed's truth.
+//!
+//! Needs root, `ip`, `kubectl`, `wget`, `nsenter` and the workspace binaries.
+
+mod bench;
+mod common;
+
+use common::SERIAL;
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn smoke() -> bench::Opts {
+    bench::Opts {
+        smoke: true,
+        parser_output: None,
+    }
+}
+
+/// Prints the tables and asserts none has an empty cell and each has rows.
+fn check(tables: &[bench::Table], want_titles: &[&str]) {
+    for t in tables {
+        eprintln!("{}", t.text());
+    }
+    let titles: Vec<&str> = tables.iter().map(|t| t.title.as_str()).collect();
+    for w in want_titles {
+        assert!(titles.contains(w), "no table {w:?} in {titles:?}");
+    }
+    for t in tables {
+        assert!(!t.rows.is_empty(), "table {:?} has no rows", t.title);
+        let empty = t.empty_cells();
+        assert!(empty.is_empty(), "empty cells: {empty:#?}");
+    }
+    let md = bench::render(tables, &smoke(), "smoke", 0.0);
+    for t in tables {
+        assert!(md.contains(&format!("### {}", t.title)));
+    }
+}
+
+fn root() -> bool {
+    if nix::unistd::Uid::effective().is_root() {
+        true
+    } else {
+        eprintln!("SKIPPED: needs root (network namespaces)");
+        false
+    }
+}
+
+#[test]
+fn accuracy_mesh_and_resolution_tables_are_complete() {
+    let _g = serial();
+    if !root() {
+        return;
+    }
+    let tables = bench::accuracy::run(&smoke());
+    check(
+        &tables,
+        &[
+            bench::accuracy::ACCURACY,
+            bench::accuracy::MESH,
+            bench::accuracy::RESOLUTION,
+        ],
+    );
+}
+
+#[test]
+fn footprint_tables_are_complete() {
+    let _g = serial();
+    if !root() {
+        return;
+    }
+    let tables = bench::footprint::run(&smoke());
+    check(
+        &tables,
+        &[bench::footprint::TARGET_SERVER, bench::footprint::PARSER],
+    );
+}
+
+#[test]
+fn scale_tables_are_complete() {
+    let _g = serial();
+    if !root() {
+        return;
+    }
+    let tables = bench::scale::run(&smoke());
+    check(&tables, bench::scale::TITLES);
+}
