@@ -138,14 +138,20 @@ pub async fn list_nodes(
 ) -> Result<(Vec<NodeInfo>, Vec<(String, SkipReason)>), Error> {
     let nodes_api: Api<Node> = Api::all(conn.client.clone());
     let selector = p.node_selector.to_string();
-    let node_list = with_timeout(
-        nodes_api.list(&ListParams::default().labels(&selector)),
-        &conn.url,
-        "list",
-        "nodes",
-    )
-    .await?;
-    let all_nodes: Vec<NodeInfo> = node_list.items.iter().map(NodeInfo::from_node).collect();
+    // Page by page ([`crate::podwatch::LIST_PAGE_SIZE`]), keeping only each Node's
+    // [`NodeInfo`]: a Node is 4–20 KB of JSON, so one list of 1 000 was the gate's peak.
+    let mut all_nodes: Vec<NodeInfo> = Vec::new();
+    let mut lp = ListParams::default()
+        .labels(&selector)
+        .limit(crate::podwatch::LIST_PAGE_SIZE);
+    loop {
+        let page = with_timeout(nodes_api.list(&lp), &conn.url, "list", "nodes").await?;
+        all_nodes.extend(page.items.iter().map(NodeInfo::from_node));
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => lp = lp.continue_token(&token),
+            _ => break,
+        }
+    }
     Ok(filter_nodes(&all_nodes, &p.node_selector, &p.toleration))
 }
 
