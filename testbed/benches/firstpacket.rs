@@ -5,6 +5,9 @@
 //! that builds what it needs and runs it. Needs root (network namespaces), `kubectl`, and
 //! the release binaries beside this one (`cargo build --release --workspace --bins`).
 //!
+//! `--update` replaces only the tables this run made in an existing `--out` file and adds
+//! a line saying which sections were re-run when.
+//!
 //! Sections (`--only`, comma-separated): `accuracy` (accuracy, mesh, resolution),
 //! `footprint` (target-server, parser), `scale` (prober at 10/100/1 000 nodes, gate wall
 //! time).
@@ -20,25 +23,41 @@ const SECTIONS: [&str; 3] = ["accuracy", "footprint", "scale"];
 
 fn usage() -> ! {
     eprintln!(
-        "usage: cargo bench -p testbed --bench firstpacket -- [--smoke] [--only {}] [--out FILE] [--parser-output FILE]",
+        "usage: cargo bench -p testbed --bench firstpacket -- [--smoke] [--only {}] [--update] [--out FILE] [--parser-output FILE]\n  --update: replace only the tables this run made in an existing --out file (and say so in its header)",
         SECTIONS.join(",")
     );
     std::process::exit(2)
 }
 
+/// `p` as given when absolute, else relative to `FIRSTPACKET_BENCH_CWD` (the directory
+/// `scripts/bench.sh` was started from; cargo runs benchmarks in the package directory),
+/// else to the repository root.
+fn user_path(p: &str) -> std::path::PathBuf {
+    let p = std::path::PathBuf::from(p);
+    if p.is_absolute() {
+        return p;
+    }
+    std::env::var_os("FIRSTPACKET_BENCH_CWD")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| common::repo_file(""))
+        .join(p)
+}
+
 fn main() {
     let mut opts = bench::Opts::default();
+    let mut update = false;
     let mut out = common::repo_file("BENCHMARKS.md");
     let mut only: Vec<String> = SECTIONS.iter().map(|s| (*s).to_owned()).collect();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--smoke" => opts.smoke = true,
-            "--out" => out = args.next().unwrap_or_else(|| usage()).into(),
+            "--update" => update = true,
+            "--out" => out = user_path(&args.next().unwrap_or_else(|| usage())),
             "--parser-output" => {
-                let p = args.next().unwrap_or_else(|| usage());
+                let p = user_path(&args.next().unwrap_or_else(|| usage()));
                 opts.parser_output = Some(std::fs::read_to_string(&p).unwrap_or_else(|e| {
-                    eprintln!("--parser-output {p}: {e}");
+                    eprintln!("--parser-output {}: {e}", p.display());
                     std::process::exit(2)
                 }));
             }
@@ -94,7 +113,11 @@ fn main() {
         eprintln!("<== bench section {s}: {:.0}s", t.elapsed().as_secs_f64());
         tables.extend(got);
     }
-    let md = bench::render(&tables, &opts, &started, t0.elapsed().as_secs_f64());
+    let secs = t0.elapsed().as_secs_f64();
+    let md = match std::fs::read_to_string(&out) {
+        Ok(old) if update => bench::update(&old, &tables, &only.join(","), &started, secs),
+        _ => bench::render(&tables, &opts, &started, secs),
+    };
     std::fs::write(&out, md).unwrap_or_else(|e| {
         eprintln!("write {}: {e}", out.display());
         std::process::exit(1)

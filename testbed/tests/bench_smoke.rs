@@ -90,3 +90,36 @@ fn scale_tables_are_complete() {
     let tables = bench::scale::run(&smoke());
     check(&tables, bench::scale::TITLES);
 }
+
+#[test]
+fn update_replaces_only_the_re_run_tables() {
+    let table = |title: &str, cell: &str| {
+        let mut t = bench::Table::new(title, "how", &["a", "b"]);
+        t.row(vec!["x".into(), cell.into()]);
+        t
+    };
+    let first = bench::render(
+        &[table("One", "1"), table("Two", "2")],
+        &bench::Opts::default(),
+        "first run",
+        10.0,
+    );
+    let updated = bench::update(
+        &first,
+        &[table("Two", "22"), table("Three", "3")],
+        "two",
+        "later",
+        5.0,
+    );
+    assert!(updated.contains("first run"), "{updated}");
+    assert!(updated.contains("Re-run of `two`"), "{updated}");
+    for (title, n) in [("### One", 1), ("### Two", 1), ("### Three", 1)] {
+        assert_eq!(updated.matches(title).count(), n, "{title} in:\n{updated}");
+    }
+    assert!(
+        updated.contains("| x | 1 |") && updated.contains("| x | 22 |"),
+        "{updated}"
+    );
+    assert!(!updated.contains("| x | 2 |"), "{updated}");
+    assert!(updated.find("### One") < updated.find("### Two"));
+}

@@ -251,3 +251,41 @@ pub fn render(tables: &[Table], opts: &Opts, started: &str, secs: f64) -> String
     }
     s
 }
+
+/// An existing report `old` (as [`render`] wrote it) with the tables of `tables` replaced
+/// (matched by title; new titles appended) and a header line saying `sections` were re-run
+/// at `started` for `secs` seconds. Everything else is kept as it was.
+pub fn update(old: &str, tables: &[Table], sections: &str, started: &str, secs: f64) -> String {
+    let (head, body) = match old.find("\n### ") {
+        Some(i) => old.split_at(i + 1),
+        None => (old, ""),
+    };
+    // Sections of the body, each starting with its `### ` line.
+    let mut parts: Vec<String> = Vec::new();
+    for chunk in body.split("\n### ") {
+        let chunk = chunk.strip_prefix("### ").unwrap_or(chunk);
+        if !chunk.trim().is_empty() {
+            parts.push(format!("### {}\n", chunk.trim_end()));
+        }
+    }
+    for t in tables {
+        let new = t.markdown();
+        let title = format!("### {}\n", t.title);
+        match parts.iter_mut().find(|p| p.starts_with(&title)) {
+            Some(p) => *p = new,
+            None => parts.push(new),
+        }
+    }
+    let mut s = head.trim_end().to_owned();
+    let _ = writeln!(
+        s,
+        "\n- Re-run of `{sections}` (`--only {sections} --update`): {started}, {secs:.0} s; load \
+         average (1/5/15 min) at the end {}; its tables replace the first run's\n",
+        loadavg()
+    );
+    for p in parts {
+        s.push_str(p.trim_end());
+        s.push_str("\n\n");
+    }
+    s
+}

@@ -8,7 +8,7 @@
 //!
 //! Knobs for partial runs (environment): `FP_BENCH_SCALE_SIZES` (comma list of node
 //! counts, default `10,100,1000`, smoke `10,30`), `FP_BENCH_SCALE_RUN_SECS` (length of
-//! each `prober run`, default 600, smoke 30), `FP_BENCH_SCALE_NETNS` (netns nodes of
+//! each `prober run`, default 600, smoke 15), `FP_BENCH_SCALE_NETNS` (netns nodes of
 //! the gate wall-time table, default 10, smoke 3), `FP_BENCH_SCALE_GRID=0` (skip the
 //! extra `prober run` grid points), `FP_BENCH_SCALE_DEBUG=1` (print each audit window and
 //! any repeated deletes).
@@ -104,7 +104,7 @@ impl Plan {
             sizes,
             gate_pairs: if opts.smoke { 10 } else { 20 },
             run_secs: env_num("FP_BENCH_SCALE_RUN_SECS").unwrap_or(if opts.smoke {
-                30
+                15
             } else {
                 600
             }),
@@ -597,36 +597,24 @@ fn measure_gate(tb: &Testbed, args: &[&str]) -> GateRun {
     }
 }
 
-/// Parses the Prometheus text format (what the prober writes: no escapes in labels)
-/// into (name, labels, value).
+/// The samples of a `/metrics` page as (name, labels, value), read with the prober's own
+/// exposition parser (`prober::agents::expo`); an unparsable page gives none.
 fn parse_metrics(text: &str) -> Vec<(String, BTreeMap<String, String>, f64)> {
-    let mut out = Vec::new();
-    for line in text.lines() {
-        if line.starts_with('#') || line.trim().is_empty() {
-            continue;
-        }
-        let Some((head, value)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let Ok(value) = value.parse::<f64>() else {
-            continue;
-        };
-        let (name, labels) = match head.split_once('{') {
-            Some((n, rest)) => (
-                n.to_owned(),
-                rest.trim_end_matches('}')
-                    .split("\",")
-                    .filter_map(|kv| {
-                        let (k, v) = kv.split_once('=')?;
-                        Some((k.to_owned(), v.trim_matches('"').to_owned()))
-                    })
-                    .collect(),
-            ),
-            None => (head.to_owned(), BTreeMap::new()),
-        };
-        out.push((name, labels, value));
-    }
-    out
+    let Ok(page) = prober::agents::expo::parse(text) else {
+        return Vec::new();
+    };
+    page.families
+        .values()
+        .flat_map(|f| f.samples.iter())
+        .map(|s| {
+            let labels = s
+                .labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            (s.name.to_string(), labels, s.value)
+        })
+        .collect()
 }
 
 fn metric_sum(m: &[(String, BTreeMap<String, String>, f64)], name: &str) -> f64 {
