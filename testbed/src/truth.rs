@@ -271,7 +271,6 @@ pub fn path_up_from(
             .find(|e| e.event == TruthKind::EndpointAdded && uid_is(e, u))
             .and_then(|e| e.node.clone())
     };
-    let ready = from;
     let (src_node, dst_node) = (node_of(source_pod_uid)?, node_of(target_pod_uid)?);
 
     let mut relevant: Vec<&TruthEvent> = events
@@ -325,16 +324,16 @@ pub fn path_up_from(
         }
     };
     let mut iter = relevant.into_iter().peekable();
-    while let Some(e) = iter.next_if(|e| e.t <= ready) {
+    while let Some(e) = iter.next_if(|e| e.t <= from) {
         apply(&mut up, e);
     }
     if up.iter().all(|&u| u) {
-        return Some(ready);
+        return Some(from);
     }
     for e in iter {
         apply(&mut up, e);
         if up.iter().all(|&u| u) {
-            return Some(e.t.max(ready));
+            return Some(e.t.max(from));
         }
     }
     None

@@ -1,7 +1,8 @@
 //! Accuracy of firstpacket next to what operators use today, what a long-lived mesh
 //! sees during S2 and S3, and resolution vs `--dial-interval`.
 //!
-//! One 3-node testbed. Per program delay D (fault `program_delay: D` on every node) one
+//! One 3-node testbed. Per program delay D (fault `program_delay` uniform in D ± 0.5 s on
+//! every node, [`fault_around`]) one
 //! `prober gate --kinds cross_node` runs; while it does, a watch on its probe pods
 //! (`kubectl get pods --watch -o json`, i.e. what the API shows) starts, for each probe:
 //! - (b) the operator's loop, at the target's Ready as seen through the API, inside the
@@ -71,7 +72,7 @@ pub fn run(opts: &Opts) -> Vec<Table> {
     );
     let ll = long_lived_pods(&tb);
     let acc = accuracy(&tb, &ll, opts);
-    let res = resolution(&tb, &ll, opts);
+    let res = resolution(&tb, opts);
     let mesh = mesh(&tb, &ll, opts);
     vec![acc, mesh, res]
 }
@@ -180,10 +181,7 @@ fn enter_netns_of(pid: i32) -> Result<(), String> {
 #[derive(Debug, Default, Clone)]
 struct Pair {
     source_uid: Option<String>,
-    source_node: Option<String>,
     target_uid: Option<String>,
-    target_node: Option<String>,
-    target_ip: Option<String>,
     started_b: bool,
     started_c: bool,
 }
@@ -198,6 +196,9 @@ struct Others {
     /// (source uid, start, measured seconds) of the operator's loop; measured `None`
     /// when the loop did not end (pod gone, deadline).
     loops: Results,
+    /// Source pod uid by probe id, filled by the watcher: a source may be seen after its
+    /// target is Ready, when the loop thread already waits for it.
+    sources: Mutex<BTreeMap<String, String>>,
     /// (long-lived pod uid, start, success time) of the poller.
     polls: Results,
 }
@@ -253,18 +254,15 @@ fn gate_with_others(
             match comp {
                 "probe-source" => {
                     p.source_uid = uid;
-                    p.source_node = node;
                 }
                 "probe-target" => {
                     p.target_uid = uid.clone();
-                    p.target_node = node.clone();
                     if let (Some(ip), Some(tuid), false) = (ip, &uid, p.started_c) {
                         // (c) from a long-lived pod on another node than the target's.
                         if let Some(client) =
                             ll.iter().find(|l| Some(&l.node) != node.as_ref()).cloned()
                         {
                             p.started_c = true;
-                            p.target_ip = Some(ip.to_owned());
                             threads.push(spawn_poller(
                                 client,
                                 ip.to_owned(),
@@ -289,10 +287,8 @@ fn gate_with_others(
                 }
                 _ => {}
             }
-            // The source may be seen after the target's Ready: the loop thread looks it
-            // up by probe id in the shared table below.
-            if let (Some(su), Some(_)) = (&p.source_uid, &p.target_uid) {
-                SOURCES.lock().unwrap().insert(id.to_owned(), su.clone());
+            if let Some(su) = &p.source_uid {
+                o2.sources.lock().unwrap().insert(id.to_owned(), su.clone());
             }
         }
         for t in threads {
@@ -301,10 +297,7 @@ fn gate_with_others(
     });
     let out = tb.gate(&gate_args.iter().map(String::as_str).collect::<Vec<_>>());
     // Let the last loops and pollers end (they stop at success or their deadline).
-    let waited = Instant::now();
-    while waited.elapsed() < Duration::from_secs(5) {
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    std::thread::sleep(Duration::from_secs(5));
     let _ = nix::sys::signal::killpg(
         nix::unistd::Pid::from_raw(child.id() as i32),
         nix::sys::signal::Signal::SIGKILL,
@@ -313,10 +306,6 @@ fn gate_with_others(
     let _ = watcher.join();
     (out, others)
 }
-
-/// Source pod uid by probe id, filled by the watcher (a source may be seen after its
-/// target is Ready).
-static SOURCES: Mutex<BTreeMap<String, String>> = Mutex::new(BTreeMap::new());
 
 /// Method (b): waits for the probe's source pod's container (the kubelet's pid file),
 /// then runs the operator's loop in its netns.
@@ -335,7 +324,7 @@ fn spawn_loop(
         let mut suid = source_uid;
         while pid.is_none() && Instant::now() < give_up {
             if suid.is_none() {
-                suid = SOURCES.lock().unwrap().get(&probe_id).cloned();
+                suid = out.sources.lock().unwrap().get(&probe_id).cloned();
             }
             pid = suid.as_ref().and_then(|u| {
                 std::fs::read_to_string(state.join("pods").join(u).join("pid"))
@@ -593,7 +582,7 @@ fn accuracy(tb: &Testbed, ll: &[LongLived], opts: &Opts) -> Table {
     t
 }
 
-fn resolution(tb: &Testbed, ll: &[LongLived], opts: &Opts) -> Table {
+fn resolution(tb: &Testbed, opts: &Opts) -> Table {
     let pairs = if opts.smoke { 2 } else { 10 };
     let delay = Duration::from_secs(2);
     let mut t = Table::new(
@@ -610,7 +599,6 @@ fn resolution(tb: &Testbed, ll: &[LongLived], opts: &Opts) -> Table {
         &["--dial-interval", "n", "p50", "p95", "max", "min"],
     );
     tb.set_fault(&fault_around(delay));
-    let _ = ll;
     for interval in ["20ms", "50ms", "100ms"] {
         eprintln!("resolution: --dial-interval {interval}");
         let (code, report, text) = tb.gate(&[
