@@ -4,7 +4,7 @@
 
 use prober::agents::correlate::{
     correlate, healthy_half_median, merge_warnings, split_findings, ClusterView, History,
-    Observation, Params, ProbeWindow, ScrapeFailure,
+    Observation, Params, ProbeWindow, ScrapeFailure, DEFAULT_RING, HORIZON_SECONDS,
 };
 use prober::agents::discover::{AgentIndex, AgentTarget};
 use prober::agents::expo;
@@ -73,10 +73,10 @@ impl Felix {
 fn obs(node: &str, at: f64, f: &Felix) -> Observation {
     Observation {
         at,
-        profile: CALICO_FELIX.to_owned(),
-        node: node.to_owned(),
-        pod: format!("calico-node-{node}"),
-        uid: format!("uid-{node}"),
+        profile: CALICO_FELIX.into(),
+        node: node.into(),
+        pod: format!("calico-node-{node}").into(),
+        uid: format!("uid-{node}").into(),
         restart_count: 0,
         ready: true,
         scrape_path: Some("direct"),
@@ -718,9 +718,6 @@ fn felix_320_fixture_reads_through_the_calico_profile_with_old_route_names() {
         .route_resync
         .expect("≤3.28 alias felix_route_table_list_seconds");
     assert_eq!(rr.count, 384.0);
-    assert!(r
-        .families
-        .contains(&"felix_route_table_list_seconds".to_owned()));
     assert_eq!(r.process_start, Some(1.63197657029e9));
     assert_eq!(r.apply_p99_seconds, Some(0.020209542));
 }
@@ -1526,4 +1523,60 @@ async fn a_profile_whose_direct_path_worked_once_stays_direct_per_node() {
         let _ = s.scrape(&target(n, closed), p).await;
     }
     assert!(!s.profile_uses_proxy(CALICO_FELIX));
+}
+
+#[test]
+fn a_full_ring_keeps_time_order_drops_the_oldest_and_shares_equal_names() {
+    let f = Felix::new();
+    let mut h = History::new(2);
+    h.push(obs("node-1", 10.0, &f));
+    h.push(obs("node-1", 20.0, &f));
+    // Older than everything a full ring holds: not kept.
+    h.push(obs("node-1", 5.0, &f));
+    let at = |h: &History| -> Vec<f64> {
+        h.ring("node-1", CALICO_FELIX)
+            .expect("ring")
+            .iter()
+            .map(|o| o.at)
+            .collect()
+    };
+    assert_eq!(at(&h), vec![10.0, 20.0]);
+    // Between the two: the oldest goes, order holds.
+    h.push(obs("node-1", 15.0, &f));
+    assert_eq!(at(&h), vec![15.0, 20.0]);
+    h.push(obs("node-1", 30.0, &f));
+    assert_eq!(at(&h), vec![20.0, 30.0]);
+    let ring = h.ring("node-1", CALICO_FELIX).expect("ring");
+    let (a, b) = (&ring[0], &ring[1]);
+    assert!(
+        std::sync::Arc::ptr_eq(&a.pod, &b.pod) && std::sync::Arc::ptr_eq(&a.uid, &b.uid),
+        "equal names are one allocation"
+    );
+}
+
+#[test]
+fn observations_past_the_horizon_go_but_the_newest_stays() {
+    let f = Felix::new();
+    let mut h = History::new(DEFAULT_RING);
+    for i in 0..DEFAULT_RING {
+        h.push(obs("node-1", i as f64, &f));
+    }
+    let at = |h: &History| -> Vec<f64> {
+        h.ring("node-1", CALICO_FELIX)
+            .expect("ring")
+            .iter()
+            .map(|o| o.at)
+            .collect()
+    };
+    // Within the horizon of the newest: all kept.
+    h.push(obs("node-1", 10.0 + HORIZON_SECONDS, &f));
+    assert_eq!(at(&h).first(), Some(&10.0));
+    // Past it: only the newest, and the ring's slots shrink with it.
+    let late = 100.0 + 2.0 * HORIZON_SECONDS;
+    h.push(obs("node-1", late, &f));
+    assert_eq!(at(&h), vec![late]);
+    assert!(h.ring("node-1", CALICO_FELIX).expect("ring").capacity() <= 2);
+    // A ring alone in its node is never emptied by the horizon.
+    h.push(obs("node-2", 0.0, &f));
+    assert_eq!(h.ring("node-2", CALICO_FELIX).map(|r| r.len()), Some(1));
 }

@@ -596,19 +596,15 @@ pub struct AgentReading {
     pub route_resync: Option<SumCount>,
     /// Agent process start, Unix seconds.
     pub process_start: Option<f64>,
-    /// Which family names were read (for evidence).
-    pub families: Vec<String>,
 }
 
 impl AgentReading {
     /// Reads the profile's metrics from a parsed page.
     pub fn from_page(profile: &Profile, page: &Page) -> AgentReading {
-        let mut families = Vec::new();
-        let mut sum_count = |alts: &[MetricRef]| -> Option<SumCount> {
+        let sum_count = |alts: &[MetricRef]| -> Option<SumCount> {
             alts.iter().find_map(|m| {
                 let fam = page.family(&m.name)?;
                 let (sum, count) = fam.sum_count(&m.filter())?;
-                families.push(m.name.clone());
                 Some(SumCount {
                     sum: sum * m.scale,
                     count,
@@ -617,13 +613,12 @@ impl AgentReading {
         };
         let apply = sum_count(&profile.metrics.apply_time);
         let route_resync = sum_count(&profile.metrics.route_resync);
-        let mut scalar = |alts: &[MetricRef]| -> Option<f64> {
+        let scalar = |alts: &[MetricRef]| -> Option<f64> {
             alts.iter().find_map(|m| {
                 // A labelled series is created on its first event (client_golang
                 // `CounterVec`): family present, series absent = 0 so far.
                 page.family(&m.name)?;
                 let v = page.scalar(&m.name, &m.filter()).unwrap_or(0.0);
-                families.push(m.name.clone());
                 Some(v * m.scale)
             })
         };
@@ -642,7 +637,6 @@ impl AgentReading {
             resyncs,
             route_resync,
             process_start,
-            families,
         }
     }
 

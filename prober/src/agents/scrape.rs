@@ -819,10 +819,10 @@ impl Inner {
                 }
                 Observation {
                     at: self.now(),
-                    profile: t.profile.clone(),
-                    node: t.node.clone(),
-                    pod: t.pod.clone(),
-                    uid: t.uid.clone(),
+                    profile: t.profile.as_str().into(),
+                    node: t.node.as_str().into(),
+                    pod: t.pod.as_str().into(),
+                    uid: t.uid.as_str().into(),
                     restart_count: t.restart_count,
                     ready: t.ready,
                     scrape_path: path,
