@@ -122,4 +122,15 @@ fn update_replaces_only_the_re_run_tables() {
     );
     assert!(!updated.contains("| x | 2 |"), "{updated}");
     assert!(updated.find("### One") < updated.find("### Two"));
+    // A second re-run of the same section replaces the first one's header line.
+    let again = bench::update(&updated, &[table("Two", "222")], "two", "latest", 5.0);
+    assert_eq!(again.matches("Re-run of `two`").count(), 1, "{again}");
+    assert!(
+        again.contains("latest") && !again.contains("later"),
+        "{again}"
+    );
+    assert!(
+        again.contains("first run") && again.contains("| x | 222 |"),
+        "{again}"
+    );
 }

@@ -254,7 +254,8 @@ pub fn render(tables: &[Table], opts: &Opts, started: &str, secs: f64) -> String
 
 /// An existing report `old` (as [`render`] wrote it) with the tables of `tables` replaced
 /// (matched by title; new titles appended) and a header line saying `sections` were re-run
-/// at `started` for `secs` seconds. Everything else is kept as it was.
+/// at `started` for `secs` seconds; an earlier re-run line of the same `sections` goes (its
+/// tables are the ones replaced). Everything else is kept as it was.
 pub fn update(old: &str, tables: &[Table], sections: &str, started: &str, secs: f64) -> String {
     let (head, body) = match old.find("\n### ") {
         Some(i) => old.split_at(i + 1),
@@ -276,7 +277,13 @@ pub fn update(old: &str, tables: &[Table], sections: &str, started: &str, secs: 
             None => parts.push(new),
         }
     }
-    let mut s = head.trim_end().to_owned();
+    let earlier = format!("- Re-run of `{sections}` ");
+    let mut s = head
+        .trim_end()
+        .lines()
+        .filter(|l| !l.starts_with(&earlier))
+        .collect::<Vec<_>>()
+        .join("\n");
     let _ = writeln!(
         s,
         "\n- Re-run of `{sections}` (`--only {sections} --update`): {started}, {secs:.0} s; load \
