@@ -1525,6 +1525,15 @@ async fn a_profile_whose_direct_path_worked_once_stays_direct_per_node() {
     assert!(!s.profile_uses_proxy(CALICO_FELIX));
 }
 
+/// The times (s) of node-1's Felix ring, oldest first.
+fn felix_times(h: &History) -> Vec<f64> {
+    h.ring("node-1", CALICO_FELIX)
+        .expect("ring")
+        .iter()
+        .map(|o| o.at)
+        .collect()
+}
+
 #[test]
 fn a_full_ring_keeps_time_order_drops_the_oldest_and_shares_equal_names() {
     let f = Felix::new();
@@ -1533,19 +1542,12 @@ fn a_full_ring_keeps_time_order_drops_the_oldest_and_shares_equal_names() {
     h.push(obs("node-1", 20.0, &f));
     // Older than everything a full ring holds: not kept.
     h.push(obs("node-1", 5.0, &f));
-    let at = |h: &History| -> Vec<f64> {
-        h.ring("node-1", CALICO_FELIX)
-            .expect("ring")
-            .iter()
-            .map(|o| o.at)
-            .collect()
-    };
-    assert_eq!(at(&h), vec![10.0, 20.0]);
+    assert_eq!(felix_times(&h), vec![10.0, 20.0]);
     // Between the two: the oldest goes, order holds.
     h.push(obs("node-1", 15.0, &f));
-    assert_eq!(at(&h), vec![15.0, 20.0]);
+    assert_eq!(felix_times(&h), vec![15.0, 20.0]);
     h.push(obs("node-1", 30.0, &f));
-    assert_eq!(at(&h), vec![20.0, 30.0]);
+    assert_eq!(felix_times(&h), vec![20.0, 30.0]);
     let ring = h.ring("node-1", CALICO_FELIX).expect("ring");
     let (a, b) = (&ring[0], &ring[1]);
     assert!(
@@ -1561,20 +1563,13 @@ fn observations_past_the_horizon_go_but_the_newest_stays() {
     for i in 0..DEFAULT_RING {
         h.push(obs("node-1", i as f64, &f));
     }
-    let at = |h: &History| -> Vec<f64> {
-        h.ring("node-1", CALICO_FELIX)
-            .expect("ring")
-            .iter()
-            .map(|o| o.at)
-            .collect()
-    };
     // Within the horizon of the newest: all kept.
     h.push(obs("node-1", 10.0 + HORIZON_SECONDS, &f));
-    assert_eq!(at(&h).first(), Some(&10.0));
+    assert_eq!(felix_times(&h).first(), Some(&10.0));
     // Past it: only the newest, and the ring's slots shrink with it.
     let late = 100.0 + 2.0 * HORIZON_SECONDS;
     h.push(obs("node-1", late, &f));
-    assert_eq!(at(&h), vec![late]);
+    assert_eq!(felix_times(&h), vec![late]);
     assert!(h.ring("node-1", CALICO_FELIX).expect("ring").capacity() <= 2);
     // A ring alone in its node is never emptied by the horizon.
     h.push(obs("node-2", 0.0, &f));
