@@ -140,10 +140,27 @@ fn consistent_scrape_from_pod(tb: &Testbed, base: &str) -> (Value, Vec<Sample>) 
     panic!("no consistent scrape of {base} from a pod in 20 tries");
 }
 
+/// A directory under the system temp dir, removed when dropped (also when a test panics).
+struct TempBinDir(std::path::PathBuf);
+
+impl std::ops::Deref for TempBinDir {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempBinDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// A `--bin-dir` for `testbed up`: the workspace's image binaries plus `curl` (the
 /// host's), so a pod with image `curlimages/curl` runs curl in its own network
 /// namespace.
-fn bin_dir_with_curl(tb_name: &str) -> std::path::PathBuf {
+/// Removed when the returned guard drops.
+fn bin_dir_with_curl(tb_name: &str) -> TempBinDir {
     let dir = std::env::temp_dir().join(format!("fp-bin-{tb_name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("bin dir");
@@ -159,7 +176,7 @@ fn bin_dir_with_curl(tb_name: &str) -> std::path::PathBuf {
     ] {
         std::os::unix::fs::symlink(&target, dir.join(name)).expect("symlink");
     }
-    dir
+    TempBinDir(dir)
 }
 
 /// The checks of a consistent scrape: TTFP histogram count and sum = the records with a
