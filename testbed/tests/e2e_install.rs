@@ -868,22 +868,8 @@ fn kustomize_helm_and_the_gate_job_on_the_real_control_plane() {
 #[test]
 fn config_map_env_reaches_the_container_as_the_kubelet_gives_it() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let bin_dir = std::env::temp_dir().join(format!("fp-bin-cmenv-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&bin_dir);
-    std::fs::create_dir_all(&bin_dir).expect("bin dir");
-    for (name, target) in [
-        ("prober", common::bin("prober")),
-        ("target-server", common::bin("target-server")),
-        ("env", PathBuf::from("/usr/bin/env")),
-    ] {
-        std::os::unix::fs::symlink(&target, bin_dir.join(name)).expect("symlink");
-    }
-    let tb = Testbed::up(
-        "cmenv",
-        2,
-        "rules: []\n",
-        &["--bin-dir", bin_dir.to_str().expect("path")],
-    );
+    let bin_dir = common::BinDir::new("cmenv", &[("env", PathBuf::from("/usr/bin/env"))]);
+    let tb = Testbed::up("cmenv", 2, "rules: []\n", &["--bin-dir", bin_dir.arg()]);
     let cm = tb.manifest(
         "cm.yaml",
         "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: settings, namespace: default}\ndata: {A: from-map, B: overridden, C: keyed}\n",
@@ -938,6 +924,4 @@ fn config_map_env_reaches_the_container_as_the_kubelet_gives_it() {
         waiting.starts_with("CreateContainerConfigError") && waiting.contains("missing-settings"),
         "{waiting}"
     );
-    drop(tb);
-    let _ = std::fs::remove_dir_all(&bin_dir);
 }

@@ -140,43 +140,16 @@ fn consistent_scrape_from_pod(tb: &Testbed, base: &str) -> (Value, Vec<Sample>) 
     panic!("no consistent scrape of {base} from a pod in 20 tries");
 }
 
-/// A directory under the system temp dir, removed when dropped (also when a test panics).
-struct TempBinDir(std::path::PathBuf);
-
-impl std::ops::Deref for TempBinDir {
-    type Target = std::path::Path;
-    fn deref(&self) -> &std::path::Path {
-        &self.0
-    }
-}
-
-impl Drop for TempBinDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// A `--bin-dir` for `testbed up`: the workspace's image binaries plus `curl` (the
 /// host's), so a pod with image `curlimages/curl` runs curl in its own network
-/// namespace.
-/// Removed when the returned guard drops.
-fn bin_dir_with_curl(tb_name: &str) -> TempBinDir {
-    let dir = std::env::temp_dir().join(format!("fp-bin-{tb_name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("bin dir");
+/// namespace. Removed when the returned guard drops.
+fn bin_dir_with_curl(tb_name: &str) -> common::BinDir {
     let curl = ["/usr/bin/curl", "/bin/curl"]
         .into_iter()
         .map(std::path::PathBuf::from)
         .find(|p| p.is_file())
         .expect("curl (apt-get install curl; scripts/setup.sh installs it)");
-    for (name, target) in [
-        ("prober", common::bin("prober")),
-        ("target-server", common::bin("target-server")),
-        ("curl", curl),
-    ] {
-        std::os::unix::fs::symlink(&target, dir.join(name)).expect("symlink");
-    }
-    TempBinDir(dir)
+    common::BinDir::new(tb_name, &[("curl", curl)])
 }
 
 /// The checks of a consistent scrape: TTFP histogram count and sum = the records with a
@@ -982,12 +955,7 @@ fn restart_count(tb: &Testbed, pod: &str) -> (i64, Option<i64>) {
 fn in_cluster_deployment_owns_its_probe_pods_exits_0_on_sigterm_and_cleans_up_after_kill_9() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let bin_dir = bin_dir_with_curl("runpod");
-    let tb = Testbed::up(
-        "runpod",
-        4,
-        FAULT,
-        &["--bin-dir", bin_dir.to_str().expect("path")],
-    );
+    let tb = Testbed::up("runpod", 4, FAULT, &["--bin-dir", bin_dir.arg()]);
     // The probe namespace (Pod Security `restricted`) and the prober's RBAC as a user
     // applies them: `kubectl apply -f manifests/base/namespace.yaml -f
     // manifests/base/rbac.yaml` (not the base's own Deployment: this test runs its own).

@@ -36,6 +36,39 @@ pub fn bin(name: &str) -> PathBuf {
     p
 }
 
+/// A `--bin-dir` for `testbed up` at `$TMPDIR/fp-bin-NAME-PID`: symlinks to the
+/// workspace's image binaries (`prober`, `target-server`) plus `extra` (file name → host
+/// executable), so a pod whose image is one of those names runs it. Removed when dropped,
+/// also when the test panics; declare it before the [`Testbed`] that uses it.
+pub struct BinDir(PathBuf);
+
+impl BinDir {
+    pub fn new(name: &str, extra: &[(&str, PathBuf)]) -> BinDir {
+        let dir = std::env::temp_dir().join(format!("fp-bin-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("bin dir");
+        let own = [
+            ("prober", bin("prober")),
+            ("target-server", bin("target-server")),
+        ];
+        for (file, target) in own.iter().chain(extra) {
+            std::os::unix::fs::symlink(target, dir.join(file)).expect("symlink");
+        }
+        BinDir(dir)
+    }
+
+    /// The directory as a `--bin-dir` argument.
+    pub fn arg(&self) -> &str {
+        self.0.to_str().expect("temp dir path is UTF-8")
+    }
+}
+
+impl Drop for BinDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// The image directory `bash scripts/image.sh` writes (`target/images`, beside the
 /// bin dir of the binaries under test), after checking it holds both images: panics
 /// naming the command to run when not.
