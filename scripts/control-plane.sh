@@ -2,8 +2,11 @@
 # Builds the real Kubernetes control plane the testbed runs with `--control-plane real`:
 # kube-apiserver, kube-controller-manager and kube-scheduler from the `k8s.io/kubernetes`
 # Go module, and etcd from `go.etcd.io/etcd/server/v3`, with `go build` (CGO off, as the
-# official builds). The binaries go into a cache outside the checkout, keyed by version,
-# so a second run costs nothing. Prints the binary directory on stdout and exits 0.
+# official builds); also the node components of the same version and module, kube-proxy
+# (`testbed up --kube-proxy real`) and kubelet (`--kubelet real`). The binaries go into a
+# cache outside the checkout, keyed by version, so a second run costs nothing; a cache
+# that lacks some of them builds only those. Prints the binary directory on stdout and
+# exits 0.
 #
 #   bash scripts/control-plane.sh            # build or find cached; prints the directory
 #   bash scripts/control-plane.sh --print    # only print the directory it would use
@@ -25,7 +28,8 @@ KUBERNETES_VERSION="${FIRSTPACKET_KUBERNETES_VERSION:-v1.36.3}"
 
 cache_root="${FIRSTPACKET_CONTROL_PLANE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/firstpacket/control-plane}"
 out="$cache_root/kubernetes-$KUBERNETES_VERSION"
-bins=(etcd kube-apiserver kube-controller-manager kube-scheduler)
+kube_bins=(kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubelet)
+bins=(etcd "${kube_bins[@]}")
 
 log() { echo "control-plane: $*" >&2; }
 
@@ -53,8 +57,10 @@ staging_version="v0.$minor.$patch"
 
 export CGO_ENABLED=0 GOFLAGS="${GOFLAGS:--buildvcs=false}"
 work="$cache_root/build-$KUBERNETES_VERSION"
-rm -rf "$work"
+rm -rf "$work" "$out/bin.tmp"
 mkdir -p "$work/kubernetes" "$work/etcd" "$out/bin.tmp"
+# Keep what an earlier run built (a cache from before kube-proxy and kubelet were added).
+[ -d "$out/bin" ] && cp -a "$out/bin/." "$out/bin.tmp/"
 t0=$(date +%s)
 
 log "fetching k8s.io/kubernetes@$KUBERNETES_VERSION's go.mod"
@@ -87,6 +93,8 @@ tool (
 	k8s.io/kubernetes/cmd/kube-apiserver
 	k8s.io/kubernetes/cmd/kube-controller-manager
 	k8s.io/kubernetes/cmd/kube-scheduler
+	k8s.io/kubernetes/cmd/kube-proxy
+	k8s.io/kubernetes/cmd/kubelet
 )
 EOF
 
@@ -112,16 +120,19 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   kldflags+=" -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
   kldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$build_date"
 done
-for b in kube-apiserver kube-controller-manager kube-scheduler; do
+for b in "${kube_bins[@]}"; do
+  [ -x "$out/bin.tmp/$b" ] && continue
   log "building $b (this is the slow part: minutes per binary on a cold cache)"
   tb=$(date +%s)
   (cd "$work/kubernetes" && go build -trimpath -ldflags "$kldflags" -o "$out/bin.tmp/$b" "k8s.io/kubernetes/cmd/$b")
   log "built $b in $(( $(date +%s) - tb ))s"
 done
-log "building etcd"
-tb=$(date +%s)
-(cd "$work/etcd" && go build -trimpath -ldflags "-s -w" -o "$out/bin.tmp/etcd" go.etcd.io/etcd/server/v3)
-log "built etcd in $(( $(date +%s) - tb ))s"
+if [ ! -x "$out/bin.tmp/etcd" ]; then
+  log "building etcd"
+  tb=$(date +%s)
+  (cd "$work/etcd" && go build -trimpath -ldflags "-s -w" -o "$out/bin.tmp/etcd" go.etcd.io/etcd/server/v3)
+  log "built etcd in $(( $(date +%s) - tb ))s"
+fi
 
 "$out/bin.tmp/kube-apiserver" --version >&2
 "$out/bin.tmp/etcd" --version >&2

@@ -8,6 +8,12 @@ command -v curl >/dev/null 2>&1 || need+=(curl)
 # scripts/image.sh: jq edits the image index, readelf checks the binaries are static.
 command -v jq >/dev/null 2>&1 || need+=(jq)
 command -v readelf >/dev/null 2>&1 || need+=(binutils)
+# Real Calico Felix (`testbed up --agent calico`) programs its iptables dataplane with
+# iptables-nft-restore/-save and ipset (`iptables`, `ipset`); real kube-proxy
+# (`--kube-proxy real`) runs in nftables mode and flushes stale UDP flows with `conntrack`.
+command -v iptables-nft-restore >/dev/null 2>&1 || need+=(iptables)
+command -v ipset >/dev/null 2>&1 || need+=(ipset)
+command -v conntrack >/dev/null 2>&1 || need+=(conntrack)
 # libfaketime: the testbed's clock_skew fault shifts pod wall clocks with it.
 [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || [ -e /usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1 ] || need+=(libfaketime)
 # Prometheus, promtool, Alertmanager and amtool (Debian's packages): the alerting rules'

@@ -129,6 +129,13 @@ struct Inner {
     next_token: AtomicU64,
     counters: Counters,
     felix: Mutex<FelixMetrics>,
+    /// Real Calico Felix runs on this node ([`Agent::attach_felix`]): it programs the
+    /// dataplane; the simulated apply loop and its metrics are off.
+    real: std::sync::OnceLock<Arc<crate::calico::felix::FelixNode>>,
+    /// The node's ruleset watch ([`Agent::attach_watch`]), told of every endpoint.
+    watch: std::sync::OnceLock<Arc<crate::truth_watch::NodeWatch>>,
+    /// Whether the node's `gates_readiness` drop rule is in ([`Inner::reconcile_gate`]).
+    gating: AtomicBool,
 }
 
 /// One node's simulated CNI agent. Share it as `Arc<Agent>`. Dropping the last handle
@@ -186,6 +193,9 @@ impl Agent {
             next_token: AtomicU64::new(1),
             counters: Counters::default(),
             felix: Mutex::new(FelixMetrics::new(Instant::now(), unix_now())),
+            real: std::sync::OnceLock::new(),
+            watch: std::sync::OnceLock::new(),
+            gating: AtomicBool::new(false),
         });
         let node_task =
             runtime.map(|rt| rt.spawn(node_loop(Arc::downgrade(&inner))).abort_handle());
@@ -195,6 +205,30 @@ impl Agent {
     /// The node this agent serves.
     pub fn node(&self) -> &NodePlan {
         &self.inner.node
+    }
+
+    /// Hands the node's dataplane to real Calico Felix: from now on endpoints are only
+    /// registered (truth `endpoint_added`; programming is Felix's, seen by the ruleset
+    /// watch), readiness and restarts are the Felix process's, and the node task applies
+    /// the real-agent faults (`agent_io`, `agent_cpu`, `agent_pause`, `agent.restarts`)
+    /// to it instead of the simulated ones. Once; later calls are ignored.
+    pub fn attach_felix(&self, felix: Arc<crate::calico::felix::FelixNode>) {
+        let _ = self.inner.real.set(felix);
+    }
+
+    /// The real Felix of this node, if one runs.
+    pub fn felix(&self) -> Option<&Arc<crate::calico::felix::FelixNode>> {
+        self.inner.real.get()
+    }
+
+    /// Tells `watch` of every endpoint added or removed from now on. Once.
+    pub fn attach_watch(&self, watch: Arc<crate::truth_watch::NodeWatch>) {
+        let _ = self.inner.watch.set(watch);
+    }
+
+    /// The node's ruleset watch, if one runs.
+    pub fn watch(&self) -> Option<&Arc<crate::truth_watch::NodeWatch>> {
+        self.inner.watch.get()
     }
 
     /// A new endpoint (call right after `Dataplane::add_pod`): emits `endpoint_added`,
@@ -208,13 +242,17 @@ impl Agent {
         inner
             .truth
             .emit(TruthEvent::pod(TruthKind::EndpointAdded, pod, json!({})));
+        if let Some(w) = inner.watch.get() {
+            w.endpoint_added(pod);
+        }
         let nf = inner.faults_at(added_at);
+        let real = inner.real.get().is_some();
         let reused = !inner
             .used_ifaces
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(pod.iface.clone());
-        if reused {
+        if reused && !real {
             if let Some(p) = nf.name_reuse_race {
                 if rand::rng().random_bool(p.0.clamp(0.0, 1.0)) {
                     inner.name_reuse_race(pod);
@@ -254,13 +292,14 @@ impl Agent {
         if let Some(old) = eps.remove(&pod.uid) {
             old.abort_tasks();
         }
-        let task = rt.spawn(program(inner.clone(), pod.clone(), token, added_at));
+        // Real Felix programs it; the simulated apply loop does otherwise.
+        let task = (!real).then(|| rt.spawn(program(inner.clone(), pod.clone(), token, added_at)));
         eps.insert(
             pod.uid.clone(),
             Endpoint {
                 token,
                 programmed: false,
-                abort: Some(task.abort_handle()),
+                abort: task.map(|t| t.abort_handle()),
                 revoke_abort: None,
                 net: pod.clone(),
                 stale_on,
@@ -318,6 +357,9 @@ impl Agent {
     /// calls; waits for an allow in progress). Unknown endpoints are ignored.
     pub fn endpoint_removed(&self, pod: &PodNet) {
         let inner = &self.inner;
+        if let Some(w) = inner.watch.get() {
+            w.endpoint_removed(pod);
+        }
         inner.clear_stale_routes(&pod.uid, None);
         let mut eps = inner.lock();
         let Some(ep) = eps.remove(&pod.uid) else {
@@ -344,6 +386,9 @@ impl Agent {
     /// fault `agent.not_ready: true` is in force for this node. Updated by the node
     /// task within a second of a change.
     pub fn is_ready(&self) -> bool {
+        if let Some(f) = self.inner.real.get() {
+            return f.process().is_ready();
+        }
         self.inner.ready.load(Ordering::Relaxed) && !self.inner.down.load(Ordering::Relaxed)
     }
 
@@ -378,6 +423,9 @@ impl Agent {
     /// How many times the simulated agent restarted (fault `agent.restarts`): the
     /// calico-node pod's `restartCount` should follow it.
     pub fn restart_count(&self) -> u64 {
+        if let Some(f) = self.inner.real.get() {
+            return f.process().restarts();
+        }
         self.inner.counters.restarts.load(Ordering::Relaxed)
     }
 
@@ -582,6 +630,23 @@ impl Inner {
         }
     }
 
+    /// Brings the node's readiness gate in line with `agent.gates_readiness` (simulated
+    /// agent only; [`Dataplane::set_readiness_gate`]): while on, a new pod's traffic to
+    /// its own node is dropped until its endpoint is programmed, so its kubelet's
+    /// readiness probe fails until then, as with real Felix.
+    fn reconcile_gate(&self, nf: &NodeFaults) {
+        let want = self.real.get().is_none() && nf.agent.gates_readiness == Some(true);
+        if self.gating.load(Ordering::Relaxed) == want {
+            return;
+        }
+        match self.dataplane.set_readiness_gate(&self.node.name, want) {
+            Ok(()) => self.gating.store(want, Ordering::Relaxed),
+            Err(e) => {
+                tracing::error!(node = %self.node.name, error = %e, "agent: readiness gate not set")
+            }
+        }
+    }
+
     /// Route-table resync: times the interface listing and one route read per
     /// workload interface (blocking `ip` calls).
     fn route_resync(&self) {
@@ -685,6 +750,7 @@ async fn node_loop(weak: Weak<Inner>) {
     let mut next_slow_route: Option<(u64, Instant)> = None;
     let mut next_ds_resync: Option<(u64, Instant)> = None;
     let (mut carry_failures, mut carry_resyncs) = (0.0f64, 0.0f64);
+    let mut real_faults = RealFaults::default();
     loop {
         let Some(inner) = weak.upgrade() else { return };
         let now = Instant::now();
@@ -697,7 +763,29 @@ async fn node_loop(weak: Weak<Inner>) {
         {
             let i2 = inner.clone();
             let nf2 = nf.clone();
-            let _ = tokio::task::spawn_blocking(move || i2.reconcile_peers(&nf2)).await;
+            let _ = tokio::task::spawn_blocking(move || {
+                i2.reconcile_peers(&nf2);
+                i2.reconcile_gate(&nf2);
+            })
+            .await;
+        }
+        if let Some(felix) = inner.real.get().cloned() {
+            // Real Felix: only the faults that act on the real process.
+            let due = real_faults.step(&felix, &nf, applied.generation, now);
+            let mut wake = Instant::now() + Duration::from_secs(1);
+            for b in applied.file.boundaries(&inner.node.name, &inner.labels) {
+                let at = applied.applied_at + b;
+                if at > now && at < wake {
+                    wake = at;
+                }
+            }
+            wake = due.map_or(wake, |d| d.min(wake));
+            drop(inner);
+            tokio::select! {
+                _ = tokio::time::sleep_until(wake.into()) => {}
+                r = rx.changed() => if r.is_err() { return },
+            }
+            continue;
         }
         inner
             .ready
@@ -823,6 +911,123 @@ async fn node_loop(weak: Weak<Inner>) {
             _ = tokio::time::sleep_until(wake.into()) => {}
             r = rx.changed() => if r.is_err() { return },
         }
+    }
+}
+
+/// The real-agent faults of one node as last applied (docs/design.md §6 "Faults on real
+/// agents"; [`crate::calico::felix`] says how each acts on Felix).
+#[derive(Default)]
+struct RealFaults {
+    /// The `agent-io` line last written.
+    io: Option<String>,
+    /// The CPU quota last set (`Some(None)`: lifted).
+    cpu: Option<Option<(u64, u64)>>,
+    /// Next pause (file generation, instant) and, while paused, when to resume.
+    next_pause: Option<(u64, Instant)>,
+    resume_at: Option<Instant>,
+    /// Next restart (file generation, instant).
+    next_restart: Option<(u64, Instant)>,
+}
+
+impl RealFaults {
+    /// Applies `nf` to `felix` at `now` (generation `generation` of the fault file);
+    /// returns when it next needs to act.
+    fn step(
+        &mut self,
+        felix: &crate::calico::felix::FelixNode,
+        nf: &NodeFaults,
+        generation: u64,
+        now: Instant,
+    ) -> Option<Instant> {
+        let mut rng = rand::rng();
+        let io = crate::calico::felix::agent_io_line(
+            nf.agent_io.as_ref().and_then(|a| a.delay.as_ref()),
+            nf.agent_io
+                .as_ref()
+                .and_then(|a| a.fail)
+                .map_or(0.0, |p| p.0),
+        );
+        if self.io.as_deref() != Some(&io) {
+            match felix.set_io(
+                nf.agent_io.as_ref().and_then(|a| a.delay.as_ref()),
+                nf.agent_io
+                    .as_ref()
+                    .and_then(|a| a.fail)
+                    .map_or(0.0, |p| p.0),
+            ) {
+                Ok(()) => self.io = Some(io),
+                Err(e) => {
+                    tracing::error!(node = %felix.node(), error = %format!("{e:#}"), "agent_io")
+                }
+            }
+        }
+        let cpu = nf.agent_cpu.as_ref().map(|c| c.cfs());
+        if self.cpu != Some(cpu) {
+            match felix.set_cpu_quota(cpu) {
+                Ok(()) => self.cpu = Some(cpu),
+                Err(e) => {
+                    tracing::error!(node = %felix.node(), error = %format!("{e:#}"), "agent_cpu")
+                }
+            }
+        }
+        let mut wake: Option<Instant> = None;
+        let mut soon = |t: Instant| wake = Some(wake.map_or(t, |w: Instant| w.min(t)));
+        // agent_pause: SIGSTOP for a sample of `for` every sample of `every`.
+        match &nf.agent_pause {
+            None => {
+                self.next_pause = None;
+                if self.resume_at.take().is_some() {
+                    felix.process().set_paused(false);
+                }
+            }
+            Some(p) => {
+                if let Some(r) = self.resume_at {
+                    if now >= r {
+                        felix.process().set_paused(false);
+                        self.resume_at = None;
+                    } else {
+                        soon(r);
+                    }
+                }
+                let due = match self.next_pause {
+                    Some((g, at)) if g == generation => at,
+                    _ => now + p.every.sample(&mut rng),
+                };
+                if now >= due && self.resume_at.is_none() {
+                    felix.process().set_paused(true);
+                    let r = now + p.for_.sample(&mut rng);
+                    self.resume_at = Some(r);
+                    soon(r);
+                    self.next_pause = Some((generation, now + p.every.sample(&mut rng)));
+                } else {
+                    self.next_pause = Some((generation, due.max(now)));
+                }
+                if let Some((_, at)) = self.next_pause {
+                    soon(at);
+                }
+            }
+        }
+        // agent.restarts: the process is killed; its supervisor restarts it.
+        match nf.agent.restarts {
+            None => self.next_restart = None,
+            Some(r) => {
+                let due = match self.next_restart {
+                    Some((g, at)) if g == generation => at,
+                    _ => now + r.every.sample(&mut rng),
+                };
+                if now >= due {
+                    tracing::info!(node = %felix.node(), "agent: fault restarts: killing Felix");
+                    felix.process().kill();
+                    self.next_restart = Some((generation, now + r.every.sample(&mut rng)));
+                } else {
+                    self.next_restart = Some((generation, due));
+                }
+                if let Some((_, at)) = self.next_restart {
+                    soon(at);
+                }
+            }
+        }
+        wake
     }
 }
 

@@ -68,14 +68,29 @@ pub enum Cmd {
     },
     /// Node-agent operations: `agent roll NODE --image IMAGE` replaces NODE's
     /// calico-node pod as a DaemonSet rollout does (old pod deleted gracefully and
-    /// gone, a new pod with a new name and UID and IMAGE created on NODE, the simulated
-    /// agent restarted: its Felix metrics start again, `process_start_time_seconds`
-    /// moves); returns once the new pod is Running and Ready; the truth log records
-    /// `agent_rolled`. Other nodes' agent pods are not touched.
+    /// gone, a new pod with a new name and UID and IMAGE created on NODE, the agent
+    /// restarted: its Felix metrics start again, `process_start_time_seconds` moves);
+    /// returns once the new pod is Running and Ready; the truth log records
+    /// `agent_rolled`. Other nodes' agent pods are not touched. `agent roll --all
+    /// --image IMAGE [--interval D]` rolls every node in turn, waiting D between nodes
+    /// (a DaemonSet's rolling update with maxUnavailable 1). With real Felix (`up
+    /// --agent calico`) the image tag's version (`…/calico/node:v3.29.5`) selects the
+    /// Felix build the new pod runs (a version `scripts/calico.sh` has not built is
+    /// refused before anything changes) and the first roll to a version applies its
+    /// CRDs.
     Agent {
         #[arg(value_parser = ["roll"])]
         action: String,
-        node: String,
+        /// The node to roll (or `--all`).
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        node: Option<String>,
+        /// Roll every node, one after another.
+        #[arg(long)]
+        all: bool,
+        /// With `--all`: wait this long after a node's new pod is Ready before rolling
+        /// the next (humantime, default 0s).
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "0s", requires = "all")]
+        interval: Duration,
         /// The new pod's container image (e.g. `docker.io/calico/node:v3.99.0`).
         #[arg(long)]
         image: String,
@@ -219,6 +234,56 @@ pub struct UpArgs {
     /// server's pod proxy: `serve`, or `hold` (never answered: direct scrapes time out).
     #[arg(long, env = "TESTBED_HOLLOW_DIRECT_SCRAPES", default_value = "serve")]
     pub hollow_direct_scrapes: crate::hollow::DirectScrapes,
+    /// The CNI agent on every node: `sim` (the testbed's own, programmed by the fault
+    /// file's `program_delay` & co.) or `calico[:VERSION]` (real Calico Felix, default
+    /// version v3.31.7, built by `scripts/calico.sh`; needs `--control-plane real`;
+    /// faults `agent_io`, `agent_cpu`, `agent_pause`, `agent.restarts`, `policies`,
+    /// `agent_version` act on it).
+    #[arg(long, env = crate::calico::AGENT_ENV, default_value = "sim", value_parser = parse_agent)]
+    pub agent: crate::calico::AgentChoice,
+    /// The service proxy on every node: `sim` (the testbed's own; fault
+    /// `service_delay`) or `real` (real kube-proxy in nftables mode, built by
+    /// `scripts/control-plane.sh`; needs `--control-plane real`).
+    #[arg(long, env = crate::kube_proxy_real::KUBE_PROXY_ENV, value_enum, default_value_t = crate::kube_proxy_real::ProxyChoice::Sim)]
+    pub kube_proxy: crate::kube_proxy_real::ProxyChoice,
+}
+
+fn parse_agent(s: &str) -> Result<crate::calico::AgentChoice, String> {
+    s.parse()
+}
+
+/// Which fault-file primitives apply, given the agent and service proxy.
+pub fn component_kinds(
+    agent: &crate::calico::AgentChoice,
+    proxy: crate::kube_proxy_real::ProxyChoice,
+) -> (crate::fault::AgentKind, crate::fault::ProxyKind) {
+    (
+        match agent {
+            crate::calico::AgentChoice::Sim => crate::fault::AgentKind::Simulated,
+            crate::calico::AgentChoice::Calico { .. } => crate::fault::AgentKind::Calico,
+        },
+        match proxy {
+            crate::kube_proxy_real::ProxyChoice::Sim => crate::fault::ProxyKind::Simulated,
+            crate::kube_proxy_real::ProxyChoice::Real => crate::fault::ProxyKind::Real,
+        },
+    )
+}
+
+/// Parses and checks a fault file for `nodes` and the running components. Errors name
+/// the file and the line.
+pub fn check_fault_file(
+    path: &Path,
+    nodes: &[String],
+    agent: &crate::calico::AgentChoice,
+    proxy: crate::kube_proxy_real::ProxyChoice,
+) -> Result<crate::fault::FaultFile> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("read fault file {}", path.display()))?;
+    let (a, p) = component_kinds(agent, proxy);
+    crate::fault::FaultFile::parse(&text)
+        .and_then(|ff| ff.check_nodes(nodes).map(|()| ff))
+        .and_then(|ff| ff.check_components(&text, a, p).map(|()| ff))
+        .map_err(|e| anyhow!("fault file {}: {e}", path.display()))
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -329,12 +394,33 @@ pub fn up(state: &Path, args: &UpArgs) -> Result<()> {
                 .map_err(|e| anyhow!("--hostname-label-suffix {sfx:?}: {e}"))?;
         }
     }
-    if let Some(f) = &args.fault {
-        let text = std::fs::read_to_string(f)
-            .with_context(|| format!("read fault file {}", f.display()))?;
-        crate::fault::FaultFile::parse(&text)
-            .and_then(|ff| ff.check_nodes(&nodes))
-            .map_err(|e| anyhow!("fault file {}: {e}", f.display()))?;
+    let real_components = args.agent != crate::calico::AgentChoice::Sim
+        || args.kube_proxy == crate::kube_proxy_real::ProxyChoice::Real;
+    if real_components && args.control_plane != crate::control_plane::Mode::Real {
+        bail!(
+            "--agent {} --kube-proxy {} need the real control plane (Calico's CRDs, real RBAC and watches): add --control-plane real (or set {}=real)",
+            args.agent.as_arg(),
+            args.kube_proxy.as_arg(),
+            crate::control_plane::MODE_ENV
+        );
+    }
+    let fault_file = match &args.fault {
+        Some(f) => Some(check_fault_file(f, &nodes, &args.agent, args.kube_proxy)?),
+        None => None,
+    };
+    if let Some(v) = args.agent.version() {
+        // Every version the run needs is built, before anything starts.
+        let builds = crate::calico::Builds::locate();
+        builds.require(
+            std::iter::once(v).chain(
+                fault_file
+                    .iter()
+                    .flat_map(|f| f.agent_versions())
+                    .collect::<Vec<_>>()
+                    .iter()
+                    .map(String::as_str),
+            ),
+        )?;
     }
     std::fs::create_dir_all(state)
         .with_context(|| format!("create state dir {}", state.display()))?;
@@ -392,8 +478,13 @@ pub fn up(state: &Path, args: &UpArgs) -> Result<()> {
         .arg(args.kube_proxy_metrics.as_arg());
     cmd.arg("--control-plane").arg(args.control_plane.as_arg());
     if let Some(b) = &cp_bin {
+        if args.kube_proxy == crate::kube_proxy_real::ProxyChoice::Real {
+            crate::kube_proxy_real::locate(b)?;
+        }
         cmd.arg("--control-plane-bin").arg(b);
     }
+    cmd.arg("--agent").arg(args.agent.as_arg());
+    cmd.arg("--kube-proxy").arg(args.kube_proxy.as_arg());
     if args.hollow_nodes > 0 {
         cmd.arg("--hollow-nodes")
             .arg(args.hollow_nodes.to_string())
@@ -504,7 +595,19 @@ pub fn down(state: &Path) -> Result<()> {
     }
     crate::control_plane::sweep(state);
     if let Ok(plan) = Plan::load(state) {
+        // Real Felix, kube-proxy and the ruleset monitors live in the node netns: the
+        // netns sweep kills them; then their (now empty) CPU cgroups can go.
         Dataplane::destroy(&plan).context("remove network namespaces")?;
+        let left = crate::calico::felix::sweep_cgroups(&plan.prefix);
+        if !left.is_empty() {
+            eprintln!(
+                "testbed: warning: cgroup {} could not be removed",
+                left.iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
     }
     for f in [
         "plan.json",
@@ -527,6 +630,8 @@ pub fn down(state: &Path) -> Result<()> {
         "pki",
         "control-plane",
         "kube-cache",
+        "calico",
+        "kube-proxy",
     ] {
         let _ = std::fs::remove_dir_all(state.join(d));
     }
@@ -720,6 +825,8 @@ pub fn demo(state: &Path, args: &DemoArgs) -> Result<i32> {
         hollow_nodes: 0,
         hollow_ttfp: crate::hollow::DEFAULT_TTFP,
         hollow_direct_scrapes: Default::default(),
+        agent: Default::default(),
+        kube_proxy: Default::default(),
     };
     up(state, &up_args)?;
     let report = state.join("report.json");
@@ -841,6 +948,8 @@ pub fn main_with(cli: Cli) -> Result<i32> {
                     ttfp: a.hollow_ttfp,
                     direct_scrapes: a.hollow_direct_scrapes,
                 }),
+                agent: a.agent,
+                kube_proxy: a.kube_proxy,
             })?;
             Ok(0)
         }
@@ -872,7 +981,12 @@ pub fn main_with(cli: Cli) -> Result<i32> {
         },
         Cmd::Fault { file, .. } => fault_set(&state, &file).map(|_| 0),
         Cmd::Agent {
-            node, image, down, ..
+            node,
+            all,
+            interval,
+            image,
+            down,
+            ..
         } => {
             if image.is_empty() || image.chars().any(char::is_whitespace) {
                 bail!("--image {image:?}: an image reference has no spaces and is not empty");
@@ -880,10 +994,25 @@ pub fn main_with(cli: Cli) -> Result<i32> {
             let down = humantime::format_duration(down)
                 .to_string()
                 .replace(' ', "");
-            let answer = control(&state, &format!("agent-roll {node} {image} {down}"))?;
-            let mut words = answer.split_whitespace().skip(1);
-            let (pod, uid) = (words.next().unwrap_or("?"), words.next().unwrap_or("?"));
-            eprintln!("testbed: {node}'s calico-node pod replaced by kube-system/{pod} (uid {uid}, image {image}); Running and Ready");
+            let nodes = match (node, all) {
+                (Some(n), _) => vec![n],
+                (None, _) => ready_info(&state)?.nodes,
+            };
+            let count = nodes.len();
+            for (i, node) in nodes.iter().enumerate() {
+                let started = Instant::now();
+                let answer = control(&state, &format!("agent-roll {node} {image} {down}"))?;
+                let mut words = answer.split_whitespace().skip(1);
+                let (pod, uid) = (words.next().unwrap_or("?"), words.next().unwrap_or("?"));
+                eprintln!(
+                    "testbed: [{}/{count}] {node}'s calico-node pod replaced by kube-system/{pod} (uid {uid}, image {image}); Running and Ready after {:.1}s",
+                    i + 1,
+                    started.elapsed().as_secs_f64()
+                );
+                if i + 1 < count && !interval.is_zero() {
+                    std::thread::sleep(interval);
+                }
+            }
             Ok(0)
         }
         Cmd::Api { action, rest } => match (action.as_str(), rest.as_slice()) {

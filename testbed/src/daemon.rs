@@ -34,6 +34,7 @@ use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
 /// What `testbed daemon` is started with.
@@ -58,6 +59,10 @@ pub struct DaemonArgs {
     pub control_plane_bin: Option<PathBuf>,
     /// Hollow nodes to add (`--hollow-nodes`; [`crate::hollow`]), if any.
     pub hollow: Option<crate::hollow::HollowSettings>,
+    /// The node agent: simulated, or real Calico Felix of a version (`--agent`).
+    pub agent: crate::calico::AgentChoice,
+    /// The service proxy: simulated or real kube-proxy (`--kube-proxy`).
+    pub kube_proxy: crate::kube_proxy_real::ProxyChoice,
 }
 
 /// Contents of `ready.json`.
@@ -75,6 +80,16 @@ pub struct ReadyInfo {
     /// Hollow nodes (`hollow-1`…), none without `--hollow-nodes`.
     #[serde(default)]
     pub hollow_nodes: Vec<String>,
+    /// The node agent (`sim` or `calico:vX.Y.Z`; older files: `sim`).
+    #[serde(default = "sim_component")]
+    pub agent: String,
+    /// The service proxy (`sim` or `real`; older files: `sim`).
+    #[serde(default = "sim_component")]
+    pub kube_proxy: String,
+}
+
+fn sim_component() -> String {
+    "sim".to_owned()
 }
 
 fn builtin_mode() -> String {
@@ -252,20 +267,77 @@ pub struct Nodes {
     /// One kubelet per node, in plan order.
     pub kubelets: Vec<Arc<Kubelet>>,
     proxies: Vec<crate::services::ServiceProxy>,
+    /// Real Felix per node (`--agent calico`), in plan order.
+    pub felix: Vec<Arc<crate::calico::felix::FelixNode>>,
+    /// Real kube-proxy per node (`--kube-proxy real`), in plan order.
+    pub kube_proxies: Vec<Arc<crate::supervise::Supervised>>,
+    tasks: Vec<tokio::task::AbortHandle>,
     threads: Vec<NetnsThread>,
 }
 
 impl Nodes {
-    /// Kills every container (SIGKILL), stops the service proxies and the node threads.
+    /// Kills every container (SIGKILL), stops the service proxies, real Felix and
+    /// kube-proxy (their cgroups removed) and the node threads.
     pub async fn shutdown(self) {
+        for t in &self.tasks {
+            t.abort();
+        }
         for k in &self.kubelets {
             k.kill_all();
         }
         for p in self.proxies {
             let _ = p.shutdown().await;
         }
+        for f in &self.felix {
+            f.stop().await;
+            f.remove_cgroup();
+        }
+        for k in &self.kube_proxies {
+            k.stop().await;
+        }
         drop(self.threads);
     }
+}
+
+/// The real components' shared pieces: Felix builds, the pod registry of the ruleset
+/// watches.
+struct RealParts {
+    builds: crate::calico::Builds,
+    registry: Arc<crate::truth_watch::Registry>,
+    /// kube-proxy binary (`--kube-proxy real`).
+    kube_proxy: Option<PathBuf>,
+}
+
+/// Installs what real Felix needs in the datastore ([`crate::calico::datastore`]),
+/// from a runtime in the host netns. Errors: the API refusing a step.
+async fn install_calico(
+    plan: &Plan,
+    endpoint: &ClusterEndpoint,
+    builds: &crate::calico::Builds,
+    version: &str,
+) -> Result<()> {
+    let host = NetnsThread::spawn(&plan.host_netns).context("start the host netns runtime")?;
+    let (ep, crd, v) = (
+        endpoint.clone(),
+        builds.crd_dir(version),
+        version.to_owned(),
+    );
+    let pool = pod_cidr(plan);
+    host.handle()
+        .spawn(async move {
+            let api = ep.client().await?;
+            crate::calico::datastore::install(&api, &crd, &v, &pool).await
+        })
+        .await
+        .context("Calico datastore task")?
+        .context("install Calico's CRDs and resources")?;
+    builds.mark_applied(version);
+    Ok(())
+}
+
+/// The cluster's pod CIDR (every node's block is a /24 of it).
+pub fn pod_cidr(plan: &Plan) -> String {
+    format!("10.{}.0.0/16", plan.index)
 }
 
 /// Starts the node components of every node against `endpoint` (whichever API server
@@ -292,9 +364,26 @@ pub async fn start_nodes(
     // Nodes: a runtime inside each node netns running its kubelet and agent.
     let testbed_exe = std::env::current_exe().context("locate the testbed executable")?;
     std::fs::create_dir_all(&pods_dir)?;
+    let real_proxy = args.kube_proxy == crate::kube_proxy_real::ProxyChoice::Real;
+    let real = RealParts {
+        builds: crate::calico::Builds::locate(),
+        registry: Arc::default(),
+        kube_proxy: match (real_proxy, &args.control_plane_bin) {
+            (false, _) => None,
+            (true, Some(bin)) => Some(crate::kube_proxy_real::locate(bin)?),
+            (true, None) => Some(crate::kube_proxy_real::locate(
+                &crate::control_plane::locate_binaries(None)?,
+            )?),
+        },
+    };
+    if let Some(v) = args.agent.version() {
+        install_calico(plan, endpoint, &real.builds, v).await?;
+    }
     let mut node_threads = Vec::new();
     let mut kubelets = Vec::new();
     let mut proxies = Vec::new();
+    let mut felix_nodes = Vec::new();
+    let mut kube_proxies = Vec::new();
     for n in plan.nodes.iter() {
         let labels = args.node_labels.get(&n.name).cloned().unwrap_or_default();
         let thread =
@@ -306,6 +395,23 @@ pub async fn start_nodes(
             truth.clone(),
             faults.clone(),
         ));
+        // The node's ruleset watch (truth from the real dataplane) before any pod.
+        if args.agent.version().is_some() || real_proxy {
+            let watching = crate::truth_watch::Watching {
+                endpoints: args.agent.version().is_some(),
+                services: real_proxy,
+            };
+            let w = crate::truth_watch::NodeWatch::start(
+                &n.name,
+                &thread.handle(),
+                real.registry.clone(),
+                truth.clone(),
+                watching,
+            )
+            .await
+            .with_context(|| format!("watch {}'s ruleset", n.name))?;
+            agent.attach_watch(Arc::new(w));
+        }
         let kcfg = KubeletConfig {
             node: n.name.clone(),
             node_ip: n.ip,
@@ -352,15 +458,30 @@ pub async fn start_nodes(
                 }
             }
         });
-        // Felix-compatible metrics on nodeIP:9091 (hostNetwork, like calico-node).
-        thread.handle().spawn({
-            let agent = agent.clone();
-            async move {
-                if let Err(e) = crate::felix::bind_and_serve(agent).await {
-                    tracing::error!(error = %e, "felix metrics server");
-                }
+        // Real Felix on the node, or the simulated agent's Felix-compatible metrics on
+        // nodeIP:9091 (hostNetwork, like calico-node).
+        let agent_image = match args.agent.version() {
+            Some(default_version) => {
+                let version = node_agent_version(faults, &n.name, &labels, default_version)?;
+                let felix = start_felix(args, plan, n, endpoint, &real.builds, &version, &thread)
+                    .await
+                    .with_context(|| format!("start Felix {version} on {}", n.name))?;
+                agent.attach_felix(felix.clone());
+                felix_nodes.push(felix);
+                crate::calico::node_image(&version)
             }
-        });
+            None => {
+                thread.handle().spawn({
+                    let agent = agent.clone();
+                    async move {
+                        if let Err(e) = crate::felix::bind_and_serve(agent).await {
+                            tracing::error!(error = %e, "felix metrics server");
+                        }
+                    }
+                });
+                CALICO_NODE_IMAGE.to_owned()
+            }
+        };
         truth.emit(TruthEvent::node(
             TruthKind::NodeReady,
             &n.name,
@@ -373,10 +494,34 @@ pub async fn start_nodes(
             .spawn(create_agent_pods(
                 kubelet.api().clone(),
                 n.name.clone(),
-                args.kube_proxy_metrics.addr().is_some(),
+                agent_image,
+                real_proxy || args.kube_proxy_metrics.addr().is_some(),
             ))
             .await
             .context("agent pod task")?;
+        if let Some(bin) = &real.kube_proxy {
+            // Real kube-proxy (nftables mode) in the node netns; a route for node-local
+            // ClusterIP clients, as a real node's default route gives them.
+            dataplane
+                .route_via_eth0(&n.name, &service_cidr.to_string())
+                .with_context(|| format!("service CIDR route on {}", n.name))?;
+            let cfg = crate::kube_proxy_real::KubeProxyConfig {
+                node: n.name.clone(),
+                node_ip: n.ip,
+                cluster_cidr: pod_cidr(plan),
+                dir: state.join("kube-proxy").join(&n.name),
+                kubeconfig: endpoint.kubeconfig_yaml(),
+                binary: bin.clone(),
+            };
+            let kp = crate::kube_proxy_real::start(cfg, thread.handle())
+                .await
+                .with_context(|| format!("start kube-proxy on {}", n.name))?;
+            kubelet.set_kube_proxy(kp.clone());
+            kube_proxies.push(kp);
+            node_threads.push(thread);
+            kubelets.push(kubelet);
+            continue;
+        }
         // kube-proxy-like Service rules in the node netns, late by fault `service_delay`,
         // with kube-proxy's metrics page and pod (unless `--kube-proxy-metrics none`).
         let kp_metrics = crate::kube_proxy::KubeProxyMetrics::new(crate::truth::unix_now());
@@ -421,11 +566,139 @@ pub async fn start_nodes(
         node_threads.push(thread);
         kubelets.push(kubelet);
     }
+    let mut tasks = Vec::new();
+    if args.agent.version().is_some() {
+        // `policies: N` and per-node `agent_version` follow the fault file.
+        let (api, faults, kubelets2, labels) = (
+            kubelets[0].api().clone(),
+            faults.clone(),
+            kubelets.clone(),
+            args.node_labels.clone(),
+        );
+        let default_version = args.agent.version().unwrap_or_default().to_owned();
+        let t = node_threads[0].handle().spawn(async move {
+            real_agent_loop(api, faults, kubelets2, labels, default_version).await
+        });
+        tasks.push(t.abort_handle());
+    }
     Ok(Nodes {
         kubelets,
         proxies,
+        felix: felix_nodes,
+        kube_proxies,
+        tasks,
         threads: node_threads,
     })
+}
+
+/// The Felix version `node` runs: its fault file's `agent_version` at start, else
+/// `default`.
+fn node_agent_version(
+    faults: &Faults,
+    node: &str,
+    labels: &BTreeMap<String, String>,
+    default: &str,
+) -> Result<String> {
+    let a = faults.current();
+    let nf = a.file.for_node(node, labels, a.applied_at.elapsed());
+    crate::calico::version_for(default, nf.agent_version.as_deref())
+}
+
+/// Starts real Felix `version` on node `n` (its directory, cgroup and kubeconfig under
+/// `STATE/calico/NODE`).
+async fn start_felix(
+    args: &DaemonArgs,
+    plan: &Plan,
+    n: &crate::plan::NodePlan,
+    endpoint: &ClusterEndpoint,
+    builds: &crate::calico::Builds,
+    version: &str,
+    thread: &NetnsThread,
+) -> Result<Arc<crate::calico::felix::FelixNode>> {
+    let cgroup = match crate::calico::felix::NodeCgroup::create(&plan.prefix, &n.name) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            tracing::warn!(node = %n.name, error = %format!("{e:#}"), "no CPU cgroup: agent_cpu will be refused");
+            None
+        }
+    };
+    let cfg = crate::calico::felix::FelixConfig {
+        node: n.name.clone(),
+        node_ip: n.ip,
+        dir: args.state_dir.join("calico").join(&n.name),
+        kubeconfig: endpoint.kubeconfig_yaml(),
+        cgroup,
+    };
+    let f = crate::calico::felix::FelixNode::start(cfg, builds.clone(), version, thread.handle())
+        .await?;
+    Ok(Arc::new(f))
+}
+
+/// With real Felix: keeps the `policies: N` load as the fault file says and rolls a
+/// node whose `agent_version` the file changes (checked at every file change and every
+/// second, for `from`/`until` windows): the load through
+/// [`crate::calico::datastore::sync_policy_load`], a version change as `testbed agent
+/// roll` does it. A node rolled by hand keeps its version until the file names a new
+/// one for it. Runs until aborted.
+async fn real_agent_loop(
+    api: crate::client::ApiClient,
+    faults: Faults,
+    kubelets: Vec<Arc<Kubelet>>,
+    labels: BTreeMap<String, BTreeMap<String, String>>,
+    default_version: String,
+) {
+    let mut rx = faults.subscribe();
+    let mut policies = 0u32;
+    // Per node, the `agent_version` the fault file last asked for (a roll by hand
+    // afterwards is left alone until the file asks for another one).
+    let mut asked: BTreeMap<String, Option<String>> = BTreeMap::new();
+    loop {
+        let a = faults.current();
+        let since = a.applied_at.elapsed();
+        let want = a.file.policies_in_force(since);
+        if want != policies {
+            match crate::calico::datastore::sync_policy_load(&api, policies, want).await {
+                Ok(n) => {
+                    tracing::info!(policies = n, "policy load");
+                    policies = n;
+                }
+                Err(e) => tracing::error!(error = %format!("{e:#}"), "policy load"),
+            }
+        }
+        for k in &kubelets {
+            let node = k.node().to_owned();
+            let l = labels.get(&node).cloned().unwrap_or_default();
+            let nf = a.file.for_node(&node, &l, since);
+            let first = !asked.contains_key(&node);
+            let previous = asked
+                .insert(node.clone(), nf.agent_version.clone())
+                .flatten();
+            // At start the node already runs its version (`node_agent_version`).
+            let Some(v) = nf
+                .agent_version
+                .filter(|v| !first && previous.as_ref() != Some(v))
+            else {
+                continue;
+            };
+            let Ok(v) = crate::calico::version_for(&default_version, Some(&v)) else {
+                continue;
+            };
+            let running = k.agent().felix().map(|f| f.version());
+            if running.is_some_and(|r| r != v) {
+                tracing::info!(node = %node, version = %v, "agent_version: rolling");
+                if let Err(e) = k
+                    .roll_agent(&crate::calico::node_image(&v), Duration::ZERO)
+                    .await
+                {
+                    tracing::error!(node = %node, error = %format!("{e:#}"), "agent_version roll");
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            r = rx.changed() => if r.is_err() { return },
+        }
+    }
 }
 
 /// Hollow nodes ([`crate::hollow`]) running on their own thread in the host netns;
@@ -516,20 +789,15 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
     let truth = Truth::open(&state.join("truth.jsonl")).context("open truth log")?;
     let faults = match &args.fault {
         Some(p) => {
-            let text = std::fs::read_to_string(p)
-                .with_context(|| format!("read fault file {}", p.display()))?;
-            let f = FaultFile::parse(&text)
-                .map_err(|e| anyhow::anyhow!("fault file {}: {e}", p.display()))?;
-            f.check_nodes(&node_names(plan))
-                .map_err(|e| anyhow::anyhow!("fault file {}: {e}", p.display()))?;
-            f
+            crate::cli::check_fault_file(p, &node_names(plan), &args.agent, args.kube_proxy)?
         }
         None => FaultFile::default(),
     };
     let faults = Faults::new(faults);
 
     let dataplane = Arc::new(
-        Dataplane::create(plan).context("create the network (netns, bridge, veths, nftables)")?,
+        Dataplane::create_with(plan, args.agent == crate::calico::AgentChoice::Sim)
+            .context("create the network (netns, bridge, veths, nftables)")?,
     );
     if args.control_plane == crate::control_plane::Mode::Real {
         return crate::control_plane::daemon::run(args, plan, &dataplane, &truth, &faults).await;
@@ -556,6 +824,8 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
         nodes: plan.nodes.iter().map(|n| n.name.clone()).collect(),
         control_plane: builtin_mode(),
         hollow_nodes: hollow.as_ref().map(HollowNodes::names).unwrap_or_default(),
+        agent: args.agent.as_arg(),
+        kube_proxy: args.kube_proxy.as_arg().to_owned(),
     };
 
     // Control socket.
@@ -612,7 +882,14 @@ async fn handle_control(stream: tokio::net::UnixStream, c: &mut Control<'_>) -> 
     let (answer, stop) = match words.as_slice() {
         ["shutdown"] => ("ok".to_string(), true),
         ["fault-set", path] => (
-            apply_fault(Path::new(path), c.faults, c.truth, &c.nodes),
+            apply_fault(
+                Path::new(path),
+                c.faults,
+                c.truth,
+                &c.nodes,
+                &crate::calico::AgentChoice::Sim,
+                crate::kube_proxy_real::ProxyChoice::Sim,
+            ),
             false,
         ),
         ["node-stop", node] => (set_node_stopped(c, node, true), false),
@@ -828,17 +1105,30 @@ pub(crate) fn pause_kubelet(
     Ok(())
 }
 
-pub(crate) fn apply_fault(path: &Path, faults: &Faults, truth: &Truth, nodes: &[String]) -> String {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) => return format!("error read {}: {e}", path.display()),
-    };
-    match FaultFile::parse(&text).and_then(|f| f.check_nodes(nodes).map(|()| f)) {
+/// `fault set FILE`: parses and checks the file for `nodes` and the running components
+/// (a primitive that does not apply to them is refused naming its line; with real Felix
+/// every `agent_version` must be built) and puts it in force. Answers `ok` or `error …`.
+pub(crate) fn apply_fault(
+    path: &Path,
+    faults: &Faults,
+    truth: &Truth,
+    nodes: &[String],
+    agent: &crate::calico::AgentChoice,
+    proxy: crate::kube_proxy_real::ProxyChoice,
+) -> String {
+    let checked = crate::cli::check_fault_file(path, nodes, agent, proxy).and_then(|f| {
+        if agent.version().is_some() {
+            let versions = f.agent_versions();
+            crate::calico::Builds::locate().require(versions.iter().map(String::as_str))?;
+        }
+        Ok(f)
+    });
+    match checked {
         Ok(f) => {
             faults.set_and_record(f, truth);
             "ok".to_string()
         }
-        Err(e) => format!("error {}: {e}", path.display()),
+        Err(e) => format!("error {}", format!("{e:#}").replace('\n', " | ")),
     }
 }
 
@@ -1025,12 +1315,17 @@ pub fn kube_proxy_pod(node: &str) -> serde_json::Value {
     )
 }
 
-/// The calico-node pod (`k8s-app=calico-node`, Felix's metrics port) and, with
+/// The calico-node pod (`k8s-app=calico-node`, Felix's metrics port, `calico_image`) and, with
 /// `kube_proxy`, the kube-proxy pod (`k8s-app=kube-proxy`; it stands for the node's
 /// [`crate::services::ServiceProxy`], its container runs kube-proxy the way kubeadm's
 /// DaemonSet does) of `node`, created through the API. An existing pod is kept.
-async fn create_agent_pods(api: crate::client::ApiClient, node: String, kube_proxy: bool) {
-    let mut pods = vec![calico_node_pod(&node, CALICO_NODE_IMAGE)];
+async fn create_agent_pods(
+    api: crate::client::ApiClient,
+    node: String,
+    calico_image: String,
+    kube_proxy: bool,
+) {
+    let mut pods = vec![calico_node_pod(&node, &calico_image)];
     if kube_proxy {
         pods.push(kube_proxy_pod(&node));
     }

@@ -222,22 +222,42 @@ fn sysctls(netns: &str, kv: &[(&str, &str)]) -> Result<()> {
     })?
 }
 
-/// nftables ruleset for one node (Felix-like default drop for unknown workloads).
-fn node_ruleset() -> String {
+/// nftables ruleset for one node: with `gate` (the simulated agent), Felix-like default
+/// drop for unknown workloads in `forward`, and an `input` chain that
+/// [`Dataplane::set_readiness_gate`] fills; without (real Felix programs the node), the
+/// table holds only empty chains, so it never decides a packet.
+fn node_ruleset(gate: bool) -> String {
+    let rules = if gate {
+        format!(
+            "\t\tiifname \"cali*\" ip saddr != @{NFT_SET} drop\n\
+             \t\toifname \"cali*\" ip daddr != @{NFT_SET} drop\n\
+             \t\ttcp flags & (syn | ack) == syn ip saddr vmap @{NFT_FCD_MAP}\n\
+             \t\ttcp flags & (syn | ack) == syn ip daddr vmap @{NFT_FCD_MAP}\n"
+        )
+    } else {
+        String::new()
+    };
     format!(
         "table inet {NFT_TABLE} {{\n\
          \tset {NFT_SET} {{ type ipv4_addr; }}\n\
          \tmap {NFT_FCD_MAP} {{ type ipv4_addr : verdict; }}\n\
          \tchain forward {{\n\
          \t\ttype filter hook forward priority 0; policy accept;\n\
-         \t\tiifname \"cali*\" ip saddr != @{NFT_SET} drop\n\
-         \t\toifname \"cali*\" ip daddr != @{NFT_SET} drop\n\
-         \t\ttcp flags & (syn | ack) == syn ip saddr vmap @{NFT_FCD_MAP}\n\
-         \t\ttcp flags & (syn | ack) == syn ip daddr vmap @{NFT_FCD_MAP}\n\
+         {rules}\
+         \t}}\n\
+         \tchain {NFT_INPUT} {{\n\
+         \t\ttype filter hook input priority 0; policy accept;\n\
          \t}}\n\
          }}\n"
     )
 }
+
+/// The `input` chain of [`NFT_TABLE`]: empty, or (simulated agent with
+/// `gates_readiness`) one rule dropping traffic from `cali*` interfaces whose pod IP is
+/// not programmed — Felix's `cali-INPUT` → `cali-wl-to-host` → `cali-from-wl-dispatch`
+/// drop of a workload it does not know yet (felix/rules/static.go, dispatch.go), which
+/// makes the kubelet's readiness probe fail until the endpoint is programmed.
+pub const NFT_INPUT: &str = "input";
 
 /// A node's pod block allocator: FIFO over free host offsets, like Calico IPAM, which
 /// appends released ordinals to the end of a block's `unallocated` list
@@ -275,9 +295,16 @@ impl Dataplane {
     /// prefix are swept first; on any failure part-way everything made is swept again
     /// before the error is returned. About `3·N + 3` commands.
     pub fn create(plan: &Plan) -> Result<Dataplane> {
+        Dataplane::create_with(plan, true)
+    }
+
+    /// [`Dataplane::create`] with or without the simulated agent's allow-set gate in the
+    /// nodes' rulesets (`gate = false` when real Calico Felix programs the nodes: Felix
+    /// is the gate then).
+    pub fn create_with(plan: &Plan, gate: bool) -> Result<Dataplane> {
         sweep(&plan.prefix)?;
         let started = Instant::now();
-        if let Err(e) = build(plan) {
+        if let Err(e) = build(plan, gate) {
             let _ = sweep(&plan.prefix);
             return Err(e);
         }
@@ -502,6 +529,20 @@ impl Dataplane {
         .map(drop)
     }
 
+    /// Turns `node`'s readiness gate on or off (see [`NFT_INPUT`]). Idempotent when
+    /// called with the state it is in only if the caller tracks it: each call rewrites
+    /// the chain. Errors: unknown node, `nft` failure.
+    pub fn set_readiness_gate(&self, node: &str, on: bool) -> Result<()> {
+        let st = self.node(node)?;
+        let mut script = format!("flush chain inet {NFT_TABLE} {NFT_INPUT}\n");
+        if on {
+            script.push_str(&format!(
+                "add rule inet {NFT_TABLE} {NFT_INPUT} iifname \"cali*\" ip saddr != @{NFT_SET} drop\n"
+            ));
+        }
+        run(Some(&st.plan.netns), &["nft", "-f", "-"], Some(&script)).map(drop)
+    }
+
     /// (Re)arms the `first_connections_dropped` budget of `ip` on `node` without touching
     /// the allow set: from now on the node drops the next `drop_first_syns` new TCP
     /// connections (SYNs without ACK) it would forward from or to `ip`, then lets every
@@ -541,6 +582,29 @@ impl Dataplane {
              delete chain inet {NFT_TABLE} {chain}\n"
         );
         run(Some(&st.plan.netns), &["nft", "-f", "-"], Some(&script)).map(drop)
+    }
+
+    /// Routes `cidr` out of `node`'s `eth0` (`ip route replace CIDR dev eth0`): the
+    /// service CIDR for node-local ClusterIP clients when real kube-proxy runs (a real
+    /// node reaches them through its default route; the testbed's nodes have none).
+    /// Errors: unknown node, `ip` failure.
+    pub fn route_via_eth0(&self, node: &str, cidr: &str) -> Result<()> {
+        let st = self.node(node)?;
+        run(
+            None,
+            &[
+                "ip",
+                "-n",
+                &st.plan.netns,
+                "route",
+                "replace",
+                cidr,
+                "dev",
+                "eth0",
+            ],
+            None,
+        )
+        .map(drop)
     }
 
     /// Removes `node`'s route to `peer`'s pod block (fault `cross_node`). Idempotent.
@@ -714,8 +778,9 @@ fn fcd_chain(ip: Ipv4Addr) -> String {
     format!("fcd_{}_{}_{}_{}", o[0], o[1], o[2], o[3])
 }
 
-/// Builds the topology; on error the caller sweeps.
-fn build(plan: &Plan) -> Result<()> {
+/// Builds the topology; on error the caller sweeps. `gate`: the simulated agent's
+/// allow-set gate in every node's ruleset ([`node_ruleset`]).
+fn build(plan: &Plan, gate: bool) -> Result<()> {
     // 1. Namespaces.
     let mut lines = vec![format!("netns add {}", plan.host_netns)];
     lines.extend(plan.nodes.iter().map(|n| format!("netns add {}", n.netns)));
@@ -760,7 +825,11 @@ fn build(plan: &Plan) -> Result<()> {
             l.push(format!("route add {} via {}", p.pod_cidr, p.ip));
         }
         ip_batch(Some(&n.netns), &l)?;
-        run(Some(&n.netns), &["nft", "-f", "-"], Some(&node_ruleset()))?;
+        run(
+            Some(&n.netns),
+            &["nft", "-f", "-"],
+            Some(&node_ruleset(gate)),
+        )?;
     }
     // 5. Host routes to every block via its node.
     let routes: Vec<String> = plan
@@ -905,7 +974,10 @@ mod tests {
 
     #[test]
     fn ruleset_drops_unknown_workloads_both_ways() {
-        let r = node_ruleset();
+        let off = node_ruleset(false);
+        assert!(!off.contains("drop"), "{off}");
+        assert!(off.contains("chain input"));
+        let r = node_ruleset(true);
         assert!(r.contains("iifname \"cali*\" ip saddr != @allowed drop"));
         assert!(r.contains("oifname \"cali*\" ip daddr != @allowed drop"));
         assert!(r.contains("hook forward"));

@@ -27,15 +27,31 @@
 //!   `cross_node: {broken_peers: all | [names]}`, `stale_routes: {k: N, for: D}`,
 //!   `clock_skew: ±D`, `agent: {not_ready, restarts: {every: D},
 //!   extra_failures_per_second, extra_resyncs_per_second, apply_time_floor,
-//!   route_resync: {every: D, takes: D}, datastore_resync: {every: D, takes: D}}`. Each type
-//!   below says what it does; [`crate::agent`] carries them out.
+//!   route_resync: {every: D, takes: D}, datastore_resync: {every: D, takes: D},
+//!   gates_readiness}`. Each type below says what it does; [`crate::agent`] carries them
+//!   out.
+//! - Primitives acting on the real Calico Felix process (`testbed up --control-plane real
+//!   --agent calico`), all node-wide: `agent_io: {delay: D, fail: p}` (every dataplane
+//!   write Felix makes takes D longer and fails with probability p), `agent_cpu: {quota:
+//!   P%}` (a cgroup CPU quota on Felix, 0.1–1000 % of one CPU), `agent_pause: {every: D,
+//!   for: D}` (Felix is stopped with SIGSTOP for `for` every `every`), `policies: N` (N
+//!   NetworkPolicies, selecting nothing the prober creates, in a namespace of their own:
+//!   cluster-wide, [`FaultFile::policies_in_force`]) and `agent_version: v3.M.P` (the Felix
+//!   release the selected nodes run, [`FaultFile::agent_versions`]).
+//! - A primitive that does not apply to the running agent or service proxy is refused
+//!   naming the line ([`FaultFile::check_components`]): the simulated agent's decisions
+//!   (`program_delay`, `resync_loop`, `never_program`, `queue`, `revoke`,
+//!   `name_reuse_race`, `first_connections_dropped`, every `agent` key but `restarts`)
+//!   with real Felix, the real-Felix primitives above with the simulated agent, and
+//!   `service_delay` with the real kube-proxy.
 //! - `service_delay: D` (duration distribution): time from an EndpointSlice change
 //!   being seen by a node's service proxy to its rules being in ([`crate::services`]).
 //! - `from`/`until`: per-endpoint primitives (decided when an endpoint is added:
 //!   `program_delay`, `resync_loop`, `never_program`, `queue`, `revoke`,
 //!   `name_reuse_race`, `first_connections_dropped`, `stale_routes`, `clock_skew` at
 //!   container start) select endpoints added in the window; node-wide ones (`cross_node`,
-//!   `agent`, `teardown_delay`) are in force during the window.
+//!   `agent`, `teardown_delay`, `agent_io`, `agent_cpu`, `agent_pause`, `policies`,
+//!   `agent_version`) are in force during the window.
 //! - `teardown_delay: D` (duration distribution): time the node's kubelet takes, after a
 //!   deleted pod's containers have stopped, to tear its sandbox down (the CNI DEL) and
 //!   remove the pod from the API, as a slow CNI plugin or a busy container runtime makes
@@ -45,7 +61,7 @@ use crate::truth::{Truth, TruthEvent, TruthKind};
 use rand::{Rng, RngExt};
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -87,6 +103,25 @@ pub enum FaultError {
     Unsupported {
         /// 1-based rule number.
         rule: usize,
+        message: String,
+    },
+    /// A rule sets a primitive that the running agent or service proxy does not act on
+    /// ([`FaultFile::check_components`]): applying it would silently do nothing. The
+    /// component is implied by the key (`service_delay`: real kube-proxy; `agent_io`,
+    /// `agent_cpu`, `agent_pause`, `policies`, `agent_version`: the simulated agent;
+    /// every other refused key: real Calico Felix).
+    #[error(
+        "fault file: rule {rule} (line {line}): `{key}` does not apply to {}: {message}",
+        refusing_component(.key)
+    )]
+    NotForComponent {
+        /// 1-based rule number.
+        rule: usize,
+        /// 1-based line of the key in the file (the rule's first line when not found).
+        line: usize,
+        /// The key as written, nested keys dotted (`agent.apply_time_floor`).
+        key: String,
+        /// Why it does not apply, and what to use instead.
         message: String,
     },
 }
@@ -714,6 +749,260 @@ impl<'de> Deserialize<'de> for Periodic {
     }
 }
 
+/// `agent_io: {delay: D, fail: p}` (node-wide; real Calico Felix only): every dataplane
+/// write the node's Felix makes (`iptables-nft-restore`, `ipset`, `nft`) takes a sample
+/// of `delay` longer and fails with probability `fail`. At least one of the two is given.
+/// A later rule's `agent_io` replaces an earlier one as a whole.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct AgentIo {
+    /// Extra time per write.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delay: Option<DurationDist>,
+    /// Probability that a write fails.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fail: Option<Probability>,
+}
+
+/// Deserializes `T` from a mapping and checks it with `check` inside the mapping's
+/// visitor, so that serde_yaml_ng places a failed check at the mapping's line (an error
+/// raised after `T::deserialize` has returned is placed at the enclosing rule's line).
+fn checked_map<'de, D, T, U>(
+    d: D,
+    what: &'static str,
+    check: fn(T) -> Result<U, String>,
+) -> Result<U, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    struct V<T, U> {
+        what: &'static str,
+        check: fn(T) -> Result<U, String>,
+    }
+    impl<'de, T: Deserialize<'de>, U> Visitor<'de> for V<T, U> {
+        type Value = U;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str(self.what)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<U, A::Error> {
+            let t = T::deserialize(de::value::MapAccessDeserializer::new(map))?;
+            (self.check)(t).map_err(de::Error::custom)
+        }
+    }
+    d.deserialize_map(V { what, check })
+}
+
+impl<'de> Deserialize<'de> for AgentIo {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Raw {
+            #[serde(default)]
+            delay: Option<DurationDist>,
+            #[serde(default)]
+            fail: Option<Probability>,
+        }
+        checked_map(d, "agent_io: {delay: D, fail: p}", |r: Raw| {
+            if r.delay.is_none() && r.fail.is_none() {
+                return Err("agent_io: give `delay`, `fail` or both".to_owned());
+            }
+            Ok(AgentIo {
+                delay: r.delay,
+                fail: r.fail,
+            })
+        })
+    }
+}
+
+/// CFS period the testbed uses for `agent_cpu` (the kernel's default
+/// `cpu.cfs_period_us`, 100 ms), in µs.
+pub const CFS_DEFAULT_PERIOD_US: u64 = 100_000;
+/// Smallest CFS quota (and period) Linux accepts, in µs (1 ms).
+pub const CFS_MIN_US: u64 = 1_000;
+/// Largest CFS period Linux accepts, in µs (1 s).
+pub const CFS_MAX_PERIOD_US: u64 = 1_000_000;
+/// Smallest `agent_cpu.quota`, in percent of one CPU: 1 ms of CPU per 1 s period.
+pub const AGENT_CPU_MIN_PERCENT: f64 = 0.1;
+/// Largest `agent_cpu.quota`, in percent of one CPU (ten CPUs).
+pub const AGENT_CPU_MAX_PERCENT: f64 = 1000.0;
+
+/// `agent_cpu: {quota: P%}` (node-wide; real Calico Felix only): a cgroup CPU quota on
+/// the node's Felix process of `P` percent of one CPU (`2%`, `0.5%`; a plain number is a
+/// percentage too), `0.1 ≤ P ≤ 1000`. [`AgentCpu::cfs`] turns it into a CFS period and
+/// quota.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AgentCpu {
+    /// Percent of one CPU.
+    pub quota_percent: f64,
+}
+
+impl AgentCpu {
+    /// The CFS bandwidth `(period_us, quota_us)` giving `quota_percent` % of one CPU (for
+    /// cgroup v2 `cpu.max` "`quota_us period_us`", v1 `cpu.cfs_period_us` /
+    /// `cpu.cfs_quota_us`). The period is [`CFS_DEFAULT_PERIOD_US`] and the quota
+    /// `P × 1000` µs, except that Linux accepts no quota below 1 ms and no period above
+    /// 1 s (`Documentation/scheduler/sched-bwc.rst`: "The minimum quota allowed for the
+    /// quota or period is 1ms. There is also an upper bound on the period length of
+    /// 1s."): when `P × 1000` µs is below [`CFS_MIN_US`] the quota is 1 000 µs and the
+    /// period `100 000 / P` µs, which keeps the share, capped at [`CFS_MAX_PERIOD_US`]
+    /// (reached at the smallest quota, 0.1 %). So 2 % is (100 000, 2 000), 0.5 % is
+    /// (200 000, 1 000) and 0.1 % is (1 000 000, 1 000). Values outside 0.1–1000 (only
+    /// possible when built by hand) are clamped into it.
+    pub fn cfs(&self) -> (u64, u64) {
+        let p = if self.quota_percent.is_nan() {
+            AGENT_CPU_MIN_PERCENT
+        } else {
+            self.quota_percent
+                .clamp(AGENT_CPU_MIN_PERCENT, AGENT_CPU_MAX_PERCENT)
+        };
+        let quota = (p * 1000.0).round() as u64;
+        if quota >= CFS_MIN_US {
+            return (CFS_DEFAULT_PERIOD_US, quota);
+        }
+        let period = (CFS_DEFAULT_PERIOD_US as f64 / p).round() as u64;
+        (period.min(CFS_MAX_PERIOD_US), CFS_MIN_US)
+    }
+}
+
+impl Serialize for AgentCpu {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = BTreeMap::new();
+        m.insert("quota", format!("{}%", self.quota_percent));
+        m.serialize(s)
+    }
+}
+
+/// A CPU share in percent of one CPU: `2%`, `0.5 %` or a plain number, within
+/// [`AGENT_CPU_MIN_PERCENT`]..=[`AGENT_CPU_MAX_PERCENT`].
+struct QuotaPercent(f64);
+
+impl<'de> Deserialize<'de> for QuotaPercent {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl V {
+            fn checked<E: de::Error>(p: f64) -> Result<QuotaPercent, E> {
+                if (AGENT_CPU_MIN_PERCENT..=AGENT_CPU_MAX_PERCENT).contains(&p) {
+                    Ok(QuotaPercent(p))
+                } else {
+                    Err(E::custom(format!(
+                        "agent_cpu.quota must be between 0.1% and 1000% of one CPU (above 0; \
+                         Linux needs a quota of at least 1 ms per period of at most 1 s), got {p}%"
+                    )))
+                }
+            }
+        }
+        impl Visitor<'_> for V {
+            type Value = QuotaPercent;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a percentage of one CPU such as 2% or 0.5%")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<QuotaPercent, E> {
+                let t = s.trim();
+                let t = t.strip_suffix('%').unwrap_or(t).trim_end();
+                match t.parse::<f64>() {
+                    Ok(p) if p.is_finite() => V::checked(p),
+                    _ => Err(E::custom(format!(
+                        "agent_cpu.quota: expected a percentage of one CPU such as 2% or 0.5%, got {s:?}"
+                    ))),
+                }
+            }
+            fn visit_f64<E: de::Error>(self, p: f64) -> Result<QuotaPercent, E> {
+                V::checked(p)
+            }
+            fn visit_u64<E: de::Error>(self, n: u64) -> Result<QuotaPercent, E> {
+                V::checked(n as f64)
+            }
+            fn visit_i64<E: de::Error>(self, n: i64) -> Result<QuotaPercent, E> {
+                V::checked(n as f64)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl<'de> Deserialize<'de> for AgentCpu {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Raw {
+            quota: QuotaPercent,
+        }
+        let r = Raw::deserialize(d)?;
+        Ok(AgentCpu {
+            quota_percent: r.quota.0,
+        })
+    }
+}
+
+/// `agent_pause: {every: D, for: D}` (node-wide; real Calico Felix only): every sample of
+/// `every` the node's Felix process is stopped (SIGSTOP) for a sample of `for`, then
+/// continued (SIGCONT). A fixed `every` must be above 0.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct AgentPause {
+    /// Time between pauses.
+    pub every: DurationDist,
+    /// Length of each pause.
+    #[serde(rename = "for")]
+    pub for_: DurationDist,
+}
+
+impl<'de> Deserialize<'de> for AgentPause {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Raw {
+            every: DurationDist,
+            #[serde(rename = "for")]
+            for_: DurationDist,
+        }
+        checked_map(d, "agent_pause: {every: D, for: D}", |r: Raw| {
+            if r.every == DurationDist::Fixed(Duration::ZERO) {
+                return Err("agent_pause.every must be above 0".to_owned());
+            }
+            Ok(AgentPause {
+                every: r.every,
+                for_: r.for_,
+            })
+        })
+    }
+}
+
+/// `agent_version: v3.M.P`: a Calico release (`v3.<minor>.<patch>`, digits only).
+struct AgentVersion(String);
+
+impl AgentVersion {
+    fn is_valid(v: &str) -> bool {
+        let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        v.strip_prefix("v3.")
+            .and_then(|rest| rest.split_once('.'))
+            .is_some_and(|(minor, patch)| digits(minor) && digits(patch))
+    }
+}
+
+impl<'de> Deserialize<'de> for AgentVersion {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = AgentVersion;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a Calico release such as v3.31.7 (v3.<minor>.<patch>)")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<AgentVersion, E> {
+                let v = s.trim();
+                if AgentVersion::is_valid(v) {
+                    Ok(AgentVersion(v.to_owned()))
+                } else {
+                    Err(E::custom(format!(
+                        "agent_version: expected a Calico release such as v3.31.7 \
+                         (v3.<minor>.<patch>), got {s:?}"
+                    )))
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 /// `agent: {…}`: how the node's simulated agent looks from outside (its Ready state and
 /// its Felix metrics). Keys merge key by key across rules like the rule keys do.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
@@ -750,6 +1039,11 @@ pub struct AgentFaults {
     /// endpoint is programmed meanwhile ([`crate::agent`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub datastore_resync: Option<Periodic>,
+    /// The simulated agent drops a new pod's traffic to its own node (the kubelet's
+    /// readiness probes included) until it has programmed the endpoint, as real Felix
+    /// does, so the pod turns Ready only after it is programmed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gates_readiness: Option<bool>,
 }
 
 impl AgentFaults {
@@ -776,6 +1070,9 @@ impl AgentFaults {
         if later.datastore_resync.is_some() {
             self.datastore_resync = later.datastore_resync;
         }
+        if later.gates_readiness.is_some() {
+            self.gates_readiness = later.gates_readiness;
+        }
     }
 }
 
@@ -798,6 +1095,8 @@ impl<'de> Deserialize<'de> for AgentFaults {
             route_resync: Option<Periodic>,
             #[serde(default)]
             datastore_resync: Option<Periodic>,
+            #[serde(default)]
+            gates_readiness: Option<bool>,
         }
         let r = Raw::deserialize(d)?;
         for (k, v) in [
@@ -816,6 +1115,7 @@ impl<'de> Deserialize<'de> for AgentFaults {
             apply_time_floor: r.apply_time_floor.map(|h| h.0),
             route_resync: r.route_resync,
             datastore_resync: r.datastore_resync,
+            gates_readiness: r.gates_readiness,
         })
     }
 }
@@ -827,7 +1127,9 @@ pub struct Rule {
     pub nodes: NodeSelector,
     /// In force from this long since the file was applied: for per-endpoint primitives
     /// (everything decided when an endpoint is added) it selects endpoints added at or
-    /// after it; node-wide primitives (`cross_node`, `agent`) are in force from then.
+    /// after it; node-wide primitives (`cross_node`, `agent`, `teardown_delay`,
+    /// `agent_io`, `agent_cpu`, `agent_pause`, `policies`, `agent_version`) are in force
+    /// from then.
     #[serde(serialize_with = "ser_opt_duration")]
     pub from: Option<Duration>,
     /// … and before this long since the file was applied.
@@ -877,9 +1179,25 @@ pub struct Rule {
     /// Wall-clock shift for pod processes started on the node.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub clock_skew: Option<ClockSkew>,
-    /// The simulated agent's own state and metrics.
+    /// The simulated agent's own state and metrics (`restarts` also for real Felix).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent: Option<AgentFaults>,
+    /// Real Felix's dataplane writes slowed down and failing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent_io: Option<AgentIo>,
+    /// A cgroup CPU quota on real Felix.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent_cpu: Option<AgentCpu>,
+    /// Real Felix stopped (SIGSTOP) periodically.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent_pause: Option<AgentPause>,
+    /// NetworkPolicies that select nothing the prober creates, in a namespace of their
+    /// own (load on the agent); cluster-wide, see [`FaultFile::policies_in_force`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policies: Option<u32>,
+    /// The real Felix release (`v3.M.P`) the selected nodes run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent_version: Option<String>,
 }
 
 impl<'de> Deserialize<'de> for Rule {
@@ -919,6 +1237,16 @@ impl<'de> Deserialize<'de> for Rule {
             clock_skew: Option<ClockSkew>,
             #[serde(default)]
             agent: Option<AgentFaults>,
+            #[serde(default)]
+            agent_io: Option<AgentIo>,
+            #[serde(default)]
+            agent_cpu: Option<AgentCpu>,
+            #[serde(default)]
+            agent_pause: Option<AgentPause>,
+            #[serde(default)]
+            policies: Option<u32>,
+            #[serde(default)]
+            agent_version: Option<AgentVersion>,
         }
         let r = Raw::deserialize(d)?;
         let (from, until) = (r.from.map(|h| h.0), r.until.map(|h| h.0));
@@ -946,6 +1274,11 @@ impl<'de> Deserialize<'de> for Rule {
             stale_routes: r.stale_routes,
             clock_skew: r.clock_skew,
             agent: r.agent,
+            agent_io: r.agent_io,
+            agent_cpu: r.agent_cpu,
+            agent_pause: r.agent_pause,
+            policies: r.policies,
+            agent_version: r.agent_version.map(|v| v.0),
         })
     }
 }
@@ -976,6 +1309,15 @@ pub struct NodeFaults {
     pub clock_skew: Option<ClockSkew>,
     /// Merged key by key across rules; all `None` when no rule sets `agent`.
     pub agent: AgentFaults,
+    /// A later rule's `agent_io` replaces an earlier one as a whole.
+    pub agent_io: Option<AgentIo>,
+    pub agent_cpu: Option<AgentCpu>,
+    pub agent_pause: Option<AgentPause>,
+    /// The `policies` of the last rule in force that selects the node and sets it; the
+    /// policies are cluster-wide, so read [`FaultFile::policies_in_force`] to know how
+    /// many exist.
+    pub policies: Option<u32>,
+    pub agent_version: Option<String>,
 }
 
 impl NodeFaults {
@@ -1096,7 +1438,12 @@ impl FaultFile {
                 first_connections_dropped,
                 cross_node,
                 stale_routes,
-                clock_skew
+                clock_skew,
+                agent_io,
+                agent_cpu,
+                agent_pause,
+                policies,
+                agent_version
             );
             if let Some(a) = &r.agent {
                 out.agent.merge(a);
@@ -1118,6 +1465,378 @@ impl FaultFile {
         v.sort();
         v.dedup();
         v
+    }
+
+    /// How many `policies` exist at `since_applied` after the file was applied: the
+    /// largest `policies` among the rules whose `[from, until)` contains `since_applied`,
+    /// whatever nodes they select (the policies live in a namespace of their own, not on
+    /// a node, so `nodes` does not narrow them; two rules in force asking for 100 and 50
+    /// mean 100 policies, not 150 and not the later one's 50). 0 when no rule in force
+    /// sets it.
+    pub fn policies_in_force(&self, since_applied: Duration) -> u32 {
+        self.rules
+            .iter()
+            .filter(|r| {
+                !(r.from.is_some_and(|f| since_applied < f)
+                    || r.until.is_some_and(|u| since_applied >= u))
+            })
+            .filter_map(|r| r.policies)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Every `agent_version` any rule names, whatever its nodes and `from`/`until` (for
+    /// start-up checks that each release is installed).
+    pub fn agent_versions(&self) -> BTreeSet<String> {
+        self.rules
+            .iter()
+            .filter_map(|r| r.agent_version.clone())
+            .collect()
+    }
+
+    /// Checks that every primitive the file sets applies to the running agent and
+    /// service proxy, rules in file order. `text` is the YAML the file was parsed from,
+    /// used only to find the line of the offending key.
+    ///
+    /// - With [`AgentKind::Calico`] (real Felix) the simulated agent's decisions and its
+    ///   imitation of Felix's metrics are refused: `program_delay`, `resync_loop`,
+    ///   `never_program`, `queue`, `revoke`, `name_reuse_race`,
+    ///   `first_connections_dropped` and `agent.not_ready`,
+    ///   `agent.extra_failures_per_second`, `agent.extra_resyncs_per_second`,
+    ///   `agent.apply_time_floor`, `agent.route_resync`, `agent.datastore_resync`,
+    ///   `agent.gates_readiness`.
+    /// - With [`AgentKind::Simulated`] the primitives acting on the real Felix process are
+    ///   refused: `agent_io`, `agent_cpu`, `agent_pause`, `policies`, `agent_version`.
+    /// - With [`ProxyKind::Real`] `service_delay` (a delay of the simulated kube-proxy)
+    ///   is refused.
+    /// - `cross_node`, `stale_routes`, `clock_skew`, `teardown_delay` and
+    ///   `agent.restarts` apply to both agents.
+    ///
+    /// Error: [`FaultError::NotForComponent`] for the first offending key, the first in
+    /// the file among several in the same rule. Its line is the first line inside the
+    /// rule (the `- ` item of `rules:`) where the key is written as a mapping key, in
+    /// block or flow style (`agent: {gates_readiness: true}`), a nested key after its
+    /// parent; else the rule's first line.
+    pub fn check_components(
+        &self,
+        text: &str,
+        agent: AgentKind,
+        proxy: ProxyKind,
+    ) -> Result<(), FaultError> {
+        let mut spans: Option<Vec<(usize, usize)>> = None;
+        for (i, r) in self.rules.iter().enumerate() {
+            let refused: Vec<(&'static str, String)> = r
+                .keys_written()
+                .into_iter()
+                .filter_map(|k| refusal(k, agent, proxy).map(|why| (k, why)))
+                .collect();
+            if refused.is_empty() {
+                continue;
+            }
+            let spans = spans.get_or_insert_with(|| rule_spans(text));
+            let lines: Vec<&str> = text.lines().collect();
+            let span = spans.get(i).copied();
+            let (key, why, line) = refused
+                .into_iter()
+                .enumerate()
+                .map(|(order, (k, why))| {
+                    let pos = span.and_then(|s| find_key(&lines, s, k));
+                    (pos.unwrap_or((usize::MAX, usize::MAX)), order, k, why)
+                })
+                .min()
+                .map(|(pos, _, k, why)| {
+                    let line = if pos.0 == usize::MAX {
+                        span.map_or_else(|| rules_line(&lines), |s| s.0 + 1)
+                    } else {
+                        pos.0 + 1
+                    };
+                    (k, why, line)
+                })
+                .expect("refused is not empty");
+            return Err(FaultError::NotForComponent {
+                rule: i + 1,
+                line,
+                key: key.to_owned(),
+                message: why,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Which agent the testbed's nodes run (`testbed up --agent`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentKind {
+    /// The testbed's simulated Calico agent ([`crate::agent`]).
+    Simulated,
+    /// The real Calico Felix (`--control-plane real --agent calico`).
+    Calico,
+}
+
+/// Which service proxy the testbed's nodes run (`testbed up --kube-proxy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProxyKind {
+    /// The testbed's simulated kube-proxy ([`crate::services`]).
+    Simulated,
+    /// The real kube-proxy (`--kube-proxy real`).
+    Real,
+}
+
+/// What to use on real Felix instead of a simulated-agent primitive.
+const ON_REAL_FELIX: &str = "on real Felix slow down or break programming with `agent_io`, \
+     `agent_cpu`, `agent_pause`, `agent: {restarts}` or `policies`";
+
+/// Keys the simulated agent alone acts on, and why (refused with real Felix).
+const SIMULATED_AGENT_ONLY: &[(&str, &str)] = &[
+    ("program_delay", "it sets when the simulated agent programs a new endpoint; real Felix programs as fast as it can"),
+    ("resync_loop", "it makes the simulated agent program only inside periodic windows; real Felix has no such switch"),
+    ("never_program", "it makes the simulated agent skip endpoints on purpose; real Felix cannot be told to (`agent_io: {fail: 1}` makes every write fail)"),
+    ("queue", "it sets the simulated agent's apply time per endpoint; real Felix's apply time is its own"),
+    ("revoke", "it makes the simulated agent withdraw a programmed endpoint; real Felix cannot be told to"),
+    ("name_reuse_race", "it imitates the interface-name reuse race (calico#11016) in the simulated agent; real Felix shows it or not by itself"),
+    ("first_connections_dropped", "it makes the simulated agent drop a new endpoint's first connections; real Felix cannot be told to"),
+    ("agent.not_ready", "it sets the simulated calico-node's Ready state; real Felix reports its own readiness (stop it with `agent_pause`)"),
+    ("agent.extra_failures_per_second", "it adds to the simulated agent's imitation of `felix_int_dataplane_failures`; real Felix counts its own (make its writes fail with `agent_io: {fail: P}`)"),
+    ("agent.extra_resyncs_per_second", "it adds to the simulated agent's imitation of `felix_resyncs_started`; real Felix counts its own"),
+    ("agent.apply_time_floor", "it pads the simulated agent's applies; real Felix's apply time is its own (slow its writes with `agent_io: {delay: D}` or its CPU with `agent_cpu`)"),
+    ("agent.route_resync", "it imitates Felix's route-table resync in the simulated agent; real Felix resyncs by itself"),
+    ("agent.datastore_resync", "it imitates a datastore resync in the simulated agent; real Felix resyncs by itself (after `agent: {restarts}`, for one)"),
+    ("agent.gates_readiness", "it makes the simulated agent imitate what real Felix does anyway (drop a new pod's traffic to its own node until the endpoint is programmed)"),
+];
+
+/// Keys real Felix alone is subject to, and why (refused with the simulated agent).
+const REAL_AGENT_ONLY: &[(&str, &str)] = &[
+    ("agent_io", "it delays and fails the real Felix process's dataplane writes (iptables-nft-restore, ipset, nft); run `testbed up --control-plane real --agent calico`, or with the simulated agent use `program_delay`, `queue` or `agent: {apply_time_floor}`"),
+    ("agent_cpu", "it puts a cgroup CPU quota on the real Felix process; run `testbed up --control-plane real --agent calico`, or with the simulated agent use `queue` or `agent: {apply_time_floor}`"),
+    ("agent_pause", "it stops the real Felix process (SIGSTOP) for a while; run `testbed up --control-plane real --agent calico`, or with the simulated agent use `resync_loop`"),
+    ("policies", "it loads the real Felix with NetworkPolicies to compute, which the simulated agent ignores; run `testbed up --control-plane real --agent calico`, or with the simulated agent use `queue`"),
+    ("agent_version", "it picks the real Felix release the nodes run; run `testbed up --control-plane real --agent calico` (the simulated agent has no release)"),
+];
+
+/// Why `service_delay` is refused with the real kube-proxy.
+const SERVICE_DELAY_REAL_PROXY: &str = "it delays the simulated kube-proxy's rule sync; the real kube-proxy syncs when it does; drop `--kube-proxy real` to use it";
+
+/// Why `key` (as written, nested keys dotted) does not apply with this agent and proxy,
+/// and what to use instead; `None` when it applies.
+fn refusal(key: &str, agent: AgentKind, proxy: ProxyKind) -> Option<String> {
+    let find = |table: &[(&'static str, &'static str)]| {
+        table.iter().find(|(k, _)| *k == key).map(|(_, why)| *why)
+    };
+    match agent {
+        // Real Felix gates readiness by itself: nothing to use instead.
+        AgentKind::Calico if key == "agent.gates_readiness" => {
+            find(SIMULATED_AGENT_ONLY).map(|why| format!("{why}; remove the key"))
+        }
+        AgentKind::Calico => {
+            find(SIMULATED_AGENT_ONLY).map(|why| format!("{why}; {ON_REAL_FELIX}"))
+        }
+        AgentKind::Simulated => find(REAL_AGENT_ONLY).map(str::to_owned),
+    }
+    .or_else(|| {
+        (key == "service_delay" && proxy == ProxyKind::Real)
+            .then(|| SERVICE_DELAY_REAL_PROXY.to_owned())
+    })
+}
+
+/// The component that refuses `key` ([`FaultError::NotForComponent`]'s display).
+fn refusing_component(key: &str) -> &'static str {
+    if key == "service_delay" {
+        "real kube-proxy"
+    } else if REAL_AGENT_ONLY.iter().any(|(k, _)| *k == key) {
+        "the simulated agent"
+    } else {
+        "real Calico Felix"
+    }
+}
+
+impl Rule {
+    /// The primitive keys this rule sets, as written (nested `agent` keys dotted), in
+    /// declaration order.
+    fn keys_written(&self) -> Vec<&'static str> {
+        let mut v = Vec::new();
+        macro_rules! key {
+            ($($k:ident),*) => { $( if self.$k.is_some() { v.push(stringify!($k)); } )* };
+        }
+        key!(
+            program_delay,
+            service_delay,
+            teardown_delay,
+            resync_loop,
+            never_program,
+            queue,
+            revoke,
+            name_reuse_race,
+            first_connections_dropped,
+            cross_node,
+            stale_routes,
+            clock_skew,
+            agent_io,
+            agent_cpu,
+            agent_pause,
+            policies,
+            agent_version
+        );
+        if let Some(a) = &self.agent {
+            macro_rules! agent_key {
+                ($($k:ident),*) => {
+                    $( if a.$k.is_some() { v.push(concat!("agent.", stringify!($k))); } )*
+                };
+            }
+            agent_key!(
+                not_ready,
+                restarts,
+                extra_failures_per_second,
+                extra_resyncs_per_second,
+                apply_time_floor,
+                route_resync,
+                datastore_resync,
+                gates_readiness
+            );
+        }
+        v
+    }
+}
+
+/// `line` without its comment (`#` at the start or after a blank; quotes are not
+/// considered, which fault files do not need).
+fn strip_comment(line: &str) -> &str {
+    let b = line.as_bytes();
+    match (0..b.len()).find(|&i| b[i] == b'#' && (i == 0 || b[i - 1] == b' ' || b[i - 1] == b'\t'))
+    {
+        Some(i) => &line[..i],
+        None => line,
+    }
+}
+
+fn indent_of(line: &str) -> usize {
+    line.len() - line.trim_start_matches(' ').len()
+}
+
+/// Whether the (comment-stripped) line is a block-sequence item: `-` then a blank or the
+/// end, after the indentation.
+fn is_item(line: &str) -> bool {
+    let t = line.trim_start_matches(' ');
+    t == "-" || t.starts_with("- ") || t.starts_with("-\t")
+}
+
+/// Index in `lines` of the first line that starts with the key `rules` (after its
+/// indentation).
+fn rules_index(lines: &[&str]) -> Option<usize> {
+    lines.iter().position(|l| {
+        let l = strip_comment(l);
+        key_col(l, "rules", 0) == Some(indent_of(l))
+    })
+}
+
+/// 1-based line of the top-level `rules:` key (1 when there is none).
+fn rules_line(lines: &[&str]) -> usize {
+    rules_index(lines).map_or(1, |i| i + 1)
+}
+
+/// The rules' line ranges in `lines`, 0-based `[start, end)`: the items of the block
+/// sequence under the first `rules:` key, each from its `- ` line to the next item at
+/// the same indentation or the end of the sequence (a less indented line, or one at the
+/// items' indentation that is not an item). Empty when `rules` is missing or written in
+/// flow style (`rules: [...]`).
+fn rule_spans(text: &str) -> Vec<(usize, usize)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let Some(r) = rules_index(&lines) else {
+        return Vec::new();
+    };
+    // `rules:` followed by anything but a blank (flow style, a scalar, a quoted key):
+    // no block sequence to read.
+    let head = strip_comment(lines[r]).trim();
+    if head
+        .strip_prefix("rules")
+        .is_none_or(|t| t.trim_start().strip_prefix(':') != Some(""))
+    {
+        return Vec::new();
+    }
+    let rules_indent = indent_of(lines[r]);
+    let mut starts = Vec::new();
+    let mut end = lines.len();
+    let mut item_indent: Option<usize> = None;
+    for (i, raw) in lines.iter().enumerate().skip(r + 1) {
+        let l = strip_comment(raw);
+        if l.trim().is_empty() {
+            continue;
+        }
+        let ind = indent_of(l);
+        match item_indent {
+            None => {
+                if ind < rules_indent || !is_item(l) {
+                    return Vec::new();
+                }
+                item_indent = Some(ind);
+                starts.push(i);
+            }
+            Some(ii) if ind < ii || (ind == ii && !is_item(l)) => {
+                end = i;
+                break;
+            }
+            Some(ii) if ind == ii => starts.push(i),
+            Some(_) => {}
+        }
+    }
+    let mut spans = Vec::with_capacity(starts.len());
+    for (n, &s) in starts.iter().enumerate() {
+        spans.push((s, starts.get(n + 1).copied().unwrap_or(end)));
+    }
+    spans
+}
+
+/// The byte column at or after `from` in `line` where `key` is written as a mapping key:
+/// preceded by the line's start, a blank, `{` or `,` (a `- ` item marker ends in a
+/// blank), optionally quoted, followed by optional blanks, `:` and a blank, the end or a
+/// flow indicator.
+fn key_col(line: &str, key: &str, from: usize) -> Option<usize> {
+    let b = line.as_bytes();
+    let mut search = from.min(line.len());
+    while let Some(off) = line.get(search..).and_then(|t| t.find(key)) {
+        let at = search + off;
+        search = at + key.len();
+        let mut start = at;
+        let mut end = at + key.len();
+        let quote = (start > 0 && matches!(b[start - 1], b'"' | b'\'')).then(|| b[start - 1]);
+        if let Some(q) = quote {
+            if b.get(end) != Some(&q) {
+                continue;
+            }
+            start -= 1;
+            end += 1;
+        }
+        let before_ok = start == 0 || matches!(b[start - 1], b' ' | b'\t' | b'{' | b',');
+        if !before_ok {
+            continue;
+        }
+        let rest = line[end..].trim_start_matches([' ', '\t']);
+        if let Some(after) = rest.strip_prefix(':') {
+            if after.is_empty() || after.starts_with([' ', '\t', '{', '[', ',', '}', ']']) {
+                return Some(start);
+            }
+        }
+    }
+    None
+}
+
+/// Where `key` (nested keys dotted: `agent.apply_time_floor`) is first written as a
+/// mapping key within `span` of `lines`, as 0-based (line, column); a nested key is
+/// looked for after its parent, and is its parent's position when only the parent is
+/// found.
+fn find_key(lines: &[&str], span: (usize, usize), key: &str) -> Option<(usize, usize)> {
+    let (lo, hi) = (span.0, span.1.min(lines.len()));
+    let find_from = |k: &str, from: (usize, usize)| {
+        (from.0..hi).find_map(|i| {
+            let start = if i == from.0 { from.1 } else { 0 };
+            key_col(strip_comment(lines[i]), k, start).map(|c| (i, c))
+        })
+    };
+    match key.split_once('.') {
+        None => find_from(key, (lo, 0)),
+        Some((parent, leaf)) => {
+            let p = find_from(parent, (lo, 0))?;
+            Some(find_from(leaf, (p.0, p.1 + parent.len())).unwrap_or(p))
+        }
     }
 }
 
@@ -1680,5 +2399,524 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("node-4"));
+    }
+
+    fn calico_err(yaml: &str) -> FaultError {
+        FaultFile::parse(yaml)
+            .unwrap()
+            .check_components(yaml, AgentKind::Calico, ProxyKind::Simulated)
+            .unwrap_err()
+    }
+
+    fn simulated_err(yaml: &str) -> FaultError {
+        FaultFile::parse(yaml)
+            .unwrap()
+            .check_components(yaml, AgentKind::Simulated, ProxyKind::Simulated)
+            .unwrap_err()
+    }
+
+    /// (rule, line, key) of a [`FaultError::NotForComponent`].
+    fn refused_at(e: &FaultError) -> (usize, usize, &str) {
+        match e {
+            FaultError::NotForComponent {
+                rule, line, key, ..
+            } => (*rule, *line, key.as_str()),
+            other => panic!("not NotForComponent: {other}"),
+        }
+    }
+
+    #[test]
+    fn agent_io_parses_delay_and_fail_and_needs_one_of_them() {
+        let f = FaultFile::parse(
+            "rules:\n- nodes: {all: true}\n  agent_io: {delay: {uniform: [10ms, 50ms]}, fail: 0.2}\n\
+             - nodes: {names: [node-2]}\n  agent_io: {fail: true}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            f.rules[0].agent_io,
+            Some(AgentIo {
+                delay: Some(DurationDist::Uniform(
+                    Duration::from_millis(10),
+                    Duration::from_millis(50)
+                )),
+                fail: Some(Probability(0.2)),
+            })
+        );
+        assert_eq!(
+            f.rules[1].agent_io,
+            Some(AgentIo {
+                delay: None,
+                fail: Some(Probability(1.0)),
+            })
+        );
+        let e = err("rules:\n- nodes: {all: true}\n  agent_io: {}\n");
+        assert!(e.contains("agent_io: give `delay`, `fail` or both"), "{e}");
+        assert!(e.contains("line 3"), "{e}");
+        let e = err("rules:\n- nodes: {all: true}\n  agent_io: {fail: 1.5}\n");
+        assert!(e.contains("probability 1.5 is outside 0–1"), "{e}");
+        let e = err("rules:\n- nodes: {all: true}\n  agent_io: {delay: soon}\n");
+        assert!(e.contains("invalid duration"), "{e}");
+        let e = err("rules:\n- nodes: {all: true}\n  agent_io: {delay: 1s, retries: 2}\n");
+        assert!(
+            e.contains("unknown field `retries`") && e.contains("line 3"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_later_agent_io_replaces_an_earlier_one_as_a_whole() {
+        let f = FaultFile::parse(
+            "rules:\n- nodes: {all: true}\n  agent_io: {delay: 1s, fail: 0.1}\n\
+             - nodes: {names: [node-2]}\n  agent_io: {fail: 0.5}\n",
+        )
+        .unwrap();
+        let l = labels(&[]);
+        assert_eq!(
+            f.for_node("node-1", &l, Duration::ZERO).agent_io,
+            Some(AgentIo {
+                delay: Some(DurationDist::Fixed(Duration::from_secs(1))),
+                fail: Some(Probability(0.1)),
+            })
+        );
+        assert_eq!(
+            f.for_node("node-2", &l, Duration::ZERO).agent_io,
+            Some(AgentIo {
+                delay: None,
+                fail: Some(Probability(0.5)),
+            })
+        );
+    }
+
+    #[test]
+    fn agent_cpu_quota_reads_percent_strings_and_plain_numbers() {
+        let quota = |v: &str| {
+            FaultFile::parse(&format!(
+                "rules:\n- nodes: {{all: true}}\n  agent_cpu: {{quota: {v}}}\n"
+            ))
+            .map(|f| f.rules[0].agent_cpu.unwrap().quota_percent)
+            .map_err(|e| e.to_string())
+        };
+        assert_eq!(quota("2%"), Ok(2.0));
+        assert_eq!(quota("0.5%"), Ok(0.5));
+        assert_eq!(quota("\"0.5 %\""), Ok(0.5));
+        assert_eq!(quota("0.1%"), Ok(0.1));
+        assert_eq!(quota("1000%"), Ok(1000.0));
+        assert_eq!(quota("3"), Ok(3.0));
+        assert_eq!(quota("0.25"), Ok(0.25));
+        for bad in ["0%", "0", "0.05%", "1001%", "-1%", "-2"] {
+            let e = quota(bad).unwrap_err();
+            assert!(
+                e.contains("agent_cpu.quota must be between 0.1% and 1000% of one CPU (above 0;")
+                    && e.contains("line 3"),
+                "{bad}: {e}"
+            );
+        }
+        let e = quota("lots").unwrap_err();
+        assert!(
+            e.contains("agent_cpu.quota: expected a percentage of one CPU such as 2% or 0.5%, got \"lots\""),
+            "{e}"
+        );
+        let e = err("rules:\n- nodes: {all: true}\n  agent_cpu: {quota: 2%, burst: 1%}\n");
+        assert!(
+            e.contains("unknown field `burst`") && e.contains("line 3"),
+            "{e}"
+        );
+        let e = err("rules:\n- nodes: {all: true}\n  agent_cpu: {}\n");
+        assert!(e.contains("missing field `quota`"), "{e}");
+    }
+
+    #[test]
+    fn agent_cpu_cfs_keeps_the_share_within_the_kernel_limits() {
+        let cfs = |p: f64| AgentCpu { quota_percent: p }.cfs();
+        assert_eq!(cfs(2.0), (100_000, 2_000));
+        assert_eq!(cfs(0.5), (200_000, 1_000));
+        assert_eq!(cfs(0.1), (1_000_000, 1_000));
+        assert_eq!(cfs(1.0), (100_000, 1_000));
+        assert_eq!(cfs(0.3), (333_333, 1_000));
+        assert_eq!(cfs(250.0), (100_000, 250_000));
+        assert_eq!(cfs(1000.0), (100_000, 1_000_000));
+        // Built by hand below the minimum: clamped to 0.1 %.
+        assert_eq!(cfs(0.01), (1_000_000, 1_000));
+        assert_eq!(cfs(f64::NAN), (1_000_000, 1_000));
+    }
+
+    #[test]
+    fn agent_pause_parses_every_and_for_and_refuses_a_zero_period() {
+        let f = FaultFile::parse(
+            "rules:\n- nodes: {all: true}\n  agent_pause: {every: 30s, for: {uniform: [1s, 5s]}}\n",
+        )
+        .unwrap();
+        let p = f
+            .for_node("node-1", &labels(&[]), Duration::ZERO)
+            .agent_pause;
+        assert_eq!(
+            p,
+            Some(AgentPause {
+                every: DurationDist::Fixed(Duration::from_secs(30)),
+                for_: DurationDist::Uniform(Duration::from_secs(1), Duration::from_secs(5)),
+            })
+        );
+        let e = err("rules:\n- nodes: {all: true}\n  agent_pause: {every: 0s, for: 1s}\n");
+        assert!(
+            e.contains("agent_pause.every must be above 0") && e.contains("line 3"),
+            "{e}"
+        );
+        let e = err("rules:\n- nodes: {all: true}\n  agent_pause: 10s\n");
+        assert!(
+            e.contains("expected agent_pause: {every: D, for: D}"),
+            "{e}"
+        );
+        let e = err("rules:\n- nodes: {all: true}\n  agent_pause: {every: 10s}\n");
+        assert!(e.contains("missing field `for`"), "{e}");
+        let e = err(
+            "rules:\n- nodes: {all: true}\n  agent_pause: {every: 10s, for: 1s, signal: STOP}\n",
+        );
+        assert!(
+            e.contains("unknown field `signal`") && e.contains("line 3"),
+            "{e}"
+        );
+        // A zero pause is allowed (it does nothing), a distribution for `every` too.
+        assert!(FaultFile::parse(
+            "rules:\n- nodes: {all: true}\n  agent_pause: {every: {uniform: [0s, 2s]}, for: 0s}\n"
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn gates_readiness_is_an_agent_key_merged_key_by_key() {
+        let f = FaultFile::parse(
+            "rules:\n- nodes: {all: true}\n  agent: {gates_readiness: true, not_ready: false}\n\
+             - nodes: {names: [node-2]}\n  agent: {gates_readiness: false}\n",
+        )
+        .unwrap();
+        let l = labels(&[]);
+        let n1 = f.for_node("node-1", &l, Duration::ZERO).agent;
+        assert_eq!(n1.gates_readiness, Some(true));
+        let n2 = f.for_node("node-2", &l, Duration::ZERO).agent;
+        assert_eq!(n2.gates_readiness, Some(false));
+        assert_eq!(n2.not_ready, Some(false), "the other keys stay");
+        let e = err("rules:\n- nodes: {all: true}\n  agent: {gates_readiness: maybe}\n");
+        assert!(
+            e.contains("gates_readiness") || e.contains("boolean"),
+            "{e}"
+        );
+        let e = err("rules:\n- nodes: {all: true}\n  agent: {gates_readyness: true}\n");
+        assert!(
+            e.contains("unknown field `gates_readyness`") && e.contains("line 3"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn policies_in_force_is_the_largest_among_rules_in_force_on_any_node() {
+        let f = FaultFile::parse(
+            "rules:\n\
+             - nodes: {names: [node-9]}\n  policies: 100\n\
+             - nodes: {labels: {zone: x}}\n  from: 10s\n  until: 20s\n  policies: 500\n\
+             - nodes: {all: true}\n  from: 30s\n  policies: 50\n",
+        )
+        .unwrap();
+        let at = |s| f.policies_in_force(Duration::from_secs(s));
+        assert_eq!(at(0), 100);
+        assert_eq!(at(10), 500);
+        assert_eq!(at(19), 500);
+        assert_eq!(at(20), 100);
+        assert_eq!(at(30), 100, "the largest, not the later rule's 50");
+        // Per node, the key resolves like any other.
+        let l = labels(&[]);
+        assert_eq!(f.for_node("node-1", &l, Duration::ZERO).policies, None);
+        assert_eq!(f.for_node("node-9", &l, Duration::ZERO).policies, Some(100));
+        assert_eq!(
+            f.for_node("node-9", &l, Duration::from_secs(30)).policies,
+            Some(50)
+        );
+        assert_eq!(FaultFile::default().policies_in_force(Duration::ZERO), 0);
+        let e = err("rules:\n- nodes: {all: true}\n  policies: -1\n");
+        assert!(e.contains("policies") && e.contains("line 3"), "{e}");
+        let e = err("rules:\n- nodes: {all: true}\n  policies: many\n");
+        assert!(e.contains("policies") && e.contains("line 3"), "{e}");
+    }
+
+    #[test]
+    fn agent_version_must_be_a_calico_v3_release_and_every_one_is_listed() {
+        let f = FaultFile::parse(
+            "rules:\n- nodes: {all: true}\n  agent_version: v3.31.7\n\
+             - nodes: {names: [node-2]}\n  from: 1m\n  agent_version: v3.30.0\n\
+             - nodes: {names: [node-3]}\n  agent_version: v3.31.7\n",
+        )
+        .unwrap();
+        let l = labels(&[]);
+        assert_eq!(
+            f.for_node("node-2", &l, Duration::ZERO)
+                .agent_version
+                .as_deref(),
+            Some("v3.31.7")
+        );
+        assert_eq!(
+            f.for_node("node-2", &l, Duration::from_secs(60))
+                .agent_version
+                .as_deref(),
+            Some("v3.30.0")
+        );
+        assert_eq!(
+            f.agent_versions(),
+            BTreeSet::from(["v3.30.0".to_owned(), "v3.31.7".to_owned()])
+        );
+        assert!(FaultFile::default().agent_versions().is_empty());
+        for bad in [
+            "3.31.7",
+            "v4.0.1",
+            "v3.31",
+            "v3.31.x",
+            "v3..1",
+            "v3.31.7-rc1",
+            "latest",
+        ] {
+            let e = err(&format!(
+                "rules:\n- nodes: {{all: true}}\n  agent_version: {bad}\n"
+            ));
+            assert!(
+                e.contains(&format!(
+                    "agent_version: expected a Calico release such as v3.31.7 (v3.<minor>.<patch>), got \"{bad}\""
+                )) && e.contains("line 3"),
+                "{bad}: {e}"
+            );
+        }
+        let e = err("rules:\n- nodes: {all: true}\n  agent_version: 3.31\n");
+        assert!(
+            e.contains("expected a Calico release such as v3.31.7"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn new_primitives_serialise_for_the_truth_log() {
+        let f = FaultFile::parse(
+            "rules:\n- nodes: {all: true}\n  agent_io: {fail: 0.25}\n  agent_cpu: {quota: 0.5%}\n  \
+             agent_pause: {every: 10s, for: 2s}\n  policies: 200\n  agent_version: v3.31.7\n  \
+             agent: {gates_readiness: true}\n",
+        )
+        .unwrap();
+        let v = serde_json::to_value(&f.rules).unwrap();
+        assert_eq!(v[0]["agent_io"], serde_json::json!({"fail": 0.25}));
+        assert_eq!(v[0]["agent_cpu"], serde_json::json!({"quota": "0.5%"}));
+        assert_eq!(
+            v[0]["agent_pause"],
+            serde_json::json!({"every": "10s", "for": "2s"})
+        );
+        assert_eq!(v[0]["policies"], 200);
+        assert_eq!(v[0]["agent_version"], "v3.31.7");
+        assert_eq!(v[0]["agent"], serde_json::json!({"gates_readiness": true}));
+        // Rules without them serialise as before.
+        let v = serde_json::to_value(
+            &FaultFile::parse("rules:\n- nodes: {all: true}\n  program_delay: 1s\n")
+                .unwrap()
+                .rules,
+        )
+        .unwrap();
+        assert_eq!(
+            v[0],
+            serde_json::json!({"nodes": "all", "from": null, "until": null, "program_delay": "1s"})
+        );
+    }
+
+    #[test]
+    fn s1_style_files_pass_with_every_agent_and_proxy() {
+        for yaml in [
+            "",
+            "rules: []\n",
+            "rules:\n  - nodes: {all: true}\n    cross_node: {broken_peers: all}\n",
+            "rules:\n- nodes: {all: true}\n  cross_node: {broken_peers: [node-1]}\n  stale_routes: {k: 1, for: 5s}\n  \
+             clock_skew: -1m\n  teardown_delay: 2s\n  agent: {restarts: {every: 30s}}\n",
+        ] {
+            let f = FaultFile::parse(yaml).unwrap();
+            for agent in [AgentKind::Simulated, AgentKind::Calico] {
+                for proxy in [ProxyKind::Simulated, ProxyKind::Real] {
+                    assert!(
+                        f.check_components(yaml, agent, proxy).is_ok(),
+                        "{agent:?} {proxy:?}: {yaml}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn simulated_agent_primitives_are_refused_with_real_felix_naming_the_line() {
+        let yaml = "rules:\n\
+                    \x20 - nodes: {all: true}\n\
+                    \x20   cross_node: {broken_peers: all}\n\
+                    \x20 - nodes: {names: [node-2]}\n\
+                    \x20   from: 10s\n\
+                    \x20   # program_delay: 1s, a comment\n\
+                    \x20   teardown_delay: 1s\n\
+                    \x20   program_delay: {uniform: [1s, 2s]}\n";
+        let e = calico_err(yaml);
+        assert_eq!(refused_at(&e), (2, 8, "program_delay"));
+        assert_eq!(
+            e.to_string(),
+            "fault file: rule 2 (line 8): `program_delay` does not apply to real Calico Felix: \
+             it sets when the simulated agent programs a new endpoint; real Felix programs as \
+             fast as it can; on real Felix slow down or break programming with `agent_io`, \
+             `agent_cpu`, `agent_pause`, `agent: {restarts}` or `policies`"
+        );
+        let f = FaultFile::parse(yaml).unwrap();
+        assert!(f
+            .check_components(yaml, AgentKind::Simulated, ProxyKind::Real)
+            .is_ok());
+        // Every simulated-agent key, written on line 3, is refused under its own name.
+        for (key, snippet) in [
+            ("program_delay", "program_delay: 1s"),
+            ("resync_loop", "resync_loop: {period: 10s, open: 1s}"),
+            ("never_program", "never_program: 0.1"),
+            ("queue", "queue: {per_endpoint: 1s}"),
+            ("revoke", "revoke: {after: 1s}"),
+            ("name_reuse_race", "name_reuse_race: 1"),
+            ("first_connections_dropped", "first_connections_dropped: 2"),
+            ("agent.not_ready", "agent: {not_ready: true}"),
+            (
+                "agent.extra_failures_per_second",
+                "agent: {extra_failures_per_second: 1}",
+            ),
+            (
+                "agent.extra_resyncs_per_second",
+                "agent: {extra_resyncs_per_second: 1}",
+            ),
+            ("agent.apply_time_floor", "agent: {apply_time_floor: 1s}"),
+            (
+                "agent.route_resync",
+                "agent: {route_resync: {every: 3s, takes: 1s}}",
+            ),
+            (
+                "agent.datastore_resync",
+                "agent: {datastore_resync: {every: 3s, takes: 1s}}",
+            ),
+            ("agent.gates_readiness", "agent: {gates_readiness: true}"),
+        ] {
+            let yaml = format!("rules:\n- nodes: {{all: true}}\n  {snippet}\n");
+            let e = calico_err(&yaml);
+            assert_eq!(refused_at(&e), (1, 3, key), "{snippet}");
+            assert!(
+                e.to_string().starts_with(&format!(
+                    "fault file: rule 1 (line 3): `{key}` does not apply to real Calico Felix: "
+                )),
+                "{e}"
+            );
+            let f = FaultFile::parse(&yaml).unwrap();
+            assert!(f
+                .check_components(&yaml, AgentKind::Simulated, ProxyKind::Simulated)
+                .is_ok());
+        }
+        assert!(
+            calico_err("rules:\n- nodes: {all: true}\n  agent: {gates_readiness: true}\n")
+                .to_string()
+                .ends_with("until the endpoint is programmed); remove the key")
+        );
+    }
+
+    #[test]
+    fn refused_keys_in_flow_mappings_report_their_own_line() {
+        let yaml = "rules:\n\
+                    - nodes: {all: true}\n\
+                    \x20 agent: {restarts: {every: 30s}}\n\
+                    - nodes: {labels: {zone: b}}\n\
+                    \x20 agent: {restarts: {every: 1m},\n\
+                    \x20         gates_readiness: true}\n";
+        assert_eq!(
+            refused_at(&calico_err(yaml)),
+            (2, 6, "agent.gates_readiness")
+        );
+        // Several in one rule: the first in the file, not in declaration order.
+        let yaml =
+            "rules:\n- nodes: {all: true}\n  queue: {per_endpoint: 1s}\n  program_delay: 1s\n";
+        assert_eq!(refused_at(&calico_err(yaml)), (1, 3, "queue"));
+        let yaml = "rules:\n- nodes: {all: true}\n  agent: {restarts: {every: 1m}, apply_time_floor: 1s, not_ready: true}\n";
+        assert_eq!(
+            refused_at(&calico_err(yaml)),
+            (1, 3, "agent.apply_time_floor")
+        );
+        // Quoted keys and block-style agent keys.
+        let yaml = "rules:\n- nodes: {all: true}\n  agent:\n    restarts: {every: 1m}\n    \"not_ready\": true\n";
+        assert_eq!(refused_at(&calico_err(yaml)), (1, 5, "agent.not_ready"));
+        // Flow-style rules have no line per rule: the `rules:` line.
+        let yaml = "# faults\nrules: [{nodes: {all: true}, queue: {per_endpoint: 1s}}]\n";
+        assert_eq!(refused_at(&calico_err(yaml)), (1, 2, "queue"));
+    }
+
+    #[test]
+    fn real_felix_primitives_are_refused_with_the_simulated_agent() {
+        let yaml = "rules:\n\
+                    \x20 - nodes:\n\
+                    \x20     names:\n\
+                    \x20       - node-1\n\
+                    \x20   clock_skew: 5s\n\
+                    \x20 - nodes: {all: true}\n\
+                    \x20   agent: {restarts: {every: 1m}}\n\
+                    \x20   policies: 10\n\
+                    \x20   agent_version: v3.31.7\n";
+        let e = simulated_err(yaml);
+        assert_eq!(refused_at(&e), (2, 8, "policies"));
+        assert_eq!(
+            e.to_string(),
+            "fault file: rule 2 (line 8): `policies` does not apply to the simulated agent: it \
+             loads the real Felix with NetworkPolicies to compute, which the simulated agent \
+             ignores; run `testbed up --control-plane real --agent calico`, or with the \
+             simulated agent use `queue`"
+        );
+        let f = FaultFile::parse(yaml).unwrap();
+        assert!(f
+            .check_components(yaml, AgentKind::Calico, ProxyKind::Real)
+            .is_ok());
+        for (key, snippet) in [
+            ("agent_io", "agent_io: {delay: 1s}"),
+            ("agent_cpu", "agent_cpu: {quota: 2%}"),
+            ("agent_pause", "agent_pause: {every: 10s, for: 1s}"),
+            ("policies", "policies: 100"),
+            ("agent_version", "agent_version: v3.31.7"),
+        ] {
+            let yaml = format!("rules:\n- nodes: {{all: true}}\n  from: 1s\n  {snippet}\n");
+            let e = simulated_err(&yaml);
+            assert_eq!(refused_at(&e), (1, 4, key), "{snippet}");
+            let s = e.to_string();
+            assert!(
+                s.starts_with(&format!(
+                    "fault file: rule 1 (line 4): `{key}` does not apply to the simulated agent: "
+                )) && s.contains("run `testbed up --control-plane real --agent calico`"),
+                "{s}"
+            );
+            let f = FaultFile::parse(&yaml).unwrap();
+            assert!(f
+                .check_components(&yaml, AgentKind::Calico, ProxyKind::Simulated)
+                .is_ok());
+        }
+    }
+
+    #[test]
+    fn service_delay_is_refused_only_with_the_real_kube_proxy() {
+        let yaml = "rules:\n- nodes: {all: true}\n  teardown_delay: 1s\n- nodes: {all: true}\n  service_delay: 2s\n";
+        let f = FaultFile::parse(yaml).unwrap();
+        for agent in [AgentKind::Simulated, AgentKind::Calico] {
+            assert!(f
+                .check_components(yaml, agent, ProxyKind::Simulated)
+                .is_ok());
+            let e = f
+                .check_components(yaml, agent, ProxyKind::Real)
+                .unwrap_err();
+            assert_eq!(refused_at(&e), (2, 5, "service_delay"));
+            assert_eq!(
+                e.to_string(),
+                "fault file: rule 2 (line 5): `service_delay` does not apply to real \
+                 kube-proxy: it delays the simulated kube-proxy's rule sync; the real \
+                 kube-proxy syncs when it does; drop `--kube-proxy real` to use it"
+            );
+        }
+    }
+
+    #[test]
+    fn rules_are_checked_in_file_order() {
+        // Rule 1 is refused with real Felix, rule 2 with the simulated agent.
+        let yaml = "rules:\n- nodes: {all: true}\n  revoke: {after: 1s}\n- nodes: {all: true}\n  agent_cpu: {quota: 1%}\n";
+        assert_eq!(refused_at(&calico_err(yaml)), (1, 3, "revoke"));
+        assert_eq!(refused_at(&simulated_err(yaml)), (2, 5, "agent_cpu"));
     }
 }

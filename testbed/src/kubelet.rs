@@ -148,6 +148,9 @@ pub struct Kubelet {
     /// The node's runtime (its sockets live in the node netns): work requested from
     /// elsewhere (the daemon's control socket) runs here.
     rt: tokio::runtime::Handle,
+    /// Real kube-proxy of this node (`--kube-proxy real`): the kube-proxy pod's status
+    /// and log follow it.
+    kube_proxy: std::sync::OnceLock<Arc<crate::supervise::Supervised>>,
 }
 
 /// How many finished pod UIDs a kubelet remembers.
@@ -352,6 +355,7 @@ impl Kubelet {
             paused: watch::channel(false).0,
             finished: Mutex::new(std::collections::VecDeque::new()),
             rt: tokio::runtime::Handle::current(),
+            kube_proxy: std::sync::OnceLock::new(),
         });
         k.register_node().await?;
         k.renew_lease().await;
@@ -390,7 +394,7 @@ impl Kubelet {
         image: &str,
         down: Duration,
     ) -> anyhow::Result<(String, String)> {
-        use anyhow::{anyhow, bail};
+        use anyhow::{anyhow, bail, Context};
         let node = self.cfg.node.clone();
         let list_path = format!(
             "/api/v1/namespaces/kube-system/pods?labelSelector=k8s-app%3Dcalico-node&fieldSelector=spec.nodeName%3D{node}"
@@ -423,9 +427,33 @@ impl Kubelet {
             .as_str()
             .unwrap_or_default()
             .to_owned();
+        // Real Felix: the image tag names the build the new pod runs; refuse before
+        // touching anything when it is not built, and apply that version's CRDs first
+        // (a release's manifests carry them; v3.31.7 has kinds v3.29.5 lacks).
+        let real = self.agent.felix().cloned();
+        let new_version = match &real {
+            None => None,
+            Some(f) => {
+                let v = crate::calico::version_of_image(image).ok_or_else(|| {
+                    anyhow!("image {image:?} names no Calico release in its tag (e.g. docker.io/calico/node:{})", crate::calico::DEFAULT_VERSION)
+                })?;
+                f.builds().felix(&v)?;
+                if v != f.version() {
+                    f.builds()
+                        .apply_crds_once(&self.api, &v)
+                        .await
+                        .with_context(|| format!("apply Calico {v}'s CRDs"))?;
+                }
+                Some(v)
+            }
+        };
         // The old process stops with its pod; with `down`, the new one is serving only
         // `down` after the deletion (no endpoint programmed meanwhile).
-        let down_task = if down.is_zero() {
+        let down_until = tokio::time::Instant::now() + down;
+        if let Some(f) = &real {
+            f.stop().await;
+        }
+        let down_task = if down.is_zero() || real.is_some() {
             None
         } else {
             let (tx, rx) = tokio::sync::oneshot::channel();
@@ -475,11 +503,17 @@ impl Kubelet {
             .as_str()
             .unwrap_or_default()
             .to_owned();
-        match down_task {
-            Some(t) => {
+        match (down_task, &real, &new_version) {
+            (_, Some(f), Some(v)) => {
+                tokio::time::sleep_until(down_until).await;
+                f.start_version(v)
+                    .await
+                    .with_context(|| format!("start Felix {v} on {node}"))?;
+            }
+            (Some(t), _, _) => {
                 let _ = t.await;
             }
-            None => self.agent.rolled(),
+            _ => self.agent.rolled(),
         }
         let path = core_path(Some("kube-system"), "pods", &name);
         loop {
@@ -515,6 +549,27 @@ impl Kubelet {
     /// The kubelet's API client (other node components of the same node share it).
     pub fn api(&self) -> &ApiClient {
         &self.api
+    }
+
+    /// The node's agent.
+    pub fn agent(&self) -> &Arc<Agent> {
+        &self.agent
+    }
+
+    /// Real kube-proxy runs on this node: the kube-proxy pod's readiness, restarts and
+    /// log are its. Once.
+    pub fn set_kube_proxy(&self, kp: Arc<crate::supervise::Supervised>) {
+        let _ = self.kube_proxy.set(kp);
+    }
+
+    /// The log file of a simulated agent pod's real process (`app` = `calico-node` with
+    /// real Felix, `kube-proxy` with real kube-proxy), served as its container log.
+    fn agent_log(&self, app: &str) -> Option<PathBuf> {
+        match app {
+            "calico-node" => self.agent.felix().map(|f| f.log_path()),
+            "kube-proxy" => self.kube_proxy.get().and_then(|k| k.log_path()),
+            _ => None,
+        }
     }
 
     async fn register_node(&self) -> anyhow::Result<()> {
@@ -1104,8 +1159,9 @@ impl Kubelet {
 
     /// (Ready, restarts) of the simulated agent `app` of this node.
     fn simulated_state(&self, app: &str) -> (bool, u64) {
-        match app {
-            "calico-node" => (self.agent.is_ready(), self.agent.restart_count()),
+        match (app, self.kube_proxy.get()) {
+            ("calico-node", _) => (self.agent.is_ready(), self.agent.restart_count()),
+            ("kube-proxy", Some(kp)) => (kp.is_ready(), kp.restarts()),
             _ => (true, 0),
         }
     }
@@ -1467,16 +1523,28 @@ impl PodWorker {
             .to_owned();
         let ip = self.k.cfg.node_ip.to_string();
         let started = now_rfc3339();
+        // A real agent's log is this pod's container log (`kubectl logs`).
+        let log_dir = self.k.cfg.pods_dir.join(&self.uid);
+        if let Some(real_log) = self.k.agent_log(app) {
+            let _ = std::fs::create_dir_all(&log_dir);
+            let link = log_dir.join("container.log");
+            let _ = std::fs::remove_file(&link);
+            if let Err(e) = std::os::unix::fs::symlink(&real_log, &link) {
+                tracing::warn!(pod = %self.name, error = %e, "link the agent's log");
+            }
+        }
         // The pod's restartCount counts the agent's restarts since this pod started (a
         // pod that replaced another, `testbed agent roll`, starts from 0).
         let base = self.k.simulated_state(app).1;
         let mut last_restarts: Option<(u64, String)> = None;
         loop {
             if self.gone() {
+                let _ = std::fs::remove_dir_all(&log_dir);
                 return;
             }
             if self.deletion_requested().is_some() {
                 self.k.delete_final(&self.ns, &self.name, &self.uid).await;
+                let _ = std::fs::remove_dir_all(&log_dir);
                 return;
             }
             if !self.k.is_paused() {
@@ -1684,6 +1752,15 @@ impl PodWorker {
             };
             let pid = child.id().unwrap_or(0) as i32;
             let _ = std::fs::write(pod_dir.join("pid"), pid.to_string());
+            if restarts == 0 {
+                // The programming wait of a pod is measured from here
+                // (docs/design.md §6: endpoint_programmed − container_started).
+                self.k.truth.emit(TruthEvent::pod(
+                    TruthKind::ContainerStarted,
+                    &net,
+                    json!({ "container": cname, "pid": pid }),
+                ));
+            }
             let started_at = now_rfc3339();
             let container_id = format!("testbed://{}-{pid}", self.uid);
             let has_readiness = container["readinessProbe"].is_object();

@@ -7,6 +7,7 @@
 
 pub mod agent;
 pub mod api;
+pub mod calico;
 pub mod cli;
 pub mod client;
 pub mod control_plane;
@@ -19,12 +20,16 @@ pub mod hollow;
 pub mod httpc;
 pub mod image;
 pub mod kube_proxy;
+pub mod kube_proxy_real;
 pub mod kubelet;
 pub mod netns;
 pub mod plan;
+pub mod ruleset;
 pub mod scheduler;
 pub mod security;
 pub mod services;
 pub mod shim;
+pub mod supervise;
 pub mod tls;
 pub mod truth;
+pub mod truth_watch;

@@ -43,9 +43,12 @@ pub enum TruthKind {
     NodeNotReady,
     /// CNI ADD done: the pod's netns, veth and node-side /32 route exist (pod fields).
     EndpointAdded,
-    /// The agent put the pod's IP into its node's allow set: forwarded traffic flows.
+    /// The endpoint is programmed: the simulated agent put the pod's IP into its node's
+    /// allow set, or (real Felix) the node's ruleset started dispatching its interface
+    /// to its own chains with its route present (`detail.method` = `ruleset`).
     EndpointProgrammed,
-    /// The allow-set entry was removed again (fault `revoke`).
+    /// No longer programmed: the allow-set entry was removed (fault `revoke`), or the
+    /// ruleset stopped dispatching the live pod's interface.
     EndpointRevoked,
     /// The node-side /32 route of a pod was removed (fault `name_reuse_race`).
     RouteRemoved,
@@ -53,7 +56,8 @@ pub enum TruthKind {
     PeerRouteRemoved,
     /// `node`'s route to peer `detail.peer`'s pod block is back.
     PeerRouteRestored,
-    /// Service rules for `detail.service` programmed on `node`.
+    /// Service rules for `detail.service` programmed on `node` (by the simulated proxy,
+    /// or read from real kube-proxy's ruleset: `detail.method` = `ruleset`).
     ServiceProgrammed,
     /// First passing readiness probe of a pod.
     ReadinessOk,
@@ -61,6 +65,10 @@ pub enum TruthKind {
     PodDeleted,
     /// A new fault file is in force (`detail` describes it).
     FaultChanged,
+    /// The pod's first container process was started by its kubelet (pod fields;
+    /// `detail`: `container`, `pid`). A pod's programming wait is its
+    /// `endpoint_programmed` − this.
+    ContainerStarted,
     /// `testbed agent roll`: `node`'s calico-node pod was replaced, as a DaemonSet
     /// rollout replaces it (`namespace`/`pod`/`uid` = the new pod; `detail`: `image`,
     /// `old_pod`, `old_uid`, `old_image`); stamped once the new pod is Running.

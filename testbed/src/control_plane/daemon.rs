@@ -201,6 +201,8 @@ async fn serve(
         kubeconfig_cluster: kcc,
         nodes: plan.nodes.iter().map(|n| n.name.clone()).collect(),
         control_plane: super::Mode::Real.as_arg().to_owned(),
+        agent: args.agent.as_arg(),
+        kube_proxy: args.kube_proxy.as_arg().to_owned(),
     };
     let sock_path = state.join("control.sock");
     let _ = std::fs::remove_file(&sock_path);
@@ -217,7 +219,7 @@ async fn serve(
             _ = sigint.recv() => break,
             conn = control.accept() => {
                 let Ok((stream, _)) = conn else { continue };
-                if handle_control(stream, cp, faults, truth, &nodes, &kubelets).await {
+                if handle_control(stream, cp, args, faults, truth, &nodes, &kubelets).await {
                     break;
                 }
             }
@@ -258,6 +260,7 @@ async fn relay_loop(
 async fn handle_control(
     stream: tokio::net::UnixStream,
     cp: &ControlPlane,
+    args: &DaemonArgs,
     faults: &Faults,
     truth: &Truth,
     nodes: &[String],
@@ -268,7 +271,7 @@ async fn handle_control(
     let Ok(Some(line)) = lines.next_line().await else {
         return false;
     };
-    let (answer, stop) = answer(&line, cp, faults, truth, nodes, kubelets).await;
+    let (answer, stop) = answer(&line, cp, args, faults, truth, nodes, kubelets).await;
     let _ = w.write_all(format!("{answer}\n").as_bytes()).await;
     stop
 }
@@ -276,6 +279,7 @@ async fn handle_control(
 async fn answer(
     line: &str,
     cp: &ControlPlane,
+    args: &DaemonArgs,
     faults: &Faults,
     truth: &Truth,
     nodes: &[String],
@@ -293,7 +297,14 @@ async fn answer(
     match words.as_slice() {
         ["shutdown"] => ("ok".to_string(), true),
         ["fault-set", path] => (
-            crate::daemon::apply_fault(std::path::Path::new(path), faults, truth, nodes),
+            crate::daemon::apply_fault(
+                std::path::Path::new(path),
+                faults,
+                truth,
+                nodes,
+                &args.agent,
+                args.kube_proxy,
+            ),
             false,
         ),
         // The kubelet stops (or resumes) its heartbeats; kube-controller-manager's

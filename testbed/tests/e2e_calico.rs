@@ -1,0 +1,699 @@
+//! Real Calico Felix and real kube-proxy on the testbed's nodes (`testbed up
+//! --control-plane real --agent calico --kube-proxy real`; issue 27, docs/design.md §5
+//! "Real node components"): the gate against them with truth read from the nodes'
+//! rulesets, faults acting on the real agent, a rolling 3.29.5 → 3.31.7 upgrade, the
+//! simulated agent's `gates_readiness` judged by the real one, and nothing left after
+//! `down`.
+//!
+//! Needs root, the real control plane (`bash scripts/control-plane.sh`, which also builds
+//! kube-proxy) and Felix builds (`FIRSTPACKET_CALICO_SOURCE=… bash scripts/calico.sh`);
+//! a test whose builds are missing prints `SKIPPED` and passes (`.ci/run` builds them
+//! when the Calico sources are there). The tests run serially (`common::SERIAL`).
+
+mod common;
+
+use common::{poll_until, Testbed, SERIAL};
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+use testbed::calico::{Builds, DEFAULT_VERSION};
+use testbed::truth::{TruthEvent, TruthKind};
+
+fn lock() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The Felix versions a test needs are built, or it prints why it is skipped.
+fn felix_built(versions: &[&str]) -> bool {
+    match Builds::locate().require(versions.iter().copied()) {
+        Ok(()) => true,
+        Err(e) => {
+            eprintln!("SKIPPED: {e}");
+            false
+        }
+    }
+}
+
+/// `testbed up` on the real control plane with real Felix (`agent`) and real
+/// kube-proxy; `None` when something it needs is not built.
+fn up_real_agents(
+    name: &str,
+    nodes: usize,
+    fault: &str,
+    agent: &str,
+    extra: &[&str],
+) -> Option<Testbed> {
+    let version = agent.strip_prefix("calico:").unwrap_or(DEFAULT_VERSION);
+    if !felix_built(&[version]) {
+        return None;
+    }
+    let mut args = vec!["--agent", agent, "--kube-proxy", "real"];
+    args.extend_from_slice(extra);
+    Testbed::up_real(name, nodes, fault, &args)
+}
+
+/// The pid of the real Felix of `node` in testbed `tb` (its environment names the
+/// node and the state dir).
+fn felix_pid(tb: &Testbed, node: &str) -> Option<i32> {
+    let state = tb.state.display().to_string();
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+        if comm.trim() != "calico-felix" {
+            return None;
+        }
+        let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+        let env = String::from_utf8_lossy(&env);
+        let mine = env
+            .split('\0')
+            .any(|v| v == format!("FELIX_FELIXHOSTNAME={node}"))
+            && env
+                .split('\0')
+                .any(|v| v.starts_with("KUBECONFIG=") && v.contains(&state));
+        mine.then_some(pid)
+    })
+}
+
+/// Each node's Felix page (`http://NODE_IP:9091/metrics` from the host netns).
+fn felix_page(tb: &Testbed, node_ip: &str) -> String {
+    common::curl(tb, &format!("http://{node_ip}:9091/metrics")).unwrap_or_default()
+}
+
+/// Node name → node IP (InternalIP).
+fn node_ips(tb: &Testbed) -> BTreeMap<String, String> {
+    tb.kubectl(&[
+        "get",
+        "nodes",
+        "-o",
+        "jsonpath={range .items[*]}{.metadata.name} {.status.addresses[?(@.type==\"InternalIP\")].address}{\"\\n\"}{end}",
+    ])
+    .lines()
+    .filter_map(|l| l.split_once(' '))
+    .map(|(n, ip)| (n.to_owned(), ip.to_owned()))
+    .collect()
+}
+
+/// The value of a sample line `name{…} value` / `name value` in a page (first match).
+fn sample(page: &str, name: &str) -> Option<f64> {
+    page.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|r| r.starts_with(' ') || r.starts_with('{'))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Per pod uid: (node, container_started t, endpoint_programmed t, readiness_ok t), for
+/// pods whose three events are in the truth log.
+fn pod_timelines(truth: &[TruthEvent]) -> BTreeMap<String, (String, f64, f64, f64)> {
+    let first = |kind: TruthKind| {
+        let mut m: BTreeMap<String, (String, f64)> = BTreeMap::new();
+        for e in truth.iter().filter(|e| e.event == kind) {
+            if let (Some(uid), Some(node)) = (&e.uid, &e.node) {
+                m.entry(uid.clone()).or_insert((node.clone(), e.t));
+            }
+        }
+        m
+    };
+    let (started, programmed, ready) = (
+        first(TruthKind::ContainerStarted),
+        first(TruthKind::EndpointProgrammed),
+        first(TruthKind::ReadinessOk),
+    );
+    started
+        .into_iter()
+        .filter_map(|(uid, (node, s))| {
+            let p = programmed.get(&uid)?.1;
+            let r = ready.get(&uid)?.1;
+            Some((uid, (node, s, p, r)))
+        })
+        .collect()
+}
+
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len().max(1) as f64
+}
+
+/// `cross_node` and `service` probes against real Felix and real kube-proxy with no
+/// fault (S1 on real agents): the gate passes; every TTFP is within [−50 ms, dial
+/// interval + 50 ms] of the truth read from the rulesets (for `service`, including the
+/// source node's first `service_programmed` for the target); the agents table shows
+/// calico-felix and kube-proxy scraped on every node; Felix's own endpoint status files
+/// agree with the ruleset's truth. Then S2 on real Felix (`agent_io: {delay: 1s}` on the
+/// two `os=debian13` nodes): those nodes' endpoints are programmed late, their apply time
+/// rises, and their probe pods turn Ready late by about the same (printed with what the
+/// gate concludes today, which issue 29 makes right).
+#[test]
+fn s1_passes_on_real_felix_and_kube_proxy_and_s2_programs_late_on_its_nodes() {
+    let _g = lock();
+    let Some(tb) = up_real_agents(
+        "calico-s1",
+        4,
+        "rules: []\n",
+        "calico",
+        &["--node-labels", "node-2=os=debian13,node-3=os=debian13"],
+    ) else {
+        return;
+    };
+    let (code, report, out) = tb.gate(&[
+        "--kinds",
+        "cross_node,service",
+        "--pairs",
+        "8",
+        "--give-up",
+        "20s",
+        "--hold",
+        "1s",
+    ]);
+    assert_eq!(code, 0, "S1 on real agents must pass:\n{out}");
+    let truth = tb.truth();
+    let probes = report["probes"].as_array().unwrap();
+    assert!(probes.len() >= 8, "{out}");
+    for p in probes {
+        assert_eq!(p["result"], "success", "{p:#}");
+        let programmed_by_ruleset = truth.iter().any(|e| {
+            e.event == TruthKind::EndpointProgrammed
+                && e.uid.as_deref() == p["target"]["uid"].as_str()
+                && e.detail["method"] == "ruleset"
+        });
+        assert!(programmed_by_ruleset, "no ruleset truth for {}", p["id"]);
+        if p["kind"] == "service" {
+            let ttfp = p["ttfp_seconds"].as_f64().unwrap();
+            let want = testbed::truth::truth_service_ttfp(
+                &truth,
+                p["source"]["uid"].as_str().unwrap(),
+                p["target"]["uid"].as_str().unwrap(),
+                p["source"]["node"].as_str().unwrap(),
+            )
+            .unwrap_or_else(|| panic!("no service truth for {}", p["id"]));
+            let err = ttfp - want;
+            assert!(
+                (-0.05..=common::DIAL_INTERVAL + 0.05).contains(&err),
+                "service probe {}: TTFP {ttfp:.3}s vs truth {want:.3}s",
+                p["id"]
+            );
+        } else {
+            common::assert_ttfp_near_truth(&truth, p, &out);
+        }
+    }
+    for profile in ["calico-felix", "kube-proxy"] {
+        let a = &report["agents"]["profiles"][profile];
+        assert_eq!(
+            a["nodes_with_agent"], 4,
+            "{profile}: {:#}",
+            report["agents"]
+        );
+        assert_eq!(a["nodes_ok"], 4, "{profile}: {:#}", report["agents"]);
+    }
+    println!(
+        "S1 on real agents: {}",
+        out.lines()
+            .filter(|l| l.contains("agents"))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
+
+    // S2 on real Felix: every dataplane write 1 s slower on the debian13 nodes.
+    let ips = node_ips(&tb);
+    let apply = |node: &str| {
+        let page = felix_page(&tb, &ips[node]);
+        (
+            sample(&page, "felix_int_dataplane_apply_time_seconds_sum").unwrap_or(0.0),
+            sample(&page, "felix_int_dataplane_apply_time_seconds_count").unwrap_or(0.0),
+        )
+    };
+    let before: BTreeMap<String, (f64, f64)> = ips.keys().map(|n| (n.clone(), apply(n))).collect();
+    let t0 = testbed::truth::unix_now();
+    tb.set_fault("rules:\n  - nodes: {labels: {os: debian13}}\n    agent_io: {delay: 1s}\n");
+    let (code, report, out) = tb.gate(&["--pairs", "8", "--give-up", "30s", "--hold", "1s"]);
+    let truth: Vec<TruthEvent> = tb.truth().into_iter().filter(|e| e.t >= t0).collect();
+    let mut wait: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    let mut ready: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for (node, s, p, r) in pod_timelines(&truth).into_values() {
+        wait.entry(node.clone()).or_default().push(p - s);
+        ready.entry(node).or_default().push(r - s);
+    }
+    let mut mean_apply = BTreeMap::new();
+    for (node, (s0, c0)) in &before {
+        let (s1, c1) = apply(node);
+        let m = if c1 > *c0 {
+            (s1 - s0) / (c1 - c0)
+        } else {
+            f64::NAN
+        };
+        mean_apply.insert(node.clone(), m);
+    }
+    println!("S2 on real Felix (agent_io delay 1s on node-2, node-3): gate exit {code}, verdict {}, diagnosis {}", report["verdict"], report["summary"]["diagnosis"]);
+    for node in ips.keys() {
+        println!(
+            "  {node}: programming wait mean {:.2}s (n={}), container→Ready mean {:.2}s, Felix mean apply {:.3}s",
+            mean(wait.get(node).map_or(&[][..], |v| v)),
+            wait.get(node).map_or(0, Vec::len),
+            mean(ready.get(node).map_or(&[][..], |v| v)),
+            mean_apply[node]
+        );
+    }
+    let slow = ["node-2", "node-3"];
+    let fast = ["node-1", "node-4"];
+    let m = |map: &BTreeMap<String, Vec<f64>>, nodes: &[&str]| {
+        mean(
+            &nodes
+                .iter()
+                .flat_map(|n| map.get(*n).cloned().unwrap_or_default())
+                .collect::<Vec<_>>(),
+        )
+    };
+    let (wait_slow, wait_fast) = (m(&wait, &slow), m(&wait, &fast));
+    let (ready_slow, ready_fast) = (m(&ready, &slow), m(&ready, &fast));
+    assert!(
+        wait_slow > wait_fast + 0.7,
+        "debian13 endpoints not programmed late: {wait_slow:.2}s vs {wait_fast:.2}s\n{out}"
+    );
+    for n in slow {
+        for f in fast {
+            assert!(
+                mean_apply[n] > 5.0 * mean_apply[f] && mean_apply[n] > 0.2,
+                "apply time {n} {:.3}s vs {f} {:.3}s",
+                mean_apply[n],
+                mean_apply[f]
+            );
+        }
+    }
+    // Felix gates readiness: the Ready delay follows the programming delay.
+    let (dw, dr) = (wait_slow - wait_fast, ready_slow - ready_fast);
+    assert!(
+        (dr - dw).abs() < 1.2,
+        "Ready late by {dr:.2}s where programming is late by {dw:.2}s"
+    );
+}
+
+/// Real-agent faults act on their node only: `agent: {restarts}` restarts Felix (the
+/// calico-node pod's restartCount, a new `process_start_time_seconds`), `agent_cpu` and
+/// `agent_pause` slow programming there (truth) while the other node stays fast; and a
+/// simulated-agent primitive is refused naming its line.
+#[test]
+fn real_agent_faults_restart_starve_and_pause_felix_on_their_node_only() {
+    let _g = lock();
+    let Some(tb) = up_real_agents("calico-faults", 3, "rules: []\n", "calico", &[]) else {
+        return;
+    };
+    let ips = node_ips(&tb);
+    let start_time =
+        |node: &str| sample(&felix_page(&tb, &ips[node]), "process_start_time_seconds");
+    let before = start_time("node-1").expect("Felix page on node-1");
+
+    // A simulated-agent primitive does not apply to real Felix.
+    let bad = tb.state.join("bad-fault.yaml");
+    std::fs::write(
+        &bad,
+        "rules:\n  - nodes: {all: true}\n    program_delay: 2s\n",
+    )
+    .unwrap();
+    let out = tb.cmd().args(["fault", "set"]).arg(&bad).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("line 3") && err.contains("program_delay"),
+        "{err}"
+    );
+
+    tb.set_fault(
+        "rules:\n  - nodes: {names: [node-1]}\n    until: 6s\n    agent: {restarts: {every: 3s}}\n",
+    );
+    let restarts = poll_until(
+        Duration::from_secs(40),
+        || {
+            tb.kubectl(&[
+                "get", "pods", "-n", "kube-system", "-l", "k8s-app=calico-node",
+                "--field-selector", "spec.nodeName=node-1",
+                "-o", "jsonpath={.items[0].status.containerStatuses[0].restartCount} {.items[0].status.conditions[?(@.type==\"Ready\")].status}",
+            ])
+        },
+        |o| {
+            o.split(' ')
+                .next()
+                .and_then(|n| n.parse::<u32>().ok())
+                .is_some_and(|n| n >= 1)
+                && o.ends_with("True")
+        },
+    );
+    assert!(
+        restarts.starts_with('1') || restarts.starts_with('2'),
+        "restartCount/Ready: {restarts:?}"
+    );
+    let after = poll_until(
+        Duration::from_secs(20),
+        || start_time("node-1"),
+        |v| v.is_some_and(|v| v > before),
+    );
+    assert!(
+        after.is_some_and(|a| a > before),
+        "process_start_time_seconds {before} → {after:?}"
+    );
+
+    // agent_cpu on node-2, agent_pause on node-3: new pods there wait; node-1 does not.
+    let t0 = testbed::truth::unix_now();
+    tb.set_fault(
+        "rules:\n  - nodes: {names: [node-2]}\n    agent_cpu: {quota: 2%}\n  - nodes: {names: [node-3]}\n    agent_pause: {every: 10s, for: 6s}\n",
+    );
+    // Create the pods while node-3's Felix is stopped (its first pause starts 10 s in and lasts 6 s).
+    let stopped = poll_until(
+        Duration::from_secs(15),
+        || {
+            felix_pid(&tb, "node-3").map(|pid| {
+                common::proc_status(pid)
+                    .get("State")
+                    .cloned()
+                    .unwrap_or_default()
+            })
+        },
+        |s| s.as_deref().is_some_and(|s| s.starts_with('T')),
+    );
+    assert!(
+        stopped.as_deref().is_some_and(|s| s.starts_with('T')),
+        "node-3's Felix not paused: {stopped:?}"
+    );
+    let mut pods = String::new();
+    for node in ["node-1", "node-2", "node-3"] {
+        for i in 0..2 {
+            pods.push_str(&format!(
+                "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: w-{node}-{i}, namespace: default}}\nspec:\n  nodeName: {node}\n  restartPolicy: Never\n  containers:\n  - name: s\n    image: target-server\n    args: [serve]\n    readinessProbe: {{httpGet: {{path: /readyz, port: 8080}}, periodSeconds: 1}}\n"
+            ));
+        }
+    }
+    let path = tb.manifest("workloads.yaml", &pods);
+    tb.kubectl(&["apply", "-f", &path]);
+    let timelines = poll_until(
+        Duration::from_secs(90),
+        || {
+            let truth: Vec<TruthEvent> = tb.truth().into_iter().filter(|e| e.t >= t0).collect();
+            pod_timelines(&truth)
+        },
+        |t| t.len() >= 6,
+    );
+    tb.set_fault("rules: []\n");
+    let mut wait: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for (node, s, p, _) in timelines.values() {
+        wait.entry(node.clone()).or_default().push(p - s);
+    }
+    println!("programming waits under agent_cpu (node-2) / agent_pause (node-3): {wait:?}");
+    assert_eq!(
+        timelines.len(),
+        6,
+        "every pod programmed and Ready: {timelines:?}"
+    );
+    let w = |n: &str| mean(&wait[n]);
+    assert!(w("node-1") < 1.0, "node-1 untouched: {:.2}s", w("node-1"));
+    assert!(
+        w("node-2") > w("node-1") + 0.5,
+        "agent_cpu: {:.2}s vs {:.2}s",
+        w("node-2"),
+        w("node-1")
+    );
+    assert!(
+        w("node-3") > w("node-1") + 1.0,
+        "agent_pause: {:.2}s vs {:.2}s",
+        w("node-3"),
+        w("node-1")
+    );
+    tb.kubectl(&["delete", "-f", &path, "--wait=false"]);
+
+    // Nothing outlives `testbed down`: no Felix, kube-proxy or monitor of this testbed,
+    // no cgroup.
+    let prefix = tb.prefix();
+    let cgroup = std::path::Path::new("/sys/fs/cgroup/cpu").join(format!("testbed-{prefix}"));
+    assert!(cgroup.join("node-2").is_dir() || !std::path::Path::new("/sys/fs/cgroup/cpu").exists());
+    let state = tb.state.display().to_string();
+    drop(tb);
+    let left: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            let (cmd, env) = (String::from_utf8_lossy(&cmd), String::from_utf8_lossy(&env));
+            (cmd.contains(&state) || env.contains(&state))
+                .then(|| format!("{pid} {}", cmd.replace('\0', " ")))
+        })
+        .collect();
+    assert!(left.is_empty(), "processes left after down: {left:?}");
+    assert!(
+        !cgroup.exists(),
+        "cgroup {} left after down",
+        cgroup.display()
+    );
+    for comm in ["calico-felix", "kube-proxy"] {
+        let out = std::process::Command::new("pgrep")
+            .args(["-x", comm])
+            .output()
+            .unwrap();
+        assert!(
+            out.stdout.is_empty(),
+            "{comm} still running: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+}
+
+/// On a 3-node testbed at v3.29.5, `agent roll --all --image …:v3.31.7 --interval 10s`
+/// replaces each node's Felix in turn (new pod UID and image tag; a v3.31.7 process on
+/// the page), while pods programmed before never lose their programming for longer than
+/// a Felix start-up; a version not built is refused before anything changes.
+#[test]
+fn rolling_upgrade_from_3_29_5_to_3_31_7_keeps_programmed_endpoints() {
+    let _g = lock();
+    if !felix_built(&["v3.29.5", "v3.31.7"]) {
+        return;
+    }
+    let Some(tb) = up_real_agents("calico-roll", 3, "rules: []\n", "calico:v3.29.5", &[]) else {
+        return;
+    };
+    let mut pods = String::new();
+    for node in ["node-1", "node-2", "node-3"] {
+        pods.push_str(&format!(
+            "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: keep-{node}, namespace: default}}\nspec:\n  nodeName: {node}\n  containers:\n  - name: s\n    image: target-server\n    args: [serve]\n    readinessProbe: {{httpGet: {{path: /readyz, port: 8080}}, periodSeconds: 1}}\n"
+        ));
+    }
+    let path = tb.manifest("keep.yaml", &pods);
+    tb.kubectl(&["apply", "-f", &path]);
+    for node in ["node-1", "node-2", "node-3"] {
+        assert!(tb.wait_pod_ready("default", &format!("keep-{node}"), Duration::from_secs(60)));
+    }
+    let calico_pods = || {
+        tb.kubectl(&[
+            "get", "pods", "-n", "kube-system", "-l", "k8s-app=calico-node",
+            "-o", "jsonpath={range .items[*]}{.spec.nodeName} {.metadata.uid} {.spec.containers[0].image}{\"\\n\"}{end}",
+        ])
+    };
+    let before: BTreeSet<String> = calico_pods()
+        .lines()
+        .map(|l| l.split(' ').nth(1).unwrap_or("").to_owned())
+        .collect();
+    // The page tells the versions apart: v3.31.7 added this family (v3.29.5 lacks it).
+    const V3_31_FAMILY: &str = "# TYPE felix_int_dataplane_initial_resync_time_seconds";
+    let ips = node_ips(&tb);
+    for (node, ip) in &ips {
+        let page = felix_page(&tb, ip);
+        assert!(
+            page.contains("felix_int_dataplane_apply_time_seconds"),
+            "{node}: no Felix page"
+        );
+        assert!(!page.contains(V3_31_FAMILY), "{node} does not run v3.29.5");
+    }
+
+    let refused = tb
+        .cmd()
+        .args([
+            "agent",
+            "roll",
+            "--all",
+            "--image",
+            "docker.io/calico/node:v3.99.0",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && err.contains("scripts/calico.sh"),
+        "{err}"
+    );
+
+    let t0 = testbed::truth::unix_now();
+    let out = tb
+        .cmd()
+        .args([
+            "agent",
+            "roll",
+            "--all",
+            "--image",
+            "docker.io/calico/node:v3.31.7",
+            "--interval",
+            "10s",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let after = calico_pods();
+    for line in after.lines() {
+        let mut w = line.split(' ');
+        let (node, uid, image) = (w.next().unwrap(), w.next().unwrap(), w.next().unwrap());
+        assert!(
+            !before.contains(uid),
+            "{node}'s calico-node pod not replaced: {after}"
+        );
+        assert!(image.ends_with(":v3.31.7"), "{after}");
+    }
+    for (node, ip) in &ips {
+        let page = poll_until(
+            Duration::from_secs(20),
+            || felix_page(&tb, ip),
+            |p| p.contains(V3_31_FAMILY),
+        );
+        assert!(
+            page.contains(V3_31_FAMILY),
+            "{node}'s page is not v3.31.7's"
+        );
+    }
+    let truth: Vec<TruthEvent> = tb.truth().into_iter().filter(|e| e.t >= t0).collect();
+    let rolled: Vec<&TruthEvent> = truth
+        .iter()
+        .filter(|e| e.event == TruthKind::AgentRolled)
+        .collect();
+    assert_eq!(rolled.len(), 3, "one agent_rolled per node");
+    let gaps: Vec<f64> = rolled.windows(2).map(|w| w[1].t - w[0].t).collect();
+    assert!(
+        gaps.iter().all(|g| *g >= 10.0),
+        "nodes rolled one after another, 10 s apart: {gaps:?}"
+    );
+    // No kept endpoint loses its programming for longer than a Felix start-up.
+    let revoked = truth
+        .iter()
+        .filter(|e| e.event == TruthKind::EndpointRevoked)
+        .count();
+    println!("rolled 3 nodes 3.29.5 → 3.31.7, gaps {gaps:?}; endpoint_revoked during the roll: {revoked}");
+    for e in truth
+        .iter()
+        .filter(|e| e.event == TruthKind::EndpointRevoked)
+    {
+        let back = truth
+            .iter()
+            .find(|x| x.event == TruthKind::EndpointProgrammed && x.uid == e.uid && x.t >= e.t)
+            .map(|x| x.t - e.t);
+        assert!(
+            back.is_some_and(|b| b < 10.0),
+            "{:?} revoked at {} and back after {back:?}",
+            e.pod,
+            e.t
+        );
+    }
+    tb.kubectl(&["delete", "-f", &path, "--wait=false"]);
+}
+
+/// `--agent calico` is refused without the real control plane, and a Felix version
+/// that is not built is refused before anything starts, naming scripts/calico.sh.
+#[test]
+fn real_agents_are_refused_without_the_real_control_plane_or_a_build() {
+    let _g = lock();
+    let state = std::env::temp_dir().join(format!("fp-calico-refuse-{}", std::process::id()));
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_testbed"))
+            .arg("--state-dir")
+            .arg(&state)
+            .arg("up")
+            .args(args)
+            .env_remove("FIRSTPACKET_CONTROL_PLANE")
+            .output()
+            .unwrap()
+    };
+    let out = run(&["--agent", "calico", "--control-plane", "builtin"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--control-plane real"),
+        "{err}"
+    );
+    let out = run(&["--kube-proxy", "real"]);
+    assert!(!out.status.success());
+    let out = run(&["--agent", "calico:v3.0.99", "--control-plane", "real"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("scripts/calico.sh") && err.contains("v3.0.99"),
+        "{err}"
+    );
+    assert!(!state.join("daemon.pid").exists(), "nothing started");
+    let _ = std::fs::remove_dir_all(&state);
+}
+
+/// Side by side: real Felix with every dataplane write slowed on one node, and the
+/// simulated agent with `gates_readiness: true` whose `program_delay` on that node is
+/// the programming wait measured on real Felix: readiness-probed pods turn Ready late by
+/// the same amount, within 1.2 s (the kubelet's 1 s probe period plus jitter).
+#[test]
+fn simulated_readiness_gating_delays_ready_like_real_felix() {
+    let _g = lock();
+    let Some(real) = up_real_agents(
+        "calico-gate",
+        2,
+        "rules:\n  - nodes: {names: [node-2]}\n    agent_io: {delay: 1500ms}\n",
+        "calico",
+        &[],
+    ) else {
+        return;
+    };
+    let sim = Testbed::up("sim-gate", 2, "rules: []\n", &[]);
+    let measure = |tb: &Testbed| {
+        let t0 = testbed::truth::unix_now();
+        let mut pods = String::new();
+        for node in ["node-1", "node-2"] {
+            for i in 0..3 {
+                pods.push_str(&format!(
+                    "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: g-{node}-{i}, namespace: default}}\nspec:\n  nodeName: {node}\n  restartPolicy: Never\n  containers:\n  - name: s\n    image: target-server\n    args: [serve]\n    readinessProbe: {{httpGet: {{path: /readyz, port: 8080}}, periodSeconds: 1}}\n"
+                ));
+            }
+        }
+        let path = tb.manifest("gate-pods.yaml", &pods);
+        tb.kubectl(&["apply", "-f", &path]);
+        let t = poll_until(
+            Duration::from_secs(60),
+            || {
+                pod_timelines(
+                    &tb.truth()
+                        .into_iter()
+                        .filter(|e| e.t >= t0)
+                        .collect::<Vec<_>>(),
+                )
+            },
+            |t| t.len() >= 6,
+        );
+        tb.kubectl(&["delete", "-f", &path, "--wait=false"]);
+        let mut by_node: BTreeMap<String, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
+        for (node, s, p, r) in t.values() {
+            let e = by_node.entry(node.clone()).or_default();
+            e.0.push(p - s);
+            e.1.push(r - s);
+        }
+        by_node
+    };
+    let real_t = measure(&real);
+    let wait_real = mean(&real_t["node-2"].0);
+    sim.set_fault(&format!(
+        "rules:\n  - nodes: {{all: true}}\n    agent: {{gates_readiness: true}}\n  - nodes: {{names: [node-2]}}\n    program_delay: {}ms\n",
+        (wait_real * 1000.0) as u64
+    ));
+    let sim_t = measure(&sim);
+    let ready =
+        |t: &BTreeMap<String, (Vec<f64>, Vec<f64>)>| mean(&t["node-2"].1) - mean(&t["node-1"].1);
+    let (r_real, r_sim) = (ready(&real_t), ready(&sim_t));
+    println!("Ready late on node-2: real Felix {r_real:.2}s (programming wait {wait_real:.2}s), simulated gates_readiness {r_sim:.2}s");
+    assert!(r_real > 0.8, "real Felix did not delay Ready: {r_real:.2}s");
+    assert!(
+        (r_real - r_sim).abs() < 1.2,
+        "real {r_real:.2}s vs simulated {r_sim:.2}s"
+    );
+    let _ = Value::Null;
+}
