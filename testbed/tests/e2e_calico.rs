@@ -207,6 +207,30 @@ fn s1_passes_on_real_felix_and_kube_proxy_and_s2_programs_late_on_its_nodes() {
         );
         assert_eq!(a["nodes_ok"], 4, "{profile}: {:#}", report["agents"]);
     }
+    // kubectl sees Calico's resources and Felix's log as the calico-node pod's log.
+    let crs = tb.kubectl(&["get", "felixconfigurations,ippools", "-o", "name"]);
+    assert!(
+        crs.contains("felixconfiguration.crd.projectcalico.org/default")
+            && crs.contains("ippool.crd.projectcalico.org/default-ipv4-ippool"),
+        "{crs}"
+    );
+    let pod = tb.kubectl(&[
+        "get",
+        "pods",
+        "-n",
+        "kube-system",
+        "-l",
+        "k8s-app=calico-node",
+        "--field-selector",
+        "spec.nodeName=node-1",
+        "-o",
+        "jsonpath={.items[0].metadata.name}",
+    ]);
+    let logs = tb.kubectl(&["logs", "-n", "kube-system", pod.trim(), "--tail", "2000"]);
+    assert!(
+        logs.contains("felix/"),
+        "calico-node logs are not Felix's: {logs:.400}"
+    );
     println!(
         "S1 on real agents: {}",
         out.lines()
@@ -393,6 +417,40 @@ fn real_agent_faults_restart_starve_and_pause_felix_on_their_node_only() {
         |t| t.len() >= 6,
     );
     tb.set_fault("rules: []\n");
+    // Felix's own word agrees with the ruleset: its endpoint status file
+    // (EndpointStatusPathPrefix) is written just after the dispatch is in.
+    let truth = tb.truth();
+    for node in ["node-1", "node-3"] {
+        for i in 0..2 {
+            let pod = format!("w-{node}-{i}");
+            let programmed = truth
+                .iter()
+                .find(|e| {
+                    e.event == TruthKind::EndpointProgrammed
+                        && e.pod.as_deref() == Some(pod.as_str())
+                })
+                .map(|e| e.t)
+                .expect("programmed");
+            let file = tb
+                .state
+                .join("calico")
+                .join(node)
+                .join("run/endpoint-status")
+                .join(format!("k8s default%2F{pod} eth0"));
+            let written = std::fs::metadata(&file)
+                .and_then(|m| m.modified())
+                .unwrap_or_else(|e| panic!("{}: {e}", file.display()))
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs_f64();
+            let lag = written - programmed;
+            println!("{pod}: Felix status file {lag:+.3}s after the ruleset's endpoint_programmed");
+            assert!(
+                (-0.05..1.0).contains(&lag),
+                "{pod}: status file {lag:+.3}s from truth"
+            );
+        }
+    }
     let mut wait: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     for (node, s, p, _) in timelines.values() {
         wait.entry(node.clone()).or_default().push(p - s);
@@ -418,6 +476,64 @@ fn real_agent_faults_restart_starve_and_pause_felix_on_their_node_only() {
         w("node-1")
     );
     tb.kubectl(&["delete", "-f", &path, "--wait=false"]);
+
+    // `policies: N`: N NetworkPolicies in a namespace of their own, then none.
+    let count = || {
+        tb.kubectl(&[
+            "get",
+            "networkpolicies",
+            "-n",
+            "testbed-policy-load",
+            "-o",
+            "name",
+        ])
+        .lines()
+        .count()
+    };
+    tb.set_fault("rules:\n  - nodes: {all: true}\n    policies: 25\n");
+    assert_eq!(poll_until(Duration::from_secs(30), count, |n| *n == 25), 25);
+    tb.set_fault("rules: []\n");
+    assert_eq!(poll_until(Duration::from_secs(30), count, |n| *n == 0), 0);
+
+    // agent_io failures: Felix gives up after its retries and exits; its supervisor
+    // restarts it (the pod's restartCount goes up again).
+    let restart_count = || {
+        tb.kubectl(&[
+            "get",
+            "pods",
+            "-n",
+            "kube-system",
+            "-l",
+            "k8s-app=calico-node",
+            "--field-selector",
+            "spec.nodeName=node-3",
+            "-o",
+            "jsonpath={.items[0].status.containerStatuses[0].restartCount}",
+        ])
+        .trim()
+        .parse::<u32>()
+        .unwrap_or(0)
+    };
+    let before = restart_count();
+    tb.set_fault("rules:\n  - nodes: {names: [node-3]}\n    agent_io: {fail: 1}\n");
+    // A new pod makes Felix write (and fail) at once.
+    let fail_pod = tb.manifest(
+        "fail.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: f-node-3, namespace: default}\nspec:\n  nodeName: node-3\n  containers:\n  - name: s\n    image: target-server\n    args: [serve]\n",
+    );
+    tb.kubectl(&["apply", "-f", &fail_pod]);
+    let after = poll_until(Duration::from_secs(90), restart_count, |n| *n > before);
+    tb.set_fault("rules: []\n");
+    assert!(
+        after > before,
+        "Felix on node-3 did not exit and restart: restartCount {before} → {after}"
+    );
+    let log = std::fs::read_to_string(tb.state.join("calico/node-3/log/felix.log.previous"))
+        .unwrap_or_default();
+    assert!(
+        log.contains("agent_io"),
+        "the failed writes are in the previous Felix's log"
+    );
 
     // Nothing outlives `testbed down`: no Felix, kube-proxy or monitor of this testbed,
     // no cgroup.

@@ -229,6 +229,60 @@ fn first_connections_dropped_counts_from_readiness_then_fails_first_n_then_all_s
     bed.dp.remove_pod(&b).expect("remove");
 }
 
+/// `agent: {gates_readiness: true}` (the simulated agent judged by real Felix, whose
+/// `cali-INPUT` drops a workload it has not programmed): the node itself cannot reach
+/// a new pod until its endpoint is programmed — so the kubelet's readiness probe
+/// fails until then — while a node without the key reaches its new pod at once.
+#[test]
+fn gates_readiness_cuts_a_new_pod_off_its_own_node_until_programmed() {
+    let bed = new_bed("gate", 2);
+    let rt = rt();
+    let _g = rt.enter();
+    let f = faults(
+        "rules:\n- nodes: {names: [node-2]}\n  agent: {gates_readiness: true}\n  program_delay: 2s\n- nodes: {names: [node-1]}\n  program_delay: 2s\n",
+    );
+    let ag = bed.agents(&f, &[]);
+    // The node task puts the gate in within its first pass.
+    std::thread::sleep(Duration::from_millis(500));
+    let gated = bed.add(&ag[1], 1, "gated");
+    let open = bed.add(&ag[0], 0, "open");
+    let _s1 = serve(&gated.netns, "gated");
+    let _s2 = serve(&open.netns, "open");
+    let added = unix_now();
+    assert!(
+        dial_within(&bed.node_ns(0), open.ip, Duration::from_millis(300)).is_ok(),
+        "an ungated node reaches its unprogrammed pod (the old simulated behaviour)"
+    );
+    assert!(
+        dial_within(&bed.node_ns(1), gated.ip, Duration::from_millis(300)).is_err(),
+        "the gated node must not reach its pod before programming"
+    );
+    let up = first_success(
+        &bed.node_ns(1),
+        gated.ip,
+        Duration::from_millis(50),
+        Duration::from_secs(6),
+    )
+    .expect("reachable once programmed");
+    let programmed = bed.wait_programmed(&gated.uid, Duration::from_secs(1));
+    assert!(
+        (up - programmed).abs() < 0.2 && programmed - added > 1.5,
+        "node reached its pod at {:.3}s, programmed at {:.3}s",
+        up - added,
+        programmed - added
+    );
+    // Lifting the key opens the gate for later pods at once.
+    bed_set(&f, "rules:\n- nodes: {all: true}\n  program_delay: 2s\n");
+    std::thread::sleep(Duration::from_millis(1500));
+    let later = bed.add(&ag[1], 1, "later");
+    let _s3 = serve(&later.netns, "later");
+    assert!(dial_within(&bed.node_ns(1), later.ip, Duration::from_millis(300)).is_ok());
+}
+
+fn bed_set(f: &Faults, yaml: &str) {
+    f.set(FaultFile::parse(yaml).expect("fault file"));
+}
+
 #[test]
 fn cross_node_breaks_cross_node_pairs_and_same_node_still_works() {
     // docs/scenarios.md S4 with its own fault file.
