@@ -185,7 +185,13 @@ fn no_source_file_cites_a_file_outside_the_repository() {
             continue; // this file names the patterns it looks for
         }
         let text = std::fs::read_to_string(&p).unwrap_or_default();
-        bad.extend(outside_citations(&rel(&p), &text));
+        let mut found = outside_citations(&rel(&p), &text);
+        // `.ci/run` is the one file allowed to take inputs from the team's `../shared`
+        // when that directory exists (the Calico source archives Felix is built from).
+        if p.ends_with(".ci/run") {
+            found.retain(|l| !l.contains("../shared/calico"));
+        }
+        bad.extend(found);
     }
     assert!(
         bad.is_empty(),

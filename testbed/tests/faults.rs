@@ -773,6 +773,20 @@ fn scenario_fault_files_parse_and_say_how_to_run_them() {
             assert!(text.contains(up), "{name} says how to bring the testbed up");
         }
     }
+    // S2 on real Felix: its primitive acts on the real agent only.
+    let text = std::fs::read_to_string(fault_file("s2-real-felix.yaml")).expect("read");
+    assert!(
+        text.contains("--agent calico") && text.contains("node-2=os=debian13,node-3=os=debian13")
+    );
+    let f = FaultFile::parse(&text).expect("s2-real-felix.yaml");
+    use testbed::fault::{AgentKind, ProxyKind};
+    f.check_components(&text, AgentKind::Calico, ProxyKind::Real)
+        .expect("applies to real Felix");
+    let e = f
+        .check_components(&text, AgentKind::Simulated, ProxyKind::Simulated)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("agent_io") && e.contains("line 12"), "{e}");
     let s2 = scenario("s2-apply-loop.yaml");
     let labels: BTreeMap<String, String> = [("os".to_owned(), "debian13".to_owned())].into();
     let slow = s2.for_node("node-2", &labels, Duration::ZERO);
