@@ -320,9 +320,37 @@ fn s1_passes_on_real_felix_and_kube_proxy_and_s2_programs_late_on_its_nodes() {
 #[test]
 fn real_agent_faults_restart_starve_and_pause_felix_on_their_node_only() {
     let _g = lock();
-    let Some(tb) = up_real_agents("calico-faults", 3, "rules: []\n", "calico", &[]) else {
+    if !felix_built(&["v3.29.5", "v3.31.7"]) {
+        return;
+    }
+    // node-3 starts at another version than the rest (`agent_version` at `up`).
+    let Some(tb) = up_real_agents(
+        "calico-faults",
+        3,
+        "rules:\n  - nodes: {names: [node-3]}\n    agent_version: v3.29.5\n",
+        "calico",
+        &[],
+    ) else {
         return;
     };
+    let images = tb.kubectl(&[
+        "get",
+        "pods",
+        "-n",
+        "kube-system",
+        "-l",
+        "k8s-app=calico-node",
+        "-o",
+        "jsonpath={range .items[*]}{.spec.nodeName} {.spec.containers[0].image}{\"\\n\"}{end}",
+    ]);
+    for line in images.lines() {
+        let want = if line.starts_with("node-3 ") {
+            ":v3.29.5"
+        } else {
+            ":v3.31.7"
+        };
+        assert!(line.ends_with(want), "agent_version at up: {images}");
+    }
     let ips = node_ips(&tb);
     let start_time =
         |node: &str| sample(&felix_page(&tb, &ips[node]), "process_start_time_seconds");
@@ -636,6 +664,10 @@ fn rolling_upgrade_from_3_29_5_to_3_31_7_keeps_programmed_endpoints() {
         "{err}"
     );
 
+    // v3.31.7 brings CRDs v3.29.5 lacks; the first roll to it applies them.
+    let staged = "stagednetworkpolicies.crd.projectcalico.org";
+    let crds = || tb.kubectl(&["get", "crd", "-o", "name"]);
+    assert!(!crds().contains(staged), "v3.29.5 has no {staged}");
     let t0 = testbed::truth::unix_now();
     let out = tb
         .cmd()
@@ -707,6 +739,24 @@ fn rolling_upgrade_from_3_29_5_to_3_31_7_keeps_programmed_endpoints() {
             e.pod,
             e.t
         );
+    }
+    assert!(
+        crds().contains(staged),
+        "the roll to v3.31.7 applied its CRDs"
+    );
+    // A fault file's `agent_version` rolls the nodes it names (and only those).
+    tb.set_fault("rules:\n  - nodes: {names: [node-2]}\n    agent_version: v3.29.5\n");
+    let images = poll_until(Duration::from_secs(60), calico_pods, |o| {
+        o.lines()
+            .any(|l| l.starts_with("node-2 ") && l.ends_with(":v3.29.5"))
+    });
+    for line in images.lines() {
+        let want = if line.starts_with("node-2 ") {
+            ":v3.29.5"
+        } else {
+            ":v3.31.7"
+        };
+        assert!(line.ends_with(want), "agent_version: {images}");
     }
     tb.kubectl(&["delete", "-f", &path, "--wait=false"]);
 }

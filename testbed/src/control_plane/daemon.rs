@@ -156,6 +156,7 @@ async fn serve(
             .await
             .context("start the node components")?;
     let kubelets = nodes.kubelets.clone();
+    let felix = nodes.felix.clone();
     *nodes_out = Some(nodes);
     for n in &plan.nodes {
         wait_object(
@@ -168,6 +169,21 @@ async fn serve(
             node_schedulable_ready,
         )
         .await?;
+    }
+    // Real Felix: `up` returns once every Felix reports ready (its `/readiness`).
+    for f in &felix {
+        let deadline = tokio::time::Instant::now() + NODES_READY_TIMEOUT;
+        while !f.process().is_ready() {
+            if tokio::time::Instant::now() > deadline {
+                anyhow::bail!(
+                    "Felix on {} not ready within {NODES_READY_TIMEOUT:?}; its log {} ends:\n{}",
+                    f.node(),
+                    f.log_path().display(),
+                    super::log_tail(&f.log_path(), 15)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
     // Hollow nodes: registered once the netns nodes are up; `up` returns when the
     // node-lifecycle controller has lifted their not-ready taints too.
