@@ -1120,6 +1120,32 @@ impl<'de> Deserialize<'de> for AgentFaults {
     }
 }
 
+/// Calls macro `$m` with the primitive keys a [`Rule`] has besides `nodes`, `from`,
+/// `until` and `agent`, in declaration order (one list for resolving and for naming them).
+macro_rules! rule_primitives {
+    ($m:ident) => {
+        $m!(
+            program_delay,
+            service_delay,
+            teardown_delay,
+            resync_loop,
+            never_program,
+            queue,
+            revoke,
+            name_reuse_race,
+            first_connections_dropped,
+            cross_node,
+            stale_routes,
+            clock_skew,
+            agent_io,
+            agent_cpu,
+            agent_pause,
+            policies,
+            agent_version
+        )
+    };
+}
+
 /// One rule as written.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Rule {
@@ -1426,25 +1452,7 @@ impl FaultFile {
             macro_rules! take {
                 ($($k:ident),*) => { $( if r.$k.is_some() { out.$k = r.$k.clone(); } )* };
             }
-            take!(
-                program_delay,
-                service_delay,
-                teardown_delay,
-                resync_loop,
-                never_program,
-                queue,
-                revoke,
-                name_reuse_race,
-                first_connections_dropped,
-                cross_node,
-                stale_routes,
-                clock_skew,
-                agent_io,
-                agent_cpu,
-                agent_pause,
-                policies,
-                agent_version
-            );
+            rule_primitives!(take);
             if let Some(a) = &r.agent {
                 out.agent.merge(a);
             }
@@ -1657,25 +1665,7 @@ impl Rule {
         macro_rules! key {
             ($($k:ident),*) => { $( if self.$k.is_some() { v.push(stringify!($k)); } )* };
         }
-        key!(
-            program_delay,
-            service_delay,
-            teardown_delay,
-            resync_loop,
-            never_program,
-            queue,
-            revoke,
-            name_reuse_race,
-            first_connections_dropped,
-            cross_node,
-            stale_routes,
-            clock_skew,
-            agent_io,
-            agent_cpu,
-            agent_pause,
-            policies,
-            agent_version
-        );
+        rule_primitives!(key);
         if let Some(a) = &self.agent {
             macro_rules! agent_key {
                 ($($k:ident),*) => {

@@ -385,6 +385,27 @@ pub fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }
 
+/// Makes `cmd`'s child the leader of its own process group and gets it SIGKILL when the
+/// thread that spawns it ends (`PR_SET_PDEATHSIG`), or at once if the daemon already
+/// died between fork and exec: spawn it from a thread that lives as long as the child
+/// should (a node's or the control plane's netns thread).
+pub fn die_with_spawning_thread(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    cmd.process_group(0);
+    let parent = std::process::id() as i32;
+    // SAFETY: only async-signal-safe calls (prctl, getppid) between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                .map_err(std::io::Error::from)?;
+            if nix::unistd::getppid().as_raw() != parent {
+                return Err(std::io::Error::other("parent exited"));
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Spawns `spec` from `rt`'s thread (see the module docs).
 async fn spawn(rt: &tokio::runtime::Handle, spec: &Spec) -> Result<Child> {
     if let Some(parent) = spec.log.parent() {
@@ -426,22 +447,7 @@ async fn spawn(rt: &tokio::runtime::Handle, spec: &Spec) -> Result<Child> {
             "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         );
     }
-    {
-        use std::os::unix::process::CommandExt;
-        cmd.process_group(0);
-        let parent = std::process::id() as i32;
-        // SAFETY: only async-signal-safe calls (prctl, getppid) between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
-                    .map_err(std::io::Error::from)?;
-                if nix::unistd::getppid().as_raw() != parent {
-                    return Err(std::io::Error::other("parent exited"));
-                }
-                Ok(())
-            });
-        }
-    }
+    die_with_spawning_thread(&mut cmd);
     rt.spawn(async move { cmd.spawn() })
         .await
         .map_err(|e| anyhow!("spawn task: {e}"))?

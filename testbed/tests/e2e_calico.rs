@@ -132,6 +132,56 @@ fn pod_timelines(truth: &[TruthEvent]) -> BTreeMap<String, (String, f64, f64, f6
         .collect()
 }
 
+/// Pods `PREFIX-NODE-I` (I < `per_node`) running `target-server serve` pinned to each of
+/// `nodes`, with a 1 s readiness probe unless `probe` is false, as one manifest applied
+/// with kubectl; returns its path (for `kubectl delete -f`).
+fn apply_servers(
+    tb: &Testbed,
+    prefix: &str,
+    nodes: &[&str],
+    per_node: usize,
+    probe: bool,
+) -> String {
+    let readiness = if probe {
+        "    readinessProbe: {httpGet: {path: /readyz, port: 8080}, periodSeconds: 1}\n"
+    } else {
+        ""
+    };
+    let mut pods = String::new();
+    for node in nodes {
+        for i in 0..per_node {
+            pods.push_str(&format!(
+                "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {prefix}-{node}-{i}, namespace: default}}\nspec:\n  nodeName: {node}\n  containers:\n  - name: s\n    image: target-server\n    args: [serve]\n{readiness}"
+            ));
+        }
+    }
+    let path = tb.manifest(&format!("{prefix}.yaml"), &pods);
+    tb.kubectl(&["apply", "-f", &path]);
+    path
+}
+
+/// [`pod_timelines`] of the truth since `t0`, polled until it holds `n` pods or `within`
+/// passed.
+fn timelines_since(
+    tb: &Testbed,
+    t0: f64,
+    n: usize,
+    within: Duration,
+) -> BTreeMap<String, (String, f64, f64, f64)> {
+    poll_until(
+        within,
+        || {
+            pod_timelines(
+                &tb.truth()
+                    .into_iter()
+                    .filter(|e| e.t >= t0)
+                    .collect::<Vec<_>>(),
+            )
+        },
+        |t| t.len() >= n,
+    )
+}
+
 fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64
 }
@@ -214,19 +264,8 @@ fn s1_passes_on_real_felix_and_kube_proxy_and_s2_programs_late_on_its_nodes() {
             && crs.contains("ippool.crd.projectcalico.org/default-ipv4-ippool"),
         "{crs}"
     );
-    let pod = tb.kubectl(&[
-        "get",
-        "pods",
-        "-n",
-        "kube-system",
-        "-l",
-        "k8s-app=calico-node",
-        "--field-selector",
-        "spec.nodeName=node-1",
-        "-o",
-        "jsonpath={.items[0].metadata.name}",
-    ]);
-    let logs = tb.kubectl(&["logs", "-n", "kube-system", pod.trim(), "--tail", "2000"]);
+    let pod = tb.agent_pods()["node-1"][0].clone();
+    let logs = tb.kubectl(&["logs", "-n", "kube-system", &pod, "--tail", "2000"]);
     assert!(
         logs.contains("felix/"),
         "calico-node logs are not Felix's: {logs:.400}"
@@ -333,23 +372,14 @@ fn real_agent_faults_restart_starve_and_pause_felix_on_their_node_only() {
     ) else {
         return;
     };
-    let images = tb.kubectl(&[
-        "get",
-        "pods",
-        "-n",
-        "kube-system",
-        "-l",
-        "k8s-app=calico-node",
-        "-o",
-        "jsonpath={range .items[*]}{.spec.nodeName} {.spec.containers[0].image}{\"\\n\"}{end}",
-    ]);
-    for line in images.lines() {
-        let want = if line.starts_with("node-3 ") {
+    let pods = tb.agent_pods();
+    for (node, [.., image, _, _]) in &pods {
+        let want = if node == "node-3" {
             ":v3.29.5"
         } else {
             ":v3.31.7"
         };
-        assert!(line.ends_with(want), "agent_version at up: {images}");
+        assert!(image.ends_with(want), "agent_version at up: {pods:?}");
     }
     let ips = node_ips(&tb);
     let start_time =
@@ -375,23 +405,11 @@ fn real_agent_faults_restart_starve_and_pause_felix_on_their_node_only() {
     );
     let restarts = poll_until(
         Duration::from_secs(40),
-        || {
-            tb.kubectl(&[
-                "get", "pods", "-n", "kube-system", "-l", "k8s-app=calico-node",
-                "--field-selector", "spec.nodeName=node-1",
-                "-o", "jsonpath={.items[0].status.containerStatuses[0].restartCount} {.items[0].status.conditions[?(@.type==\"Ready\")].status}",
-            ])
-        },
-        |o| {
-            o.split(' ')
-                .next()
-                .and_then(|n| n.parse::<u32>().ok())
-                .is_some_and(|n| n >= 1)
-                && o.ends_with("True")
-        },
+        || tb.agent_pods()["node-1"].clone(),
+        |[.., restarts, ready]| restarts.parse::<u32>().is_ok_and(|n| n >= 1) && ready == "True",
     );
     assert!(
-        restarts.starts_with('1') || restarts.starts_with('2'),
+        ["1", "2"].contains(&restarts[3].as_str()) && restarts[4] == "True",
         "restartCount/Ready: {restarts:?}"
     );
     let after = poll_until(
@@ -426,24 +444,8 @@ fn real_agent_faults_restart_starve_and_pause_felix_on_their_node_only() {
         stopped.as_deref().is_some_and(|s| s.starts_with('T')),
         "node-3's Felix not paused: {stopped:?}"
     );
-    let mut pods = String::new();
-    for node in ["node-1", "node-2", "node-3"] {
-        for i in 0..2 {
-            pods.push_str(&format!(
-                "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: w-{node}-{i}, namespace: default}}\nspec:\n  nodeName: {node}\n  restartPolicy: Never\n  containers:\n  - name: s\n    image: target-server\n    args: [serve]\n    readinessProbe: {{httpGet: {{path: /readyz, port: 8080}}, periodSeconds: 1}}\n"
-            ));
-        }
-    }
-    let path = tb.manifest("workloads.yaml", &pods);
-    tb.kubectl(&["apply", "-f", &path]);
-    let timelines = poll_until(
-        Duration::from_secs(90),
-        || {
-            let truth: Vec<TruthEvent> = tb.truth().into_iter().filter(|e| e.t >= t0).collect();
-            pod_timelines(&truth)
-        },
-        |t| t.len() >= 6,
-    );
+    let path = apply_servers(&tb, "w", &["node-1", "node-2", "node-3"], 2, true);
+    let timelines = timelines_since(&tb, t0, 6, Duration::from_secs(90));
     tb.set_fault("rules: []\n");
     // Felix's own word agrees with the ruleset: its endpoint status file
     // (EndpointStatusPathPrefix) is written just after the dispatch is in.
@@ -525,31 +527,11 @@ fn real_agent_faults_restart_starve_and_pause_felix_on_their_node_only() {
 
     // agent_io failures: Felix gives up after its retries and exits; its supervisor
     // restarts it (the pod's restartCount goes up again).
-    let restart_count = || {
-        tb.kubectl(&[
-            "get",
-            "pods",
-            "-n",
-            "kube-system",
-            "-l",
-            "k8s-app=calico-node",
-            "--field-selector",
-            "spec.nodeName=node-3",
-            "-o",
-            "jsonpath={.items[0].status.containerStatuses[0].restartCount}",
-        ])
-        .trim()
-        .parse::<u32>()
-        .unwrap_or(0)
-    };
+    let restart_count = || tb.agent_pods()["node-3"][3].parse::<u32>().unwrap_or(0);
     let before = restart_count();
     tb.set_fault("rules:\n  - nodes: {names: [node-3]}\n    agent_io: {fail: 1}\n");
     // A new pod makes Felix write (and fail) at once.
-    let fail_pod = tb.manifest(
-        "fail.yaml",
-        "apiVersion: v1\nkind: Pod\nmetadata: {name: f-node-3, namespace: default}\nspec:\n  nodeName: node-3\n  containers:\n  - name: s\n    image: target-server\n    args: [serve]\n",
-    );
-    tb.kubectl(&["apply", "-f", &fail_pod]);
+    apply_servers(&tb, "f", &["node-3"], 1, false);
     let after = poll_until(Duration::from_secs(90), restart_count, |n| *n > before);
     tb.set_fault("rules: []\n");
     assert!(
@@ -614,27 +596,15 @@ fn rolling_upgrade_from_3_29_5_to_3_31_7_keeps_programmed_endpoints() {
     let Some(tb) = up_real_agents("calico-roll", 3, "rules: []\n", "calico:v3.29.5", &[]) else {
         return;
     };
-    let mut pods = String::new();
+    let path = apply_servers(&tb, "keep", &["node-1", "node-2", "node-3"], 1, true);
     for node in ["node-1", "node-2", "node-3"] {
-        pods.push_str(&format!(
-            "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: keep-{node}, namespace: default}}\nspec:\n  nodeName: {node}\n  containers:\n  - name: s\n    image: target-server\n    args: [serve]\n    readinessProbe: {{httpGet: {{path: /readyz, port: 8080}}, periodSeconds: 1}}\n"
+        assert!(tb.wait_pod_ready(
+            "default",
+            &format!("keep-{node}-0"),
+            Duration::from_secs(60)
         ));
     }
-    let path = tb.manifest("keep.yaml", &pods);
-    tb.kubectl(&["apply", "-f", &path]);
-    for node in ["node-1", "node-2", "node-3"] {
-        assert!(tb.wait_pod_ready("default", &format!("keep-{node}"), Duration::from_secs(60)));
-    }
-    let calico_pods = || {
-        tb.kubectl(&[
-            "get", "pods", "-n", "kube-system", "-l", "k8s-app=calico-node",
-            "-o", "jsonpath={range .items[*]}{.spec.nodeName} {.metadata.uid} {.spec.containers[0].image}{\"\\n\"}{end}",
-        ])
-    };
-    let before: BTreeSet<String> = calico_pods()
-        .lines()
-        .map(|l| l.split(' ').nth(1).unwrap_or("").to_owned())
-        .collect();
+    let before: BTreeSet<String> = tb.agent_pods().values().map(|p| p[1].clone()).collect();
     // The page tells the versions apart: v3.31.7 added this family (v3.29.5 lacks it).
     const V3_31_FAMILY: &str = "# TYPE felix_int_dataplane_initial_resync_time_seconds";
     let ips = node_ips(&tb);
@@ -687,15 +657,13 @@ fn rolling_upgrade_from_3_29_5_to_3_31_7_keeps_programmed_endpoints() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let after = calico_pods();
-    for line in after.lines() {
-        let mut w = line.split(' ');
-        let (node, uid, image) = (w.next().unwrap(), w.next().unwrap(), w.next().unwrap());
+    let after = tb.agent_pods();
+    for (node, [_, uid, image, _, _]) in &after {
         assert!(
             !before.contains(uid),
-            "{node}'s calico-node pod not replaced: {after}"
+            "{node}'s calico-node pod not replaced: {after:?}"
         );
-        assert!(image.ends_with(":v3.31.7"), "{after}");
+        assert!(image.ends_with(":v3.31.7"), "{after:?}");
     }
     for (node, ip) in &ips {
         let page = poll_until(
@@ -746,17 +714,18 @@ fn rolling_upgrade_from_3_29_5_to_3_31_7_keeps_programmed_endpoints() {
     );
     // A fault file's `agent_version` rolls the nodes it names (and only those).
     tb.set_fault("rules:\n  - nodes: {names: [node-2]}\n    agent_version: v3.29.5\n");
-    let images = poll_until(Duration::from_secs(60), calico_pods, |o| {
-        o.lines()
-            .any(|l| l.starts_with("node-2 ") && l.ends_with(":v3.29.5"))
-    });
-    for line in images.lines() {
-        let want = if line.starts_with("node-2 ") {
+    let pods = poll_until(
+        Duration::from_secs(60),
+        || tb.agent_pods(),
+        |p| p.get("node-2").is_some_and(|p| p[2].ends_with(":v3.29.5")),
+    );
+    for (node, [.., image, _, _]) in &pods {
+        let want = if node == "node-2" {
             ":v3.29.5"
         } else {
             ":v3.31.7"
         };
-        assert!(line.ends_with(want), "agent_version: {images}");
+        assert!(image.ends_with(want), "agent_version: {pods:?}");
     }
     tb.kubectl(&["delete", "-f", &path, "--wait=false"]);
 }
@@ -814,28 +783,8 @@ fn simulated_readiness_gating_delays_ready_like_real_felix() {
     let sim = Testbed::up("sim-gate", 2, "rules: []\n", &[]);
     let measure = |tb: &Testbed| {
         let t0 = testbed::truth::unix_now();
-        let mut pods = String::new();
-        for node in ["node-1", "node-2"] {
-            for i in 0..3 {
-                pods.push_str(&format!(
-                    "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: g-{node}-{i}, namespace: default}}\nspec:\n  nodeName: {node}\n  restartPolicy: Never\n  containers:\n  - name: s\n    image: target-server\n    args: [serve]\n    readinessProbe: {{httpGet: {{path: /readyz, port: 8080}}, periodSeconds: 1}}\n"
-                ));
-            }
-        }
-        let path = tb.manifest("gate-pods.yaml", &pods);
-        tb.kubectl(&["apply", "-f", &path]);
-        let t = poll_until(
-            Duration::from_secs(60),
-            || {
-                pod_timelines(
-                    &tb.truth()
-                        .into_iter()
-                        .filter(|e| e.t >= t0)
-                        .collect::<Vec<_>>(),
-                )
-            },
-            |t| t.len() >= 6,
-        );
+        let path = apply_servers(tb, "g", &["node-1", "node-2"], 3, true);
+        let t = timelines_since(tb, t0, 6, Duration::from_secs(60));
         tb.kubectl(&["delete", "-f", &path, "--wait=false"]);
         let mut by_node: BTreeMap<String, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
         for (node, s, p, r) in t.values() {

@@ -356,26 +356,6 @@ fn hostname_label_can_differ_from_the_node_name() {
     assert_eq!(cond, "|Unschedulable");
 }
 
-/// Each node's calico-node pod: node → (name, uid, image, restartCount, Ready).
-fn agent_pods(tb: &Testbed) -> std::collections::BTreeMap<String, [String; 5]> {
-    tb.kubectl(&[
-        "get",
-        "pods",
-        "-n",
-        "kube-system",
-        "-l",
-        "k8s-app=calico-node",
-        "-o",
-        "jsonpath={range .items[*]}{.spec.nodeName} {.metadata.name} {.metadata.uid} {.spec.containers[0].image} {.status.containerStatuses[0].restartCount} {.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}{end}",
-    ])
-    .lines()
-    .filter_map(|l| {
-        let w: Vec<&str> = l.split_whitespace().collect();
-        (w.len() == 6).then(|| (w[0].to_owned(), [1, 2, 3, 4, 5].map(|i| w[i].to_owned())))
-    })
-    .collect()
-}
-
 /// `process_start_time_seconds` of the Felix page at `ip:9091`, read from the host
 /// network namespace (`testbed exec -- curl`).
 fn felix_start_time(tb: &Testbed, ip: &str) -> Option<f64> {
@@ -396,7 +376,7 @@ fn felix_start_time(tb: &Testbed, ip: &str) -> Option<f64> {
 fn agent_roll_replaces_one_nodes_calico_node_pod() {
     let _g = serial();
     let tb = Testbed::up("agentroll", 3, "rules: []\n", &[]);
-    let before = agent_pods(&tb);
+    let before = tb.agent_pods();
     assert_eq!(before.len(), 3, "{before:?}");
     let node3_ip = tb.kubectl(&[
         "get",
@@ -415,7 +395,7 @@ fn agent_roll_replaces_one_nodes_calico_node_pod() {
     let said = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "agent roll failed: {said}");
 
-    let after = agent_pods(&tb);
+    let after = tb.agent_pods();
     let (old, new) = (&before["node-3"], &after["node-3"]);
     assert_ne!(new[0], old[0], "same pod name after the roll: {after:?}");
     assert_ne!(new[1], old[1], "same UID after the roll: {after:?}");
@@ -477,7 +457,7 @@ fn agent_roll_replaces_one_nodes_calico_node_pod() {
     let out = common::output_within(bad, Duration::from_secs(30));
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("node-9"));
-    assert_eq!(agent_pods(&tb), after);
+    assert_eq!(tb.agent_pods(), after);
 }
 
 #[test]

@@ -275,22 +275,7 @@ impl Procs {
             .stdout(log.try_clone()?)
             .stderr(log)
             .current_dir(self.cfg.dir());
-        {
-            use std::os::unix::process::CommandExt;
-            cmd.process_group(0);
-            let parent = std::process::id() as i32;
-            // SAFETY: only async-signal-safe calls (prctl, getppid) between fork and exec.
-            unsafe {
-                cmd.pre_exec(move || {
-                    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
-                        .map_err(std::io::Error::from)?;
-                    if nix::unistd::getppid().as_raw() != parent {
-                        return Err(std::io::Error::other("parent exited"));
-                    }
-                    Ok(())
-                });
-            }
-        }
+        crate::supervise::die_with_spawning_thread(&mut cmd);
         // Spawned on the thread inside the netns: the child inherits the netns, and
         // PR_SET_PDEATHSIG fires when that thread ends.
         let child = self

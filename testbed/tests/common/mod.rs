@@ -421,6 +421,26 @@ impl Testbed {
         poll_until(timeout, || self.kubectl(args), |o| done(o))
     }
 
+    /// Each node's calico-node pod: node → [name, uid, image, restartCount, Ready].
+    pub fn agent_pods(&self) -> std::collections::BTreeMap<String, [String; 5]> {
+        self.kubectl(&[
+            "get",
+            "pods",
+            "-n",
+            "kube-system",
+            "-l",
+            "k8s-app=calico-node",
+            "-o",
+            "jsonpath={range .items[*]}{.spec.nodeName} {.metadata.name} {.metadata.uid} {.spec.containers[0].image} {.status.containerStatuses[0].restartCount} {.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}{end}",
+        ])
+        .lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w.len() == 6).then(|| (w[0].to_owned(), [1, 2, 3, 4, 5].map(|i| w[i].to_owned())))
+        })
+        .collect()
+    }
+
     pub fn prefix(&self) -> String {
         let plan: Value =
             serde_json::from_str(&std::fs::read_to_string(self.state.join("plan.json")).unwrap())
