@@ -33,7 +33,7 @@ pub const HEALTHZ_PORT: u16 = 10256;
 /// Which service proxy the testbed runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum ProxyChoice {
-    /// The testbed's own kube-proxy-like programmer ([`crate::services`]).
+    /// The testbed's own kube-proxy-like programmer (testbed/src/services.rs).
     #[default]
     Sim,
     /// Real kube-proxy (nftables mode), from `scripts/control-plane.sh`.
