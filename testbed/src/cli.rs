@@ -252,40 +252,6 @@ fn parse_agent(s: &str) -> Result<crate::calico::AgentChoice, String> {
     s.parse()
 }
 
-/// Which fault-file primitives apply, given the agent and service proxy.
-pub fn component_kinds(
-    agent: &crate::calico::AgentChoice,
-    proxy: crate::kube_proxy_real::ProxyChoice,
-) -> (crate::fault::AgentKind, crate::fault::ProxyKind) {
-    (
-        match agent {
-            crate::calico::AgentChoice::Sim => crate::fault::AgentKind::Simulated,
-            crate::calico::AgentChoice::Calico { .. } => crate::fault::AgentKind::Calico,
-        },
-        match proxy {
-            crate::kube_proxy_real::ProxyChoice::Sim => crate::fault::ProxyKind::Simulated,
-            crate::kube_proxy_real::ProxyChoice::Real => crate::fault::ProxyKind::Real,
-        },
-    )
-}
-
-/// Parses and checks a fault file for `nodes` and the running components. Errors name
-/// the file and the line.
-pub fn check_fault_file(
-    path: &Path,
-    nodes: &[String],
-    agent: &crate::calico::AgentChoice,
-    proxy: crate::kube_proxy_real::ProxyChoice,
-) -> Result<crate::fault::FaultFile> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("read fault file {}", path.display()))?;
-    let (a, p) = component_kinds(agent, proxy);
-    crate::fault::FaultFile::parse(&text)
-        .and_then(|ff| ff.check_nodes(nodes).map(|()| ff))
-        .and_then(|ff| ff.check_components(&text, a, p).map(|()| ff))
-        .map_err(|e| anyhow!("fault file {}: {e}", path.display()))
-}
-
 #[derive(clap::Args, Debug, Clone)]
 pub struct DemoArgs {
     /// Number of nodes.
@@ -405,7 +371,12 @@ pub fn up(state: &Path, args: &UpArgs) -> Result<()> {
         );
     }
     let fault_file = match &args.fault {
-        Some(f) => Some(check_fault_file(f, &nodes, &args.agent, args.kube_proxy)?),
+        Some(f) => Some(crate::fault::FaultFile::load_checked(
+            f,
+            &nodes,
+            args.agent.kind(),
+            args.kube_proxy.kind(),
+        )?),
         None => None,
     };
     if let Some(v) = args.agent.version() {

@@ -788,9 +788,12 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
     std::fs::write(state.join("daemon.pid"), std::process::id().to_string())?;
     let truth = Truth::open(&state.join("truth.jsonl")).context("open truth log")?;
     let faults = match &args.fault {
-        Some(p) => {
-            crate::cli::check_fault_file(p, &node_names(plan), &args.agent, args.kube_proxy)?
-        }
+        Some(p) => FaultFile::load_checked(
+            p,
+            &node_names(plan),
+            args.agent.kind(),
+            args.kube_proxy.kind(),
+        )?,
         None => FaultFile::default(),
     };
     let faults = Faults::new(faults);
@@ -1116,7 +1119,7 @@ pub(crate) fn apply_fault(
     agent: &crate::calico::AgentChoice,
     proxy: crate::kube_proxy_real::ProxyChoice,
 ) -> String {
-    let checked = crate::cli::check_fault_file(path, nodes, agent, proxy).and_then(|f| {
+    let checked = FaultFile::load_checked(path, nodes, agent.kind(), proxy.kind()).and_then(|f| {
         if agent.version().is_some() {
             let versions = f.agent_versions();
             crate::calico::Builds::locate().require(versions.iter().map(String::as_str))?;

@@ -1428,6 +1428,26 @@ impl FaultFile {
         Ok(())
     }
 
+    /// Reads, parses and checks the fault file at `path` for the cluster's `nodes`
+    /// ([`FaultFile::check_nodes`]) and the running components
+    /// ([`FaultFile::check_components`]): what `testbed up --fault` and `fault set` do.
+    /// Errors (anyhow, one line): the file unreadable, or the parse/check error prefixed
+    /// with the path.
+    pub fn load_checked(
+        path: &std::path::Path,
+        nodes: &[String],
+        agent: AgentKind,
+        proxy: ProxyKind,
+    ) -> anyhow::Result<FaultFile> {
+        use anyhow::Context as _;
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("read fault file {}", path.display()))?;
+        FaultFile::parse(&text)
+            .and_then(|ff| ff.check_nodes(nodes).map(|()| ff))
+            .and_then(|ff| ff.check_components(&text, agent, proxy).map(|()| ff))
+            .map_err(|e| anyhow::anyhow!("fault file {}: {e}", path.display()))
+    }
+
     /// Resolves the faults for node `node` with `labels` at `since_applied` after the
     /// file was applied (for per-endpoint primitives: when the endpoint was added):
     /// every rule that selects the node and whose `[from, until)` contains

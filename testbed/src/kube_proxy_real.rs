@@ -41,6 +41,14 @@ pub enum ProxyChoice {
 }
 
 impl ProxyChoice {
+    /// Which fault primitives apply to this service proxy.
+    pub fn kind(self) -> crate::fault::ProxyKind {
+        match self {
+            ProxyChoice::Sim => crate::fault::ProxyKind::Simulated,
+            ProxyChoice::Real => crate::fault::ProxyKind::Real,
+        }
+    }
+
     /// `sim` / `real`.
     pub fn as_arg(self) -> &'static str {
         match self {

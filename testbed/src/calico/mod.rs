@@ -61,6 +61,14 @@ impl AgentChoice {
         }
     }
 
+    /// Which fault primitives apply to this agent.
+    pub fn kind(&self) -> crate::fault::AgentKind {
+        match self {
+            AgentChoice::Sim => crate::fault::AgentKind::Simulated,
+            AgentChoice::Calico { .. } => crate::fault::AgentKind::Calico,
+        }
+    }
+
     /// The Felix version for the real agent.
     pub fn version(&self) -> Option<&str> {
         match self {
