@@ -791,7 +791,23 @@ const STALE_FAULT: &str = "rules:
 fn s7_random_blackholed_pod_ips_are_never_called_cross_node_broken() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let tb = Testbed::up("s7stale", 4, STALE_FAULT, &[]);
-    let (code, report, out) = tb.gate(&["--pairs", "12", "--give-up", "10s", "--hold", "1s"]);
+    // Each pair fails with probability about 5/9, so about 1 run in 100 loses 11 or 12
+    // of its 12 pairs to the dice — a sample that looks like every pair broken. Such a
+    // run is printed and the gate runs again (at most twice more); a dataplane that
+    // really broke every pair fails all three.
+    let mut attempt = 0;
+    let (code, report, out) = loop {
+        attempt += 1;
+        let (code, report, out) = tb.gate(&["--pairs", "12", "--give-up", "10s", "--hold", "1s"]);
+        let failed = of_kind(&report, "cross_node")
+            .iter()
+            .filter(|p| p["result"] == "failed")
+            .count();
+        if failed < 11 || attempt == 3 {
+            break (code, report, out);
+        }
+        println!("S7 run {attempt}: {failed} of 12 pairs failed (an unrepresentative draw); running the gate again");
+    };
     validate(&report);
     let cross = of_kind(&report, "cross_node");
     assert_eq!(cross.len(), 12, "{out}");
