@@ -61,7 +61,14 @@ version_of() {
 }
 
 mkdir -p "$cache_root"
+unpacked=""
+out=""
+# A failed unpack or build leaves nothing behind in the cache.
+trap '[ -z "$unpacked" ] || rm -rf "$unpacked"; [ -z "$out" ] || rm -rf "$out.tmp"' EXIT
 IFS=',' read -r -a sources <<< "$FIRSTPACKET_CALICO_SOURCE"
+named=0
+for src in "${sources[@]}"; do [ -n "$src" ] && named=$((named + 1)); done
+[ "$named" -gt 0 ] || { log "error: FIRSTPACKET_CALICO_SOURCE names no source ('$FIRSTPACKET_CALICO_SOURCE')"; exit 1; }
 for src in "${sources[@]}"; do
   [ -n "$src" ] || continue
   [ -e "$src" ] || { log "error: FIRSTPACKET_CALICO_SOURCE names $src, which does not exist"; exit 1; }
@@ -80,7 +87,10 @@ for src in "${sources[@]}"; do
     fi
     unpacked=$(mktemp -d "$cache_root/unpack.XXXXXX")
     log "unpacking $src"
-    tar -xzf "$src" -C "$unpacked"
+    if ! err=$(tar -xzf "$src" -C "$unpacked" 2>&1); then
+      log "error: $src is not a readable .tar.gz: $(echo "$err" | grep -m1 .)"
+      exit 1
+    fi
     top=$(find "$unpacked" -mindepth 1 -maxdepth 1 -type d | head -1)
     [ -n "$top" ] && [ -d "$top/felix/cmd/calico-felix" ] || { log "error: $src holds no felix/cmd/calico-felix"; rm -rf "$unpacked"; exit 1; }
     dir=$top
@@ -103,11 +113,16 @@ for src in "${sources[@]}"; do
   t0=$(date +%s)
   rm -rf "$out.tmp"
   mkdir -p "$out.tmp/bin" "$out.tmp/crd"
+  # The version variable moved: felix/buildinfo.GitVersion up to 3.29,
+  # pkg/buildinfo.Version since (-X of a missing symbol is ignored, so set both).
   (cd "$dir" && CGO_ENABLED=0 GOFLAGS="${GOFLAGS:--buildvcs=false}" go build -trimpath \
-    -ldflags "-s -w -X github.com/projectcalico/calico/pkg/buildinfo.Version=$version" \
+    -ldflags "-s -w -X github.com/projectcalico/calico/pkg/buildinfo.Version=$version -X github.com/projectcalico/calico/felix/buildinfo.GitVersion=$version" \
     -o "$out.tmp/bin/calico-felix" ./felix/cmd/calico-felix)
   cp "$dir"/libcalico-go/config/crd/*.yaml "$out.tmp/crd/"
-  "$out.tmp/bin/calico-felix" --version >&2 || true
+  if ! "$out.tmp/bin/calico-felix" --version 2>&1 | grep -q "Version: *$version\$"; then
+    log "error: the built calico-felix does not report version $version (calico-felix --version: $("$out.tmp/bin/calico-felix" --version 2>&1 | head -1))"
+    exit 1
+  fi
   echo "$version" > "$out.tmp/VERSION"
   rm -rf "$out"
   mv "$out.tmp" "$out"

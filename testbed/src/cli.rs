@@ -28,7 +28,9 @@ pub const DEMO_FAULT: &str =
     about = "A small real Kubernetes-like cluster on this machine, for firstpacket",
     long_about = "A small real Kubernetes-like cluster on this machine: an API server real \
 kubectl and kube-rs accept, a scheduler, a kubelet per node, and a Calico-like CNI \
-dataplane, with every node and pod in its own network namespace. Probe pods run the real \
+dataplane, with every node and pod in its own network namespace; or, with `up \
+--control-plane real`, the real Kubernetes control plane, and with `--agent calico \
+--kube-proxy real` real Calico Felix and real kube-proxy on the nodes. Probe pods run the real \
 binaries; packets, routes and nftables rules are real. Faults (docs/design.md §6) shape when \
 new endpoints get programmed; `testbed truth` prints what really happened and when.\n\n\
 Needs root (network namespaces, nftables). Touches nothing outside the namespaces it \
@@ -91,13 +93,14 @@ pub enum Cmd {
         /// the next (humantime, default 0s).
         #[arg(long, value_parser = humantime::parse_duration, default_value = "0s", requires = "all")]
         interval: Duration,
-        /// The new pod's container image (e.g. `docker.io/calico/node:v3.99.0`).
+        /// The new pod's container image (e.g. `docker.io/calico/node:v3.29.5`; with real
+        /// Felix its tag must name a version `scripts/calico.sh` built).
         #[arg(long)]
         image: String,
         /// How long the agent is down (humantime, e.g. `15s`; default 0): from before
         /// the old pod's deletion until this long after it, the node programs no new
         /// endpoint (its new pods stay dark, as during a real CNI agent restart) and
-        /// the agent pod is not Ready.
+        /// the agent pod is not Ready. With real Felix: Felix is stopped that long.
         #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
         down: Duration,
     },
@@ -204,7 +207,8 @@ pub struct UpArgs {
     /// Where each node's kube-proxy serves its metrics (port 10249): `all` = every
     /// address of the node (reachable at NODE_IP:10249, as clusters that scrape
     /// kube-proxy configure it), `localhost` = 127.0.0.1 only (kube-proxy's own default
-    /// `metricsBindAddress`, unreachable from off the node), `none` = no kube-proxy pods.
+    /// `metricsBindAddress`, unreachable from off the node), `none` = no kube-proxy pods
+    /// (with `--kube-proxy real` the process still runs, metrics on 127.0.0.1).
     #[arg(long, value_enum, default_value_t = crate::kube_proxy::MetricsBind::All)]
     pub kube_proxy_metrics: crate::kube_proxy::MetricsBind,
     /// How long to wait for every node to be Ready (humantime: `90s`, `2m`; default
@@ -363,10 +367,17 @@ pub fn up(state: &Path, args: &UpArgs) -> Result<()> {
     let real_components = args.agent != crate::calico::AgentChoice::Sim
         || args.kube_proxy == crate::kube_proxy_real::ProxyChoice::Real;
     if real_components && args.control_plane != crate::control_plane::Mode::Real {
+        let mut given = Vec::new();
+        if args.agent != crate::calico::AgentChoice::Sim {
+            given.push(format!("--agent {}", args.agent.as_arg()));
+        }
+        if args.kube_proxy == crate::kube_proxy_real::ProxyChoice::Real {
+            given.push("--kube-proxy real".to_owned());
+        }
         bail!(
-            "--agent {} --kube-proxy {} need the real control plane (Calico's CRDs, real RBAC and watches): add --control-plane real (or set {}=real)",
-            args.agent.as_arg(),
-            args.kube_proxy.as_arg(),
+            "{} need{} the real control plane: add --control-plane real (or set {}=real)",
+            given.join(" and "),
+            if given.len() == 1 { "s" } else { "" },
             crate::control_plane::MODE_ENV
         );
     }
@@ -512,6 +523,15 @@ pub fn up(state: &Path, args: &UpArgs) -> Result<()> {
                     "  real control plane: logs and audit log in {}",
                     state.join("control-plane").display()
                 );
+            }
+            if let Some(v) = info.agent.strip_prefix("calico:") {
+                eprintln!(
+                    "  node agent: real Calico Felix {v} on every node (logs in {}; kubectl -n kube-system logs -l k8s-app=calico-node)",
+                    state.join("calico").display()
+                );
+            }
+            if info.kube_proxy == "real" {
+                eprintln!("  service proxy: real kube-proxy (nftables mode) on every node");
             }
             return Ok(());
         }

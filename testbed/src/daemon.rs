@@ -495,7 +495,7 @@ pub async fn start_nodes(
                 kubelet.api().clone(),
                 n.name.clone(),
                 agent_image,
-                real_proxy || args.kube_proxy_metrics.addr().is_some(),
+                args.kube_proxy_metrics.addr().is_some(),
             ))
             .await
             .context("agent pod task")?;
@@ -512,6 +512,13 @@ pub async fn start_nodes(
                 dir: state.join("kube-proxy").join(&n.name),
                 kubeconfig: endpoint.kubeconfig_yaml(),
                 binary: bin.clone(),
+                metrics_bind: args
+                    .kube_proxy_metrics
+                    .addr()
+                    .unwrap_or(std::net::SocketAddr::from((
+                        std::net::Ipv4Addr::LOCALHOST,
+                        crate::kube_proxy::KUBE_PROXY_METRICS_PORT,
+                    ))),
             };
             let kp = crate::kube_proxy_real::start(cfg, thread.handle())
                 .await
@@ -638,8 +645,9 @@ async fn start_felix(
 /// node whose `agent_version` the file changes (checked at every file change and every
 /// second, for `from`/`until` windows): the load through
 /// [`crate::calico::datastore::sync_policy_load`], a version change as `testbed agent
-/// roll` does it. A node rolled by hand keeps its version until the file names a new
-/// one for it. Runs until aborted.
+/// roll` does it — to the version named, or to the `--agent` version when the file stops
+/// naming one. A node rolled by hand keeps its version until the file's word for it
+/// changes. Runs until aborted.
 async fn real_agent_loop(
     api: crate::client::ApiClient,
     faults: Faults,
@@ -673,14 +681,14 @@ async fn real_agent_loop(
             let previous = asked
                 .insert(node.clone(), nf.agent_version.clone())
                 .flatten();
-            // At start the node already runs its version (`node_agent_version`).
-            let Some(v) = nf
-                .agent_version
-                .filter(|v| !first && previous.as_ref() != Some(v))
-            else {
+            // At start the node already runs its version (`node_agent_version`); later,
+            // only a change of the file's word for this node rolls it: to the named
+            // version, or back to the default one when the file stops naming one.
+            if first || previous == nf.agent_version {
                 continue;
-            };
-            let Ok(v) = crate::calico::version_for(&default_version, Some(&v)) else {
+            }
+            let Ok(v) = crate::calico::version_for(&default_version, nf.agent_version.as_deref())
+            else {
                 continue;
             };
             let running = k.agent().felix().map(|f| f.version());
@@ -1073,7 +1081,8 @@ pub(crate) async fn roll_agent(
     down: Option<&str>,
 ) -> String {
     let Some(k) = kubelets.iter().find(|k| k.node() == node) else {
-        return format!("error no node {node:?}");
+        let nodes: Vec<&str> = kubelets.iter().map(|k| k.node()).collect();
+        return format!("error no node {node:?} (nodes: {})", nodes.join(", "));
     };
     let down = match down.map(humantime::parse_duration).transpose() {
         Ok(d) => d.unwrap_or_default(),

@@ -1445,7 +1445,15 @@ impl FaultFile {
         FaultFile::parse(&text)
             .and_then(|ff| ff.check_nodes(nodes).map(|()| ff))
             .and_then(|ff| ff.check_components(&text, agent, proxy).map(|()| ff))
-            .map_err(|e| anyhow::anyhow!("fault file {}: {e}", path.display()))
+            .map_err(|e| {
+                // FaultError's text starts with "fault file: "; name the file there.
+                let text = e.to_string();
+                let text = text
+                    .strip_prefix("fault file: ")
+                    .unwrap_or(&text)
+                    .to_owned();
+                anyhow::anyhow!("fault file {}: {text}", path.display())
+            })
     }
 
     /// Resolves the faults for node `node` with `labels` at `since_applied` after the

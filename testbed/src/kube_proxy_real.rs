@@ -5,9 +5,9 @@
 //! plane, same version), spawned on the node's netns thread ([`Supervised`]), in
 //! nftables mode — its tables `ip kube-proxy`/`ip6 kube-proxy` live in the node netns
 //! only — with the flags checked on these machines: `--hostname-override=NODE` (the
-//! Node's InternalIP is its node IP), `--cluster-cidr` = the pods' CIDR, metrics on
-//! `0.0.0.0:10249` (as clusters that scrape kube-proxy set it; its own default is
-//! 127.0.0.1), health on `:10256`, and `--conntrack-max-per-core=0` (leave the host-wide
+//! Node's InternalIP is its node IP), `--cluster-cidr` = the pods' CIDR, metrics where
+//! `testbed up --kube-proxy-metrics` says (default `0.0.0.0:10249`, as clusters that
+//! scrape kube-proxy set it; `localhost`: its own default 127.0.0.1), health on `:10256`, and `--conntrack-max-per-core=0` (leave the host-wide
 //! `nf_conntrack_max` alone). It replaces the simulated service proxy
 //! ([`crate::services`]) on its node; the `kube-proxy-NODE` pod stays in the API, its
 //! readiness following kube-proxy's `/healthz`. Ground truth (`service_programmed`) is
@@ -71,6 +71,9 @@ pub struct KubeProxyConfig {
     pub kubeconfig: String,
     /// The `kube-proxy` binary.
     pub binary: PathBuf,
+    /// `--metrics-bind-address` (`testbed up --kube-proxy-metrics`: `0.0.0.0:10249` for
+    /// `all`, `127.0.0.1:10249`, kube-proxy's own default, for `localhost` and `none`).
+    pub metrics_bind: SocketAddr,
 }
 
 /// The kube-proxy binary beside the control plane's binaries in `bin_dir`. Errors (one
@@ -93,7 +96,7 @@ pub fn args(cfg: &KubeProxyConfig) -> Vec<String> {
         format!("--hostname-override={}", cfg.node),
         format!("--kubeconfig={}", cfg.dir.join("kubeconfig").display()),
         format!("--cluster-cidr={}", cfg.cluster_cidr),
-        "--metrics-bind-address=0.0.0.0:10249".into(),
+        format!("--metrics-bind-address={}", cfg.metrics_bind),
         format!("--healthz-bind-address=0.0.0.0:{HEALTHZ_PORT}"),
         "--conntrack-max-per-core=0".into(),
         "--v=2".into(),
@@ -141,6 +144,7 @@ mod tests {
             dir: "/s/kube-proxy/node-2".into(),
             kubeconfig: String::new(),
             binary: "/b/kube-proxy".into(),
+            metrics_bind: "0.0.0.0:10249".parse().unwrap(),
         };
         let a = args(&cfg);
         for want in [

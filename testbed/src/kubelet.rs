@@ -435,7 +435,7 @@ impl Kubelet {
             None => None,
             Some(f) => {
                 let v = crate::calico::version_of_image(image).ok_or_else(|| {
-                    anyhow!("image {image:?} names no Calico release in its tag (e.g. docker.io/calico/node:{})", crate::calico::DEFAULT_VERSION)
+                    anyhow!("image {image:?} is not a calico/node release image: real Felix rolls to docker.io/calico/node:vX.Y.Z (e.g. docker.io/calico/node:{})", crate::calico::DEFAULT_VERSION)
                 })?;
                 f.builds().felix(&v)?;
                 if v != f.version() {

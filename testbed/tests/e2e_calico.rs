@@ -545,6 +545,15 @@ fn real_agent_faults_restart_starve_and_pause_felix_on_their_node_only() {
         "the failed writes are in the previous Felix's log"
     );
 
+    // The files since `up` name no `agent_version`: node-3 is back at the `--agent`
+    // version, like every other primitive the file stopped naming.
+    let pods = poll_until(
+        Duration::from_secs(30),
+        || tb.agent_pods(),
+        |p| p.get("node-3").is_some_and(|p| p[2].ends_with(":v3.31.7")),
+    );
+    assert!(pods["node-3"][2].ends_with(":v3.31.7"), "{pods:?}");
+
     // Nothing outlives `testbed down`: no Felix, kube-proxy or monitor of this testbed,
     // no cgroup.
     let prefix = tb.prefix();

@@ -117,12 +117,15 @@ pub fn check_version(v: &str) -> Result<String, String> {
     }
 }
 
-/// The Felix version an image names by its tag (`…/calico/node:v3.31.7` → `v3.31.7`),
-/// `None` when the tag is not a release version.
+/// The Felix version a calico-node image names by its tag (`…/calico/node:v3.31.7` →
+/// `v3.31.7`), `None` when the image is not `calico/node` or the tag is not a release
+/// version.
 pub fn version_of_image(image: &str) -> Option<String> {
-    let last = image.rsplit('/').next()?;
-    let tag = last.split_once(':')?.1;
-    let tag = tag.split('@').next()?;
+    let without_digest = image.split('@').next()?;
+    let (repo, tag) = without_digest.rsplit_once(':')?;
+    if tag.contains('/') || !(repo == "calico/node" || repo.ends_with("/calico/node")) {
+        return None;
+    }
     check_version(tag).ok()
 }
 
@@ -292,6 +295,11 @@ mod tests {
             Some("v3.29.5")
         );
         assert_eq!(version_of_image("docker.io/calico/node:latest"), None);
+        assert_eq!(version_of_image("quay.io/cilium/cilium:v1.16.0"), None);
+        assert_eq!(
+            version_of_image("quay.io/calico/node:v3.31.7").as_deref(),
+            Some("v3.31.7")
+        );
         assert_eq!(version_of_image("calico/node"), None);
         assert_eq!(node_image("v3.29.5"), "docker.io/calico/node:v3.29.5");
     }
