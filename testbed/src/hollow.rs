@@ -652,8 +652,9 @@ fn lease_spec(node: &str) -> Value {
             "renewTime": crate::client::now_micro() })
 }
 
-/// The pod conditions of a Running pod (`ready`) or a finished one.
-fn pod_conditions(ready: bool, reason: &str, now: &str) -> Value {
+/// The pod conditions of a Running pod (`ready`) or a finished one (`reason` on the
+/// false Ready/ContainersReady, e.g. `PodCompleted`), all transitioned at `now`.
+pub fn pod_conditions(ready: bool, reason: &str, now: &str) -> Value {
     let status = if ready { "True" } else { "False" };
     let mut conds = vec![
         json!({ "type": "PodReadyToStartContainers", "status": "True", "lastTransitionTime": now }),
@@ -671,7 +672,7 @@ fn pod_conditions(ready: bool, reason: &str, now: &str) -> Value {
 }
 
 /// Merge patch of a pod Running and Ready on a node at `host_ip` with `pod_ip`.
-fn running_status(
+pub fn running_status(
     host_ip: Ipv4Addr,
     pod_ip: Ipv4Addr,
     container: &str,

@@ -1,0 +1,289 @@
+//! Middle tier: every probe ending of `prober gate`, the engine against the in-process
+//! cluster of `tests/cluster` (no root, no packets; each test in its own network
+//! namespace with only loopback). Each test scripts what the pods do and checks the
+//! probe records the gate reports (docs/design.md §2 "Results").
+
+mod cluster;
+
+use cluster::{endings, ok, run, Act, Cluster, Outcome};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn ending(report: &serde_json::Value) -> (String, String) {
+    let e = endings(report);
+    assert_eq!(e.len(), 1, "one probe expected: {e:?}");
+    e[0].clone()
+}
+
+#[test]
+fn success_is_pass_with_the_sources_ttfp() {
+    run(|| async {
+        let c = Cluster::start(2, cluster::healthy(Duration::from_millis(300))).await;
+        let (code, report) = c.gate(&["--pairs", "1"]).await;
+        let report = report.expect("report");
+        assert_eq!(code.expect("gate ran"), 0, "{report:#}");
+        assert_eq!(ending(&report).0, "success");
+        let ttfp = report["probes"][0]["ttfp_seconds"].as_f64().expect("ttfp");
+        assert!((ttfp - 0.3).abs() < 0.05, "ttfp {ttfp} vs scripted 0.3 s");
+        assert!(
+            c.probe_pods().is_empty(),
+            "probe pods left: {:?}",
+            c.probe_pods()
+        );
+    });
+}
+
+#[test]
+fn ttfp_over_the_slow_threshold_is_slow() {
+    run(|| async {
+        let c = Cluster::start(2, cluster::healthy(Duration::from_millis(700))).await;
+        let (code, report) = c
+            .gate(&[
+                "--pairs",
+                "1",
+                "--slow-threshold",
+                "500ms",
+                "--max-ttfp",
+                "10s",
+            ])
+            .await;
+        let report = report.expect("report");
+        assert_eq!(
+            ending(&report),
+            ("slow".into(), "ttfp_over_threshold".into())
+        );
+        assert_eq!(code.expect("gate ran"), 0, "slow under --max-ttfp passes");
+    });
+}
+
+#[test]
+fn no_success_before_give_up_is_failed() {
+    run(|| async {
+        let c = Cluster::start(
+            2,
+            Arc::new(|_: &cluster::PodView| Act::Run {
+                ready_after: Duration::from_millis(20),
+                ttfp: None,
+                outcome: Outcome::AsDialed,
+            }),
+        )
+        .await;
+        let (code, report) = c.gate(&["--pairs", "1", "--give-up", "1s"]).await;
+        let report = report.expect("report");
+        assert_eq!(
+            ending(&report),
+            ("failed".into(), "no_success_before_give_up".into())
+        );
+        assert_eq!(code.expect("gate ran"), 1);
+    });
+}
+
+#[test]
+fn failures_during_the_hold_are_lost_after_success() {
+    run(|| async {
+        let c = Cluster::start(
+            2,
+            Arc::new(|_: &cluster::PodView| Act::Run {
+                ready_after: Duration::from_millis(20),
+                ttfp: Some(Duration::from_millis(100)),
+                outcome: Outcome::LostAfterSuccess,
+            }),
+        )
+        .await;
+        let (code, report) = c.gate(&["--pairs", "1", "--hold", "1s"]).await;
+        let report = report.expect("report");
+        assert_eq!(
+            ending(&report),
+            ("failed".into(), "lost_after_success".into())
+        );
+        assert_eq!(code.expect("gate ran"), 1);
+    });
+}
+
+#[test]
+fn answers_from_another_pod_are_wrong_peer() {
+    run(|| async {
+        let c = Cluster::start(
+            2,
+            Arc::new(|_: &cluster::PodView| Act::Run {
+                ready_after: Duration::from_millis(20),
+                ttfp: None,
+                outcome: Outcome::WrongPeer,
+            }),
+        )
+        .await;
+        let (code, report) = c.gate(&["--pairs", "1", "--give-up", "1s"]).await;
+        let report = report.expect("report");
+        assert_eq!(ending(&report), ("failed".into(), "wrong_peer".into()));
+        assert_eq!(code.expect("gate ran"), 1);
+    });
+}
+
+#[test]
+fn a_target_that_never_turns_ready_is_target_never_ready() {
+    run(|| async {
+        let c = Cluster::start(
+            2,
+            Arc::new(|p: &cluster::PodView| {
+                if p.role == "target" {
+                    Act::NeverReady
+                } else {
+                    ok(100)
+                }
+            }),
+        )
+        .await;
+        let (code, report) = c.gate(&["--pairs", "1", "--give-up", "2s"]).await;
+        let report = report.expect("report");
+        assert_eq!(
+            ending(&report),
+            ("failed".into(), "target_never_ready".into())
+        );
+        assert_eq!(code.expect("gate ran"), 1);
+        assert!(c.probe_pods().is_empty(), "probe pods left");
+    });
+}
+
+#[test]
+fn a_source_that_never_turns_ready_is_source_never_ready() {
+    run(|| async {
+        let c = Cluster::start(
+            2,
+            Arc::new(|p: &cluster::PodView| {
+                if p.role == "source" {
+                    Act::NeverReady
+                } else {
+                    ok(100)
+                }
+            }),
+        )
+        .await;
+        let (code, report) = c.gate(&["--pairs", "1", "--give-up", "2s"]).await;
+        let report = report.expect("report");
+        assert_eq!(
+            ending(&report),
+            ("failed".into(), "source_never_ready".into())
+        );
+        assert_eq!(code.expect("gate ran"), 1);
+    });
+}
+
+#[test]
+fn an_image_that_cannot_be_pulled_is_inconclusive_image_pull() {
+    run(|| async {
+        let c = Cluster::start(
+            2,
+            Arc::new(|p: &cluster::PodView| {
+                if p.role == "target" {
+                    Act::ImagePull
+                } else {
+                    ok(100)
+                }
+            }),
+        )
+        .await;
+        let (code, report) = c.gate(&["--pairs", "1"]).await;
+        let report = report.expect("report");
+        assert_eq!(
+            ending(&report),
+            ("inconclusive".into(), "image_pull".into())
+        );
+        assert_eq!(code.expect("gate ran"), 2, "inconclusive: exit 2");
+    });
+}
+
+#[test]
+fn a_container_that_exits_at_start_is_inconclusive_container_failed() {
+    run(|| async {
+        let c = Cluster::start(
+            2,
+            Arc::new(|p: &cluster::PodView| {
+                if p.role == "source" {
+                    Act::Crash
+                } else {
+                    ok(100)
+                }
+            }),
+        )
+        .await;
+        let (code, report) = c.gate(&["--pairs", "1"]).await;
+        let report = report.expect("report");
+        assert_eq!(
+            ending(&report),
+            ("inconclusive".into(), "container_failed".into())
+        );
+        assert_eq!(code.expect("gate ran"), 2);
+    });
+}
+
+#[test]
+fn a_pod_no_node_can_take_is_inconclusive_unschedulable() {
+    run(|| async {
+        let c = Cluster::start(2, cluster::healthy(Duration::from_millis(100))).await;
+        // Both nodes fill up after the gate listed them: the scheduler finds no room.
+        let (code, report) = {
+            let gate = c.gate(&["--pairs", "1"]);
+            tokio::pin!(gate);
+            let store = c.store.clone();
+            let taint = async {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                for n in ["node-1", "node-2"] {
+                    store
+                        .modify(testbed::api::Kind::Node, None, n, |node| {
+                            node["spec"]["taints"] = serde_json::json!([{
+                                "key": "example.com/full", "effect": "NoSchedule" }]);
+                            Ok(())
+                        })
+                        .expect("taint");
+                }
+            };
+            let ((code, report), ()) = tokio::join!(gate, taint);
+            (code, report)
+        };
+        let report = report.expect("report");
+        assert_eq!(
+            ending(&report),
+            ("inconclusive".into(), "unschedulable".into()),
+            "{report:#}"
+        );
+        assert_eq!(code.expect("gate ran"), 2);
+    });
+}
+
+#[test]
+fn a_node_that_goes_not_ready_mid_probe_is_inconclusive_node_not_ready() {
+    run(|| async {
+        // The source never reaches its target; its node's kubelet stops reporting.
+        let c = Cluster::start(
+            2,
+            Arc::new(|_: &cluster::PodView| Act::Run {
+                ready_after: Duration::from_millis(20),
+                ttfp: None,
+                outcome: Outcome::AsDialed,
+            }),
+        )
+        .await;
+        let gate = c.gate(&["--pairs", "1", "--give-up", "2s"]);
+        let flip = async {
+            let started = cluster::eventually(Duration::from_secs(5), || {
+                c.kubelet.started.lock().unwrap().len() >= 2
+            })
+            .await;
+            assert!(started, "probe pods started");
+            let source_node = {
+                let pods = c.probe_pods();
+                pods.iter()
+                    .find(|p| p["spec"]["containers"][0]["args"][0] == "probe")
+                    .and_then(|p| p["spec"]["nodeName"].as_str().map(str::to_owned))
+            };
+            c.set_node_ready(&source_node.expect("source pod bound"), false);
+        };
+        let ((code, report), ()) = tokio::join!(gate, flip);
+        let report = report.expect("report");
+        assert_eq!(
+            ending(&report),
+            ("inconclusive".into(), "node_not_ready".into())
+        );
+        assert_eq!(code.expect("gate ran"), 2);
+    });
+}
