@@ -18,6 +18,7 @@
 //! [`crate::metrics::STANDBY_FAMILIES`].
 
 use crate::metrics::Metrics;
+use crate::sync::lock;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
@@ -89,10 +90,6 @@ pub struct AdminState {
     /// The learned baseline (`prober run`; `None` in tests that do not need it). Lock
     /// order: `recent`, then this.
     pub baselines: Mutex<Option<crate::baseline::Baselines>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl AdminState {

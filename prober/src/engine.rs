@@ -20,7 +20,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// A connected client: the API client, a no-retry client for agent proxy scrapes, and
@@ -325,11 +325,6 @@ pub const WATCH_READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long node-agent discovery may take to list the agent pods (10 s: one list per
 /// profile namespace; correlation works on what was found if it takes longer).
 pub const AGENT_SYNC_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Locks a std mutex, using the data of a poisoned one (plain data, still usable).
-pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 pub async fn with_timeout<T>(
     fut: impl std::future::Future<Output = Result<T, kube::Error>>,

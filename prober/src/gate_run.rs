@@ -26,7 +26,6 @@
 
 use crate::config::{check_kinds, GateArgs, ProbeKind, GATE_DEFAULT_HOLD};
 use crate::console::Console;
-use crate::engine::lock;
 pub use crate::engine::{
     check_watch_allowed, delete_instance_pods, final_cleanup, AGENT_SYNC_TIMEOUT,
     FINAL_CLEANUP_DEADLINE, FINAL_CLEANUP_RETRY, WATCH_READY_TIMEOUT,
@@ -40,6 +39,7 @@ use crate::podspec::{
 use crate::probe::{run_probe, write_budget, EngineFault, ProbeEnv, ProbePlan};
 use crate::record::{build_record, Ending, ProbeMeta};
 use crate::schedule::{node_claims, plan_kinds, NodeInfo, PlannedProbe};
+use crate::sync::lock;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;

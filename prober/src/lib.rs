@@ -38,6 +38,7 @@ pub mod run_mode;
 pub mod schedule;
 pub mod stats;
 pub mod sweep;
+pub mod sync;
 pub mod tracker;
 
 pub use error::Error;

@@ -12,6 +12,7 @@
 //! `ttfp_seconds`, up to the `total` read with them).
 
 use crate::config::ProbeKind;
+use crate::sync::lock;
 use prometheus::{
     Counter, Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
     IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
@@ -102,10 +103,6 @@ pub struct Metrics {
     pub baseline_writes: IntCounterVec,
     /// Nodes with per-node drift series (added by [`Metrics::node_added`]).
     drift_nodes: std::sync::Mutex<std::collections::BTreeSet<String>>,
-}
-
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: T) -> T {

@@ -28,13 +28,14 @@
 //! mid-run, API server restarted) stays ordinary trouble as above.
 
 use crate::error::{watcher_error_text, Error};
+use crate::sync::lock;
 use crate::tracker::{PodState, Tracker};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::Api;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -189,11 +190,6 @@ impl Drop for PodWatch {
     fn drop(&mut self) {
         self.task.abort();
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding the lock leaves plain data behind; keep using it.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl PodWatch {

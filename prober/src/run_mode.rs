@@ -35,7 +35,7 @@
 use crate::admin::{AdminState, RunInfo};
 use crate::config::{check_kinds, RunArgs};
 use crate::console::Console;
-use crate::engine::{delete_instance_pods, final_cleanup_within, lock, Signals};
+use crate::engine::{delete_instance_pods, final_cleanup_within, Signals};
 use crate::error::Error;
 use crate::events::{
     event_message, event_reason, node_event, post_event, EventLimiter, PendingBlames,
@@ -45,6 +45,7 @@ use crate::podspec::{recreate_target_name, PodConfig, LABEL_PROBE_ID};
 use crate::probe::{run_probe, EngineFault, ProbeEnv, ProbePlan};
 use crate::rotation::{agent_changes, became_eligible, AgentSnapshot, NextProbe, Rotation};
 use crate::schedule::{check_node, NodeInfo};
+use crate::sync::lock;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
