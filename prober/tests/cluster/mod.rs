@@ -595,3 +595,76 @@ fn unix_now() -> f64 {
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0)
 }
+
+/// What the prober logged through `tracing` (INFO and up, tracing's plain format without
+/// colours: `… WARN prober::lease: … error=…`), as it would print on stderr; with
+/// `--log-format json` the console's notices (leadership, errors) are among them.
+#[derive(Clone, Default)]
+pub struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Logs {
+    /// Everything so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&lock(&self.0)).into_owned()
+    }
+
+    /// The WARN lines so far.
+    pub fn warnings(&self) -> Vec<String> {
+        self.text()
+            .lines()
+            .filter(|l| l.contains(" WARN "))
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+/// The writer [`Logs`] hands `tracing_subscriber` (appends to the shared buffer).
+pub struct LogsWriter(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogsWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        lock(&self.0).extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
+    type Writer = LogsWriter;
+    fn make_writer(&'a self) -> LogsWriter {
+        LogsWriter(self.0.clone())
+    }
+}
+
+/// [`run`] with the `tracing` events of this test's threads (the caller's and every
+/// thread of its runtime, so not another test's) captured in the [`Logs`] `test` gets.
+pub fn run_logged<F, Fut>(test: F)
+where
+    F: FnOnce(Logs) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    isolate();
+    let logs = Logs::default();
+    let dispatch = tracing::Dispatch::new(
+        tracing_subscriber::fmt()
+            .with_writer(logs.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .finish(),
+    );
+    let _here = tracing::dispatcher::set_default(&dispatch);
+    let rt = {
+        let dispatch = dispatch.clone();
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            // The thread's default for its whole life (the guard would only restore none).
+            .on_thread_start(move || std::mem::forget(tracing::dispatcher::set_default(&dispatch)))
+            .build()
+            .expect("tokio runtime")
+    };
+    rt.block_on(test(logs));
+    rt.shutdown_timeout(Duration::from_secs(2));
+}
