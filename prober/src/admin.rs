@@ -401,28 +401,8 @@ pub fn ttfp_svg(
     out
 }
 
-/// The status page (module docs). Pure: records (oldest first), their finish times
-/// (Unix seconds), the running total and the run facts in, HTML out. The matrix has one
-/// cell per (source, target) node pair seen in the records (the latest result, with
-/// `data-source`/`data-target` attributes), rows and columns the nodes seen and the
-/// eligible ones.
-pub fn render_status(
-    records: &[ProbeRecord],
-    finished: &[f64],
-    total: u64,
-    info: &RunInfo,
-) -> String {
-    let mut latest: BTreeMap<(String, String), &ProbeRecord> = BTreeMap::new();
-    let mut nodes: BTreeSet<String> = info.eligible_nodes.iter().cloned().collect();
-    for r in records {
-        latest.insert((r.source.node.clone(), r.target.node.clone()), r);
-        nodes.insert(r.source.node.clone());
-        nodes.insert(r.target.node.clone());
-    }
-    let mut out = String::new();
-    out.push_str("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>firstpacket status</title><style>");
-    out.push_str("body{font-family:sans-serif;margin:1.5em;color:#222}table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 6px;font-size:12px;text-align:center}th{background:#eee}.success{background:#c8e6c9}.slow{background:#fff59d}.failed{background:#ef9a9a}.inconclusive{background:#e0e0e0}.none{background:#fff}.l{text-align:left}h2{font-size:16px;margin-top:1.4em}.facts span{margin-right:1.5em}");
-    out.push_str("</style></head><body><h1>firstpacket — time to first packet</h1>");
+/// The run's facts, its leadership and the skipped nodes, as paragraphs of the page.
+fn run_facts_html(out: &mut String, total: u64, info: &RunInfo) {
     let _ = write!(
         out,
         "<p class=\"facts\"><span>instance <b>{}</b></span><span>probes recorded <b id=\"total\">{total}</b></span><span>eligible nodes <b>{}</b></span><span>lap <b>{}</b></span><span>last lap <b id=\"lap-seconds\">{}</b></span><span>expected lap <b>{}</b></span><span>interval {:.1}s × concurrency {}</span></p>",
@@ -458,25 +438,25 @@ pub fn render_status(
             .collect();
         let _ = write!(out, "<p>skipped: {}</p>", s.join("; "));
     }
-    out.push_str("<h2>TTFP over time</h2>");
-    out.push_str(&ttfp_svg(
-        records,
-        finished,
-        info.slow_threshold_seconds,
-        &info.drift,
-    ));
-    out.push_str(&drift_table(info));
+}
+
+/// The node-pair matrix: one cell per (source, target) in `nodes`, the latest result.
+fn matrix_html(
+    out: &mut String,
+    latest: &BTreeMap<(String, String), &ProbeRecord>,
+    nodes: &BTreeSet<String>,
+) {
     let _ = write!(
         out,
         "<h2>Node pairs (latest result, source ↓ target →)</h2><table id=\"matrix\"><tr><th>source \\ target</th>"
     );
-    for t in &nodes {
+    for t in nodes {
         let _ = write!(out, "<th>{}</th>", esc(t));
     }
     out.push_str("</tr>");
-    for s in &nodes {
+    for s in nodes {
         let _ = write!(out, "<tr><th>{}</th>", esc(s));
-        for t in &nodes {
+        for t in nodes {
             match latest.get(&(s.clone(), t.clone())) {
                 Some(r) => {
                     let _ = write!(
@@ -496,6 +476,10 @@ pub fn render_status(
         }
         out.push_str("</tr>");
     }
+}
+
+/// The table of the 50 most recent slow and failed probes, newest first.
+fn bad_probes_html(out: &mut String, records: &[ProbeRecord]) {
     out.push_str("</table><h2>Recent slow and failed probes</h2><table id=\"bad\"><tr><th>probe</th><th>kind</th><th>source → target</th><th>result</th><th>TTFP</th><th>suspects</th><th class=\"l\">detail</th></tr>");
     let mut any = false;
     for r in records
@@ -529,6 +513,41 @@ pub fn render_status(
         out.push_str("<tr><td colspan=\"7\">none in the recent records</td></tr>");
     }
     out.push_str("</table>");
+}
+
+/// The status page (module docs). Pure: records (oldest first), their finish times
+/// (Unix seconds), the running total and the run facts in, HTML out. The matrix has one
+/// cell per (source, target) node pair seen in the records (the latest result, with
+/// `data-source`/`data-target` attributes), rows and columns the nodes seen and the
+/// eligible ones.
+pub fn render_status(
+    records: &[ProbeRecord],
+    finished: &[f64],
+    total: u64,
+    info: &RunInfo,
+) -> String {
+    let mut latest: BTreeMap<(String, String), &ProbeRecord> = BTreeMap::new();
+    let mut nodes: BTreeSet<String> = info.eligible_nodes.iter().cloned().collect();
+    for r in records {
+        latest.insert((r.source.node.clone(), r.target.node.clone()), r);
+        nodes.insert(r.source.node.clone());
+        nodes.insert(r.target.node.clone());
+    }
+    let mut out = String::new();
+    out.push_str("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>firstpacket status</title><style>");
+    out.push_str("body{font-family:sans-serif;margin:1.5em;color:#222}table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 6px;font-size:12px;text-align:center}th{background:#eee}.success{background:#c8e6c9}.slow{background:#fff59d}.failed{background:#ef9a9a}.inconclusive{background:#e0e0e0}.none{background:#fff}.l{text-align:left}h2{font-size:16px;margin-top:1.4em}.facts span{margin-right:1.5em}");
+    out.push_str("</style></head><body><h1>firstpacket — time to first packet</h1>");
+    run_facts_html(&mut out, total, info);
+    out.push_str("<h2>TTFP over time</h2>");
+    out.push_str(&ttfp_svg(
+        records,
+        finished,
+        info.slow_threshold_seconds,
+        &info.drift,
+    ));
+    out.push_str(&drift_table(info));
+    matrix_html(&mut out, &latest, &nodes);
+    bad_probes_html(&mut out, records);
     if !info.state_entries.is_empty() {
         out.push_str("<h2>Bounded state</h2><p>");
         for (k, v) in &info.state_entries {

@@ -899,6 +899,76 @@ fn entry(
     }
 }
 
+/// Node `n`'s entry for kind `k`: role by role, its best peer's quantile `q` now against
+/// the role's saved quantile; the worse role stands for the node.
+fn node_entry(
+    k: &str,
+    n: &str,
+    saved_node: &SavedNode,
+    groups: Option<&PeerGroups<'_>>,
+    q: f64,
+    c: &CompareConfig,
+) -> BaselineEntry {
+    // Role by role, each against its own saved quantile; the worse role stands
+    // for the node.
+    let roles = [
+        (true, &saved_node.as_source),
+        (false, &saved_node.as_target),
+    ];
+    roles
+        .into_iter()
+        .map(|(role, bq)| {
+            let mut one = PeerGroups::new();
+            for ((r, p), v) in groups.into_iter().flatten() {
+                if *r == role {
+                    one.insert((*r, *p), v.clone());
+                }
+            }
+            let count: usize = one.values().map(Vec::len).sum();
+            let best = best_of(&one, q);
+            entry(
+                k,
+                Some(n),
+                bq,
+                best.map(|b| b.0),
+                count as u64,
+                best.map(|b| b.1),
+                c,
+            )
+        })
+        .max_by(|a, b| {
+            (a.regressed, a.ratio.unwrap_or(f64::NEG_INFINITY))
+                .partial_cmp(&(b.regressed, b.ratio.unwrap_or(f64::NEG_INFINITY)))
+                .unwrap_or(std::cmp::Ordering::Equal)
+        })
+        .expect("two roles")
+}
+
+/// A warning per setting that changes what a TTFP means (`--dial-interval`,
+/// `--slow-threshold`) and differs between the baseline (`saved`) and this run.
+fn settings_warnings(saved: &SavedSettings, now: &SavedSettings) -> Vec<String> {
+    let mut warnings = Vec::new();
+    for (what, old, new) in [
+        (
+            "--dial-interval",
+            saved.dial_interval_seconds,
+            now.dial_interval_seconds,
+        ),
+        (
+            "--slow-threshold",
+            saved.slow_threshold_seconds,
+            now.slow_threshold_seconds,
+        ),
+    ] {
+        if (old - new).abs() > 1e-9 {
+            warnings.push(format!(
+                "baseline measured with {what} {old}s, this run {new}s: not like for like"
+            ));
+        }
+    }
+    warnings
+}
+
 /// Compares a gate's probes with a saved baseline, like for like: the kinds of this run
 /// that the baseline has (a kind only on one side is a warning, not compared), the same
 /// quantile (`c.quantile`) on both sides. Per kind: the quantile of its `success`/`slow`
@@ -943,39 +1013,7 @@ pub fn compare(
                 ));
                 continue;
             };
-            // Role by role, each against its own saved quantile; the worse role stands
-            // for the node.
-            let roles = [
-                (true, &saved_node.as_source),
-                (false, &saved_node.as_target),
-            ];
-            let e = roles
-                .into_iter()
-                .map(|(role, bq)| {
-                    let mut one = PeerGroups::new();
-                    for ((r, p), v) in groups.get(n).into_iter().flatten() {
-                        if *r == role {
-                            one.insert((*r, *p), v.clone());
-                        }
-                    }
-                    let count: usize = one.values().map(Vec::len).sum();
-                    let best = best_of(&one, q);
-                    entry(
-                        k,
-                        Some(n),
-                        bq,
-                        best.map(|b| b.0),
-                        count as u64,
-                        best.map(|b| b.1),
-                        c,
-                    )
-                })
-                .max_by(|a, b| {
-                    (a.regressed, a.ratio.unwrap_or(f64::NEG_INFINITY))
-                        .partial_cmp(&(b.regressed, b.ratio.unwrap_or(f64::NEG_INFINITY)))
-                        .unwrap_or(std::cmp::Ordering::Equal)
-                })
-                .expect("two roles");
+            let e = node_entry(k, n, saved_node, groups.get(n), q, c);
             if saved_node.as_source.n < c.min_samples || saved_node.as_target.n < c.min_samples {
                 few.push(format!(
                     "{k}/{n} ({} as source, {} as target)",
@@ -999,25 +1037,7 @@ pub fn compare(
             few.join(", ")
         ));
     }
-    let s = &saved.settings;
-    for (what, old, new) in [
-        (
-            "--dial-interval",
-            s.dial_interval_seconds,
-            settings.dial_interval_seconds,
-        ),
-        (
-            "--slow-threshold",
-            s.slow_threshold_seconds,
-            settings.slow_threshold_seconds,
-        ),
-    ] {
-        if (old - new).abs() > 1e-9 {
-            warnings.push(format!(
-                "baseline measured with {what} {old}s, this run {new}s: not like for like"
-            ));
-        }
-    }
+    warnings.extend(settings_warnings(&saved.settings, settings));
     BaselineComparison {
         quantile: c.quantile.clone(),
         ratio: c.ratio,

@@ -42,6 +42,20 @@ pub struct BoundInputs {
     pub kinds: usize,
 }
 
+impl BoundInputs {
+    /// The inputs of a run with probe flags `p`, `profiles` enabled agent profiles and
+    /// `kinds` probe kinds; `nodes` 0 until the node watch has them.
+    pub fn of(p: &crate::config::ProbeArgs, profiles: usize, kinds: usize) -> BoundInputs {
+        BoundInputs {
+            nodes: 0,
+            concurrency: p.concurrency as usize,
+            burst_size: p.burst_size as usize,
+            profiles,
+            kinds,
+        }
+    }
+}
+
 /// Signals a node can carry at once (`target_server::report::Signal`'s variants).
 const SIGNALS: usize = 8;
 

@@ -34,29 +34,14 @@ pub async fn run_cleanup(args: CleanupArgs) -> Result<i32, Error> {
     let ns = args.namespace.as_str();
     let pods: Api<Pod> = Api::namespaced(conn.client.clone(), ns);
     let services: Api<Service> = Api::namespaced(conn.client.clone(), ns);
+    let leases: Api<Lease> = Api::namespaced(conn.client.clone(), ns);
     if let Some(instance) = &args.instance {
         let selector = instance_selector(instance);
         let objects = objects_by_instance(&pods, &services, &url, ns, &selector)
             .await?
             .remove(instance)
             .unwrap_or_default();
-        println!("instance {instance}: {} probe object(s)", objects.len());
-        for o in &objects {
-            println!("  {o}");
-        }
-        if !args.yes {
-            println!(
-                "dry run: nothing deleted (add --yes to delete them and the instance's Lease)"
-            );
-            return Ok(0);
-        }
-        let n = delete_instance_pods(&pods, instance, &url).await?;
-        let leases: Api<Lease> = Api::namespaced(conn.client.clone(), ns);
-        if delete_lease(&leases, &url, instance).await? {
-            println!("deleted lease/{}", lease_name(instance));
-        }
-        println!("deleted {n} probe object(s) of {instance}");
-        return Ok(0);
+        return cleanup_instance(&pods, &leases, &url, instance, &objects, args.yes).await;
     }
 
     // Every instance with probe objects, and what the sweep rules say of it.
@@ -89,6 +74,65 @@ pub async fn run_cleanup(args: CleanupArgs) -> Result<i32, Error> {
         }
     }
     dead.sort();
+    print_instances(&all, &reaped, &dead);
+    if dead.is_empty() {
+        println!("nothing to clean up");
+        return Ok(0);
+    }
+    if !args.yes {
+        println!(
+            "dry run: nothing deleted; `prober cleanup --yes` deletes the probe objects of: {}",
+            dead.join(", ")
+        );
+        return Ok(0);
+    }
+    let mut total = 0;
+    for i in &dead {
+        total += delete_instance_pods(&pods, i, &url).await?;
+    }
+    for i in reaped.dead.iter() {
+        delete_lease(&leases, &url, i).await?;
+    }
+    println!(
+        "deleted {total} probe object(s) of {} dead instance(s)",
+        dead.len()
+    );
+    Ok(0)
+}
+
+/// `prober cleanup --instance I`: lists `objects`, and with `yes` deletes them and the
+/// instance's Lease.
+async fn cleanup_instance(
+    pods: &Api<Pod>,
+    leases: &Api<Lease>,
+    url: &str,
+    instance: &str,
+    objects: &[String],
+    yes: bool,
+) -> Result<i32, Error> {
+    println!("instance {instance}: {} probe object(s)", objects.len());
+    for o in objects {
+        println!("  {o}");
+    }
+    if !yes {
+        println!("dry run: nothing deleted (add --yes to delete them and the instance's Lease)");
+        return Ok(0);
+    }
+    let n = delete_instance_pods(pods, instance, url).await?;
+    if delete_lease(leases, url, instance).await? {
+        println!("deleted lease/{}", lease_name(instance));
+    }
+    println!("deleted {n} probe object(s) of {instance}");
+    Ok(0)
+}
+
+/// The INSTANCE / STATE / OBJECTS table: every instance with probe objects or a Lease,
+/// and what the sweep and the reaper concluded of it.
+fn print_instances(
+    all: &BTreeMap<String, Vec<String>>,
+    reaped: &crate::lease::ReapOutcome,
+    dead: &[String],
+) {
     println!("{:<20} {:<32} OBJECTS", "INSTANCE", "STATE");
     let mut instances: Vec<&String> = all.keys().collect();
     for i in reaped.dead.iter().chain(reaped.watching.iter()) {
@@ -111,30 +155,6 @@ pub async fn run_cleanup(args: CleanupArgs) -> Result<i32, Error> {
         };
         println!("{i:<20} {state:<32} {n}");
     }
-    if dead.is_empty() {
-        println!("nothing to clean up");
-        return Ok(0);
-    }
-    if !args.yes {
-        println!(
-            "dry run: nothing deleted; `prober cleanup --yes` deletes the probe objects of: {}",
-            dead.join(", ")
-        );
-        return Ok(0);
-    }
-    let mut total = 0;
-    for i in &dead {
-        total += delete_instance_pods(&pods, i, &url).await?;
-    }
-    let leases: Api<Lease> = Api::namespaced(conn.client.clone(), ns);
-    for i in reaped.dead.iter() {
-        delete_lease(&leases, &url, i).await?;
-    }
-    println!(
-        "deleted {total} probe object(s) of {} dead instance(s)",
-        dead.len()
-    );
-    Ok(0)
 }
 
 /// `pod/NAME` and `service/NAME` of the probe objects matching `selector`, by their

@@ -109,6 +109,23 @@ pub async fn connect_with(
     })
 }
 
+/// [`connect_with`] for a mode's `--kubeconfig`/`--context`, recording outages in
+/// `health`, plus the recovery pings that tell when an outage ended
+/// ([`crate::apihealth::spawn_recovery_pings`]; they stop when dropped).
+pub async fn connect_watched(
+    p: &ProbeArgs,
+    health: &crate::apihealth::ApiHealth,
+) -> Result<(Connection, crate::apihealth::RecoveryPings), Error> {
+    let conn = connect_with(
+        p.kubeconfig.as_deref(),
+        p.context.as_deref(),
+        health.clone(),
+    )
+    .await?;
+    let pings = crate::apihealth::spawn_recovery_pings(conn.client.clone(), health.clone());
+    Ok((conn, pings))
+}
+
 /// One object by name, read with `list` and `fieldSelector=metadata.name=NAME` instead
 /// of a `get`: the prober holds `list` on pods and nodes anyway (its watches), so its
 /// RBAC (`manifests/base/rbac.yaml`) needs no `get` for the occasional single read.
@@ -630,6 +647,15 @@ pub struct Signals {
 }
 
 impl Signals {
+    /// [`Signals::install`], or the error `prober run` stops on (it must not be killed
+    /// without deleting its probe pods).
+    pub fn install_or_error() -> Result<Signals, Error> {
+        Signals::install().ok_or_else(|| Error::Config {
+            flag: "signals",
+            message: "cannot install SIGINT/SIGTERM handlers".into(),
+        })
+    }
+
     /// Installs the handlers; `None` when the runtime cannot (then the default action,
     /// termination, stays in force).
     pub fn install() -> Option<Signals> {

@@ -979,6 +979,53 @@ pub fn render_headline(report: &GateReport) -> String {
 /// early stop, skipped nodes, agent findings ([`render_agent_findings`]), per-node
 /// table, verdict and its reasons.
 pub fn render_text(report: &GateReport, group_by: &[String]) -> String {
+    let mut out = probes_table(&report.probes);
+    let s = &report.summary;
+    out.push('\n');
+    out.push_str(&render_headline(report));
+    out.push_str(&diagnosis_lines(report));
+    if let Some(why) = &report.stopped_early {
+        let _ = writeln!(out, "stopped early: {why}");
+    }
+    if !report.skipped_nodes.is_empty() {
+        let s: Vec<String> = report
+            .skipped_nodes
+            .iter()
+            .map(|n| format!("{} ({})", n.node, n.reason))
+            .collect();
+        let _ = writeln!(out, "nodes not probed: {}", s.join(", "));
+    }
+    let suspects = suspect_nodes(&report.probes);
+    if !suspects.is_empty() && s.diagnosis != target_server::report::Diagnosis::Healthy {
+        let _ = writeln!(
+            out,
+            "nodes with only slow/failed probes: {}",
+            suspects.join(", ")
+        );
+    }
+
+    out.push_str(&render_agent_findings(report));
+    if let Some(a) = &report.agents {
+        let _ = writeln!(out, "\n{}", agents_line(a));
+    }
+
+    out.push('\n');
+    out.push_str(&nodes_table(&report.nodes, group_by));
+    let v = match report.verdict {
+        Verdict::Pass => "PASS",
+        Verdict::Fail => "FAIL",
+        Verdict::Inconclusive => "INCONCLUSIVE",
+    };
+    let _ = writeln!(out, "\nverdict: {v} (exit {})", report.exit_code);
+    for r in &report.verdict_reasons {
+        let _ = writeln!(out, "  - {r}");
+    }
+    out
+}
+
+/// One row per probe (kind, source → target, TTFP, result, reason), sorted by kind and
+/// nodes.
+fn probes_table(probes: &[ProbeRecord]) -> String {
     let mut rows = vec![vec![
         "KIND".to_string(),
         "SOURCE NODE".to_string(),
@@ -988,8 +1035,8 @@ pub fn render_text(report: &GateReport, group_by: &[String]) -> String {
         "RESULT".into(),
         "REASON".into(),
     ]];
-    let mut probes: Vec<&ProbeRecord> = report.probes.iter().collect();
-    probes.sort_by(|a, b| {
+    let mut sorted: Vec<&ProbeRecord> = probes.iter().collect();
+    sorted.sort_by(|a, b| {
         (
             a.kind.as_str(),
             a.source.node.as_str(),
@@ -1001,7 +1048,7 @@ pub fn render_text(report: &GateReport, group_by: &[String]) -> String {
                 b.target.node.as_str(),
             ))
     });
-    for p in probes {
+    for p in sorted {
         rows.push(vec![
             p.kind.clone(),
             p.source.node.clone(),
@@ -1012,10 +1059,13 @@ pub fn render_text(report: &GateReport, group_by: &[String]) -> String {
             p.reason.map_or("", |r| r.as_str()).into(),
         ]);
     }
-    let mut out = table(&rows);
+    table(&rows)
+}
+
+/// The diagnosis line (never contradicting the verdict) and the failing node pairs.
+fn diagnosis_lines(report: &GateReport) -> String {
     let s = &report.summary;
-    out.push('\n');
-    out.push_str(&render_headline(report));
+    let mut out = String::new();
     let diag = diagnosis_str(s.diagnosis);
     let note = inconclusive_note(&report.probes, s.diagnosis);
     match (note, s.diagnosis, report.verdict) {
@@ -1055,31 +1105,12 @@ pub fn render_text(report: &GateReport, group_by: &[String]) -> String {
             .collect();
         let _ = writeln!(out, "failing node pairs: {}", pairs.join(", "));
     }
-    if let Some(why) = &report.stopped_early {
-        let _ = writeln!(out, "stopped early: {why}");
-    }
-    if !report.skipped_nodes.is_empty() {
-        let s: Vec<String> = report
-            .skipped_nodes
-            .iter()
-            .map(|n| format!("{} ({})", n.node, n.reason))
-            .collect();
-        let _ = writeln!(out, "nodes not probed: {}", s.join(", "));
-    }
-    let suspects = suspect_nodes(&report.probes);
-    if !suspects.is_empty() && s.diagnosis != target_server::report::Diagnosis::Healthy {
-        let _ = writeln!(
-            out,
-            "nodes with only slow/failed probes: {}",
-            suspects.join(", ")
-        );
-    }
+    out
+}
 
-    out.push_str(&render_agent_findings(report));
-    if let Some(a) = &report.agents {
-        let _ = writeln!(out, "\n{}", agents_line(a));
-    }
-
+/// One row per node: its `group_by` labels, and as source and as target the
+/// ok/bad/inconclusive counts and the largest TTFP.
+fn nodes_table(nodes: &[NodeSummary], group_by: &[String]) -> String {
     let mut header = vec!["NODE".to_string()];
     header.extend(group_by.iter().map(|k| k.to_uppercase()));
     header.extend(
@@ -1101,7 +1132,7 @@ pub fn render_text(report: &GateReport, group_by: &[String]) -> String {
             g(ProbeResult::Inconclusive)
         )
     };
-    for n in &report.nodes {
+    for n in nodes {
         let mut r = vec![n.node.clone()];
         r.extend(
             group_by
@@ -1114,18 +1145,7 @@ pub fn render_text(report: &GateReport, group_by: &[String]) -> String {
         r.push(fmt_secs(n.as_target.ttfp_max));
         nrows.push(r);
     }
-    out.push('\n');
-    out.push_str(&table(&nrows));
-    let v = match report.verdict {
-        Verdict::Pass => "PASS",
-        Verdict::Fail => "FAIL",
-        Verdict::Inconclusive => "INCONCLUSIVE",
-    };
-    let _ = writeln!(out, "\nverdict: {v} (exit {})", report.exit_code);
-    for r in &report.verdict_reasons {
-        let _ = writeln!(out, "  - {r}");
-    }
-    out
+    table(&nrows)
 }
 
 /// The key number(s) of an agent finding's evidence, as `name value` pairs joined by

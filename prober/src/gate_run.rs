@@ -40,11 +40,10 @@ use crate::probe::{run_probe, write_budget, EngineFault, ProbeEnv, ProbePlan};
 use crate::record::{build_record, Ending, ProbeMeta};
 use crate::schedule::{node_claims, plan_kinds, NodeInfo, PlannedProbe};
 use crate::sync::lock;
-use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use rand::RngExt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use target_server::report::{GateReport, ProbeRecord, Reason, Thresholds};
@@ -584,6 +583,481 @@ pub fn write_output(path: &std::path::Path, name: &str, text: &str) -> Result<()
     }
 }
 
+/// Writes `--report`, `--junit` and `--save-baseline`. Every output is attempted;
+/// returns the report's exit code, or the first output's error.
+fn write_outputs(
+    args: &GateArgs,
+    report: &GateReport,
+    kind_names: &[&str],
+    console: Console,
+) -> Result<i32, Error> {
+    // Every output is attempted, also after one failed (an unwritable --junit must not
+    // cost the --save-baseline of a passed run); the first failure is the run's error,
+    // the others are logged.
+    let mut failed: Option<Error> = None;
+    let mut keep = |r: Result<(), Error>| {
+        if let Err(e) = r {
+            if failed.is_some() {
+                tracing::error!(error = %e, "another output not written");
+            } else {
+                failed = Some(e);
+            }
+        }
+    };
+    if let Some(path) = &args.report {
+        keep(write_report(path, report).map(|()| console.report_written(path)));
+    }
+    if let Some(path) = &args.junit {
+        keep(
+            write_file("--junit", path, &crate::junit::render(report))
+                .map(|()| console.file_written("JUnit XML", path)),
+        );
+    }
+    if let Some(path) = &args.save_baseline {
+        if report.verdict != target_server::report::Verdict::Pass {
+            console.setting_warning(
+                "--save-baseline",
+                "this run did not pass: the saved baseline holds what it measured anyway",
+            );
+        }
+        let saved = crate::baseline::save(
+            &report.probes,
+            kind_names,
+            saved_settings(args),
+            &report.instance,
+            &report.started_at,
+        );
+        keep(
+            serde_json::to_string_pretty(&saved)
+                .map_err(|e| Error::Output {
+                    path: path.display().to_string(),
+                    source: std::io::Error::other(e),
+                })
+                .and_then(|json| write_file("--save-baseline", path, &(json + "\n")))
+                .map(|()| console.file_written("baseline", path)),
+        );
+    }
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    Ok(report.exit_code)
+}
+
+/// Compares the run with the `--baseline` (`saved`), like for like, into the report.
+fn compare_with_baseline(
+    args: &GateArgs,
+    report: &mut GateReport,
+    saved: &crate::baseline::SavedBaseline,
+    kind_names: &[&str],
+) {
+    let cmp = crate::baseline::compare(
+        saved,
+        &report.probes,
+        kind_names,
+        &saved_settings(args),
+        &crate::baseline::CompareConfig {
+            quantile: args.baseline_quantile.clone(),
+            ratio: args.drift.drift_ratio,
+            floor: args.drift.drift_floor.as_secs_f64(),
+            min_samples: args.drift.baseline_min_samples,
+            dial_interval: args.probe.dial_interval.as_secs_f64(),
+        },
+    );
+    crate::gate::apply_baseline(report, cmp);
+}
+
+/// After the last probe: the instance's leftover pods deleted (retried until
+/// `FINAL_CLEANUP_DEADLINE`), other instances' unrenewed Leases waited out (their pods
+/// reaped), this instance's Lease released.
+async fn wind_down(
+    pods: &Api<k8s_openapi::api::core::v1::Pod>,
+    instance: &str,
+    url: &str,
+    env: &ProbeEnv,
+    reaper: tokio::task::JoinHandle<()>,
+    lease: Option<crate::lease::InstanceLease>,
+    run_errors: &Mutex<Vec<String>>,
+) {
+    // Leftovers (a probe cut short mid-create, or a delete that failed while the API
+    // was away): retried until FINAL_CLEANUP_DEADLINE, then given up on.
+    match final_cleanup(pods, instance, url).await {
+        Ok(n) if n > 0 => {
+            env.writes.fetch_add(n as u64, Ordering::Relaxed);
+            tracing::info!(deleted = n, "deleted leftover probe pods");
+        }
+        Ok(_) => {}
+        Err(e) => lock(run_errors).push(e.to_string()),
+    }
+    // Dead instances' Leases still being watched: their pods are deleted once the Lease
+    // has gone unrenewed for its duration (at most that long plus a pass).
+    if !reaper.is_finished() {
+        let wait = crate::lease::LEASE_DURATION + crate::lease::RENEW_INTERVAL * 2;
+        tracing::info!(
+            "waiting (at most {}s) to tell whether other instances' unrenewed Leases are dead",
+            wait.as_secs()
+        );
+        let mut reaper = reaper;
+        if tokio::time::timeout(wait, &mut reaper).await.is_err() {
+            reaper.abort();
+        }
+    }
+    if let Some(l) = lease {
+        l.release().await;
+    }
+}
+
+/// The gate's run-fatal stop: the first fatal message wins and cancels the run.
+struct Fatal {
+    first: Mutex<Option<String>>,
+    cancel: Arc<watch::Sender<bool>>,
+}
+
+impl Fatal {
+    fn new(cancel: Arc<watch::Sender<bool>>) -> Fatal {
+        Fatal {
+            first: Mutex::new(None),
+            cancel,
+        }
+    }
+
+    /// Records `msg` if it is the first, and cancels the run.
+    fn set(&self, msg: String) {
+        let mut f = lock(&self.first);
+        if f.is_none() {
+            *f = Some(msg);
+        }
+        self.cancel.send_replace(true);
+    }
+
+    /// The gate's policy on engine faults: a forbidden create or delete is run-fatal; so
+    /// is an admission rejection (every probe pod has the same spec: all would be
+    /// rejected).
+    fn fault_sink(self: Arc<Self>, instance: String) -> crate::probe::FaultSink {
+        Arc::new(move |f: EngineFault| {
+            let text = f.text(&instance);
+            self.set(match f {
+                EngineFault::AdmissionRejected(_) => format!(
+                    "probe pods are rejected by admission (the next probes would meet the same \
+                     policy); the gate stops: {text}"
+                ),
+                _ => text,
+            })
+        })
+    }
+}
+
+/// The gate's other stops: the pod watch forbidden before it ever worked (e.g. RBAC
+/// changed right after the start-up check) is run-fatal like a forbidden create;
+/// `--timeout` cancels the run and is recorded in `errors`.
+fn spawn_stop_guards(
+    watch: &Arc<crate::podwatch::PodWatch>,
+    url: &str,
+    fatal: &Arc<Fatal>,
+    timeout: Duration,
+    errors: &Arc<Mutex<Vec<String>>>,
+    cancel: &Arc<watch::Sender<bool>>,
+) {
+    {
+        let (url, watch, fatal) = (url.to_owned(), watch.clone(), fatal.clone());
+        tokio::spawn(async move {
+            let f = watch.wait_forbidden().await;
+            fatal.set(f.to_error(&url, watch.namespace()).to_string());
+        });
+    }
+    let (cancel, errors) = (cancel.clone(), errors.clone());
+    tokio::spawn(async move {
+        tokio::time::sleep(timeout).await;
+        lock(&errors).push(format!(
+            "--timeout {} reached",
+            humantime::format_duration(timeout)
+        ));
+        cancel.send_replace(true);
+    });
+}
+
+/// What the gate's probe tasks share: the probe environment, the concurrency permits,
+/// the start order (`turn`: the task at plan position `pos` asks for a permit only once
+/// `turn` reached `pos`), the burst node claims, the run-wide and the early-stop
+/// cancels, and the finished records the early stop is decided on.
+struct GateProbes {
+    env: Arc<ProbeEnv>,
+    sem: Semaphore,
+    turn: watch::Sender<usize>,
+    node_locks: NodeLocks,
+    run_cancel: watch::Receiver<bool>,
+    cross_cancel: watch::Receiver<bool>,
+    cross_cancel_tx: Arc<watch::Sender<bool>>,
+    finished: Arc<Mutex<Vec<ProbeRecord>>>,
+    stopped_early: Arc<Mutex<Option<String>>>,
+    max_failures: u64,
+    console: Console,
+}
+
+/// One planned probe of the gate, at plan position `pos` (plan `index`): waits for its
+/// turn and a permit (probes start in plan order — same-node controls woven among the
+/// cross-node pairs, pairs with no node in common first within a lap:
+/// [`crate::schedule`] — and pass the turn on as soon as they hold a permit or gave
+/// up waiting, so the runtime's polling order does not decide), then for its nodes'
+/// burst claims, runs it, and decides on the early stop before the permit goes on.
+/// `None`: not started after a run-wide stop; an early stop gives a not-started record.
+async fn gate_probe(
+    g: Arc<GateProbes>,
+    pos: usize,
+    index: usize,
+    claims: Vec<(String, bool)>,
+    probe: ProbePlan,
+) -> (usize, Option<ProbeRecord>) {
+    let cross = stops_early(probe.kind);
+    let cancel = if cross {
+        g.cross_cancel.clone()
+    } else {
+        g.run_cancel.clone()
+    };
+    // Whether to start at all: the early stop (or a run-wide stop) cancels every
+    // probe not started yet, controls included (`stops_early`).
+    let mut start_cancel = g.cross_cancel.clone();
+    let run_cancel = g.run_cancel.clone();
+    let mut my_turn = g.turn.subscribe();
+    let (sem, turn, node_locks, env, finished, stopped, cross_tx, max_failures, console) = (
+        &g.sem,
+        &g.turn,
+        &g.node_locks,
+        g.env.clone(),
+        &g.finished,
+        &g.stopped_early,
+        &g.cross_cancel_tx,
+        g.max_failures,
+        g.console,
+    );
+    let permit = tokio::select! {
+        p = async {
+            let _ = my_turn.wait_for(|t| *t >= pos).await;
+            sem.acquire().await.ok()
+        } => p,
+        _ = start_cancel.wait_for(|c| *c) => None,
+    };
+    if permit.is_none() {
+        // Cancelled before starting: still pass the turn on when it comes.
+        let _ = my_turn.wait_for(|t| *t >= pos).await;
+    }
+    turn.send_modify(|t| *t = (*t).max(pos + 1));
+    // Burst isolation: wait (holding the permit) until the probe's nodes are
+    // free for it (`crate::schedule::node_claims`).
+    let guards = match permit {
+        Some(_) => tokio::select! {
+            g = node_locks.claim(&claims) => Some(g),
+            _ = start_cancel.wait_for(|c| *c) => None,
+        },
+        None => None,
+    };
+    let early = lock(stopped).clone();
+    // A run-wide stop is checked too: its forwarding to the early-stop channel may not
+    // have happened yet (a forbidden create must not start one more probe).
+    if permit.is_none() || guards.is_none() || *start_cancel.borrow() || *run_cancel.borrow() {
+        // Not started: an early stop gives a record; a run-wide stop does not.
+        return match early {
+            Some(why) if !*run_cancel.borrow() => (
+                index,
+                Some(not_started_record(&probe, &env.pod_config, &why)),
+            ),
+            _ => (index, None),
+        };
+    }
+    let mut rec = run_probe(env, probe, cancel).await;
+    if rec.reason == Some(Reason::Interrupted) && !*run_cancel.borrow() {
+        if let Some(why) = lock(stopped).clone() {
+            rec.detail = Some(format!(
+                "cut short: stopped early: {why} ({})",
+                rec.detail.as_deref().unwrap_or("")
+            ));
+        }
+    }
+    // Decide on the early stop before the permit goes to the next probe.
+    {
+        let mut done = lock(finished);
+        done.push(rec.clone());
+        let mut st = lock(stopped);
+        if st.is_none() {
+            if let Some(why) = early_stop(&done, max_failures) {
+                console.early_stop(&why);
+                *st = Some(why);
+                cross_tx.send_replace(true);
+            }
+        }
+    }
+    drop(guards);
+    drop(permit);
+    (index, Some(rec))
+}
+
+/// The gate's plan over the eligible `names` (`--pairs`, default one per node).
+/// Errors: [`Error::NotEnoughNodes`], naming the selector or the skipped nodes.
+fn plan_gate(
+    args: &GateArgs,
+    names: &[String],
+    kinds: &[ProbeKind],
+    skipped: &[(String, crate::schedule::SkipReason)],
+    seed: u64,
+) -> Result<Vec<PlannedProbe>, Error> {
+    let pairs = args.pairs.map_or(names.len(), |n| n as usize);
+    plan_kinds(names, kinds, pairs, seed).ok_or_else(|| Error::NotEnoughNodes {
+        eligible: names.len(),
+        detail: if skipped.is_empty() {
+            format!(" (selector {})", args.probe.node_selector)
+        } else {
+            let s: Vec<String> = skipped.iter().map(|(n, r)| format!("{n}: {r}")).collect();
+            format!(" (skipped {})", s.join("; "))
+        },
+    })
+}
+
+/// Forwards the run-wide cancel to the early stop's channel (cross-node probes see one
+/// channel).
+async fn forward_cancel(mut run_cancel: watch::Receiver<bool>, tx: Arc<watch::Sender<bool>>) {
+    if run_cancel.wait_for(|c| *c).await.is_ok() {
+        tx.send_replace(true);
+    }
+}
+
+/// Every probe task's record, in plan order, with progress lines; how many were not
+/// started. A task that panicked is a run error.
+async fn collect_records(
+    mut set: JoinSet<(usize, Option<ProbeRecord>)>,
+    total: usize,
+    console: Console,
+    run_errors: &Mutex<Vec<String>>,
+) -> (Vec<ProbeRecord>, usize) {
+    let mut records: Vec<(usize, ProbeRecord)> = Vec::with_capacity(total);
+    let mut not_started = 0usize;
+    while let Some(res) = set.join_next().await {
+        match res {
+            Ok((i, Some(rec))) => {
+                console.progress(records.len() + 1, total, &rec);
+                records.push((i, rec));
+            }
+            Ok((_, None)) => not_started += 1,
+            Err(e) => lock(run_errors).push(format!("probe task failed: {e}")),
+        }
+    }
+    records.sort_by_key(|(i, _)| *i);
+    (records.into_iter().map(|(_, r)| r).collect(), not_started)
+}
+
+/// Logs the run's API writes and agent scrapes (info).
+fn log_totals(env: &ProbeEnv, probes: usize) {
+    tracing::info!(
+        api_writes = env.writes.load(Ordering::Relaxed),
+        probes,
+        "API writes (creates + deletes)"
+    );
+    if let Some(a) = &env.agents {
+        for ((profile, result), n) in a.scrape_counts() {
+            tracing::info!(profile = %profile, result = %result, scrapes = n, "agent scrapes");
+        }
+    }
+}
+
+/// Checks the flags before any API call: `--kinds`, the settings (refusals, then
+/// warnings), the agent profiles (`--agent-config`) and the `--baseline` file.
+#[allow(clippy::type_complexity)]
+fn check_gate_args(
+    args: &GateArgs,
+    console: Console,
+) -> Result<
+    (
+        Vec<ProbeKind>,
+        Vec<crate::agents::profiles::Profile>,
+        Option<crate::baseline::SavedBaseline>,
+    ),
+    Error,
+> {
+    let kinds = check_kinds(&args.probe.kinds)?;
+    check_settings(args)?;
+    for (flag, message) in questionable_settings(args) {
+        console.setting_warning(flag, &message);
+    }
+    // Agent profiles first: a bad --agent-config fails before any API call.
+    let profiles = crate::engine::load_profiles(&args.probe)?;
+    let saved_baseline = match &args.baseline {
+        Some(path) => Some(load_saved_baseline(path, &kinds)?),
+        None => None,
+    };
+    Ok((kinds, profiles, saved_baseline))
+}
+
+/// The gate's report of `probes` ([`build_report`]) with the run's facts: thresholds,
+/// times (`started`: RFC 3339 start and its instant), errors, early stop, skipped nodes
+/// and the agents scraped.
+#[allow(clippy::too_many_arguments)]
+fn gate_report(
+    args: &GateArgs,
+    probes: Vec<ProbeRecord>,
+    eligible: &[NodeInfo],
+    skipped: &[(String, crate::schedule::SkipReason)],
+    env: &ProbeEnv,
+    started: (String, Instant),
+    errors: Vec<String>,
+    stopped_early: Option<String>,
+    profile_names: &[String],
+) -> GateReport {
+    let (started_at, run_start) = started;
+    let agent_warnings = std::mem::take(&mut *lock(&env.agent_warnings));
+    let mut report = build_report(
+        probes,
+        eligible,
+        agent_warnings,
+        ReportInputs {
+            thresholds: thresholds(args),
+            instance: env.pod_config.instance.clone(),
+            started_at,
+            finished_at: Timestamp::now().to_string(),
+            duration_seconds: run_start.elapsed().as_secs_f64(),
+            errors,
+            group_by: args.probe.group_by_label.clone(),
+            stopped_early,
+            skipped_nodes: skipped
+                .iter()
+                .map(|(n, r)| target_server::report::SkippedNode {
+                    node: n.clone(),
+                    reason: r.to_string(),
+                })
+                .collect(),
+        },
+    );
+    report.agents = env.agents.as_deref().map(|a| {
+        crate::gate::agents_report(&agent_facts(a, args.probe.agent_scrape, profile_names))
+    });
+    report
+}
+
+/// Connects (outages recorded in `health`) and lists the nodes, noting both in `start`
+/// for a start-up failure's report. Returns the connection, its recovery pings, the
+/// eligible nodes and the skipped ones (logged).
+async fn connect_and_list(
+    p: &crate::config::ProbeArgs,
+    health: &crate::apihealth::ApiHealth,
+    start: &mut RunStart,
+) -> Result<
+    (
+        crate::engine::Connection,
+        crate::apihealth::RecoveryPings,
+        Vec<NodeInfo>,
+        Vec<(String, crate::schedule::SkipReason)>,
+    ),
+    Error,
+> {
+    start.health = Some(health.clone());
+    let (conn, pings) = crate::engine::connect_watched(p, health).await?;
+    start.url = Some(conn.url.clone());
+    let (eligible, skipped) = crate::engine::list_nodes(&conn, p).await?;
+    start.eligible = eligible.clone();
+    start.skipped = skipped.clone();
+    for (n, r) in &skipped {
+        tracing::info!(node = %n, reason = %r, "node skipped");
+    }
+    Ok((conn, pings, eligible, skipped))
+}
+
 /// Runs `prober gate`. Returns the process exit code (0 pass, 1 fail, 2 inconclusive);
 /// errors that stop the run before its probes (config, API unreachable/forbidden,
 /// < 2 nodes, pod watch never ready) are returned as [`Error`] (exit 2 in `main`), after
@@ -631,17 +1105,7 @@ async fn run_gate_inner(
     abort: Arc<Notify>,
 ) -> Result<i32, Error> {
     let p = &args.probe;
-    let kinds = check_kinds(&p.kinds)?;
-    check_settings(args)?;
-    for (flag, message) in questionable_settings(args) {
-        console.setting_warning(flag, &message);
-    }
-    // Agent profiles first: a bad --agent-config fails before any API call.
-    let profiles = crate::engine::load_profiles(p)?;
-    let saved_baseline = match &args.baseline {
-        Some(path) => Some(load_saved_baseline(path, &kinds)?),
-        None => None,
-    };
+    let (kinds, profiles, saved_baseline) = check_gate_args(args, console)?;
     let hold = p.hold_or(GATE_DEFAULT_HOLD);
     let seed = args.seed.unwrap_or_else(|| rand::rng().random());
     let instance = start.instance.clone();
@@ -650,124 +1114,54 @@ async fn run_gate_inner(
     console.seed(&instance, seed);
 
     let health = crate::apihealth::ApiHealth::new(Some(console));
-    start.health = Some(health.clone());
-    let conn = crate::engine::connect_with(
-        p.kubeconfig.as_deref(),
-        p.context.as_deref(),
-        health.clone(),
-    )
-    .await?;
-    let pings = crate::apihealth::spawn_recovery_pings(conn.client.clone(), health.clone());
+    let (conn, pings, eligible, skipped) = connect_and_list(p, &health, start).await?;
     let url = conn.url.clone();
-    start.url = Some(url.clone());
-    let nodes_api: Api<Node> = Api::all(conn.client.clone());
-    let selector = p.node_selector.to_string();
-    let (eligible, skipped) = crate::engine::list_nodes(&conn, p).await?;
-    start.eligible = eligible.clone();
-    start.skipped = skipped.clone();
-    for (n, r) in &skipped {
-        tracing::info!(node = %n, reason = %r, "node skipped");
-    }
     let names: Vec<String> = eligible.iter().map(|n| n.name.clone()).collect();
-    let pairs = args.pairs.map_or(names.len(), |n| n as usize);
-    let plan = plan_kinds(&names, &kinds, pairs, seed).ok_or_else(|| Error::NotEnoughNodes {
-        eligible: names.len(),
-        detail: if skipped.is_empty() {
-            format!(" (selector {selector})")
-        } else {
-            let s: Vec<String> = skipped.iter().map(|(n, r)| format!("{n}: {r}")).collect();
-            format!(" (skipped {})", s.join("; "))
-        },
-    })?;
+    let plan = plan_gate(args, &names, &kinds, &skipped, seed)?;
 
     let pod_config = PodConfig::from_args(p, &instance, hold, None);
     if args.dry_run {
-        print!(
-            "{}",
-            render_plan(
-                &plan,
-                &skipped,
-                &pod_config,
-                seed,
-                names.len(),
-                p.burst_size
-            )
+        let text = render_plan(
+            &plan,
+            &skipped,
+            &pod_config,
+            seed,
+            names.len(),
+            p.burst_size,
         );
+        print!("{text}");
         return Ok(0);
     }
 
-    let crate::engine::Started {
-        pods,
-        watch,
-        agents,
-        swept: _,
-        lease,
-        reaper,
-    } = crate::engine::start(&conn, p, &instance, hold, profiles.clone(), console, false).await?;
+    let started =
+        crate::engine::start(&conn, p, &instance, hold, profiles.clone(), console, false).await?;
     // Node-agent correlation (docs/design.md §3): a first scrape of the planned nodes, so the
     // first probes have a cluster baseline.
     let profile_names: Vec<String> = profiles.iter().map(|p| p.name.clone()).collect();
-    agents.prime(&names).await;
+    started.agents.prime(&names).await;
 
     let (cancel_tx, cancel_rx) = watch::channel(false);
     let cancel_tx = Arc::new(cancel_tx);
     // The gate's policy on engine faults: a forbidden create or delete is run-fatal (the
     // first one wins), the run stops at once.
-    let fatal: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
-    let set_fatal = {
-        let fatal = fatal.clone();
-        let cancel = cancel_tx.clone();
-        move |msg: String| {
-            let mut f = lock(&fatal);
-            if f.is_none() {
-                *f = Some(msg);
-            }
-            cancel.send_replace(true);
-        }
-    };
-    let on_fault: crate::probe::FaultSink = {
-        let set_fatal = set_fatal.clone();
-        let instance = instance.clone();
-        Arc::new(move |f: EngineFault| {
-            let text = f.text(&instance);
-            set_fatal(match f {
-                // Every probe pod has the same spec: all would be rejected. Stop now.
-                EngineFault::AdmissionRejected(_) => format!(
-                    "probe pods are rejected by admission (the next probes would meet the same \
-                     policy); the gate stops: {text}"
-                ),
-                _ => text,
-            })
-        })
-    };
-    let env = Arc::new(ProbeEnv {
-        pods: pods.clone(),
-        nodes: nodes_api,
-        url: url.clone(),
+    let fatal = Arc::new(Fatal::new(cancel_tx.clone()));
+    let crate::engine::Started {
+        pods,
+        watch,
+        agents,
+        lease,
+        reaper,
+        ..
+    } = started;
+    let env = Arc::new(ProbeEnv::new(
+        pods.clone(),
+        watch.clone(),
+        &url,
         pod_config,
-        watch: watch.clone(),
-        slow_threshold: p.slow_threshold,
-        writes: AtomicU64::new(0),
-        on_fault,
-        recreate_slots: Mutex::new(Default::default()),
-        agents: Some(Arc::new(agents)),
-        agent_warnings: Mutex::new(Vec::new()),
-    });
-    // Early stop (gate::early_stop): cancels cross-node kinds only. The run-wide cancel
-    // is forwarded to it, so those probes see one channel.
-    let (cross_cancel_tx, cross_cancel_rx) = watch::channel(false);
-    let cross_cancel_tx = Arc::new(cross_cancel_tx);
-    {
-        let mut run_cancel = cancel_rx.clone();
-        let tx = cross_cancel_tx.clone();
-        tokio::spawn(async move {
-            if run_cancel.wait_for(|c| *c).await.is_ok() {
-                tx.send_replace(true);
-            }
-        });
-    }
-    let finished: Arc<Mutex<Vec<ProbeRecord>>> = Arc::new(Mutex::new(Vec::new()));
-    let stopped_early: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
+        p.slow_threshold,
+        fatal.clone().fault_sink(instance.clone()),
+        Arc::new(agents),
+    ));
     let run_errors = Arc::new(Mutex::new(Vec::<String>::new()));
     spawn_signal_handler(
         env.clone(),
@@ -776,284 +1170,92 @@ async fn run_gate_inner(
         console,
         abort,
     );
-    // The pod watch forbidden before it ever worked (e.g. RBAC changed right after the
-    // start-up check): run-fatal, like a forbidden create.
-    {
-        let url = url.clone();
-        let watch = watch.clone();
-        let set_fatal = set_fatal.clone();
-        tokio::spawn(async move {
-            let f = watch.wait_forbidden().await;
-            set_fatal(f.to_error(&url, watch.namespace()).to_string());
-        });
-    }
-    {
-        let cancel = cancel_tx.clone();
-        let errors = run_errors.clone();
-        let timeout = args.timeout;
-        tokio::spawn(async move {
-            tokio::time::sleep(timeout).await;
-            lock(&errors).push(format!(
-                "--timeout {} reached",
-                humantime::format_duration(timeout)
-            ));
-            cancel.send_replace(true);
-        });
-    }
+    spawn_stop_guards(&watch, &url, &fatal, args.timeout, &run_errors, &cancel_tx);
 
     let total = plan.len();
-    let sem = Arc::new(Semaphore::new(p.concurrency as usize));
-    let mut set: JoinSet<(usize, Option<ProbeRecord>)> = JoinSet::new();
-    // Probes start in plan order (same-node controls woven among the cross-node pairs,
-    // pairs with no node in common first within a lap: `crate::schedule`): the task at position `pos` asks for a
-    // permit only once `turn` reached `pos`, and passes the turn on as soon as it holds
-    // a permit or gave up waiting — otherwise the runtime's polling order would decide.
-    let turn = Arc::new(watch::channel(0usize).0);
-    let node_locks = Arc::new(NodeLocks::default());
-    for (pos, planned) in plan.into_iter().enumerate() {
-        let claims = node_claims(&planned);
-        let node_locks = node_locks.clone();
-        let env = env.clone();
-        let sem = sem.clone();
-        let turn = turn.clone();
-        let mut my_turn = turn.subscribe();
-        let probe = probe_plan(&planned, &instance, p.burst_size);
-        let cross = stops_early(probe.kind);
-        let cancel = if cross {
-            cross_cancel_rx.clone()
-        } else {
-            cancel_rx.clone()
-        };
-        // Whether to start at all: the early stop (or a run-wide stop) cancels every
-        // probe not started yet, controls included (`stops_early`).
-        let mut start_cancel = cross_cancel_rx.clone();
-        let run_cancel = cancel_rx.clone();
-        let finished = finished.clone();
-        let stopped = stopped_early.clone();
-        let cross_tx = cross_cancel_tx.clone();
-        let max_failures = args.max_failures;
-        let index = planned.index;
-        set.spawn(async move {
-            let permit = tokio::select! {
-                p = async {
-                    let _ = my_turn.wait_for(|t| *t >= pos).await;
-                    sem.acquire_owned().await.ok()
-                } => p,
-                _ = start_cancel.wait_for(|c| *c) => None,
-            };
-            if permit.is_none() {
-                // Cancelled before starting: still pass the turn on when it comes.
-                let _ = my_turn.wait_for(|t| *t >= pos).await;
-            }
-            turn.send_modify(|t| *t = (*t).max(pos + 1));
-            // Burst isolation: wait (holding the permit) until the probe's nodes are
-            // free for it (`crate::schedule::node_claims`).
-            let guards = match permit {
-                Some(_) => tokio::select! {
-                    g = node_locks.claim(&claims) => Some(g),
-                    _ = start_cancel.wait_for(|c| *c) => None,
-                },
-                None => None,
-            };
-            let early = lock(&stopped).clone();
-            if permit.is_none() || guards.is_none() || *start_cancel.borrow() {
-                // Not started: an early stop gives a record; a run-wide stop does not.
-                return match early {
-                    Some(why) if !*run_cancel.borrow() => (
-                        index,
-                        Some(not_started_record(&probe, &env.pod_config, &why)),
-                    ),
-                    _ => (index, None),
-                };
-            }
-            let mut rec = run_probe(env, probe, cancel).await;
-            if rec.reason == Some(Reason::Interrupted) && !*run_cancel.borrow() {
-                if let Some(why) = lock(&stopped).clone() {
-                    rec.detail = Some(format!(
-                        "cut short: stopped early: {why} ({})",
-                        rec.detail.as_deref().unwrap_or("")
-                    ));
-                }
-            }
-            // Decide on the early stop before the permit goes to the next probe.
-            {
-                let mut done = lock(&finished);
-                done.push(rec.clone());
-                let mut st = lock(&stopped);
-                if st.is_none() {
-                    if let Some(why) = early_stop(&done, max_failures) {
-                        console.early_stop(&why);
-                        *st = Some(why);
-                        cross_tx.send_replace(true);
-                    }
-                }
-            }
-            drop(guards);
-            drop(permit);
-            (index, Some(rec))
-        });
-    }
-    let mut records: Vec<(usize, ProbeRecord)> = Vec::with_capacity(total);
-    let mut not_started = 0usize;
-    while let Some(res) = set.join_next().await {
-        match res {
-            Ok((i, Some(rec))) => {
-                console.progress(records.len() + 1, total, &rec);
-                records.push((i, rec));
-            }
-            Ok((_, None)) => not_started += 1,
-            Err(e) => lock(&run_errors).push(format!("probe task failed: {e}")),
-        }
-    }
-    // Leftovers (a probe cut short mid-create, or a delete that failed while the API
-    // was away): retried until FINAL_CLEANUP_DEADLINE, then given up on.
-    match final_cleanup(&pods, &instance, &url).await {
-        Ok(n) if n > 0 => {
-            env.writes.fetch_add(n as u64, Ordering::Relaxed);
-            tracing::info!(deleted = n, "deleted leftover probe pods");
-        }
-        Ok(_) => {}
-        Err(e) => lock(&run_errors).push(e.to_string()),
-    }
-    // Dead instances' Leases still being watched: their pods are deleted once the Lease
-    // has gone unrenewed for its duration (at most that long plus a pass).
-    if !reaper.is_finished() {
-        let wait = crate::lease::LEASE_DURATION + crate::lease::RENEW_INTERVAL * 2;
-        tracing::info!(
-            "waiting (at most {}s) to tell whether other instances' unrenewed Leases are dead",
-            wait.as_secs()
-        );
-        let mut reaper = reaper;
-        if tokio::time::timeout(wait, &mut reaper).await.is_err() {
-            reaper.abort();
-        }
-    }
-    if let Some(l) = lease {
-        l.release().await;
-    }
+    let (probes, not_started, stopped_early) =
+        run_gate_probes(args, plan, &env, cancel_rx, console, &run_errors).await;
+    wind_down(&pods, &instance, &url, &env, reaper, lease, &run_errors).await;
     if not_started > 0 {
         lock(&run_errors).push(format!(
             "{not_started} of {total} planned probe(s) not started"
         ));
     }
-    if let Some(f) = lock(&fatal).clone() {
+    // The run-fatal stop is the run's first error.
+    if let Some(f) = lock(&fatal.first).clone() {
         console.error(None, &f);
         lock(&run_errors).insert(0, f);
     }
-    records.sort_by_key(|(i, _)| *i);
-    let probes: Vec<ProbeRecord> = records.into_iter().map(|(_, r)| r).collect();
     let n_probes = probes.len();
-    let errors = lock(&run_errors).clone();
-    let agent_warnings = std::mem::take(&mut *lock(&env.agent_warnings));
-    let mut report = build_report(
+    let mut report = gate_report(
+        args,
         probes,
         &eligible,
-        agent_warnings,
-        ReportInputs {
-            thresholds: thresholds(args),
-            instance: instance.clone(),
-            started_at,
-            finished_at: Timestamp::now().to_string(),
-            duration_seconds: run_start.elapsed().as_secs_f64(),
-            errors,
-            group_by: p.group_by_label.clone(),
-            stopped_early: lock(&stopped_early).clone(),
-            skipped_nodes: skipped
-                .iter()
-                .map(|(n, r)| target_server::report::SkippedNode {
-                    node: n.clone(),
-                    reason: r.to_string(),
-                })
-                .collect(),
-        },
+        &skipped,
+        &env,
+        (started_at, run_start),
+        lock(&run_errors).clone(),
+        stopped_early,
+        &profile_names,
     );
-    report.agents = env
-        .agents
-        .as_deref()
-        .map(|a| crate::gate::agents_report(&agent_facts(a, p.agent_scrape, &profile_names)));
     drop(pings);
     health.finish();
     report.api_outages = api_outages(&health);
     let kind_names: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
     if let Some(saved) = &saved_baseline {
-        let cmp = crate::baseline::compare(
-            saved,
-            &report.probes,
-            &kind_names,
-            &saved_settings(args),
-            &crate::baseline::CompareConfig {
-                quantile: args.baseline_quantile.clone(),
-                ratio: args.drift.drift_ratio,
-                floor: args.drift.drift_floor.as_secs_f64(),
-                min_samples: args.drift.baseline_min_samples,
-                dial_interval: p.dial_interval.as_secs_f64(),
-            },
-        );
-        crate::gate::apply_baseline(&mut report, cmp);
+        compare_with_baseline(args, &mut report, saved, &kind_names);
     }
     print!("{}", render_text(&report, &p.group_by_label));
     print!("{}", crate::gate::render_baseline_text(&report));
     console.verdict(&report);
-    tracing::info!(
-        api_writes = env.writes.load(Ordering::Relaxed),
-        probes = n_probes,
-        "API writes (creates + deletes)"
-    );
-    if let Some(a) = &env.agents {
-        for ((profile, result), n) in a.scrape_counts() {
-            tracing::info!(profile = %profile, result = %result, scrapes = n, "agent scrapes");
-        }
+    log_totals(&env, n_probes);
+    write_outputs(args, &report, &kind_names, console)
+}
+
+/// Runs the plan's probes ([`gate_probe`]: plan order, `--concurrency`, burst claims,
+/// the early stop of cross-node kinds, to which the run-wide `cancel` is forwarded so
+/// those probes see one channel). Returns their records in plan order, how many did
+/// not start, and the early stop's reason.
+async fn run_gate_probes(
+    args: &GateArgs,
+    plan: Vec<PlannedProbe>,
+    env: &Arc<ProbeEnv>,
+    cancel: watch::Receiver<bool>,
+    console: Console,
+    run_errors: &Mutex<Vec<String>>,
+) -> (Vec<ProbeRecord>, usize, Option<String>) {
+    let (cross_cancel_tx, cross_cancel_rx) = watch::channel(false);
+    let cross_cancel_tx = Arc::new(cross_cancel_tx);
+    tokio::spawn(forward_cancel(cancel.clone(), cross_cancel_tx.clone()));
+    let stopped_early: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
+    let total = plan.len();
+    let shared = Arc::new(GateProbes {
+        env: env.clone(),
+        sem: Semaphore::new(args.probe.concurrency as usize),
+        turn: watch::channel(0usize).0,
+        node_locks: NodeLocks::default(),
+        run_cancel: cancel,
+        cross_cancel: cross_cancel_rx,
+        cross_cancel_tx,
+        finished: Arc::new(Mutex::new(Vec::new())),
+        stopped_early: stopped_early.clone(),
+        max_failures: args.max_failures,
+        console,
+    });
+    let mut set: JoinSet<(usize, Option<ProbeRecord>)> = JoinSet::new();
+    for (pos, planned) in plan.into_iter().enumerate() {
+        let probe = probe_plan(&planned, &env.pod_config.instance, args.probe.burst_size);
+        set.spawn(gate_probe(
+            shared.clone(),
+            pos,
+            planned.index,
+            node_claims(&planned),
+            probe,
+        ));
     }
-    // Every output is attempted, also after one failed (an unwritable --junit must not
-    // cost the --save-baseline of a passed run); the first failure is the run's error,
-    // the others are logged.
-    let mut failed: Option<Error> = None;
-    let mut keep = |r: Result<(), Error>| {
-        if let Err(e) = r {
-            if failed.is_some() {
-                tracing::error!(error = %e, "another output not written");
-            } else {
-                failed = Some(e);
-            }
-        }
-    };
-    if let Some(path) = &args.report {
-        keep(write_report(path, &report).map(|()| console.report_written(path)));
-    }
-    if let Some(path) = &args.junit {
-        keep(
-            write_file("--junit", path, &crate::junit::render(&report))
-                .map(|()| console.file_written("JUnit XML", path)),
-        );
-    }
-    if let Some(path) = &args.save_baseline {
-        if report.verdict != target_server::report::Verdict::Pass {
-            console.setting_warning(
-                "--save-baseline",
-                "this run did not pass: the saved baseline holds what it measured anyway",
-            );
-        }
-        let saved = crate::baseline::save(
-            &report.probes,
-            &kind_names,
-            saved_settings(args),
-            &report.instance,
-            &report.started_at,
-        );
-        keep(
-            serde_json::to_string_pretty(&saved)
-                .map_err(|e| Error::Output {
-                    path: path.display().to_string(),
-                    source: std::io::Error::other(e),
-                })
-                .and_then(|json| write_file("--save-baseline", path, &(json + "\n")))
-                .map(|()| console.file_written("baseline", path)),
-        );
-    }
-    if let Some(e) = failed {
-        return Err(e);
-    }
-    Ok(report.exit_code)
+    let (probes, not_started) = collect_records(set, total, console, run_errors).await;
+    let stopped = lock(&stopped_early).clone();
+    (probes, not_started, stopped)
 }
 
 /// The report's `api_outages[]` from the run's [`crate::apihealth::ApiHealth`].

@@ -95,11 +95,33 @@ fn bad(p: &ProbeRecord) -> bool {
 
 /// The JUnit XML of `report` (module docs).
 pub fn render(report: &GateReport) -> String {
-    let max = report.thresholds.max_ttfp_seconds;
-    let mut cases: Vec<Case> = Vec::new();
     let kinds: Vec<String> = report.summary.by_kind.keys().cloned().collect();
+    let mut cases = kind_cases(report, &kinds);
+    cases.extend(node_cases(report, &kinds));
+    cases.push(baseline_case(report));
+    if !report.errors.is_empty() {
+        // The run itself failed (exit 2): a CI reporter must show it, not a green suite.
+        cases.push(Case {
+            classname: "firstpacket.run",
+            name: "run".into(),
+            failure: Some((
+                format!("the gate ended with an error: {}", report.errors.join("; ")),
+                report.errors.join("\n"),
+            )),
+            skipped: None,
+            out: String::new(),
+        });
+    }
+    suite_xml(report, &cases)
+}
+
+/// One case per probe kind: failed by failed probes, a p95 over `--max-ttfp` or a
+/// regression of the kind against the baseline.
+fn kind_cases(report: &GateReport, kinds: &[String]) -> Vec<Case> {
+    let max = report.thresholds.max_ttfp_seconds;
     let cmp = report.baseline.as_ref();
-    for k in &kinds {
+    let mut cases = Vec::new();
+    for k in kinds {
         let ks = &report.summary.by_kind[k];
         let mut why = Vec::new();
         let failed = ks.by_result.get(&ProbeResult::Failed).copied().unwrap_or(0);
@@ -143,6 +165,15 @@ pub fn render(report: &GateReport) -> String {
             ),
         });
     }
+    cases
+}
+
+/// One case per node: failed when it is slow with every peer, every probe touching it
+/// was bad, or it regressed against the baseline.
+fn node_cases(report: &GateReport, kinds: &[String]) -> Vec<Case> {
+    let max = report.thresholds.max_ttfp_seconds;
+    let cmp = report.baseline.as_ref();
+    let mut cases = Vec::new();
     let suspects = crate::gate::suspect_nodes(&report.probes);
     let best: Vec<(String, crate::baseline::BestPeers)> = kinds
         .iter()
@@ -206,7 +237,13 @@ pub fn render(report: &GateReport) -> String {
             ),
         });
     }
-    cases.push(match cmp {
+    cases
+}
+
+/// The baseline comparison's case: skipped without `--baseline` (or after a run error),
+/// failed when something regressed.
+fn baseline_case(report: &GateReport) -> Case {
+    match report.baseline.as_ref() {
         None => Case {
             classname: "firstpacket.baseline",
             name: "baseline comparison".into(),
@@ -242,20 +279,11 @@ pub fn render(report: &GateReport) -> String {
                     .join("\n"),
             }
         }
-    });
-    if !report.errors.is_empty() {
-        // The run itself failed (exit 2): a CI reporter must show it, not a green suite.
-        cases.push(Case {
-            classname: "firstpacket.run",
-            name: "run".into(),
-            failure: Some((
-                format!("the gate ended with an error: {}", report.errors.join("; ")),
-                report.errors.join("\n"),
-            )),
-            skipped: None,
-            out: String::new(),
-        });
     }
+}
+
+/// The `<testsuites>` document of `cases`.
+fn suite_xml(report: &GateReport, cases: &[Case]) -> String {
     let failures = cases.iter().filter(|c| c.failure.is_some()).count();
     let skipped = cases.iter().filter(|c| c.skipped.is_some()).count();
     let mut out = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
@@ -279,7 +307,7 @@ pub fn render(report: &GateReport) -> String {
         serde_json::to_value(report.verdict).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default(),
         serde_json::to_value(report.summary.diagnosis).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
     );
-    for c in &cases {
+    for c in cases {
         let _ = write!(
             out,
             "    <testcase classname=\"{}\" name=\"{}\" time=\"0\">",

@@ -118,6 +118,8 @@ impl Metrics {
     /// `firstpacket_probes_total{kind, result, reason}` for every reason of each result
     /// (`none` for success), ttfp/hold/first-attempt series per kind, startup phases per
     /// role, `firstpacket_build_info{version}` = 1, `firstpacket_leader` = 1.
+    // A table of data: one entry per metric (name, help, labels), read as a list.
+    #[allow(clippy::too_many_lines)]
     pub fn new(kinds: &[ProbeKind]) -> Metrics {
         let r = Registry::new();
         let hist = |name: &str, help: &str, buckets: &[f64], labels: &[&str]| {
@@ -251,44 +253,54 @@ impl Metrics {
             .expect("gauge"),
         );
         build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        m.initialise_series(kinds);
+        m
+    }
+
+    /// The series that must exist before their first change (a dashboard or an alert
+    /// sees 0 / NaN, not nothing): per kind, the baseline and drift gauges, the probe
+    /// counters of every result and reason; the start-up phases, Event reasons and
+    /// engine faults; the leader gauge at 1 (`--leader-elect` sets 0 until a term).
+    fn initialise_series(&self, kinds: &[ProbeKind]) {
         // A replica without leader election probes; `--leader-elect` sets 0 until its
         // first term.
-        m.leader.set(1);
-        m.drift_threshold_ratio.set(f64::NAN);
-        m.drift_floor_seconds.set(f64::NAN);
+        self.leader.set(1);
+        self.drift_threshold_ratio.set(f64::NAN);
+        self.drift_floor_seconds.set(f64::NAN);
         for r in ["ok", "error"] {
-            m.baseline_writes.with_label_values(&[r]);
+            self.baseline_writes.with_label_values(&[r]);
         }
         for k in kinds {
             let k = k.as_str();
             for (q, _) in crate::baseline::QUANTILES {
-                m.baseline_seconds.with_label_values(&[k, q]).set(f64::NAN);
+                self.baseline_seconds
+                    .with_label_values(&[k, q])
+                    .set(f64::NAN);
             }
-            m.baseline_samples.with_label_values(&[k]).set(0.0);
-            m.recent_median.with_label_values(&[k]).set(f64::NAN);
-            m.drift_ratio.with_label_values(&[k]).set(f64::NAN);
-            m.drift_active.with_label_values(&[k]).set(0.0);
-            m.ttfp.with_label_values(&[k]);
-            m.hold_failures.with_label_values(&[k]);
-            m.first_attempt_failures.with_label_values(&[k]);
-            m.probes.with_label_values(&[k, "success", "none"]);
+            self.baseline_samples.with_label_values(&[k]).set(0.0);
+            self.recent_median.with_label_values(&[k]).set(f64::NAN);
+            self.drift_ratio.with_label_values(&[k]).set(f64::NAN);
+            self.drift_active.with_label_values(&[k]).set(0.0);
+            self.ttfp.with_label_values(&[k]);
+            self.hold_failures.with_label_values(&[k]);
+            self.first_attempt_failures.with_label_values(&[k]);
+            self.probes.with_label_values(&[k, "success", "none"]);
             for reason in Reason::ALL {
-                m.probes
+                self.probes
                     .with_label_values(&[k, reason.result().as_str(), reason.as_str()]);
             }
         }
         for role in ["source", "target"] {
             for phase in ["scheduled", "ip_assigned", "ready"] {
-                m.pod_startup.with_label_values(&[role, phase]);
+                self.pod_startup.with_label_values(&[role, phase]);
             }
         }
         for reason in ["FirstPacketFailed", "FirstPacketSlow"] {
-            m.node_events.with_label_values(&[reason]);
+            self.node_events.with_label_values(&[reason]);
         }
         for f in ["create_forbidden", "delete_forbidden", "admission_rejected"] {
-            m.engine_faults.with_label_values(&[f]);
+            self.engine_faults.with_label_values(&[f]);
         }
-        m
     }
 
     /// Sets the baseline and drift gauges from `kinds` (per kind in `--kinds`) and

@@ -317,6 +317,34 @@ fn forbidden_fault(code: Option<u16>, err: &Error, delete: bool) -> Option<Engin
 }
 
 impl ProbeEnv {
+    /// The environment of a mode's probes: `pods` in the probe namespace (the engine's
+    /// start-up made them usable; their client also reads Nodes), the pod `watch`, the
+    /// pod specs' `pod_config`, `--slow-threshold`, the mode's fault policy and agent
+    /// watcher; API writes counted from 0, no recreate slot, no agent warning yet.
+    pub fn new(
+        pods: Api<Pod>,
+        watch: Arc<PodWatch>,
+        url: &str,
+        pod_config: PodConfig,
+        slow_threshold: Duration,
+        on_fault: FaultSink,
+        agents: Arc<crate::agents::scrape::AgentWatcher>,
+    ) -> ProbeEnv {
+        ProbeEnv {
+            nodes: Api::all(pods.clone().into_client()),
+            pods,
+            url: url.to_owned(),
+            pod_config,
+            watch,
+            slow_threshold,
+            writes: AtomicU64::new(0),
+            on_fault,
+            recreate_slots: Mutex::new(Default::default()),
+            agents: Some(agents),
+            agent_warnings: Mutex::new(Vec::new()),
+        }
+    }
+
     fn fault(&self, f: EngineFault) {
         (self.on_fault)(f)
     }
@@ -896,41 +924,7 @@ async fn retire_previous(
                     }),
                 });
             }
-            let pod = probe_pod_named(
-                cfg,
-                t_name,
-                &plan.id,
-                plan.kind.as_str(),
-                PodRole::Target,
-                &plan.target_node,
-                target_args(),
-            );
-            create(env, st, &pod).await?;
-            let ip = wait_target_ready(env, t_name, cancel)
-                .await
-                .map_err(|e| match e {
-                    Ending::Aborted { reason, detail } => Ending::Aborted {
-                        reason,
-                        detail: match &reused_from {
-                            Some(p) => format!(
-                                "first incarnation of the recreate target (name and \
-                                 interface reused: an earlier probe deleted incarnation {}): \
-                                 {detail}",
-                                p.uid.as_deref().unwrap_or("?")
-                            ),
-                            None => {
-                                format!("first incarnation of the recreate target: {detail}")
-                            }
-                        },
-                    },
-                    other => other,
-                })?;
-            Incarnation {
-                uid: env.watch.snapshot(t_name).and_then(|s| s.uid),
-                ip: Some(ip),
-                node: plan.target_node.clone(),
-                deleted_at: None,
-            }
+            first_incarnation(env, plan, t_name, reused_from.as_ref(), cancel, st).await?
         }
     };
     st.owns(t_name);
@@ -978,6 +972,55 @@ async fn retire_previous(
     Ok((prev, deleted_at))
 }
 
+/// `recreate`'s first incarnation of the stable-name target on `plan.target_node`
+/// (`reused_from`: the incarnation an earlier probe deleted, whose name and interface
+/// this one reuses): created and waited for Ready, as any target.
+async fn first_incarnation(
+    env: &ProbeEnv,
+    plan: &ProbePlan,
+    t_name: &str,
+    reused_from: Option<&Incarnation>,
+    cancel: &mut watch::Receiver<bool>,
+    st: &mut ProbeState,
+) -> Result<Incarnation, Ending> {
+    let cfg = &env.pod_config;
+    let pod = probe_pod_named(
+        cfg,
+        t_name,
+        &plan.id,
+        plan.kind.as_str(),
+        PodRole::Target,
+        &plan.target_node,
+        target_args(),
+    );
+    create(env, st, &pod).await?;
+    let ip = wait_target_ready(env, t_name, cancel)
+        .await
+        .map_err(|e| match e {
+            Ending::Aborted { reason, detail } => Ending::Aborted {
+                reason,
+                detail: match reused_from {
+                    Some(p) => format!(
+                        "first incarnation of the recreate target (name and \
+                         interface reused: an earlier probe deleted incarnation {}): \
+                         {detail}",
+                        p.uid.as_deref().unwrap_or("?")
+                    ),
+                    None => {
+                        format!("first incarnation of the recreate target: {detail}")
+                    }
+                },
+            },
+            other => other,
+        })?;
+    Ok(Incarnation {
+        uid: env.watch.snapshot(t_name).and_then(|s| s.uid),
+        ip: Some(ip),
+        node: plan.target_node.clone(),
+        deleted_at: None,
+    })
+}
+
 async fn lifecycle(
     env: &ProbeEnv,
     plan: &ProbePlan,
@@ -999,43 +1042,8 @@ async fn lifecycle(
         }
     }
     if plan.kind == ProbeKind::Burst {
-        let fillers: Vec<Pod> = (0..plan.burst_size)
-            .map(|i| filler_pod(cfg, &plan.id, kind, &plan.target_node, i))
-            .collect();
-        let results =
-            futures::future::join_all(fillers.iter().map(|p| create_counted(env, p))).await;
-        let mut created = 0u32;
-        for (i, r) in results.iter().enumerate() {
-            st.writes += 1;
-            if r.is_ok() {
-                created += 1;
-                st.owns(&filler_pod_name(&plan.id, i as u32));
-            }
-        }
-        st.burst = Some(BurstInfo {
-            fillers: plan.burst_size,
-            fillers_created: created,
-            fillers_ready_seconds: None,
-            backlog_drain_seconds: None,
-        });
-        // T joins the node's backlog behind the fillers: wait (bounded by 10 s) until
-        // every created filler has its IP, i.e. its sandbox and endpoint exist (the CNI
-        // ADD ran), so what T meets does not depend on which sandbox a kubelet sets up
-        // first. A filler without an IP by then (unschedulable, slow runtime) is not
-        // waited for longer.
-        let by = Instant::now() + Duration::from_secs(10);
-        for i in 0..plan.burst_size {
-            let name = filler_pod_name(&plan.id, i);
-            if !st.created.contains(&name) {
-                continue;
-            }
-            if let Wait::Cancelled = env
-                .watch
-                .wait_for(&name, by, cancel, |s| s.and_then(|s| s.ip.clone()))
-                .await
-            {
-                return interrupted("waiting for the burst's fillers");
-            }
+        if let Err(e) = start_fillers(env, plan, cancel, st).await {
+            return e;
         }
     }
     if plan.kind == ProbeKind::Service {
@@ -1080,6 +1088,71 @@ async fn lifecycle(
     };
     tracing::debug!(target_ip = %ip, "target Ready");
 
+    run_source(env, plan, t_name, &ip, cancel, st).await
+}
+
+/// `burst`: creates the plan's fillers on the target node and waits (at most 10 s) until
+/// each created one has its IP. Errors: interrupted meanwhile.
+async fn start_fillers(
+    env: &ProbeEnv,
+    plan: &ProbePlan,
+    cancel: &mut watch::Receiver<bool>,
+    st: &mut ProbeState,
+) -> Result<(), Ending> {
+    let cfg = &env.pod_config;
+    let kind = plan.kind.as_str();
+    let fillers: Vec<Pod> = (0..plan.burst_size)
+        .map(|i| filler_pod(cfg, &plan.id, kind, &plan.target_node, i))
+        .collect();
+    let results = futures::future::join_all(fillers.iter().map(|p| create_counted(env, p))).await;
+    let mut created = 0u32;
+    for (i, r) in results.iter().enumerate() {
+        st.writes += 1;
+        if r.is_ok() {
+            created += 1;
+            st.owns(&filler_pod_name(&plan.id, i as u32));
+        }
+    }
+    st.burst = Some(BurstInfo {
+        fillers: plan.burst_size,
+        fillers_created: created,
+        fillers_ready_seconds: None,
+        backlog_drain_seconds: None,
+    });
+    // T joins the node's backlog behind the fillers: wait (bounded by 10 s) until
+    // every created filler has its IP, i.e. its sandbox and endpoint exist (the CNI
+    // ADD ran), so what T meets does not depend on which sandbox a kubelet sets up
+    // first. A filler without an IP by then (unschedulable, slow runtime) is not
+    // waited for longer.
+    let by = Instant::now() + Duration::from_secs(10);
+    for i in 0..plan.burst_size {
+        let name = filler_pod_name(&plan.id, i);
+        if !st.created.contains(&name) {
+            continue;
+        }
+        if let Wait::Cancelled = env
+            .watch
+            .wait_for(&name, by, cancel, |s| s.and_then(|s| s.ip.clone()))
+            .await
+        {
+            return Err(interrupted("waiting for the burst's fillers"));
+        }
+    }
+    Ok(())
+}
+
+/// Creates the source (dialing the target at `ip`, or the probe Service's ClusterIP) and
+/// waits for its ending: its report, or the timeout's reading of its state.
+async fn run_source(
+    env: &ProbeEnv,
+    plan: &ProbePlan,
+    t_name: &str,
+    ip: &str,
+    cancel: &mut watch::Receiver<bool>,
+    st: &mut ProbeState,
+) -> Ending {
+    let cfg = &env.pod_config;
+    let kind = plan.kind.as_str();
     let s_name = pod_name(&plan.id, PodRole::Source);
     let s_pod = probe_pod_named(
         cfg,
@@ -1090,7 +1163,7 @@ async fn lifecycle(
         &plan.source_node,
         match st.service.as_ref().and_then(|s| s.cluster_ip.as_deref()) {
             Some(cluster_ip) => source_args_to(cfg, &host_port(cluster_ip, SERVICE_PORT), t_name),
-            None => source_args(cfg, &ip, t_name),
+            None => source_args(cfg, ip, t_name),
         },
     );
     if *cancel.borrow() {
@@ -1124,6 +1197,215 @@ async fn lifecycle(
             }
         }
     }
+}
+
+/// Drops the probe's pods from the watch's tracker (a kept `recreate` target stays).
+fn forget_probe_pods(
+    env: &ProbeEnv,
+    plan: &ProbePlan,
+    meta: &ProbeMeta,
+    keep: bool,
+    record: &ProbeRecord,
+) {
+    env.watch.with_tracker(|t| {
+        if !keep {
+            t.forget(&meta.target_pod);
+        }
+        t.forget(&meta.source_pod);
+        for i in 0..plan
+            .burst_size
+            .min(record.burst.as_ref().map_or(0, |b| b.fillers))
+        {
+            t.forget(&filler_pod_name(&plan.id, i));
+        }
+    });
+}
+
+/// Warns when the probe wrote more than its kind's budget ([`write_budget`]); the
+/// ending at debug level (the caller logs the one event per probe, `probe done`).
+fn log_probe_end(plan: &ProbePlan, record: &ProbeRecord) {
+    let budget = write_budget(plan.kind, plan.burst_size);
+    if record.api_writes > budget {
+        tracing::warn!(
+            api_writes = record.api_writes,
+            budget,
+            "probe exceeded its API-write budget"
+        );
+    }
+    tracing::debug!(
+        result = record.result.as_str(),
+        reason = record.reason.map(|r| r.as_str()),
+        ttfp_seconds = record.ttfp_seconds,
+        api_writes = record.api_writes,
+        "probe finished"
+    );
+}
+
+/// Deletes what the probe created, the source first, then the target, then the burst's
+/// fillers (gracefully, and waited for: the node stays this burst's until they are
+/// gone, at most 15 s) and the probe Service; stamps the pods' deletion times in
+/// `states` (target, source). For `recreate`, `guard` keeps the deleted target's
+/// incarnation for the next probe of the name, once its `DELETED` is seen (≤ 10 s).
+async fn delete_probe_objects(
+    env: &ProbeEnv,
+    plan: &ProbePlan,
+    meta: &ProbeMeta,
+    states: &mut [Option<PodState>; 2],
+    mut guard: Option<&mut Option<Incarnation>>,
+    cancel: &mut watch::Receiver<bool>,
+    st: &mut ProbeState,
+) {
+    // Source first, then the target, then fillers.
+    let mut to_delete = st.created.clone();
+    to_delete.sort_by_key(|n| {
+        if *n == meta.source_pod {
+            0
+        } else if *n == meta.target_pod {
+            1
+        } else {
+            2
+        }
+    });
+    let is_filler = |n: &str| {
+        (0..st.burst.as_ref().map_or(0, |b| b.fillers)).any(|i| filler_pod_name(&plan.id, i) == n)
+    };
+    let fillers_deleted: Vec<String> = to_delete.iter().filter(|n| is_filler(n)).cloned().collect();
+    for name in &to_delete {
+        st.writes += 1;
+        // Fillers go gracefully: their `DELETED` then means the kubelet has torn their
+        // sandboxes down (CNI DEL), i.e. the node's agent has dropped them from its
+        // backlog — awaited below before the burst's node claim is released.
+        let deleted = if fillers_deleted.contains(name) {
+            delete_pod_with(env, name, DeleteParams::default()).await
+        } else {
+            delete_pod(env, name).await
+        };
+        match deleted {
+            Ok(at) => {
+                let i = if *name == meta.target_pod {
+                    Some(0)
+                } else if *name == meta.source_pod {
+                    Some(1)
+                } else {
+                    None
+                };
+                if let Some(s) = i.and_then(|i| states[i].as_mut()) {
+                    s.deleted.get_or_insert(at);
+                }
+                if *name == meta.target_pod {
+                    if let (Some(g), Some(t)) = (guard.as_deref_mut(), states[0].as_ref()) {
+                        // The name is now used on this node: the next probe's first
+                        // incarnation reuses it.
+                        *g = Some(Incarnation {
+                            uid: t.uid.clone(),
+                            ip: t.ip.clone(),
+                            node: plan.target_node.clone(),
+                            deleted_at: Some(at),
+                        });
+                        // Wait (bounded) for its DELETED event before the next probe
+                        // may create the same name: a late event of this UID would
+                        // otherwise land on the next incarnation's fresh tracker
+                        // entry (which has no UID yet) and mark it deleted.
+                        let uid = t.uid.clone();
+                        let deadline = Instant::now() + Duration::from_secs(10);
+                        let _ = env
+                            .watch
+                            .wait_for(&meta.target_pod, deadline, cancel, |s| match s {
+                                Some(s) if s.uid == uid && s.deleted.is_none() => None,
+                                _ => Some(()),
+                            })
+                            .await;
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(pod = %name, error = %e, "delete failed"),
+        }
+    }
+    // Burst isolation: the node stays this burst's until its fillers are gone
+    // (bounded: a filler whose deletion is not seen within 15 s is left to the sweep).
+    let fillers_gone_by = Instant::now() + Duration::from_secs(15);
+    for name in &fillers_deleted {
+        let _ = env
+            .watch
+            .wait_for(name, fillers_gone_by, cancel, |s| match s {
+                Some(s) if s.deleted.is_none() => None,
+                _ => Some(()),
+            })
+            .await;
+    }
+    if let Some(svc) = &st.service {
+        st.writes += 1;
+        if let Err(e) = delete_service(env, &svc.name).await {
+            tracing::warn!(service = %svc.name, error = %e, "delete failed");
+        }
+    }
+}
+
+/// The probe's record: [`build_record`] of what was seen, the API writes, the
+/// `recreate`/`burst`/`service` details (the burst's backlog from its fillers' states),
+/// `node_not_ready` when a NotReady node explains the outcome, and the agents'
+/// suspects over the probe's window.
+async fn finish_record(
+    env: &ProbeEnv,
+    plan: &ProbePlan,
+    meta: &ProbeMeta,
+    states: &[Option<PodState>; 2],
+    ending: &Ending,
+    st: &mut ProbeState,
+    agent_window: Option<crate::agents::correlate::ProbeWindow>,
+) -> ProbeRecord {
+    let mut record = build_record(
+        meta,
+        states[0].as_ref(),
+        states[1].as_ref(),
+        ending,
+        env.slow_threshold,
+        std::time::Instant::now(),
+    );
+    record.api_writes = st.writes;
+    record.recreate = st.recreate.take();
+    record.burst = st.burst.take();
+    if let Some(b) = record.burst.as_mut() {
+        let fillers: Vec<Option<PodState>> = env.watch.with_tracker(|t| {
+            (0..plan.burst_size.min(b.fillers))
+                .map(|i| t.get(&filler_pod_name(&plan.id, i)).cloned())
+                .collect()
+        });
+        let (ready, drain) = burst_backlog(
+            meta.started,
+            &fillers,
+            b.fillers_created,
+            record.timeline.source.ready,
+            record.raw_ttfp_seconds,
+        );
+        b.fillers_ready_seconds = ready;
+        b.backlog_drain_seconds = drain;
+    }
+    record.service = st.service.take();
+    if could_be_node_not_ready(&record) {
+        let mut nodes = vec![&plan.source_node, &plan.target_node];
+        nodes.dedup();
+        for node in nodes {
+            if node_ready(env, node).await == Some(false) {
+                record.detail = Some(format!(
+                    "node {node} is NotReady (would have been {}/{}: {})",
+                    record.result.as_str(),
+                    record.reason.map_or("", |r| r.as_str()),
+                    record.detail.as_deref().unwrap_or("")
+                ));
+                record.result = ProbeResult::Inconclusive;
+                record.reason = Some(Reason::NodeNotReady);
+                break;
+            }
+        }
+    }
+    if let (Some(a), Some(w)) = (&env.agents, agent_window) {
+        let found = a.probe_finished(w, record.result).await;
+        record.suspects = found.suspects;
+        let mut warnings = env.agent_warnings.lock().unwrap_or_else(|p| p.into_inner());
+        crate::agents::correlate::merge_warnings(&mut warnings, found.warnings);
+    }
+    record
 }
 
 /// Whether a NotReady node would explain `record`'s outcome, so the probe checks its
@@ -1239,173 +1521,22 @@ pub async fn run_probe(
                 });
             }
         }
-        // Source first, then the target, then fillers.
-        let mut to_delete = st.created.clone();
-        to_delete.sort_by_key(|n| {
-            if *n == meta.source_pod {
-                0
-            } else if *n == t_name {
-                1
-            } else {
-                2
-            }
-        });
-        let is_filler = |n: &str| {
-            (0..st.burst.as_ref().map_or(0, |b| b.fillers)).any(|i| filler_pod_name(&plan.id, i) == n)
-        };
-        let fillers_deleted: Vec<String> =
-            to_delete.iter().filter(|n| is_filler(n)).cloned().collect();
-        for name in &to_delete {
-            st.writes += 1;
-            // Fillers go gracefully: their `DELETED` then means the kubelet has torn their
-            // sandboxes down (CNI DEL), i.e. the node's agent has dropped them from its
-            // backlog — awaited below before the burst's node claim is released.
-            let deleted = if fillers_deleted.contains(name) {
-                delete_pod_with(&env, name, DeleteParams::default()).await
-            } else {
-                delete_pod(&env, name).await
-            };
-            match deleted {
-                Ok(at) => {
-                    let i = if *name == meta.target_pod {
-                        Some(0)
-                    } else if *name == meta.source_pod {
-                        Some(1)
-                    } else {
-                        None
-                    };
-                    if let Some(s) = i.and_then(|i| states[i].as_mut()) {
-                        s.deleted.get_or_insert(at);
-                    }
-                    if *name == t_name {
-                        if let (Some(g), Some(t)) = (guard.as_deref_mut(), states[0].as_ref()) {
-                            // The name is now used on this node: the next probe's first
-                            // incarnation reuses it.
-                            *g = Some(Incarnation {
-                                uid: t.uid.clone(),
-                                ip: t.ip.clone(),
-                                node: plan.target_node.clone(),
-                                deleted_at: Some(at),
-                            });
-                            // Wait (bounded) for its DELETED event before the next probe
-                            // may create the same name: a late event of this UID would
-                            // otherwise land on the next incarnation's fresh tracker
-                            // entry (which has no UID yet) and mark it deleted.
-                            let uid = t.uid.clone();
-                            let deadline = Instant::now() + Duration::from_secs(10);
-                            let _ = env
-                                .watch
-                                .wait_for(&t_name, deadline, &mut cancel, |s| match s {
-                                    Some(s) if s.uid == uid && s.deleted.is_none() => None,
-                                    _ => Some(()),
-                                })
-                                .await;
-                        }
-                    }
-                }
-                Err(e) => tracing::warn!(pod = %name, error = %e, "delete failed"),
-            }
-        }
-        // Burst isolation: the node stays this burst's until its fillers are gone
-        // (bounded: a filler whose deletion is not seen within 15 s is left to the sweep).
-        let fillers_gone_by = Instant::now() + Duration::from_secs(15);
-        for name in &fillers_deleted {
-            let _ = env
-                .watch
-                .wait_for(name, fillers_gone_by, &mut cancel, |s| match s {
-                    Some(s) if s.deleted.is_none() => None,
-                    _ => Some(()),
-                })
-                .await;
-        }
-        if let Some(svc) = &st.service {
-            st.writes += 1;
-            if let Err(e) = delete_service(&env, &svc.name).await {
-                tracing::warn!(service = %svc.name, error = %e, "delete failed");
-            }
-        }
-        let mut record = build_record(
+        delete_probe_objects(
+            &env,
+            &plan,
             &meta,
-            states[0].as_ref(),
-            states[1].as_ref(),
-            &ending,
-            env.slow_threshold,
-            std::time::Instant::now(),
-        );
-        record.api_writes = st.writes;
-        record.recreate = st.recreate.take();
-        record.burst = st.burst.take();
-        if let Some(b) = record.burst.as_mut() {
-            let fillers: Vec<Option<PodState>> = env.watch.with_tracker(|t| {
-                (0..plan.burst_size.min(b.fillers))
-                    .map(|i| t.get(&filler_pod_name(&plan.id, i)).cloned())
-                    .collect()
-            });
-            let (ready, drain) = burst_backlog(
-                meta.started,
-                &fillers,
-                b.fillers_created,
-                record.timeline.source.ready,
-                record.raw_ttfp_seconds,
-            );
-            b.fillers_ready_seconds = ready;
-            b.backlog_drain_seconds = drain;
-        }
-        record.service = st.service.take();
-        if could_be_node_not_ready(&record) {
-            let mut nodes = vec![&plan.source_node, &plan.target_node];
-            nodes.dedup();
-            for node in nodes {
-                if node_ready(&env, node).await == Some(false) {
-                    record.detail = Some(format!(
-                        "node {node} is NotReady (would have been {}/{}: {})",
-                        record.result.as_str(),
-                        record.reason.map_or("", |r| r.as_str()),
-                        record.detail.as_deref().unwrap_or("")
-                    ));
-                    record.result = ProbeResult::Inconclusive;
-                    record.reason = Some(Reason::NodeNotReady);
-                    break;
-                }
-            }
-        }
-        if let (Some(a), Some(w)) = (&env.agents, agent_window) {
-            let found = a.probe_finished(w, record.result).await;
-            record.suspects = found.suspects;
-            let mut warnings = env
-                .agent_warnings
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            crate::agents::correlate::merge_warnings(&mut warnings, found.warnings);
-        }
-        env.watch.with_tracker(|t| {
-            if !keep {
-                t.forget(&meta.target_pod);
-            }
-            t.forget(&meta.source_pod);
-            for i in 0..plan.burst_size.min(st.burst.as_ref().map_or(0, |b| b.fillers)) {
-                t.forget(&filler_pod_name(&plan.id, i));
-            }
-        });
+            &mut states,
+            guard.as_deref_mut(),
+            &mut cancel,
+            &mut st,
+        )
+        .await;
+        let record = finish_record(&env, &plan, &meta, &states, &ending, &mut st, agent_window).await;
+        forget_probe_pods(&env, &plan, &meta, keep, &record);
         // Only now may the next `recreate` probe of this name start: until the forget
         // above, its T₀ (same name) would be forgotten by this probe's cleanup.
         drop(guard);
-        let budget = write_budget(plan.kind, plan.burst_size);
-        if record.api_writes > budget {
-            tracing::warn!(
-                api_writes = record.api_writes,
-                budget,
-                "probe exceeded its API-write budget"
-            );
-        }
-        // Debug only: the caller logs the one event per probe (`probe done`).
-        tracing::debug!(
-            result = record.result.as_str(),
-            reason = record.reason.map(|r| r.as_str()),
-            ttfp_seconds = record.ttfp_seconds,
-            api_writes = record.api_writes,
-            "probe finished"
-        );
+        log_probe_end(&plan, &record);
         record
     }
     .instrument(span)

@@ -317,15 +317,276 @@ where
 pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
     let p = args.probe.clone();
     let console = Console::new(p.log_format);
-    let kinds = check_kinds(&p.kinds)?;
+    let (kinds, drift_cfg) = check_run_args(&args, console)?;
+    let profiles = crate::engine::load_profiles(&p)?;
+    let n_profiles = profiles.len();
+    let hold = p.hold_or(RUN_DEFAULT_HOLD);
+    let owner = owner_from_env(&p.namespace, |k| std::env::var(k).ok());
+    let instance = run_instance(owner.as_ref());
+    let seed: u64 = rand::rng().random();
+    let tag = crate::gate_run::random_suffix(3);
+
+    let admin = new_admin_state(&args, &kinds, drift_cfg, &instance);
+    let server = serve_admin(&args, admin.clone(), console, &instance).await?;
+
+    let conn_health = crate::apihealth::ApiHealth::new(Some(console));
+    let (conn, _pings) = crate::engine::connect_watched(&p, &conn_health).await?;
+    let url = conn.url.clone();
+    let started = crate::engine::start(&conn, &p, &instance, hold, profiles, console, true).await?;
+    admin.ready.store(true, Ordering::Relaxed);
+    let pods = started.pods.clone();
+    delete_previous_incarnation(&pods, &instance, &url, &started.watch).await;
+    let agents = Arc::new(started.agents);
+    let (lease, reaper_task) = (started.lease, started.reaper);
+    let nodes_api: Api<Node> = Api::all(conn.client.clone());
+    let env = Arc::new(ProbeEnv::new(
+        pods.clone(),
+        started.watch.clone(),
+        &url,
+        PodConfig::from_args(&p, &instance, hold, owner),
+        p.slow_threshold,
+        run_fault_sink(admin.clone(), instance.clone()),
+        agents.clone(),
+    ));
+
+    let (node_set, mut node_rx, node_task) = start_node_watch(nodes_api, &p, &admin, &agents).await;
+
+    let mut signals = Signals::install_or_error()?;
+    let (cancel_tx, cancel_rx) = watch::channel(false);
+    // Leader election: probes start only within a term; each term has its own cancel
+    // channel, set when the term ends or on shutdown.
+    let leader = args
+        .leader_elect
+        .then(|| crate::leader::spawn(conn.client.clone(), &url, leader_config(&args, &instance)));
+    let mut leader_rx = leader.as_ref().map(|h| h.status.clone());
+    lock(&admin.info).leadership = leader_rx
+        .as_ref()
+        .map(|rx| rx.borrow().clone())
+        .unwrap_or_default();
+    let known_nodes: BTreeSet<String> = lock(&node_set).nodes.keys().cloned().collect();
+    let mut rl = RunLoop {
+        store: Arc::new(BaselineStore::new(
+            &conn.client,
+            &args,
+            &instance,
+            admin.clone(),
+            drift_cfg,
+            &kinds,
+        )),
+        // The current term: its number and cancel receiver (without --leader-elect, one
+        // endless term cancelled only on shutdown).
+        term: (!args.leader_elect).then(|| (0, cancel_rx.clone())),
+        known_nodes,
+        agent_prev: agent_snapshot(&agents),
+        rotation: Rotation::new(kinds.clone(), seed),
+        set: JoinSet::new(),
+        counter: 0,
+        lap_started: Instant::now(),
+        laps_seen: 0,
+        next_probe: tokio::time::Instant::now(),
+        announced: None,
+        limiter: Arc::new(Mutex::new(EventLimiter::new(crate::events::EVENT_WINDOW))),
+        pending: Arc::new(Mutex::new(PendingBlames::default())),
+        in_flight_ids: Arc::new(Mutex::new(HashSet::new())),
+        bound_inputs: crate::bounds::BoundInputs::of(&p, n_profiles, kinds.len()),
+        p,
+        probe_interval: args.probe_interval,
+        console,
+        instance,
+        tag,
+        admin,
+        env,
+        agents,
+        client: conn.client.clone(),
+        conn_health,
+        node_set,
+        cancel_rx,
+    };
+    if rl.term.is_some() {
+        rl.store.load().await;
+    }
+    let signal = rl
+        .run(
+            &mut node_rx,
+            &mut leader_rx,
+            &mut signals,
+            args.baseline_save_interval,
+        )
+        .await;
+    let tasks = RunTasks {
+        server,
+        node_task,
+        reaper_task,
+        leader,
+        lease,
+    };
+    Ok(shut_down(rl, &mut signals, signal, &cancel_tx, tasks, &url).await)
+}
+
+/// The run's background tasks and held Leases, ended at shutdown.
+struct RunTasks {
+    server: tokio::task::JoinHandle<()>,
+    node_task: tokio::task::JoinHandle<()>,
+    reaper_task: tokio::task::JoinHandle<()>,
+    leader: Option<crate::leader::LeaderHandle>,
+    lease: Option<crate::lease::InstanceLease>,
+}
+
+impl RunTasks {
+    /// Hands the leadership over (waiting at most `within`), stops the tasks, releases
+    /// the instance Lease.
+    async fn end(self, within: Duration) {
+        if let Some(h) = self.leader {
+            h.release(within).await;
+        }
+        self.server.abort();
+        self.node_task.abort();
+        self.reaper_task.abort();
+        if let Some(l) = self.lease {
+            l.release().await;
+        }
+    }
+}
+
+/// Shutdown after `signal`: no new probes; the running ones cancelled (they delete their
+/// pods) and waited for `SHUTDOWN_GRACE`; leftovers deleted; the learned baseline
+/// saved; the leadership handed over. A second signal deletes the pods best-effort
+/// and ends at once (exit 2). Returns the exit code.
+async fn shut_down(
+    mut rl: RunLoop,
+    signals: &mut Signals,
+    signal: &'static str,
+    cancel_tx: &watch::Sender<bool>,
+    tasks: RunTasks,
+    url: &str,
+) -> i32 {
+    rl.console.signal(signal);
+    tracing::info!(
+        signal,
+        in_flight = rl.set.len(),
+        "stopping: no new probes, deleting the probes' pods"
+    );
+    cancel_tx.send_replace(true);
+    let pods = rl.env.pods.clone();
+    let drained = tokio::select! {
+        r = tokio::time::timeout(SHUTDOWN_GRACE, async { while rl.set.join_next().await.is_some() {} }) => r.is_ok(),
+        _ = signals.next() => {
+            rl.console.second_signal();
+            let _ = tokio::time::timeout(Duration::from_secs(5), delete_instance_pods(&pods, &rl.instance, url)).await;
+            tasks.end(Duration::from_secs(2)).await;
+            return 2;
+        }
+    };
+    if !drained {
+        tracing::warn!("probes did not finish within the shutdown grace; deleting their pods");
+        rl.set.abort_all();
+    }
+    match final_cleanup_within(&pods, &rl.instance, url, SHUTDOWN_CLEANUP).await {
+        Ok(n) if n > 0 => tracing::info!(deleted = n, "deleted leftover probe pods"),
+        Ok(_) => {}
+        Err(e) => rl.console.error(None, &e.to_string()),
+    }
+    // The learned baseline, for the next incarnation or leader (only a replica that led
+    // has learned anything worth keeping).
+    if rl.term.is_some() {
+        rl.store.save_if_learned(BASELINE_SHUTDOWN_SAVE).await;
+    }
+    // The probes ended and their pods are gone: hand the leadership over at once.
+    tasks.end(Duration::from_secs(5)).await;
+    0
+}
+
+/// Binds `--admin-addr` and serves the admin router there (metrics, health, status
+/// page); says so on the console. Errors: the bind, as a `--admin-addr` config error.
+async fn serve_admin(
+    args: &RunArgs,
+    admin: Arc<AdminState>,
+    console: Console,
+    instance: &str,
+) -> Result<tokio::task::JoinHandle<()>, Error> {
+    let listener = tokio::net::TcpListener::bind(&args.admin_addr)
+        .await
+        .map_err(|e| Error::Config {
+            flag: "--admin-addr",
+            message: format!("cannot listen on {}: {e}", args.admin_addr),
+        })?;
+    console.run_started(
+        instance,
+        &args.admin_addr,
+        args.probe_interval.as_secs_f64(),
+        args.probe.concurrency,
+    );
+    let router = crate::admin::router(admin);
+    Ok(tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, router).await {
+            tracing::error!(error = %e, "admin server failed");
+        }
+    }))
+}
+
+impl RunLoop {
+    /// The loop: one handler per event (the next probe's time, a node change, the agent
+    /// tick, the janitor, the baseline tick, a leadership change), then the bookkeeping
+    /// and, when due and leading, a probe start. Returns the signal that ended it.
+    async fn run(
+        &mut self,
+        node_rx: &mut mpsc::UnboundedReceiver<NodeChange>,
+        leader_rx: &mut Option<watch::Receiver<crate::leader::Leadership>>,
+        signals: &mut Signals,
+        baseline_save_interval: Duration,
+    ) -> &'static str {
+        let mut agent_tick = tokio::time::interval(AGENT_POLL);
+        let mut janitor_tick = tokio::time::interval(JANITOR_INTERVAL);
+        janitor_tick.tick().await;
+        let mut baseline_tick = tokio::time::interval(baseline_save_interval);
+        baseline_tick.tick().await;
+
+        loop {
+            // Reap finished probes.
+            while self.set.try_join_next().is_some() {}
+            let start_now = tokio::select! {
+                _ = tokio::time::sleep_until(self.next_probe) => {
+                    self.next_probe = tokio::time::Instant::now()
+                        + jittered(self.probe_interval, rand::rng().random::<f64>());
+                    true
+                }
+                Some(change) = node_rx.recv() => self.on_node_change(change),
+                _ = agent_tick.tick() => self.on_agent_tick(),
+                _ = janitor_tick.tick() => {
+                    self.on_janitor().await;
+                    false
+                }
+                _ = baseline_tick.tick() => {
+                    self.on_baseline_tick();
+                    false
+                }
+                Some(st) = leadership_changed(leader_rx) => self.on_leadership(st, leader_rx.clone()),
+                name = signals.next() => break name,
+            };
+            let leading_now = self.leading_now(leader_rx.as_ref());
+            let eligible = self.bookkeeping();
+            if start_now && leading_now {
+                self.start_probe(&eligible);
+            }
+        }
+    }
+}
+
+/// Checks `prober run`'s flags before any API call: `--kinds`, `--probe-interval`, the
+/// drift settings, the leader-election timings; prints the settings warnings.
+fn check_run_args(
+    args: &RunArgs,
+    console: Console,
+) -> Result<(Vec<crate::config::ProbeKind>, crate::baseline::DriftConfig), Error> {
+    let kinds = check_kinds(&args.probe.kinds)?;
     if args.probe_interval.is_zero() {
         return Err(Error::Config {
             flag: "--probe-interval",
             message: "must be more than 0s".into(),
         });
     }
-    let drift_cfg = drift_config(&args)?;
-    for (flag, message) in questionable_run_settings(&args) {
+    let drift_cfg = drift_config(args)?;
+    for (flag, message) in questionable_run_settings(args) {
         console.setting_warning(flag, &message);
     }
     if args.leader_elect {
@@ -335,460 +596,413 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
             args.leader_elect_retry_period,
         )?;
     }
-    let profiles = crate::engine::load_profiles(&p)?;
-    let n_profiles = profiles.len();
-    let hold = p.hold_or(RUN_DEFAULT_HOLD);
-    let owner = owner_from_env(&p.namespace, |k| std::env::var(k).ok());
-    let instance = run_instance(owner.as_ref());
-    let seed: u64 = rand::rng().random();
-    let tag = crate::gate_run::random_suffix(3);
+    Ok((kinds, drift_cfg))
+}
 
+/// The admin server's state: metrics of `kinds`, the run facts, the drift settings;
+/// `firstpacket_leader` 1 without `--leader-elect` (a standby starts at 0).
+fn new_admin_state(
+    args: &RunArgs,
+    kinds: &[crate::config::ProbeKind],
+    drift_cfg: crate::baseline::DriftConfig,
+    instance: &str,
+) -> Arc<AdminState> {
     let admin = Arc::new(AdminState::new(
-        Metrics::new(&kinds),
+        Metrics::new(kinds),
         RunInfo {
-            instance: instance.clone(),
+            instance: instance.to_owned(),
             probe_interval_seconds: args.probe_interval.as_secs_f64(),
-            concurrency: p.concurrency,
-            slow_threshold_seconds: p.slow_threshold.as_secs_f64(),
+            concurrency: args.probe.concurrency,
+            slow_threshold_seconds: args.probe.slow_threshold.as_secs_f64(),
             ..Default::default()
         },
     ));
-    // Without --leader-elect this replica always probes; with it, it starts as a standby.
     admin.metrics.leader.set(i64::from(!args.leader_elect));
     *lock(&admin.baselines) = Some(crate::baseline::Baselines::new(drift_cfg));
     admin.metrics.drift_threshold_ratio.set(drift_cfg.ratio);
     admin.metrics.drift_floor_seconds.set(drift_cfg.floor);
-    let listener = tokio::net::TcpListener::bind(&args.admin_addr)
-        .await
-        .map_err(|e| Error::Config {
-            flag: "--admin-addr",
-            message: format!("cannot listen on {}: {e}", args.admin_addr),
-        })?;
-    console.run_started(
-        &instance,
-        &args.admin_addr,
-        args.probe_interval.as_secs_f64(),
-        p.concurrency,
-    );
-    let server = {
-        let router = crate::admin::router(admin.clone());
-        tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, router).await {
-                tracing::error!(error = %e, "admin server failed");
-            }
-        })
-    };
+    admin
+}
 
-    let conn_health = crate::apihealth::ApiHealth::new(Some(console));
-    let conn = crate::engine::connect_with(
-        p.kubeconfig.as_deref(),
-        p.context.as_deref(),
-        conn_health.clone(),
-    )
-    .await?;
-    let _pings = crate::apihealth::spawn_recovery_pings(conn.client.clone(), conn_health.clone());
-    let url = conn.url.clone();
-    let started = crate::engine::start(&conn, &p, &instance, hold, profiles, console, true).await?;
-    admin.ready.store(true, Ordering::Relaxed);
-    let pods = started.pods.clone();
-    // A previous incarnation of this instance (the container restarted in the same
-    // pod): its probe pods are ours by name but no probe of ours owns them.
-    match delete_instance_pods(&pods, &instance, &url).await {
+/// A previous incarnation of this instance (the container restarted in the same pod):
+/// its probe pods are ours by name but no probe of ours owns them; deleted, and their
+/// late watch events kept off this incarnation's pods.
+async fn delete_previous_incarnation(
+    pods: &Api<Pod>,
+    instance: &str,
+    url: &str,
+    watch: &crate::podwatch::PodWatch,
+) {
+    match delete_instance_pods(pods, instance, url).await {
         Ok(n) if n > 0 => {
             tracing::info!(deleted = n, "deleted the previous incarnation's probe pods");
-            // Their late watch events must not land on this incarnation's pods.
-            started.watch.with_tracker(|t| t.forget_all());
+            watch.with_tracker(|t| t.forget_all());
         }
         Ok(_) => {}
         Err(e) => tracing::warn!(error = %e, "cannot delete the previous incarnation's probe pods"),
     }
-    let agents = Arc::new(started.agents);
-    let (lease, reaper_task) = (started.lease, started.reaper);
-    let nodes_api: Api<Node> = Api::all(conn.client.clone());
-    let on_fault: crate::probe::FaultSink = {
-        let admin = admin.clone();
-        let instance = instance.clone();
-        Arc::new(move |f: EngineFault| {
-            let label = f.label();
-            admin
-                .metrics
-                .engine_faults
-                .with_label_values(&[label])
-                .inc();
-            match f {
-                EngineFault::AdmissionRejected(_) => {
-                    tracing::error!(fault = label, error = %f.text(&instance), "probe object rejected by admission; probing carries on")
-                }
-                _ => {
-                    tracing::error!(fault = label, error = %f.text(&instance), "probe object forbidden; probing carries on")
-                }
-            }
-        })
-    };
-    let env = Arc::new(ProbeEnv {
-        pods: pods.clone(),
-        nodes: nodes_api.clone(),
-        url: url.clone(),
-        pod_config: PodConfig::from_args(&p, &instance, hold, owner),
-        watch: started.watch.clone(),
-        slow_threshold: p.slow_threshold,
-        writes: AtomicU64::new(0),
-        on_fault,
-        recreate_slots: Mutex::new(Default::default()),
-        agents: Some(agents.clone()),
-        agent_warnings: Mutex::new(Vec::new()),
-    });
+}
 
+/// `prober run`'s policy on engine faults: counted (`firstpacket_engine_faults_total`)
+/// and logged; probing carries on.
+fn run_fault_sink(admin: Arc<AdminState>, instance: String) -> crate::probe::FaultSink {
+    Arc::new(move |f: EngineFault| {
+        let label = f.label();
+        admin
+            .metrics
+            .engine_faults
+            .with_label_values(&[label])
+            .inc();
+        match f {
+            EngineFault::AdmissionRejected(_) => {
+                tracing::error!(fault = label, error = %f.text(&instance), "probe object rejected by admission; probing carries on")
+            }
+            _ => {
+                tracing::error!(fault = label, error = %f.text(&instance), "probe object forbidden; probing carries on")
+            }
+        }
+    })
+}
+
+/// Starts the node watch ([`spawn_node_watch`]) and waits (at most
+/// `WATCH_READY_TIMEOUT`) for its first list; the eligible nodes then get their metric
+/// series and a first agent scrape. Returns the node set, the receiver of node changes
+/// and the watch task.
+async fn start_node_watch(
+    nodes_api: Api<Node>,
+    p: &crate::config::ProbeArgs,
+    admin: &AdminState,
+    agents: &crate::agents::scrape::AgentWatcher,
+) -> (
+    Arc<Mutex<NodeSet>>,
+    mpsc::UnboundedReceiver<NodeChange>,
+    tokio::task::JoinHandle<()>,
+) {
     let node_set = Arc::new(Mutex::new(NodeSet::default()));
-    let (node_tx, mut node_rx) = mpsc::unbounded_channel();
+    let (node_tx, node_rx) = mpsc::unbounded_channel();
     let node_task = spawn_node_watch(nodes_api, p.clone(), node_set.clone(), node_tx);
-    // Wait (bounded) for the first node list.
     let deadline = Instant::now() + crate::engine::WATCH_READY_TIMEOUT;
     while !lock(&node_set).synced && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    {
-        let eligible = lock(&node_set).eligible(&p);
-        let names: Vec<String> = eligible.iter().cloned().collect();
-        for n in &names {
-            admin.metrics.node_added(n);
+    let names: Vec<String> = lock(&node_set).eligible(p).into_iter().collect();
+    for n in &names {
+        admin.metrics.node_added(n);
+    }
+    agents.prime(&names).await;
+    (node_set, node_rx, node_task)
+}
+
+/// The election's settings from the `--leader-elect-*` flags.
+fn leader_config(args: &RunArgs, instance: &str) -> crate::leader::LeaderConfig {
+    crate::leader::LeaderConfig {
+        namespace: args.probe.namespace.clone(),
+        lease_name: args.leader_elect_lease_name.clone(),
+        identity: crate::leader::identity(
+            |k| std::env::var(k).ok(),
+            &crate::leader::hostname(),
+            instance,
+        ),
+        lease_duration: args.leader_elect_lease_duration,
+        renew_deadline: args.leader_elect_renew_deadline,
+        retry_period: args.leader_elect_retry_period,
+    }
+}
+
+/// What `prober run`'s loop keeps between its events, and one handler per event: a
+/// node change, the agent tick, the janitor, the baseline tick, a leadership change;
+/// then [`RunLoop::bookkeeping`] and, when a probe is due, [`RunLoop::start_probe`].
+struct RunLoop {
+    p: crate::config::ProbeArgs,
+    probe_interval: Duration,
+    console: Console,
+    instance: String,
+    /// This incarnation's tag in probe ids.
+    tag: String,
+    admin: Arc<AdminState>,
+    env: Arc<ProbeEnv>,
+    agents: Arc<crate::agents::scrape::AgentWatcher>,
+    client: kube::Client,
+    conn_health: crate::apihealth::ApiHealth,
+    node_set: Arc<Mutex<NodeSet>>,
+    /// Set on shutdown (every term's probes stop).
+    cancel_rx: watch::Receiver<bool>,
+    /// The current leadership term: its number and cancel receiver.
+    term: Option<(u64, watch::Receiver<bool>)>,
+    store: Arc<BaselineStore>,
+    limiter: Arc<Mutex<EventLimiter>>,
+    pending: Arc<Mutex<PendingBlames>>,
+    in_flight_ids: Arc<Mutex<HashSet<String>>>,
+    rotation: Rotation,
+    set: JoinSet<()>,
+    /// Probes started by this incarnation.
+    counter: u64,
+    known_nodes: BTreeSet<String>,
+    agent_prev: AgentSnapshot,
+    lap_started: Instant,
+    laps_seen: u64,
+    next_probe: tokio::time::Instant,
+    /// The leadership last announced on the console.
+    announced: Option<bool>,
+    bound_inputs: crate::bounds::BoundInputs,
+}
+
+impl RunLoop {
+    /// Room for one more probe now.
+    fn has_room(&self) -> bool {
+        self.set.len() < self.bound_inputs.concurrency
+    }
+
+    /// A node became eligible (probed next) or left (its series pruned). Returns whether
+    /// to start a probe now.
+    fn on_node_change(&mut self, change: NodeChange) -> bool {
+        match change {
+            NodeChange::Eligible(node, why) => {
+                tracing::info!(node = %node, change = why, "node changed: probing it next");
+                self.admin.metrics.node_added(&node);
+                self.rotation
+                    .prioritise(&node, &format!("node {node} {why}"));
+                self.has_room()
+            }
+            NodeChange::Gone(node) => {
+                tracing::info!(node = %node, "node gone: pruning its state");
+                self.admin.metrics.node_removed(&node);
+                false
+            }
         }
-        agents.prime(&names).await;
     }
 
-    let Some(mut signals) = Signals::install() else {
-        return Err(Error::Config {
-            flag: "signals",
-            message: "cannot install SIGINT/SIGTERM handlers".into(),
-        });
-    };
-    let (cancel_tx, cancel_rx) = watch::channel(false);
-    // Leader election: probes start only within a term; each term has its own cancel
-    // channel, set when the term ends or on shutdown.
-    let leader = args.leader_elect.then(|| {
-        let cfg = crate::leader::LeaderConfig {
-            namespace: p.namespace.clone(),
-            lease_name: args.leader_elect_lease_name.clone(),
-            identity: crate::leader::identity(
-                |k| std::env::var(k).ok(),
-                &crate::leader::hostname(),
-                &instance,
-            ),
-            lease_duration: args.leader_elect_lease_duration,
-            renew_deadline: args.leader_elect_renew_deadline,
-            retry_period: args.leader_elect_retry_period,
-        };
-        crate::leader::spawn(conn.client.clone(), &url, cfg)
-    });
-    let mut leader_rx = leader.as_ref().map(|h| h.status.clone());
-    if let Some(rx) = &leader_rx {
-        lock(&admin.info).leadership = rx.borrow().clone();
-    }
-    // The current term: its number and cancel receiver (without --leader-elect, one
-    // endless term cancelled only on shutdown).
-    let mut term: Option<(u64, watch::Receiver<bool>)> =
-        (!args.leader_elect).then(|| (0, cancel_rx.clone()));
-    let limiter = Arc::new(Mutex::new(EventLimiter::new(crate::events::EVENT_WINDOW)));
-    let pending = Arc::new(Mutex::new(PendingBlames::default()));
-    let in_flight_ids: Arc<Mutex<HashSet<String>>> = Arc::new(Mutex::new(HashSet::new()));
-    let mut rotation = Rotation::new(kinds.clone(), seed);
-    let mut set: JoinSet<()> = JoinSet::new();
-    let mut counter: u64 = 0;
-    let mut known_nodes: BTreeSet<String> = lock(&node_set).nodes.keys().cloned().collect();
-    let mut agent_prev = agent_snapshot(&agents);
-    let mut agent_tick = tokio::time::interval(AGENT_POLL);
-    let mut janitor_tick = tokio::time::interval(JANITOR_INTERVAL);
-    janitor_tick.tick().await;
-    let mut lap_started = Instant::now();
-    let mut laps_seen = 0u64;
-    let mut next_probe = tokio::time::Instant::now();
-    let mut announced: Option<bool> = None;
-    let concurrency = p.concurrency as usize;
-    let cm_api: Api<k8s_openapi::api::core::v1::ConfigMap> =
-        Api::namespaced(conn.client.clone(), &p.namespace);
-    let store = Arc::new(BaselineStore {
-        api: cm_api,
-        name: args.baseline_configmap.clone(),
-        instance: instance.clone(),
-        admin: admin.clone(),
-        cfg: drift_cfg,
-        saved: AtomicU64::new(0),
-        saving: AtomicBool::new(false),
-        read: AtomicBool::new(false),
-        kinds: kinds.iter().map(|k| k.as_str().to_string()).collect(),
-    });
-    if term.is_some() {
-        store.load().await;
-    }
-    let mut baseline_tick = tokio::time::interval(args.baseline_save_interval);
-    baseline_tick.tick().await;
-
-    let signal = loop {
-        // Reap finished probes.
-        while set.try_join_next().is_some() {}
+    /// Agents that restarted or rolled since the last tick: their nodes are probed next.
+    fn on_agent_tick(&mut self) -> bool {
+        let now = agent_snapshot(&self.agents);
         let mut start_now = false;
-        tokio::select! {
-            _ = tokio::time::sleep_until(next_probe) => {
-                start_now = true;
-                next_probe = tokio::time::Instant::now()
-                    + jittered(args.probe_interval, rand::rng().random::<f64>());
+        for (node, why) in agent_changes(&self.agent_prev, &now, false) {
+            if lock(&self.node_set).nodes.contains_key(&node) {
+                tracing::info!(node = %node, change = %why, "agent changed: probing the node next");
+                self.rotation.prioritise(&node, &format!("{why} on {node}"));
+                start_now = self.has_room();
             }
-            Some(change) = node_rx.recv() => match change {
-                NodeChange::Eligible(node, why) => {
-                    tracing::info!(node = %node, change = why, "node changed: probing it next");
-                    admin.metrics.node_added(&node);
-                    rotation.prioritise(&node, &format!("node {node} {why}"));
-                    start_now = set.len() < concurrency;
-                }
-                NodeChange::Gone(node) => {
-                    tracing::info!(node = %node, "node gone: pruning its state");
-                    admin.metrics.node_removed(&node);
-                }
-            },
-            _ = agent_tick.tick() => {
-                let now = agent_snapshot(&agents);
-                for (node, why) in agent_changes(&agent_prev, &now, false) {
-                    if lock(&node_set).nodes.contains_key(&node) {
-                        tracing::info!(node = %node, change = %why, "agent changed: probing the node next");
-                        rotation.prioritise(&node, &format!("{why} on {node}"));
-                        start_now = set.len() < concurrency;
-                    }
-                }
-                agent_prev = now;
-                admin.metrics.sync_agent_scrapes(&agents.scrape_counts());
-            }
-            _ = janitor_tick.tick() => {
-                let live = lock(&in_flight_ids).clone();
-                match tokio::time::timeout(crate::probe::API_CALL_TIMEOUT, delete_orphans(&pods, &instance, &live)).await {
-                    Ok(Ok(n)) if n > 0 => tracing::info!(deleted = n, "deleted leftover probe objects"),
-                    Ok(Ok(_)) => {}
-                    Ok(Err(e)) => tracing::warn!(error = %crate::error::kube_error_text(&e), "leftover cleanup failed; retried later"),
-                    Err(_) => tracing::warn!("leftover cleanup got no answer; retried later"),
-                }
-            }
-            _ = baseline_tick.tick() => {
-                // In the background: a slow API must not hold up the loop.
-                if term.is_some() {
-                    let store = store.clone();
-                    tokio::spawn(async move { store.save_if_learned(crate::probe::API_CALL_TIMEOUT).await });
-                }
-            }
-            Some(st) = leadership_changed(&mut leader_rx) => {
-                lock(&admin.info).leadership = st.clone();
-                if st.leading && term.as_ref().map(|t| t.0) != Some(st.terms) {
-                    // A new term starts from the latest persisted baseline (the
-                    // previous leader's, or ours from before).
-                    {
-                        let store = store.clone();
-                        tokio::spawn(async move { store.load().await });
-                    }
-                    term = Some((st.terms, spawn_term(st.terms, cancel_rx.clone(), leader_rx.clone(), admin.clone())));
-                    start_now = set.len() < concurrency;
-                    next_probe = tokio::time::Instant::now()
-                        + jittered(args.probe_interval, rand::rng().random::<f64>());
-                } else if !st.leading {
-                    // The term's task cancelled its probes already; nothing new starts.
-                    term = None;
-                }
-                if announced != Some(st.leading) {
-                    announced = Some(st.leading);
-                    console.leadership(st.leading, &st.identity, &st.lease, st.holder.as_deref());
-                }
-            }
-            name = signals.next() => break name,
         }
-        // Probes start only while the term lasts (the election may have ended it since).
-        let leading_now = leader_rx.as_ref().is_none_or(|rx| {
-            let st = rx.borrow();
-            st.leading && term.as_ref().is_some_and(|t| t.0 == st.terms)
-        });
-        admin.metrics.leader.set(i64::from(leading_now));
+        self.agent_prev = now;
+        self.admin
+            .metrics
+            .sync_agent_scrapes(&self.agents.scrape_counts());
+        start_now
+    }
 
-        // Bookkeeping: live node set, pruning, sizes.
+    /// Deletes this instance's probe objects no running probe owns.
+    async fn on_janitor(&self) {
+        let live = lock(&self.in_flight_ids).clone();
+        let sweep = delete_orphans(&self.env.pods, &self.instance, &live);
+        match tokio::time::timeout(crate::probe::API_CALL_TIMEOUT, sweep).await {
+            Ok(Ok(n)) if n > 0 => tracing::info!(deleted = n, "deleted leftover probe objects"),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %crate::error::kube_error_text(&e), "leftover cleanup failed; retried later")
+            }
+            Err(_) => tracing::warn!("leftover cleanup got no answer; retried later"),
+        }
+    }
+
+    /// Saves the learned baseline in the background (a slow API must not hold up the
+    /// loop), while this replica leads.
+    fn on_baseline_tick(&self) {
+        if self.term.is_some() {
+            let store = self.store.clone();
+            tokio::spawn(
+                async move { store.save_if_learned(crate::probe::API_CALL_TIMEOUT).await },
+            );
+        }
+    }
+
+    /// A new election status: a new term starts from the latest persisted baseline and
+    /// probes at once; a lost term starts nothing more (its task cancelled its probes).
+    fn on_leadership(
+        &mut self,
+        st: crate::leader::Leadership,
+        status: Option<watch::Receiver<crate::leader::Leadership>>,
+    ) -> bool {
+        lock(&self.admin.info).leadership = st.clone();
+        let mut start_now = false;
+        if st.leading && self.term.as_ref().map(|t| t.0) != Some(st.terms) {
+            // A new term starts from the latest persisted baseline (the previous
+            // leader's, or ours from before).
+            let store = self.store.clone();
+            tokio::spawn(async move { store.load().await });
+            let cancel = spawn_term(st.terms, self.cancel_rx.clone(), status, self.admin.clone());
+            self.term = Some((st.terms, cancel));
+            start_now = self.has_room();
+            self.next_probe = tokio::time::Instant::now()
+                + jittered(self.probe_interval, rand::rng().random::<f64>());
+        } else if !st.leading {
+            self.term = None;
+        }
+        if self.announced != Some(st.leading) {
+            self.announced = Some(st.leading);
+            self.console
+                .leadership(st.leading, &st.identity, &st.lease, st.holder.as_deref());
+        }
+        start_now
+    }
+
+    /// Whether probes may start: always without an election, else while this replica
+    /// leads in the term the loop knows (the election may have ended it since). Sets
+    /// `firstpacket_leader`.
+    fn leading_now(&self, status: Option<&watch::Receiver<crate::leader::Leadership>>) -> bool {
+        let leading = status.is_none_or(|rx| {
+            let st = rx.borrow();
+            st.leading && self.term.as_ref().is_some_and(|t| t.0 == st.terms)
+        });
+        self.admin.metrics.leader.set(i64::from(leading));
+        leading
+    }
+
+    /// After every event: the node set (state of departed nodes pruned), laps, the sizes
+    /// of the bounded structures against their bounds, API outages and the status
+    /// page's facts. Returns the eligible nodes.
+    fn bookkeeping(&mut self) -> BTreeSet<String> {
         let (eligible, skipped, names_now) = {
-            let s = lock(&node_set);
+            let s = lock(&self.node_set);
             (
-                s.eligible(&p),
-                s.skipped(&p),
+                s.eligible(&self.p),
+                s.skipped(&self.p),
                 s.nodes.keys().cloned().collect::<BTreeSet<String>>(),
             )
         };
-        if names_now != known_nodes {
-            let keep = |n: &str| names_now.contains(n);
-            let now = Instant::now();
-            lock(&limiter).prune(keep, now);
-            if let Some(b) = lock(&admin.baselines).as_mut() {
-                for gone in known_nodes.iter().filter(|n| !keep(n)) {
-                    b.forget_node(gone);
-                }
-            }
-            agents.forget_nodes(keep);
-            let slot_names: HashSet<String> = names_now
-                .iter()
-                .map(|n| recreate_target_name(&instance, n))
-                .collect();
-            env.prune_recreate_slots(|name| slot_names.contains(name));
-            known_nodes = names_now;
+        if names_now != self.known_nodes {
+            self.prune_departed(&names_now);
+            self.known_nodes = names_now;
         }
-        admin
-            .metrics
-            .eligible_nodes
+        let m = &self.admin.metrics;
+        m.eligible_nodes
             .set(i64::try_from(eligible.len()).unwrap_or(i64::MAX));
-        let expected = eligible.len() as f64 * args.probe_interval.as_secs_f64();
-        admin.metrics.lap_expected_seconds.set(expected);
-        let laps = rotation.completed_laps();
-        if laps > laps_seen {
-            let took = lap_started.elapsed().as_secs_f64();
-            admin.metrics.lap_seconds.set(took);
-            lock(&admin.info).lap_seconds = Some(took);
-            lap_started = Instant::now();
-            laps_seen = laps;
+        let expected = eligible.len() as f64 * self.probe_interval.as_secs_f64();
+        m.lap_expected_seconds.set(expected);
+        let laps = self.rotation.completed_laps();
+        if laps > self.laps_seen {
+            let took = self.lap_started.elapsed().as_secs_f64();
+            m.lap_seconds.set(took);
+            lock(&self.admin.info).lap_seconds = Some(took);
+            self.lap_started = Instant::now();
+            self.laps_seen = laps;
         }
+        let sizes = self.export_state_sizes();
+        self.export_api_outages();
+        let mut info = lock(&self.admin.info);
+        info.eligible_nodes = eligible.iter().cloned().collect();
+        info.skipped_nodes = skipped;
+        info.lap = self.rotation.lap();
+        info.lap_expected_seconds = Some(expected);
+        info.state_entries = sizes
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v as u64))
+            .collect();
+        eligible
+    }
+
+    /// Forgets what the loop keeps of nodes not in `names_now` (Event limits, baselines,
+    /// agent rings, recreate slots).
+    fn prune_departed(&self, names_now: &BTreeSet<String>) {
+        let keep = |n: &str| names_now.contains(n);
+        lock(&self.limiter).prune(keep, Instant::now());
+        if let Some(b) = lock(&self.admin.baselines).as_mut() {
+            for gone in self.known_nodes.iter().filter(|n| !keep(n)) {
+                b.forget_node(gone);
+            }
+        }
+        self.agents.forget_nodes(keep);
+        let slot_names: HashSet<String> = names_now
+            .iter()
+            .map(|n| recreate_target_name(&self.instance, n))
+            .collect();
+        self.env
+            .prune_recreate_slots(|name| slot_names.contains(name));
+    }
+
+    /// `firstpacket_state_entries` / `firstpacket_state_bound` of every bounded
+    /// structure (bounds: [`crate::bounds`]); returns the sizes.
+    fn export_state_sizes(&mut self) -> Vec<(&'static str, usize)> {
         let mut sizes = state_sizes(
-            &admin,
-            &env,
-            &agents,
-            &limiter,
-            &rotation,
-            known_nodes.len(),
+            &self.admin,
+            &self.env,
+            &self.agents,
+            &self.limiter,
+            &self.rotation,
+            self.known_nodes.len(),
         );
-        sizes.push(("pending_blames", lock(&pending).len()));
+        sizes.push(("pending_blames", lock(&self.pending).len()));
         sizes.push((
             "baseline_samples",
-            lock(&admin.baselines).as_ref().map_or(0, |b| b.len()),
+            lock(&self.admin.baselines).as_ref().map_or(0, |b| b.len()),
         ));
-        admin.sync_drift(unix_now());
-        sizes.push(("api_outages", conn_health.len()));
-        let bound_inputs = crate::bounds::BoundInputs {
-            nodes: known_nodes.len(),
-            concurrency,
-            burst_size: p.burst_size as usize,
-            profiles: n_profiles,
-            kinds: kinds.len(),
-        };
+        self.admin.sync_drift(unix_now());
+        sizes.push(("api_outages", self.conn_health.len()));
+        self.bound_inputs.nodes = self.known_nodes.len();
+        let m = &self.admin.metrics;
         for (k, v) in &sizes {
-            admin
-                .metrics
-                .state_entries
+            m.state_entries
                 .with_label_values(&[k])
                 .set(i64::try_from(*v).unwrap_or(i64::MAX));
-            if let Some(b) = crate::bounds::bound(k, bound_inputs) {
-                admin
-                    .metrics
-                    .state_bound
+            if let Some(b) = crate::bounds::bound(k, self.bound_inputs) {
+                m.state_bound
                     .with_label_values(&[k])
                     .set(i64::try_from(b).unwrap_or(i64::MAX));
             }
         }
-        let (outages, outage_seconds) = conn_health.totals();
-        // Counters follow the monotonic totals.
-        let m = &admin.metrics;
+        sizes
+    }
+
+    /// The API outage counters follow the connection's monotonic totals.
+    fn export_api_outages(&self) {
+        let (outages, outage_seconds) = self.conn_health.totals();
+        let m = &self.admin.metrics;
         m.api_outages
             .inc_by(outages.saturating_sub(m.api_outages.get()));
         let more = outage_seconds - m.api_outage_seconds.get();
         if more > 0.0 {
             m.api_outage_seconds.inc_by(more);
         }
-        {
-            let mut info = lock(&admin.info);
-            info.eligible_nodes = eligible.iter().cloned().collect();
-            info.skipped_nodes = skipped;
-            info.lap = rotation.lap();
-            info.lap_expected_seconds = Some(expected);
-            info.state_entries = sizes
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v as u64))
-                .collect();
-        }
+    }
 
-        if !start_now || set.len() >= concurrency || !leading_now {
-            continue;
+    /// Starts the rotation's next probe among `eligible`, if there is room, a term, and
+    /// a pair to probe.
+    fn start_probe(&mut self, eligible: &BTreeSet<String>) {
+        if !self.has_room() {
+            return;
         }
-        let Some(term_cancel) = term.as_ref().map(|t| t.1.clone()) else {
-            continue;
+        let Some(term_cancel) = self.term.as_ref().map(|t| t.1.clone()) else {
+            return;
         };
-        let Some(next) = rotation.next(&eligible) else {
+        let Some(next) = self.rotation.next(eligible) else {
             tracing::debug!(eligible = eligible.len(), "no pair to probe now");
-            continue;
+            return;
         };
-        counter += 1;
-        let plan = probe_plan(&instance, &tag, counter, &next, p.burst_size);
-        lock(&in_flight_ids).insert(plan.id.clone());
-        admin.metrics.in_flight.inc();
+        self.counter += 1;
+        let plan = probe_plan(
+            &self.instance,
+            &self.tag,
+            self.counter,
+            &next,
+            self.p.burst_size,
+        );
+        lock(&self.in_flight_ids).insert(plan.id.clone());
+        self.admin.metrics.in_flight.inc();
         if let Some(why) = &next.trigger {
             tracing::info!(probe_id = %plan.id, src_node = %plan.source_node, dst_node = %plan.target_node, trigger = %why, "change-triggered probe");
         }
         let task = ProbeTask {
-            env: env.clone(),
-            admin: admin.clone(),
-            limiter: limiter.clone(),
-            pending: pending.clone(),
-            node_set: node_set.clone(),
-            in_flight_ids: in_flight_ids.clone(),
-            client: conn.client.clone(),
-            instance: instance.clone(),
-            console,
+            env: self.env.clone(),
+            admin: self.admin.clone(),
+            limiter: self.limiter.clone(),
+            pending: self.pending.clone(),
+            node_set: self.node_set.clone(),
+            in_flight_ids: self.in_flight_ids.clone(),
+            client: self.client.clone(),
+            instance: self.instance.clone(),
+            console: self.console,
         };
-        set.spawn(task.run(plan, term_cancel));
-    };
-
-    // Shutdown: no new probes; cancel the running ones (they delete their pods).
-    console.signal(signal);
-    tracing::info!(
-        signal,
-        in_flight = set.len(),
-        "stopping: no new probes, deleting the probes' pods"
-    );
-    cancel_tx.send_replace(true);
-    let drained = tokio::select! {
-        r = tokio::time::timeout(SHUTDOWN_GRACE, async { while set.join_next().await.is_some() {} }) => r.is_ok(),
-        _ = signals.next() => {
-            console.second_signal();
-            let _ = tokio::time::timeout(Duration::from_secs(5), delete_instance_pods(&pods, &instance, &url)).await;
-            server.abort();
-            node_task.abort();
-            reaper_task.abort();
-            if let Some(h) = leader {
-                h.release(Duration::from_secs(2)).await;
-            }
-            if let Some(l) = lease {
-                l.release().await;
-            }
-            return Ok(2);
-        }
-    };
-    if !drained {
-        tracing::warn!("probes did not finish within the shutdown grace; deleting their pods");
-        set.abort_all();
+        self.set.spawn(task.run(plan, term_cancel));
     }
-    let code = match final_cleanup_within(&pods, &instance, &url, SHUTDOWN_CLEANUP).await {
-        Ok(n) => {
-            if n > 0 {
-                tracing::info!(deleted = n, "deleted leftover probe pods");
-            }
-            0
-        }
-        Err(e) => {
-            console.error(None, &e.to_string());
-            0
-        }
-    };
-    // The learned baseline, for the next incarnation or leader (only a replica that led
-    // has learned anything worth keeping).
-    if term.is_some() {
-        store.save_if_learned(BASELINE_SHUTDOWN_SAVE).await;
-    }
-    // The probes ended and their pods are gone: hand the leadership over at once.
-    if let Some(h) = leader {
-        h.release(Duration::from_secs(5)).await;
-    }
-    server.abort();
-    node_task.abort();
-    reaper_task.abort();
-    if let Some(l) = lease {
-        l.release().await;
-    }
-    Ok(code)
 }
 
 /// Wall time now, Unix seconds.
@@ -866,6 +1080,31 @@ pub fn drift_config(args: &RunArgs) -> Result<crate::baseline::DriftConfig, Erro
         dial_interval: args.probe.dial_interval.as_secs_f64(),
         static_baseline: args.baseline_ttfp.map(|d| d.as_secs_f64()),
     })
+}
+
+impl BaselineStore {
+    /// The store of the learned baseline in the ConfigMap `--baseline-configmap` of the
+    /// probe namespace, for `kinds`; nothing read or saved yet.
+    fn new(
+        client: &kube::Client,
+        args: &RunArgs,
+        instance: &str,
+        admin: Arc<AdminState>,
+        cfg: crate::baseline::DriftConfig,
+        kinds: &[crate::config::ProbeKind],
+    ) -> BaselineStore {
+        BaselineStore {
+            api: Api::namespaced(client.clone(), &args.probe.namespace),
+            name: args.baseline_configmap.clone(),
+            instance: instance.to_owned(),
+            admin,
+            cfg,
+            saved: AtomicU64::new(0),
+            saving: AtomicBool::new(false),
+            read: AtomicBool::new(false),
+            kinds: kinds.iter().map(|k| k.as_str().to_string()).collect(),
+        }
+    }
 }
 
 /// The baseline ConfigMap of this run ([`crate::baseline_store`]).

@@ -105,9 +105,10 @@ fn json(r: &SourceReport) -> Option<String> {
     Some(serde_json::to_string(r).expect("json"))
 }
 
-#[test]
-fn gate_report_with_every_result_class_matches_the_json_schema() {
-    let probes = vec![
+/// Five probes, one of each result class (success as `recreate`, slow as `burst`,
+/// failed, inconclusive from a garbage report, inconclusive unschedulable).
+fn probes_of_every_class() -> Vec<ProbeRecord> {
+    let mut probes = vec![
         probe(
             0,
             "node-1",
@@ -147,7 +148,6 @@ fn gate_report_with_every_result_class_matches_the_json_schema() {
             },
         ),
     ];
-    let mut probes = probes;
     probes[0].kind = "recreate".into();
     probes[0].recreate = Some(RecreateInfo {
         previous_ip: Some("10.0.2.4".into()),
@@ -164,15 +164,12 @@ fn gate_report_with_every_result_class_matches_the_json_schema() {
         backlog_drain_seconds: Some(4.1),
     });
     probes[1].api_writes = 24;
-    assert_eq!(
-        probes[0].first_attempt_failures, 2,
-        "success after 2 failures after Ready"
-    );
-    let results: Vec<&str> = probes.iter().map(|p| p.result.as_str()).collect();
-    assert_eq!(
-        results,
-        ["success", "slow", "failed", "inconclusive", "inconclusive"]
-    );
+    probes
+}
+
+/// The gate report of `probes` on three zoned nodes, with errors, an early stop, a
+/// skipped node and the agents' scrape facts.
+fn report_of(probes: Vec<ProbeRecord>) -> GateReport {
     let nodes: Vec<NodeInfo> = (1..=3)
         .map(|i| NodeInfo {
             name: format!("node-{i}"),
@@ -230,19 +227,12 @@ fn gate_report_with_every_result_class_matches_the_json_schema() {
             via_proxy: vec![],
         },
     ));
-    let value = serde_json::to_value(&report).expect("report json");
-    assert_eq!(
-        value["agents"]["profiles"]["kube-proxy"]["scrapes_failed"],
-        4
-    );
-    let schema: serde_json::Value =
-        serde_json::from_str(target_server::GATE_REPORT_SCHEMA).expect("schema json");
-    let validator = jsonschema::validator_for(&schema).expect("schema compiles");
-    let errors: Vec<String> = validator
-        .iter_errors(&value)
-        .map(|e| format!("{} at {}", e, e.instance_path()))
-        .collect();
-    assert!(errors.is_empty(), "schema violations: {errors:#?}");
+    report
+}
+
+/// Edits of a valid report `value` that the schema must refuse, and valid variants it
+/// must accept.
+fn schema_checks_edits(validator: &jsonschema::Validator, value: &serde_json::Value) {
     let mut broken = value.clone();
     broken["probes"][0]["result"] = "maybe".into();
     assert!(
@@ -295,6 +285,35 @@ fn gate_report_with_every_result_class_matches_the_json_schema() {
     let mut absent = value.clone();
     absent.as_object_mut().expect("object").remove("agents");
     assert!(validator.is_valid(&absent), "agents is optional");
+}
+
+#[test]
+fn gate_report_with_every_result_class_matches_the_json_schema() {
+    let probes = probes_of_every_class();
+    assert_eq!(
+        probes[0].first_attempt_failures, 2,
+        "success after 2 failures after Ready"
+    );
+    let results: Vec<&str> = probes.iter().map(|p| p.result.as_str()).collect();
+    assert_eq!(
+        results,
+        ["success", "slow", "failed", "inconclusive", "inconclusive"]
+    );
+    let report = report_of(probes);
+    let value = serde_json::to_value(&report).expect("report json");
+    assert_eq!(
+        value["agents"]["profiles"]["kube-proxy"]["scrapes_failed"],
+        4
+    );
+    let schema: serde_json::Value =
+        serde_json::from_str(target_server::GATE_REPORT_SCHEMA).expect("schema json");
+    let validator = jsonschema::validator_for(&schema).expect("schema compiles");
+    let errors: Vec<String> = validator
+        .iter_errors(&value)
+        .map(|e| format!("{} at {}", e, e.instance_path()))
+        .collect();
+    assert!(errors.is_empty(), "schema violations: {errors:#?}");
+    schema_checks_edits(&validator, &value);
     let back: GateReport = serde_json::from_value(value).expect("round trip");
     assert_eq!(back, report);
     let by: BTreeMap<_, _> = back.summary.by_result.into_iter().collect();

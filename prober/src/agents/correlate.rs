@@ -583,7 +583,9 @@ fn flagged(value: f64, floor: f64, own: Option<f64>, cluster: Option<f64>, p: &P
     value >= floor && (above(own) || above(cluster) || no_baseline)
 }
 
-/// Findings for one node in one role (see the module doc).
+/// Findings for one node in one role (see the module doc): none with correlation off;
+/// `agent_unreachable` when no agent of a present profile is known on the node; then,
+/// per profile, [`profile_findings`].
 fn node_findings(
     history: &History,
     cluster: &ClusterView,
@@ -592,10 +594,9 @@ fn node_findings(
     role: Role,
     params: &Params,
 ) -> Vec<Suspect> {
-    let mut out = Vec::new();
     if cluster.searched_profiles.is_empty() {
         // Every profile disabled: correlation is off, nothing to report.
-        return out;
+        return Vec::new();
     }
     let on_node = cluster
         .agents_on_node
@@ -605,27 +606,14 @@ fn node_findings(
     let mut profiles: BTreeSet<String> = history.profiles_on(node).into_iter().collect();
     profiles.extend(on_node.iter().cloned());
     if profiles.is_empty() {
-        let mut e = Map::new();
-        if cluster.present_profiles.is_empty() && !cluster.discovery_errors.is_empty() {
-            e.insert("reason".into(), json!("discovery_failed"));
-            e.insert("profiles_searched".into(), json!(cluster.searched_profiles));
-            e.insert(
-                "message".into(),
-                json!(format!(
-                    "agent discovery failed: {} (the prober needs `list` and `watch` on pods in the agents' namespaces)",
-                    one_line(&cluster.discovery_errors.join("; "), MESSAGE_MAX_CHARS)
-                )),
-            );
-        } else if cluster.present_profiles.is_empty() {
-            e.insert("reason".into(), json!("no_agent_pods_in_cluster"));
-            e.insert("profiles_searched".into(), json!(cluster.searched_profiles));
-        } else {
-            e.insert("reason".into(), json!("no_agent_pod_on_node"));
-            e.insert("profiles_expected".into(), json!(cluster.present_profiles));
-        }
-        out.push(suspect(node, role, Signal::AgentUnreachable, e));
-        return out;
+        return vec![suspect(
+            node,
+            role,
+            Signal::AgentUnreachable,
+            no_agent_evidence(cluster),
+        )];
     }
+    let mut out = Vec::new();
     for profile in &cluster.present_profiles {
         if !profiles.contains(profile) {
             let mut e = Map::new();
@@ -635,194 +623,309 @@ fn node_findings(
         }
     }
     for profile in &profiles {
-        let Some(ring) = history.ring(node, profile) else {
-            continue;
-        };
-        let base = |e: &mut Map<String, Value>, o: &Observation| {
-            e.insert("profile".into(), json!(profile));
-            e.insert("agent_pod".into(), json!(&*o.pod));
-            if let Some(p) = o.scrape_path {
-                e.insert("scrape_path".into(), json!(p));
-            }
-        };
-        // The agent pod went away (deleted, evicted) and no pod of the profile took
-        // over on this node: its last reading is history, the node is unobserved now.
-        if !on_node.contains(profile) {
-            if let Some(last) = ring.back() {
-                let mut e = Map::new();
-                e.insert("profile".into(), json!(profile));
-                e.insert("agent_pod".into(), json!(&*last.pod));
-                e.insert("reason".into(), json!("agent_pod_gone"));
-                e.insert(
-                    "seconds_since_last_scrape".into(),
-                    r((window.end.max(window.start) - last.at).max(0.0)),
-                );
-                e.insert(
-                    "message".into(),
-                    json!(format!(
-                        "agent pod {} is gone from node {node} and no {profile} pod replaced it",
-                        last.pod
-                    )),
-                );
-                out.push(suspect(node, role, Signal::AgentUnreachable, e));
-                continue;
-            }
-        }
-        // Reachability at the end of the window: the latest observation.
-        if let Some(last) = ring.back().filter(|o| o.at >= window.start) {
-            if let Err(f) = &last.outcome {
-                let mut e = Map::new();
-                base(&mut e, last);
-                e.insert("reason".into(), json!(f.reason));
-                e.insert("message".into(), json!(f.message));
-                out.push(suspect(node, role, f.signal, e));
-            }
-        }
-        // Readiness inside the window.
-        if let Some(nr) = ring
-            .iter()
-            .find(|o| o.at >= window.start && o.at <= window.end + END_SLACK_SECONDS && !o.ready)
-        {
-            let mut e = Map::new();
-            base(&mut e, nr);
-            e.insert("ready".into(), json!(false));
-            e.insert("seconds_into_window".into(), r(nr.at - window.start));
-            out.push(suspect(node, role, Signal::AgentNotReady, e));
-        }
-        // The window's two good readings.
-        let before = ring
-            .iter()
-            .rev()
-            .find(|o| o.at <= window.start && good(o).is_some())
-            .or_else(|| {
-                ring.iter()
-                    .find(|o| o.at > window.start && o.at < window.end && good(o).is_some())
-            });
-        let Some(before) = before else { continue };
-        let after = ring
-            .iter()
-            .find(|o| o.at >= window.end && good(o).is_some())
-            .or_else(|| {
-                ring.iter()
-                    .rev()
-                    .find(|o| o.at > before.at && o.at < window.end && good(o).is_some())
-            });
-        let Some(after) = after.filter(|a| a.at > before.at) else {
-            continue;
-        };
-        let (Some(rb), Some(ra)) = (good(before), good(after)) else {
-            continue;
-        };
-        let dt = after.at - before.at;
-        // Reset: any sign of a new process → agent_restarted, no rates.
-        let dec = decreased(rb, ra);
-        if !same_incarnation(before, after) || dec.is_some() {
-            let mut e = Map::new();
-            base(&mut e, after);
-            e.insert("window_seconds".into(), r(dt));
-            if before.uid != after.uid {
-                e.insert("pod_uid_changed".into(), json!(true));
-            }
-            e.insert("restart_count_before".into(), json!(before.restart_count));
-            e.insert("restart_count_after".into(), json!(after.restart_count));
-            e.insert("process_start_before".into(), opt(rb.process_start));
-            e.insert("process_start_after".into(), opt(ra.process_start));
-            e.insert(
-                "restart_span".into(),
-                json!("before: the last reading at or before the probe window start; after: the first at or after its end"),
+        if let Some(ring) = history.ring(node, profile) {
+            let gone = !on_node.contains(profile);
+            let found = profile_findings(history, ring, window, node, profile, gone, params);
+            out.extend(
+                found
+                    .into_iter()
+                    .map(|(sig, e)| suspect(node, role, sig, e)),
             );
-            if let Some((name, x, y)) = dec {
-                e.insert("counter_decreased".into(), json!(name));
-                e.insert("value_before".into(), r(x));
-                e.insert("value_after".into(), r(y));
-            }
-            out.push(suspect(node, role, Signal::AgentRestarted, e));
-            continue;
-        }
-        let (own_apply, own_route, own_rate) = own_history(ring, before, params);
-        let (c_apply, c_route, c_rate) = cluster_values(history, profile, node, window.end, params);
-        let hh_apply = healthy_half_median(&c_apply, params.min_cluster_nodes);
-        let hh_route = healthy_half_median(&c_route, params.min_cluster_nodes);
-        let hh_rate = healthy_half_median(&c_rate, params.min_cluster_nodes);
-        // Apply time.
-        if let Some((mean, dc)) = delta_mean(rb, ra, apply_of) {
-            if flagged(
-                mean,
-                params.apply_floor_seconds,
-                own_apply,
-                hh_apply,
-                params,
-            ) {
-                let mut e = Map::new();
-                base(&mut e, after);
-                e.insert("apply_mean_seconds".into(), r(mean));
-                e.insert("applies_in_window".into(), r(dc));
-                e.insert("window_seconds".into(), r(dt));
-                e.insert("healthy_half_apply_mean_seconds".into(), opt(hh_apply));
-                e.insert("cluster_nodes_compared".into(), json!(c_apply.len()));
-                e.insert("own_history_apply_mean_seconds".into(), opt(own_apply));
-                e.insert("apply_p99_seconds_10m".into(), opt(ra.apply_p99_seconds));
-                e.insert("floor_seconds".into(), r(params.apply_floor_seconds));
-                out.push(suspect(node, role, Signal::DataplaneApplySlow, e));
-            }
-        }
-        // Failures.
-        if let (Some(x), Some(y)) = (rb.failures, ra.failures) {
-            let df = y - x;
-            let rate = if dt > 0.0 { df / dt } else { 0.0 };
-            let above = |b: Option<f64>| b.is_some_and(|b| rate > params.ratio * b);
-            if df >= params.failures_min
-                && rate >= params.failures_rate_floor
-                && (above(own_rate) || above(hh_rate) || (own_rate.is_none() && hh_rate.is_none()))
-            {
-                let mut e = Map::new();
-                base(&mut e, after);
-                e.insert("failures_in_window".into(), r(df));
-                e.insert("failures_per_second".into(), r(rate));
-                e.insert("window_seconds".into(), r(dt));
-                e.insert("healthy_half_failures_per_second".into(), opt(hh_rate));
-                e.insert("own_history_failures_per_second".into(), opt(own_rate));
-                out.push(suspect(node, role, Signal::DataplaneApplyFailures, e));
-            }
-        }
-        // Resyncs.
-        if let (Some(x), Some(y)) = (rb.resyncs, ra.resyncs) {
-            if y - x >= params.resyncs_min {
-                let mut e = Map::new();
-                base(&mut e, after);
-                e.insert("resyncs_in_window".into(), r(y - x));
-                e.insert("window_seconds".into(), r(dt));
-                e.insert("resyncs_total".into(), r(y));
-                out.push(suspect(node, role, Signal::DatastoreResync, e));
-            }
-        }
-        // Route-table resync.
-        if let Some((mean, dc)) = delta_mean(rb, ra, route_of) {
-            if flagged(
-                mean,
-                params.route_floor_seconds,
-                own_route,
-                hh_route,
-                params,
-            ) {
-                let mut e = Map::new();
-                base(&mut e, after);
-                e.insert("route_resync_mean_seconds".into(), r(mean));
-                e.insert("route_resyncs_in_window".into(), r(dc));
-                e.insert("window_seconds".into(), r(dt));
-                e.insert(
-                    "healthy_half_route_resync_mean_seconds".into(),
-                    opt(hh_route),
-                );
-                e.insert(
-                    "own_history_route_resync_mean_seconds".into(),
-                    opt(own_route),
-                );
-                out.push(suspect(node, role, Signal::RouteResyncSlow, e));
-            }
         }
     }
     out
+}
+
+/// Why no agent is known on a node: discovery failed, no agent pod in the cluster, or
+/// none on this node.
+fn no_agent_evidence(cluster: &ClusterView) -> Map<String, Value> {
+    let mut e = Map::new();
+    if cluster.present_profiles.is_empty() && !cluster.discovery_errors.is_empty() {
+        e.insert("reason".into(), json!("discovery_failed"));
+        e.insert("profiles_searched".into(), json!(cluster.searched_profiles));
+        e.insert(
+            "message".into(),
+            json!(format!(
+                "agent discovery failed: {} (the prober needs `list` and `watch` on pods in the agents' namespaces)",
+                one_line(&cluster.discovery_errors.join("; "), MESSAGE_MAX_CHARS)
+            )),
+        );
+    } else if cluster.present_profiles.is_empty() {
+        e.insert("reason".into(), json!("no_agent_pods_in_cluster"));
+        e.insert("profiles_searched".into(), json!(cluster.searched_profiles));
+    } else {
+        e.insert("reason".into(), json!("no_agent_pod_on_node"));
+        e.insert("profiles_expected".into(), json!(cluster.present_profiles));
+    }
+    e
+}
+
+/// Evidence fields every finding of an observed agent starts with.
+fn agent_evidence(profile: &str, o: &Observation) -> Map<String, Value> {
+    let mut e = Map::new();
+    e.insert("profile".into(), json!(profile));
+    e.insert("agent_pod".into(), json!(&*o.pod));
+    if let Some(p) = o.scrape_path {
+        e.insert("scrape_path".into(), json!(p));
+    }
+    e
+}
+
+/// Findings of one agent (`profile` on `node`, its observations `ring`) over the
+/// window: `agent_pod_gone` when its pod left the node (`gone`) and nothing else;
+/// else the latest scrape's failure, a not-Ready reading inside the window, and what
+/// the window's two good readings show ([`RULES`]; `agent_restarted` instead of any
+/// rate when they belong to different processes).
+fn profile_findings(
+    history: &History,
+    ring: &std::collections::VecDeque<Observation>,
+    window: &ProbeWindow,
+    node: &str,
+    profile: &str,
+    gone: bool,
+    params: &Params,
+) -> Vec<(Signal, Map<String, Value>)> {
+    let mut out = Vec::new();
+    // The agent pod went away (deleted, evicted) and no pod of the profile took
+    // over on this node: its last reading is history, the node is unobserved now.
+    if let Some(last) = ring.back().filter(|_| gone) {
+        let mut e = Map::new();
+        e.insert("profile".into(), json!(profile));
+        e.insert("agent_pod".into(), json!(&*last.pod));
+        e.insert("reason".into(), json!("agent_pod_gone"));
+        e.insert(
+            "seconds_since_last_scrape".into(),
+            r((window.end.max(window.start) - last.at).max(0.0)),
+        );
+        e.insert(
+            "message".into(),
+            json!(format!(
+                "agent pod {} is gone from node {node} and no {profile} pod replaced it",
+                last.pod
+            )),
+        );
+        out.push((Signal::AgentUnreachable, e));
+        return out;
+    }
+    // Reachability at the end of the window: the latest observation.
+    if let Some(last) = ring.back().filter(|o| o.at >= window.start) {
+        if let Err(f) = &last.outcome {
+            let mut e = agent_evidence(profile, last);
+            e.insert("reason".into(), json!(f.reason));
+            e.insert("message".into(), json!(f.message));
+            out.push((f.signal, e));
+        }
+    }
+    // Readiness inside the window.
+    if let Some(nr) = ring
+        .iter()
+        .find(|o| o.at >= window.start && o.at <= window.end + END_SLACK_SECONDS && !o.ready)
+    {
+        let mut e = agent_evidence(profile, nr);
+        e.insert("ready".into(), json!(false));
+        e.insert("seconds_into_window".into(), r(nr.at - window.start));
+        out.push((Signal::AgentNotReady, e));
+    }
+    let Some((before, after)) = window_readings(ring, window) else {
+        return out;
+    };
+    let (Some(rb), Some(ra)) = (good(before), good(after)) else {
+        return out;
+    };
+    let dec = decreased(rb, ra);
+    if !same_incarnation(before, after) || dec.is_some() {
+        out.push((
+            Signal::AgentRestarted,
+            restart_evidence(profile, before, after, rb, ra, dec),
+        ));
+        return out;
+    }
+    let (own_apply, own_route, own_rate) = own_history(ring, before, params);
+    let (c_apply, c_route, c_rate) = cluster_values(history, profile, node, window.end, params);
+    let w = WindowReadings {
+        profile,
+        after,
+        rb,
+        ra,
+        dt: after.at - before.at,
+        own: [own_apply, own_route, own_rate],
+        healthy_half: [
+            healthy_half_median(&c_apply, params.min_cluster_nodes),
+            healthy_half_median(&c_route, params.min_cluster_nodes),
+            healthy_half_median(&c_rate, params.min_cluster_nodes),
+        ],
+        cluster_nodes: c_apply.len(),
+    };
+    out.extend(RULES.iter().filter_map(|rule| rule(&w, params)));
+    out
+}
+
+/// The window's two good readings: the last at or before its start (else the first
+/// inside it) and the first at or after its end (else the last inside it, after the
+/// first one).
+fn window_readings<'a>(
+    ring: &'a std::collections::VecDeque<Observation>,
+    window: &ProbeWindow,
+) -> Option<(&'a Observation, &'a Observation)> {
+    let before = ring
+        .iter()
+        .rev()
+        .find(|o| o.at <= window.start && good(o).is_some())
+        .or_else(|| {
+            ring.iter()
+                .find(|o| o.at > window.start && o.at < window.end && good(o).is_some())
+        })?;
+    let after = ring
+        .iter()
+        .find(|o| o.at >= window.end && good(o).is_some())
+        .or_else(|| {
+            ring.iter()
+                .rev()
+                .find(|o| o.at > before.at && o.at < window.end && good(o).is_some())
+        })
+        .filter(|a| a.at > before.at)?;
+    Some((before, after))
+}
+
+/// `agent_restarted`'s evidence: what changed between the window's two readings (pod
+/// UID, restart count, process start, a counter that went down).
+fn restart_evidence(
+    profile: &str,
+    before: &Observation,
+    after: &Observation,
+    rb: &AgentReading,
+    ra: &AgentReading,
+    dec: Option<(&'static str, f64, f64)>,
+) -> Map<String, Value> {
+    let mut e = agent_evidence(profile, after);
+    e.insert("window_seconds".into(), r(after.at - before.at));
+    if before.uid != after.uid {
+        e.insert("pod_uid_changed".into(), json!(true));
+    }
+    e.insert("restart_count_before".into(), json!(before.restart_count));
+    e.insert("restart_count_after".into(), json!(after.restart_count));
+    e.insert("process_start_before".into(), opt(rb.process_start));
+    e.insert("process_start_after".into(), opt(ra.process_start));
+    e.insert(
+        "restart_span".into(),
+        json!("before: the last reading at or before the probe window start; after: the first at or after its end"),
+    );
+    if let Some((name, x, y)) = dec {
+        e.insert("counter_decreased".into(), json!(name));
+        e.insert("value_before".into(), r(x));
+        e.insert("value_after".into(), r(y));
+    }
+    e
+}
+
+/// What the rate rules read: one agent's two good readings around a probe window (same
+/// process), and its baselines — its own history and the cluster's healthy half — for
+/// apply time, route resync time and failure rate, in that order.
+struct WindowReadings<'a> {
+    profile: &'a str,
+    after: &'a Observation,
+    rb: &'a AgentReading,
+    ra: &'a AgentReading,
+    /// Seconds between the two readings.
+    dt: f64,
+    own: [Option<f64>; 3],
+    healthy_half: [Option<f64>; 3],
+    /// Nodes the cluster apply baseline compared.
+    cluster_nodes: usize,
+}
+
+/// One signal's rule over [`WindowReadings`]: its finding's evidence, if it fires.
+type Rule = fn(&WindowReadings<'_>, &Params) -> Option<(Signal, Map<String, Value>)>;
+
+/// The rate rules, one per signal (module doc, step 3).
+const RULES: [Rule; 4] = [
+    apply_slow,
+    apply_failures,
+    datastore_resync,
+    route_resync_slow,
+];
+
+/// `dataplane_apply_slow`: the window's mean apply time is flagged against the node's
+/// own history or the cluster's healthy half ([`flagged`], floor `apply_floor_seconds`).
+fn apply_slow(w: &WindowReadings<'_>, params: &Params) -> Option<(Signal, Map<String, Value>)> {
+    let (mean, dc) = delta_mean(w.rb, w.ra, apply_of)?;
+    let (own, hh) = (w.own[0], w.healthy_half[0]);
+    if !flagged(mean, params.apply_floor_seconds, own, hh, params) {
+        return None;
+    }
+    let mut e = agent_evidence(w.profile, w.after);
+    e.insert("apply_mean_seconds".into(), r(mean));
+    e.insert("applies_in_window".into(), r(dc));
+    e.insert("window_seconds".into(), r(w.dt));
+    e.insert("healthy_half_apply_mean_seconds".into(), opt(hh));
+    e.insert("cluster_nodes_compared".into(), json!(w.cluster_nodes));
+    e.insert("own_history_apply_mean_seconds".into(), opt(own));
+    e.insert("apply_p99_seconds_10m".into(), opt(w.ra.apply_p99_seconds));
+    e.insert("floor_seconds".into(), r(params.apply_floor_seconds));
+    Some((Signal::DataplaneApplySlow, e))
+}
+
+/// `dataplane_apply_failures`: at least `failures_min` failures at a rate over
+/// `failures_rate_floor` and `ratio` × the baselines (or with no baseline at all).
+fn apply_failures(w: &WindowReadings<'_>, params: &Params) -> Option<(Signal, Map<String, Value>)> {
+    let (Some(x), Some(y)) = (w.rb.failures, w.ra.failures) else {
+        return None;
+    };
+    let (own_rate, hh_rate) = (w.own[2], w.healthy_half[2]);
+    let df = y - x;
+    let rate = if w.dt > 0.0 { df / w.dt } else { 0.0 };
+    let above = |b: Option<f64>| b.is_some_and(|b| rate > params.ratio * b);
+    let fires = df >= params.failures_min
+        && rate >= params.failures_rate_floor
+        && (above(own_rate) || above(hh_rate) || (own_rate.is_none() && hh_rate.is_none()));
+    if !fires {
+        return None;
+    }
+    let mut e = agent_evidence(w.profile, w.after);
+    e.insert("failures_in_window".into(), r(df));
+    e.insert("failures_per_second".into(), r(rate));
+    e.insert("window_seconds".into(), r(w.dt));
+    e.insert("healthy_half_failures_per_second".into(), opt(hh_rate));
+    e.insert("own_history_failures_per_second".into(), opt(own_rate));
+    Some((Signal::DataplaneApplyFailures, e))
+}
+
+/// `datastore_resync`: at least `resyncs_min` datastore resyncs in the window.
+fn datastore_resync(
+    w: &WindowReadings<'_>,
+    params: &Params,
+) -> Option<(Signal, Map<String, Value>)> {
+    let (Some(x), Some(y)) = (w.rb.resyncs, w.ra.resyncs) else {
+        return None;
+    };
+    if y - x < params.resyncs_min {
+        return None;
+    }
+    let mut e = agent_evidence(w.profile, w.after);
+    e.insert("resyncs_in_window".into(), r(y - x));
+    e.insert("window_seconds".into(), r(w.dt));
+    e.insert("resyncs_total".into(), r(y));
+    Some((Signal::DatastoreResync, e))
+}
+
+/// `route_resync_slow`: the window's mean route-table resync time is flagged against
+/// the baselines ([`flagged`], floor `route_floor_seconds`).
+fn route_resync_slow(
+    w: &WindowReadings<'_>,
+    params: &Params,
+) -> Option<(Signal, Map<String, Value>)> {
+    let (mean, dc) = delta_mean(w.rb, w.ra, route_of)?;
+    let (own, hh) = (w.own[1], w.healthy_half[1]);
+    if !flagged(mean, params.route_floor_seconds, own, hh, params) {
+        return None;
+    }
+    let mut e = agent_evidence(w.profile, w.after);
+    e.insert("route_resync_mean_seconds".into(), r(mean));
+    e.insert("route_resyncs_in_window".into(), r(dc));
+    e.insert("window_seconds".into(), r(w.dt));
+    e.insert("healthy_half_route_resync_mean_seconds".into(), opt(hh));
+    e.insert("own_history_route_resync_mean_seconds".into(), opt(own));
+    Some((Signal::RouteResyncSlow, e))
 }
 
 /// Every finding for the probe's source and target nodes (one evaluation per node when
