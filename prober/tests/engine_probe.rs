@@ -9,6 +9,24 @@ use cluster::{endings, ok, run, Act, Cluster, Outcome};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Every pod does `act`.
+fn every(act: Act) -> cluster::Script {
+    Arc::new(move |_: &cluster::PodView| act.clone())
+}
+
+/// Pods of `role` do `act`; the others are healthy (first success 100 ms after Ready).
+fn only(role: &'static str, act: Act) -> cluster::Script {
+    Arc::new(
+        move |p: &cluster::PodView| {
+            if p.role == role {
+                act.clone()
+            } else {
+                ok(100)
+            }
+        },
+    )
+}
+
 fn ending(report: &serde_json::Value) -> (String, String) {
     let e = endings(report);
     assert_eq!(e.len(), 1, "one probe expected: {e:?}");
@@ -61,7 +79,7 @@ fn no_success_before_give_up_is_failed() {
     run(|| async {
         let c = Cluster::start(
             2,
-            Arc::new(|_: &cluster::PodView| Act::Run {
+            every(Act::Run {
                 ready_after: Duration::from_millis(20),
                 ttfp: None,
                 outcome: Outcome::AsDialed,
@@ -83,7 +101,7 @@ fn failures_during_the_hold_are_lost_after_success() {
     run(|| async {
         let c = Cluster::start(
             2,
-            Arc::new(|_: &cluster::PodView| Act::Run {
+            every(Act::Run {
                 ready_after: Duration::from_millis(20),
                 ttfp: Some(Duration::from_millis(100)),
                 outcome: Outcome::LostAfterSuccess,
@@ -105,7 +123,7 @@ fn answers_from_another_pod_are_wrong_peer() {
     run(|| async {
         let c = Cluster::start(
             2,
-            Arc::new(|_: &cluster::PodView| Act::Run {
+            every(Act::Run {
                 ready_after: Duration::from_millis(20),
                 ttfp: None,
                 outcome: Outcome::WrongPeer,
@@ -122,17 +140,7 @@ fn answers_from_another_pod_are_wrong_peer() {
 #[test]
 fn a_target_that_never_turns_ready_is_target_never_ready() {
     run(|| async {
-        let c = Cluster::start(
-            2,
-            Arc::new(|p: &cluster::PodView| {
-                if p.role == "target" {
-                    Act::NeverReady
-                } else {
-                    ok(100)
-                }
-            }),
-        )
-        .await;
+        let c = Cluster::start(2, only("target", Act::NeverReady)).await;
         let (code, report) = c.gate(&["--pairs", "1", "--give-up", "2s"]).await;
         let report = report.expect("report");
         assert_eq!(
@@ -147,17 +155,7 @@ fn a_target_that_never_turns_ready_is_target_never_ready() {
 #[test]
 fn a_source_that_never_turns_ready_is_source_never_ready() {
     run(|| async {
-        let c = Cluster::start(
-            2,
-            Arc::new(|p: &cluster::PodView| {
-                if p.role == "source" {
-                    Act::NeverReady
-                } else {
-                    ok(100)
-                }
-            }),
-        )
-        .await;
+        let c = Cluster::start(2, only("source", Act::NeverReady)).await;
         let (code, report) = c.gate(&["--pairs", "1", "--give-up", "2s"]).await;
         let report = report.expect("report");
         assert_eq!(
@@ -171,17 +169,7 @@ fn a_source_that_never_turns_ready_is_source_never_ready() {
 #[test]
 fn an_image_that_cannot_be_pulled_is_inconclusive_image_pull() {
     run(|| async {
-        let c = Cluster::start(
-            2,
-            Arc::new(|p: &cluster::PodView| {
-                if p.role == "target" {
-                    Act::ImagePull
-                } else {
-                    ok(100)
-                }
-            }),
-        )
-        .await;
+        let c = Cluster::start(2, only("target", Act::ImagePull)).await;
         let (code, report) = c.gate(&["--pairs", "1"]).await;
         let report = report.expect("report");
         assert_eq!(
@@ -195,17 +183,7 @@ fn an_image_that_cannot_be_pulled_is_inconclusive_image_pull() {
 #[test]
 fn a_container_that_exits_at_start_is_inconclusive_container_failed() {
     run(|| async {
-        let c = Cluster::start(
-            2,
-            Arc::new(|p: &cluster::PodView| {
-                if p.role == "source" {
-                    Act::Crash
-                } else {
-                    ok(100)
-                }
-            }),
-        )
-        .await;
+        let c = Cluster::start(2, only("source", Act::Crash)).await;
         let (code, report) = c.gate(&["--pairs", "1"]).await;
         let report = report.expect("report");
         assert_eq!(
@@ -220,32 +198,33 @@ fn a_container_that_exits_at_start_is_inconclusive_container_failed() {
 fn a_pod_no_node_can_take_is_inconclusive_unschedulable() {
     run(|| async {
         let c = Cluster::start(2, cluster::healthy(Duration::from_millis(100))).await;
-        // Both nodes fill up after the gate listed them: the scheduler finds no room.
-        let (code, report) = {
-            let gate = c.gate(&["--pairs", "1"]);
-            tokio::pin!(gate);
-            let store = c.store.clone();
-            let taint = async {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-                for n in ["node-1", "node-2"] {
-                    store
-                        .modify(testbed::api::Kind::Node, None, n, |node| {
-                            node["spec"]["taints"] = serde_json::json!([{
-                                "key": "example.com/full", "effect": "NoSchedule" }]);
-                            Ok(())
-                        })
-                        .expect("taint");
-                }
-            };
-            let ((code, report), ()) = tokio::join!(gate, taint);
-            (code, report)
+        // Both nodes fill up after the gate chose them and created its first pod.
+        c.pause_scheduling(true);
+        let gate = c.gate(&["--pairs", "1"]);
+        let taint = async {
+            let created =
+                cluster::eventually(Duration::from_secs(10), || !c.probe_pods().is_empty()).await;
+            assert!(created, "the gate created no probe pod");
+            for n in ["node-1", "node-2"] {
+                c.store
+                    .modify(testbed::api::Kind::Node, None, n, |node| {
+                        node["spec"]["taints"] = serde_json::json!([{
+                            "key": "example.com/full", "effect": "NoSchedule" }]);
+                        Ok(())
+                    })
+                    .expect("taint");
+            }
+            c.pause_scheduling(false);
         };
+        let ((code, report), ()) = tokio::join!(gate, taint);
         let report = report.expect("report");
         assert_eq!(
             ending(&report),
             ("inconclusive".into(), "unschedulable".into()),
             "{report:#}"
         );
+        let detail = report["probes"][0]["detail"].as_str().unwrap_or("");
+        assert!(detail.contains("untolerated taint"), "{detail}");
         assert_eq!(code.expect("gate ran"), 2);
     });
 }
@@ -256,7 +235,7 @@ fn a_node_that_goes_not_ready_mid_probe_is_inconclusive_node_not_ready() {
         // The source never reaches its target; its node's kubelet stops reporting.
         let c = Cluster::start(
             2,
-            Arc::new(|_: &cluster::PodView| Act::Run {
+            every(Act::Run {
                 ready_after: Duration::from_millis(20),
                 ttfp: None,
                 outcome: Outcome::AsDialed,

@@ -133,6 +133,8 @@ pub struct Cluster {
     script: Arc<Mutex<Script>>,
     tasks: Vec<JoinHandle<()>>,
     pub kubelet: Arc<KubeletLog>,
+    /// While true the scheduler binds nothing ([`Cluster::pause_scheduling`]).
+    scheduling_paused: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Drop for Cluster {
@@ -233,9 +235,21 @@ impl Cluster {
         }
         let script = Arc::new(Mutex::new(script));
         let kubelet = Arc::new(KubeletLog::default());
+        let scheduling_paused = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let tasks = vec![
-            tokio::spawn(testbed::scheduler::run(store.clone())),
-            tokio::spawn(run_kubelet(store.clone(), script.clone(), kubelet.clone())),
+            // Subscribed here, before any test write: nothing created after `start`
+            // returns is missed.
+            tokio::spawn(run_scheduler(
+                store.clone(),
+                store.subscribe(),
+                scheduling_paused.clone(),
+            )),
+            tokio::spawn(run_kubelet(
+                store.clone(),
+                store.subscribe(),
+                script.clone(),
+                kubelet.clone(),
+            )),
         ];
         Cluster {
             store,
@@ -246,7 +260,14 @@ impl Cluster {
             script,
             tasks,
             kubelet,
+            scheduling_paused,
         }
+    }
+
+    /// Stops (`true`) or resumes the scheduler's binding of pending pods.
+    pub fn pause_scheduling(&self, paused: bool) {
+        self.scheduling_paused
+            .store(paused, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Replaces the script for pods bound from now on.
@@ -394,8 +415,12 @@ fn view(pod: &Value) -> PodView {
 /// The scripted kubelet: one subscription to the store; a bound pod gets a task running
 /// its [`Act`]; a pod marked for deletion is removed at once (grace 0, UID
 /// precondition), as the testbed's kubelets finish a deletion.
-async fn run_kubelet(store: Arc<Store>, script: Arc<Mutex<Script>>, log: Arc<KubeletLog>) {
-    let mut rx = store.subscribe();
+async fn run_kubelet(
+    store: Arc<Store>,
+    mut rx: tokio::sync::broadcast::Receiver<testbed::api::StoreEvent>,
+    script: Arc<Mutex<Script>>,
+    log: Arc<KubeletLog>,
+) {
     let mut next_ip: u32 = 2;
     loop {
         let ev = match rx.recv().await {
@@ -438,6 +463,24 @@ async fn run_kubelet(store: Arc<Store>, script: Arc<Mutex<Script>>, log: Arc<Kub
     }
 }
 
+/// The testbed's scheduler ([`testbed::scheduler::schedule_once`]) after every change in
+/// the store and at least every 100 ms, unless `paused`.
+async fn run_scheduler(
+    store: Arc<Store>,
+    mut rx: tokio::sync::broadcast::Receiver<testbed::api::StoreEvent>,
+    paused: Arc<std::sync::atomic::AtomicBool>,
+) {
+    loop {
+        if !paused.load(std::sync::atomic::Ordering::SeqCst) {
+            testbed::scheduler::schedule_once(&store);
+        }
+        match tokio::time::timeout(Duration::from_millis(100), rx.recv()).await {
+            Err(_) | Ok(Ok(_)) | Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) => {}
+            Ok(Err(_)) => return,
+        }
+    }
+}
+
 /// Merges `status` into the pod if it is still the one with `uid`.
 fn patch_status(store: &Store, v: &PodView, uid: &str, status: &Value) -> bool {
     store
@@ -455,18 +498,18 @@ fn patch_status(store: &Store, v: &PodView, uid: &str, status: &Value) -> bool {
         .is_ok()
 }
 
+/// The pod's first container: its name and image.
+fn container_of(pod: &Value) -> (String, String) {
+    let c = &pod["spec"]["containers"][0];
+    let text = |v: &Value, default: &str| v.as_str().unwrap_or(default).to_string();
+    (text(&c["name"], "c"), text(&c["image"], ""))
+}
+
 async fn run_pod(store: Arc<Store>, pod: Value, v: PodView, act: Act, ip: Ipv4Addr) {
     let t0 = Instant::now();
     let start_unix = unix_now();
     let uid = pod["metadata"]["uid"].as_str().unwrap_or("").to_string();
-    let container = pod["spec"]["containers"][0]["name"]
-        .as_str()
-        .unwrap_or("c")
-        .to_string();
-    let image = pod["spec"]["containers"][0]["image"]
-        .as_str()
-        .unwrap_or("")
-        .to_string();
+    let (container, image) = container_of(&pod);
     let node_i: usize = v
         .node
         .strip_prefix("node-")
@@ -548,11 +591,29 @@ async fn run_pod(store: Arc<Store>, pod: Value, v: PodView, act: Act, ip: Ipv4Ad
             None
         }
     };
-    let mut report = source_report(&v.name, &probe, start_unix, ready_at, success);
+    let report = scripted_report(&v.name, &probe, start_unix, ready_at, success, outcome);
+    patch_status(
+        &store,
+        &v,
+        &uid,
+        &finished_status(&report, &container, &image, &uid),
+    );
+}
+
+/// The source's report: [`source_report`] of what was dialed, changed by `outcome`.
+fn scripted_report(
+    pod: &str,
+    probe: &ProbeArgs,
+    start_unix: f64,
+    ready_at: f64,
+    success: Option<f64>,
+    outcome: Outcome,
+) -> target_server::report::SourceReport {
+    use target_server::report::SourceOutcome;
+    let mut report = source_report(pod, probe, start_unix, ready_at, success);
     match outcome {
         Outcome::AsDialed => {}
         Outcome::WrongPeer => {
-            use target_server::report::SourceOutcome;
             report.outcome = SourceOutcome::WrongPeer;
             report.wrong_peer = Some("someone-else".into());
             report.first_success_sent = None;
@@ -562,7 +623,6 @@ async fn run_pod(store: Arc<Store>, pod: Value, v: PodView, act: Act, ip: Ipv4Ad
             report.first_success_after_ready_sent = None;
         }
         Outcome::LostAfterSuccess => {
-            use target_server::report::SourceOutcome;
             report.outcome = SourceOutcome::LostAfterSuccess;
             report.hold.failures = report.hold.attempts.max(1) / 2 + 1;
             if let Some(f) = report.hold.failures_per_second.first_mut() {
@@ -570,9 +630,19 @@ async fn run_pod(store: Arc<Store>, pod: Value, v: PodView, act: Act, ip: Ipv4Ad
             }
         }
     }
-    let message = serde_json::to_string(&report).unwrap_or_default();
+    report
+}
+
+/// The status of a source that exited 0 with `report` as its termination message.
+fn finished_status(
+    report: &target_server::report::SourceReport,
+    container: &str,
+    image: &str,
+    uid: &str,
+) -> Value {
+    let message = serde_json::to_string(report).unwrap_or_default();
     let now = testbed::api::rfc3339_now();
-    let done = json!({ "status": {
+    json!({ "status": {
         "phase": "Succeeded",
         "conditions": pod_conditions(false, "PodCompleted", &now),
         "containerStatuses": [{
@@ -585,8 +655,7 @@ async fn run_pod(store: Arc<Store>, pod: Value, v: PodView, act: Act, ip: Ipv4Ad
                 "containerID": format!("scripted://{uid}"),
             } },
         }],
-    } });
-    patch_status(&store, &v, &uid, &done);
+    } })
 }
 
 fn unix_now() -> f64 {
