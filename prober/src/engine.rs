@@ -188,6 +188,22 @@ pub struct Started {
     pub reaper: tokio::task::JoinHandle<()>,
 }
 
+/// A failed start-up's clean-up: the reaper stopped, the instance Lease released;
+/// returns `err`.
+async fn give_back(
+    lease: Option<crate::lease::InstanceLease>,
+    reaper: Option<tokio::task::JoinHandle<()>>,
+    err: Error,
+) -> Error {
+    if let Some(r) = reaper {
+        r.abort();
+    }
+    if let Some(l) = lease {
+        l.release().await;
+    }
+    err
+}
+
 /// The shared start-up, in order: ensure the namespace, sweep dead instances' pods
 /// (never a live instance's: [`crate::sweep`]), start the pod watch of `instance` and
 /// wait for its initial list ([`WATCH_READY_TIMEOUT`]), check that RBAC allows the
@@ -231,7 +247,10 @@ pub async fn start(
         }
     };
     let max_age = p.give_up * 2 + hold + SWEEP_GRACE;
-    let swept = sweep(
+    // A start-up that fails from here on gives its instance Lease back and stops its
+    // reaper: a Lease left behind would make the next prober wait it out as a dead
+    // instance's.
+    let swept = match sweep(
         &pods,
         &conn.health,
         url,
@@ -240,7 +259,11 @@ pub async fn start(
         max_age,
         true,
     )
-    .await?;
+    .await
+    {
+        Ok(s) => s,
+        Err(e) => return Err(give_back(lease, None, e).await),
+    };
     if !swept.deleted.is_empty() {
         console.swept(swept.deleted.len());
     }
@@ -250,10 +273,15 @@ pub async fn start(
     }
     let reaper = spawn_reaper(reaper, first.is_some(), forever_reaper, console);
     let watch = Arc::new(PodWatch::start(pods.clone(), &instance_selector(instance)));
-    watch.wait_ready(url, WATCH_READY_TIMEOUT).await?;
-    // RBAC may allow the list but not the watch: without the watch no probe can ever
-    // see its pods Ready, so fail now instead of at the first probe's give-up.
-    check_watch_allowed(&pods, url, &p.namespace, &instance_selector(instance)).await?;
+    let ready = async {
+        watch.wait_ready(url, WATCH_READY_TIMEOUT).await?;
+        // RBAC may allow the list but not the watch: without the watch no probe can ever
+        // see its pods Ready, so fail now instead of at the first probe's give-up.
+        check_watch_allowed(&pods, url, &p.namespace, &instance_selector(instance)).await
+    };
+    if let Err(e) = ready.await {
+        return Err(give_back(lease, Some(reaper), e).await);
+    }
     let agents = AgentWatcher::start_with_scrape_client(
         conn.client.clone(),
         conn.scrape_client.clone(),

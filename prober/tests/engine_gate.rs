@@ -595,6 +595,19 @@ fn forbidden_watch_create_or_delete_stops_the_gate_with_the_403() {
         assert!(probes(&report).is_empty(), "{report:#}");
         assert!(report["duration_seconds"].as_f64().unwrap() < give_up);
         assert!(c.probe_pods().is_empty());
+        // Its instance Lease is given back: the next prober must not wait it out as a
+        // dead instance's.
+        let leases: Vec<String> = c
+            .store
+            .list(testbed::api::Kind::Lease, Some(NS))
+            .0
+            .iter()
+            .filter_map(|l| l["metadata"]["name"].as_str().map(str::to_owned))
+            .collect();
+        assert!(
+            leases.is_empty(),
+            "Leases left by the failed start-up: {leases:?}"
+        );
 
         // The first create stops the run.
         let (c, code, report) = forbidding("create").await;
