@@ -31,7 +31,7 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 # matplotlib (pinned, from PyPI) for the dashboard panels' PNGs, in a cached venv.
 bash "$(dirname "$0")/render-env.sh" >/dev/null
-# junitparser (pinned), a JUnit consumer from PyPI: testbed/tests/e2e_baseline.rs parses the
+# junitparser (pinned), a JUnit consumer from PyPI: prober/tests/engine_baseline.rs parses the
 # gate's --junit output with it. In a venv cached outside the checkout.
 venv="${XDG_CACHE_HOME:-$HOME/.cache}/firstpacket/venv-junitparser-5.0.3"
 if ! "$venv/bin/python3" -c 'import junitparser' >/dev/null 2>&1; then

@@ -56,7 +56,7 @@
 //! `a_widely_spread_healthy_normal_rarely_marks_a_node` (it prints its count) 119 of
 //! 1 100 probes marked a healthy node with ratio and floor alone (the previous rule), 2
 //! with the guards; a node made slow as in S5 is still marked within a few probes
-//! (testbed/tests/e2e_baseline.rs).
+//! (prober/tests/engine_baseline.rs).
 //!
 //! The best-peer rule also judges nodes in the gate's baseline comparison
 //! ([`compare`]), without those two guards: a gate probes every node in both roles.
