@@ -18,7 +18,7 @@
 //! the baseline it restores is the last periodic save (`--baseline-save-interval 1s`),
 //! not the one written at shutdown.
 
-mod cluster;
+use crate::cluster;
 
 use cluster::{run, Act, Cluster, Outcome, PodView, Script};
 use serde_json::{json, Value};

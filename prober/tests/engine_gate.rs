@@ -8,7 +8,7 @@
 //! gate's JSON report (validated against the schema), its exit code, and the pods left
 //! in the API afterwards.
 
-mod cluster;
+use crate::cluster;
 
 use cluster::{endings, eventually, ok, run, Act, Cluster, Outcome, PodView};
 use serde_json::{json, Value};

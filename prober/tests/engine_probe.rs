@@ -3,7 +3,7 @@
 //! namespace with only loopback). Each test scripts what the pods do and checks the
 //! probe records the gate reports (docs/design.md §2 "Results").
 
-mod cluster;
+use crate::cluster;
 
 use cluster::{endings, ok, run, Act, Cluster, Outcome};
 use std::sync::Arc;

@@ -19,7 +19,7 @@
 //! what gate and run use, judged from kube-apiserver's audit log, stays end to end
 //! (`testbed/tests/e2e_rbac.rs`, the real control plane).
 
-mod cluster;
+use crate::cluster;
 
 use cluster::{run_logged, Cluster, Logs};
 use serde_json::{json, Value};

@@ -22,7 +22,7 @@
 //! it spawned (watches, admin server, Lease renewals). The SIGTERM path (exit 0, probe
 //! pods deleted) stays end-to-end (testbed `e2e_run`, the in-cluster Deployment).
 
-mod cluster;
+use crate::cluster;
 
 use clap::Parser;
 use cluster::{eventually, lock, ok, run, Act, Cluster, Outcome, PodView, Script};
