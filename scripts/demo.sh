@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 cargo build --release --workspace --bins
-exec target/release/testbed demo "$@"
+exec "${CARGO_TARGET_DIR:-target}/release/testbed" demo "$@"

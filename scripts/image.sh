@@ -37,7 +37,8 @@
 # --format oci`. Nothing leaves the machine.
 #
 # Environment:
-#   FIRSTPACKET_IMAGE_DIR     output directory (default: <repo>/target/images)
+#   FIRSTPACKET_IMAGE_DIR     output directory (default: <repo>/target/images, or
+#                             $CARGO_TARGET_DIR/images when CARGO_TARGET_DIR is set)
 #   FIRSTPACKET_TOOLS_CACHE   cache root for crane (default ${XDG_CACHE_HOME:-~/.cache}/firstpacket/tools)
 #   FIRSTPACKET_CRANE_VERSION override the pinned crane version
 #   FIRSTPACKET_IMAGE_TARGET_DIR  cargo target directory of the static build (see above)
@@ -54,7 +55,11 @@ REGISTRY_PREFIX=ghcr.io/firstpacket
 tools="${FIRSTPACKET_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/firstpacket/tools}"
 target_dir="${FIRSTPACKET_IMAGE_TARGET_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/firstpacket/image-target}"
 crane="$tools/crane-$CRANE_VERSION/crane"
-out="${FIRSTPACKET_IMAGE_DIR:-$repo/target/images}"
+# `images` beside the bin dir of the dev builds (where `testbed up` looks by default):
+# <repo>/target/images, or $CARGO_TARGET_DIR/images when that is set (as `.ci/run` does).
+cargo_target="${CARGO_TARGET_DIR:-$repo/target}"
+case "$cargo_target" in /*) ;; *) cargo_target="$repo/$cargo_target" ;; esac
+out="${FIRSTPACKET_IMAGE_DIR:-$cargo_target/images}"
 
 log() { echo "image: $*" >&2; }
 die() { log "error: $*"; exit 1; }
