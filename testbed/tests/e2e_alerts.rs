@@ -30,7 +30,7 @@
 //! the drift metrics included; the prober gets short baseline/recent windows
 //! ([`DRIFT_FLAGS`]).
 //!
-//! A second test runs the same stack on a slower normal
+//! A second test (`FIRSTPACKET_LONG_TESTS=1` only) runs the same stack on a slower normal
 //! (1–2 s programming everywhere, learned as the baseline): nothing fires; doubling it
 //! fires `FirstPacketTTFPDrift`.
 //!
@@ -772,9 +772,20 @@ const DOUBLED: &str = "rules:\n  - nodes: {all: true}\n    program_delay: {unifo
 
 /// A cluster whose normal is slower (1–2 s programming everywhere) learns that as its
 /// baseline and fires nothing; doubling the delay fires FirstPacketTTFPDrift at the
-/// webhook (about 3 minutes).
+/// webhook (about 5 minutes, so only with `FIRSTPACKET_LONG_TESTS=1`). The default run
+/// keeps both halves at their own level: the prober learning a slower normal without
+/// drift and drifting when it doubles (`prober/tests/engine_baseline.rs`
+/// `a_slower_normal_is_learned_without_drift_and_doubling_it_drifts`), and the drift
+/// alert reaching the webhook through Prometheus and Alertmanager (S5, the test above).
 #[test]
 fn a_slower_normal_fires_nothing_and_doubling_it_fires_the_drift_alert() {
+    if !std::env::var("FIRSTPACKET_LONG_TESTS").is_ok_and(|v| v == "1") {
+        eprintln!(
+            "SKIPPED: a long test (FIRSTPACKET_LONG_TESTS=1); the default run has its halves \
+             in engine_baseline (slower normal, doubled) and the S5 drift alert above"
+        );
+        return;
+    }
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let tb = Testbed::up("alerts-slow", 4, SLOWER_NORMAL, &[]);
     // The default --slow-threshold (5 s): a 1–2 s normal is `success`, not `slow`.

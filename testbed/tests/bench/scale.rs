@@ -7,11 +7,11 @@
 //! numbers come from. Without it the API cells say so.
 //!
 //! Knobs for partial runs (environment): `FP_BENCH_SCALE_SIZES` (comma list of node
-//! counts, default `10,100,1000`, smoke `10,30`), `FP_BENCH_SCALE_RUN_SECS` (length of
-//! each `prober run`, default 600, smoke 15), `FP_BENCH_SCALE_NETNS` (netns nodes of
-//! the gate wall-time table, default 10, smoke 3), `FP_BENCH_SCALE_GRID=0` (skip the
-//! extra `prober run` grid points), `FP_BENCH_SCALE_DEBUG=1` (print each audit window and
-//! any repeated deletes).
+//! counts, default `10,100,1000`, smoke `10`: one size shows every table complete),
+//! `FP_BENCH_SCALE_RUN_SECS` (length of each `prober run`, default 600, smoke 15),
+//! `FP_BENCH_SCALE_NETNS` (netns nodes of the gate wall-time table, default 10, smoke 3),
+//! `FP_BENCH_SCALE_GRID=0` (skip the extra `prober run` grid points),
+//! `FP_BENCH_SCALE_DEBUG=1` (print each audit window and any repeated deletes).
 use super::{mib, proc_cpu_seconds, proc_kib, Opts, Table};
 use crate::common::{self, Testbed};
 use serde_json::Value;
@@ -85,7 +85,7 @@ impl Plan {
             .filter(|v| !v.is_empty())
             .unwrap_or_else(|| {
                 if opts.smoke {
-                    vec![10, 30]
+                    vec![10]
                 } else {
                     vec![10, 100, 1000]
                 }
