@@ -17,8 +17,8 @@
 //!
 //! The start is the first failure seen, the end the first answer after it: both are
 //! observations, so an outage is known to within the gap between the prober's requests
-//! (its watches re-connect within about a second, its instance Lease renews every
-//! [`crate::lease::RENEW_INTERVAL`]). Watch *bodies* that break mid-stream are not seen
+//! (its watches re-connect within about a second, its instance Lease renews every few
+//! seconds). Watch *bodies* that break mid-stream are not seen
 //! here; the watcher's reconnect is.
 //!
 //! # Bounds
@@ -65,7 +65,7 @@ struct State {
     server_offset: Option<f64>,
 }
 
-/// What [`ApiHealth::observe`] changed (the caller prints the stderr line).
+/// What [`ApiHealth::observe`] changed.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Transition {
     /// An outage began with this request.
@@ -74,21 +74,43 @@ pub enum Transition {
     Ended(Outage),
 }
 
+/// Who hears of each finished outage (and, at the end of a run, of one still going on:
+/// the `bool`): the mode's stderr line, given by the mode, so this record stays free of
+/// presentation.
+#[derive(Clone)]
+pub struct OutageSink(Arc<OutageFn>);
+
+/// The sink's callback: `(outage, at_end)`.
+type OutageFn = dyn Fn(&Outage, bool) + Send + Sync;
+
+impl OutageSink {
+    /// A sink calling `f(outage, at_end)`.
+    pub fn new(f: impl Fn(&Outage, bool) + Send + Sync + 'static) -> Self {
+        OutageSink(Arc::new(f))
+    }
+}
+
+impl std::fmt::Debug for OutageSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OutageSink")
+    }
+}
+
 /// The shared outage record (cheap to clone: one `Arc`). Observers are the client layer
 /// and tests; readers the gate report, the run loop's metrics and stderr.
 #[derive(Debug, Clone, Default)]
 pub struct ApiHealth {
     state: Arc<Mutex<State>>,
-    /// Where outage lines go (`None`: nowhere, e.g. `prober cleanup`).
-    console: Option<crate::console::Console>,
+    /// Who hears of finished outages (`None`: nobody, e.g. `prober cleanup`).
+    sink: Option<OutageSink>,
 }
 
 impl ApiHealth {
-    /// A record that prints one line per finished outage on `console`.
-    pub fn new(console: Option<crate::console::Console>) -> Self {
+    /// A record that tells `sink` of each finished outage.
+    pub fn new(sink: Option<OutageSink>) -> Self {
         ApiHealth {
             state: Arc::default(),
-            console,
+            sink,
         }
     }
 
@@ -97,12 +119,12 @@ impl ApiHealth {
     }
 
     /// Records one request's final result: `Err(message)` unanswered, `Ok(())`
-    /// answered. Returns the transition it caused, if any, after printing the outage's
-    /// line for [`Transition::Ended`].
+    /// answered. Returns the transition it caused, if any, after telling the sink of the
+    /// outage a [`Transition::Ended`] finished.
     pub fn observe(&self, result: Result<(), String>) -> Option<Transition> {
         let t = self.observe_at(result, Instant::now());
-        if let (Some(Transition::Ended(o)), Some(c)) = (&t, &self.console) {
-            c.api_outage(o, false);
+        if let (Some(Transition::Ended(o)), Some(sink)) = (&t, &self.sink) {
+            (sink.0)(o, false);
         }
         t
     }
@@ -226,7 +248,7 @@ impl ApiHealth {
         self.len() == 0
     }
 
-    /// At the end of a run: prints the line of an outage still going on (the run ended
+    /// At the end of a run: tells the sink of an outage still going on (the run ended
     /// before the API answered again).
     pub fn finish(&self) {
         let cur = {
@@ -237,8 +259,8 @@ impl ApiHealth {
                 cur
             })
         };
-        if let (Some(o), Some(c)) = (cur, &self.console) {
-            c.api_outage(&o, true);
+        if let (Some(o), Some(sink)) = (cur, &self.sink) {
+            (sink.0)(&o, true);
         }
     }
 }

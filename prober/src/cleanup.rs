@@ -15,10 +15,11 @@
 //! resource).
 
 use crate::config::CleanupArgs;
-use crate::engine::{connect, delete_instance_pods};
+use crate::engine::connect;
 use crate::error::Error;
+use crate::labels::{instance_selector, APP_NAME, LABEL_INSTANCE, LABEL_NAME};
 use crate::lease::{delete_lease, lease_name, Reaper, LEASE_DURATION};
-use crate::podspec::{instance_selector, APP_NAME, LABEL_INSTANCE, LABEL_NAME};
+use crate::reclaim::delete_instance_pods;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;

@@ -34,34 +34,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("'{s}': {e}"))
 }
 
-/// Probe kinds (docs/design.md §2 "Kinds"; API-write budgets in `crate::probe` docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-#[value(rename_all = "snake_case")]
-pub enum ProbeKind {
-    /// Source and target on different nodes.
-    CrossNode,
-    /// Both on one node (control).
-    SameNode,
-    /// Stable-name target recreated on the same node (calico#11016).
-    Recreate,
-    /// Through a ClusterIP Service.
-    Service,
-    /// Target created among filler pods.
-    Burst,
-}
-
-impl ProbeKind {
-    /// The label / JSON string.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ProbeKind::CrossNode => "cross_node",
-            ProbeKind::SameNode => "same_node",
-            ProbeKind::Recreate => "recreate",
-            ProbeKind::Service => "service",
-            ProbeKind::Burst => "burst",
-        }
-    }
-}
+pub use crate::kind::ProbeKind;
 
 /// Log output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

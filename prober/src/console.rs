@@ -14,6 +14,10 @@ use crate::config::LogFormat;
 use crate::gate::progress_line;
 use target_server::report::ProbeRecord;
 
+/// The path that means "stdout, between markers" for `--report` (and the gate's other
+/// output files).
+pub const STDOUT_PATH: &str = "-";
+
 /// Where the gate's notices go: plain lines or JSON events (module docs). `Copy`, so
 /// tasks take their own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -238,6 +242,11 @@ impl Console {
         }
     }
 
+    /// [`Console::api_outage`] as the API-health record's sink.
+    pub fn outage_sink(self) -> crate::apihealth::OutageSink {
+        crate::apihealth::OutageSink::new(move |o, at_end| self.api_outage(o, at_end))
+    }
+
     /// One line per API outage ([`crate::apihealth`]): when it began, how long the API
     /// server did not answer, the first error, and how many requests went unanswered;
     /// `at_end` when the run ended before the API answered again.
@@ -263,7 +272,7 @@ impl Console {
     /// The JSON report was written to `path`.
     pub fn report_written(&self, path: &std::path::Path) {
         // `--report -` printed it to stdout between markers.
-        let to = if path.as_os_str() == crate::gate_run::STDOUT_PATH {
+        let to = if path.as_os_str() == STDOUT_PATH {
             "stdout".to_string()
         } else {
             path.display().to_string()

@@ -8,20 +8,20 @@
 //! carries on.
 
 use crate::agents::scrape::AgentWatcher;
+use crate::api::{with_timeout, API_CALL_TIMEOUT};
 use crate::config::ProbeArgs;
 use crate::console::Console;
 use crate::error::{error_chain, kube_error_text, kube_status_code, Error};
-use crate::podspec::{instance_selector, FIELD_MANAGER};
+use crate::labels::{instance_selector, FIELD_MANAGER};
 use crate::podwatch::PodWatch;
-use crate::probe::API_CALL_TIMEOUT;
 use crate::schedule::{filter_nodes, NodeInfo, SkipReason};
 use crate::sweep::{sweep, SweepOutcome, SWEEP_GRACE};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A connected client: the API client, a no-retry client for agent proxy scrapes, and
 /// the API server URL (for error texts).
@@ -124,26 +124,6 @@ pub async fn connect_watched(
     .await?;
     let pings = crate::apihealth::spawn_recovery_pings(conn.client.clone(), health.clone());
     Ok((conn, pings))
-}
-
-/// One object by name, read with `list` and `fieldSelector=metadata.name=NAME` instead
-/// of a `get`: the prober holds `list` on pods and nodes anyway (its watches), so its
-/// RBAC (`manifests/base/rbac.yaml`) needs no `get` for the occasional single read.
-/// When the list is refused (403: a Role that grants `get` but not `list`), one `get`
-/// instead. `Ok(None)` when no such object exists. Errors: the last call's
-/// [`kube::Error`].
-pub async fn read_by_name<K>(api: &Api<K>, name: &str) -> Result<Option<K>, kube::Error>
-where
-    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    match api
-        .list(&ListParams::default().fields(&format!("metadata.name={name}")))
-        .await
-    {
-        Ok(list) => Ok(list.items.into_iter().next()),
-        Err(kube::Error::Api(s)) if s.code == 403 => api.get_opt(name).await,
-        Err(e) => Err(e),
-    }
 }
 
 /// Lists the nodes matching `--node-selector` once and splits them into eligible (sorted
@@ -371,23 +351,6 @@ pub const WATCH_READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// profile namespace; correlation works on what was found if it takes longer).
 pub const AGENT_SYNC_TIMEOUT: Duration = Duration::from_secs(10);
 
-pub async fn with_timeout<T>(
-    fut: impl std::future::Future<Output = Result<T, kube::Error>>,
-    url: &str,
-    verb: &'static str,
-    resource: &str,
-) -> Result<T, Error> {
-    match tokio::time::timeout(API_CALL_TIMEOUT, fut).await {
-        Ok(r) => r.map_err(|e| Error::from_kube(e, url, verb, resource.to_string())),
-        Err(_) => Err(Error::Unreachable {
-            url: url.to_string(),
-            verb,
-            resource: resource.to_string(),
-            message: format!("no answer within {}s", API_CALL_TIMEOUT.as_secs()),
-        }),
-    }
-}
-
 /// Makes sure the probe namespace `ns` can be used, needing as little RBAC as it can:
 ///
 /// - `GET namespaces/ns` finds it: used as it is (nothing is created or changed);
@@ -429,205 +392,24 @@ pub async fn ensure_namespace(client: &Client, url: &str, ns: &str) -> Result<()
         dry_run: false,
         field_manager: Some(FIELD_MANAGER.into()),
     };
-    match tokio::time::timeout(API_CALL_TIMEOUT, api.create(&pp, &obj)).await {
-        Ok(Ok(_)) => {
+    match with_timeout(api.create(&pp, &obj), url, "create", &resource).await {
+        Ok(_) => {
             tracing::info!(namespace = ns, "created namespace");
             Ok(())
         }
-        Ok(Err(e)) if kube_status_code(&e) == Some(409) => Ok(()),
-        Ok(Err(kube::Error::Api(s))) if matches!(s.code, 401 | 403) => {
-            Err(Error::NamespaceMissing {
-                namespace: ns.to_string(),
-                url: url.to_string(),
-                cause: format!("HTTP {} {}: {}", s.code, s.reason, s.message),
-            })
-        }
-        Ok(Err(e)) => Err(Error::from_kube(e, url, "create", resource)),
-        Err(_) => Err(Error::Unreachable {
-            url: url.to_string(),
-            verb: "create",
-            resource,
-            message: "timed out".into(),
-        }),
-    }
-}
-
-/// Deletes every pod and Service of `instance` in `pods`' namespace (list by label, then
-/// one delete each, grace 0). Returns how many deletes were sent; errors name the verb
-/// (`list`/`delete`), the object and `url` ([`Error::from_kube`]).
-pub async fn delete_instance_pods(
-    pods: &Api<Pod>,
-    instance: &str,
-    url: &str,
-) -> Result<usize, Error> {
-    let namespace = pods.namespace().map(str::to_owned).unwrap_or_default();
-    let n = delete_labelled(pods, instance, url, "pod", &namespace).await?;
-    let services: Api<k8s_openapi::api::core::v1::Service> =
-        Api::namespaced(pods.clone().into_client(), &namespace);
-    Ok(n + delete_labelled(&services, instance, url, "service", &namespace).await?)
-}
-
-async fn delete_labelled<K>(
-    api: &Api<K>,
-    instance: &str,
-    url: &str,
-    what: &str,
-    namespace: &str,
-) -> Result<usize, Error>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let list = api
-        .list(&ListParams::default().labels(&instance_selector(instance)))
-        .await
-        .map_err(|e| {
-            Error::from_kube(e, url, "list", format!("{what}s in namespace {namespace}"))
-        })?;
-    let mut n = 0;
-    for obj in list.items {
-        let Some(name) = obj.meta().name.clone() else {
-            continue;
-        };
-        n += 1;
-        match api
-            .delete(&name, &DeleteParams::default().grace_period(0))
-            .await
-        {
-            Ok(_) => {}
-            Err(e) if kube_status_code(&e) == Some(404) => {}
-            Err(e) => {
-                return Err(Error::from_kube(
-                    e,
-                    url,
-                    "delete",
-                    format!("{what} {namespace}/{name}"),
-                ))
-            }
-        }
-    }
-    Ok(n)
-}
-
-/// Whether a cleanup error is RBAC/authentication (`401`/`403`): retrying cannot help.
-pub fn is_forbidden(err: &Error) -> bool {
-    matches!(
-        err,
-        Error::Api {
-            code: 401 | 403,
+        Err(Error::Api { code: 409, .. }) => Ok(()),
+        Err(Error::Api {
+            code: code @ (401 | 403),
+            reason,
+            message,
             ..
-        }
-    )
-}
-
-/// How long the gate keeps retrying its final cleanup while the API fails (30 s: a
-/// restarting API server is normally back well within it; after that the pods end by
-/// their own `activeDeadlineSeconds` and the next run's start-up sweep).
-pub const FINAL_CLEANUP_DEADLINE: Duration = Duration::from_secs(30);
-
-/// Pause between final-cleanup attempts.
-pub const FINAL_CLEANUP_RETRY: Duration = Duration::from_secs(2);
-
-/// Why [`final_cleanup`] gave up; its `Display` is the run error text, naming the API
-/// URL, the cause and what becomes of the leftovers.
-#[derive(Debug)]
-pub enum CleanupError {
-    /// `401`/`403` listing or deleting: not retried, it cannot heal within the run.
-    Forbidden {
-        /// The refused call.
-        error: Error,
-        /// The instance whose pods are left.
-        instance: String,
-    },
-    /// The API kept failing until [`FINAL_CLEANUP_DEADLINE`].
-    GaveUp {
-        /// API server URL.
-        url: String,
-        /// Attempts made.
-        attempts: u32,
-        /// The last cause.
-        last: String,
-        /// The instance whose pods are left.
-        instance: String,
-    },
-}
-
-impl std::fmt::Display for CleanupError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            CleanupError::Forbidden { error, instance } => write!(
-                f,
-                "final cleanup cannot work: {error} (not retried); leftover probe pods \
-                 (label firstpacket.io/instance={instance}) end by their \
-                 activeDeadlineSeconds; the next run's start-up sweep needs the same \
-                 permission"
-            ),
-            CleanupError::GaveUp {
-                url,
-                attempts,
-                last,
-                instance,
-            } => write!(
-                f,
-                "final cleanup at {url} gave up after {attempts} attempt(s): {last}; leftover \
-                 probe pods (label firstpacket.io/instance={instance}) end by their \
-                 activeDeadlineSeconds and are removed by the next run's start-up sweep"
-            ),
-        }
+        }) => Err(Error::NamespaceMissing {
+            namespace: ns.to_string(),
+            url: url.to_string(),
+            cause: format!("HTTP {code} {reason}: {message}"),
+        }),
+        Err(e) => Err(e),
     }
-}
-
-impl std::error::Error for CleanupError {}
-
-/// Deletes what is left of `instance` ([`delete_instance_pods`]), each attempt bounded
-/// by [`API_CALL_TIMEOUT`] and the time left, retrying every [`FINAL_CLEANUP_RETRY`] until
-/// `deadline` after the call ([`FINAL_CLEANUP_DEADLINE`] in the gate). A `401`/`403`
-/// (RBAC forbids listing or deleting) is not retried: it cannot heal within the run.
-/// Returns the number of deletes sent, or a [`CleanupError`].
-pub async fn final_cleanup_within(
-    pods: &Api<Pod>,
-    instance: &str,
-    url: &str,
-    within: Duration,
-) -> Result<usize, CleanupError> {
-    let deadline = Instant::now() + within;
-    let mut attempts = 0u32;
-    loop {
-        attempts += 1;
-        let bound = deadline
-            .saturating_duration_since(Instant::now())
-            .clamp(Duration::from_secs(1), API_CALL_TIMEOUT);
-        let last =
-            match tokio::time::timeout(bound, delete_instance_pods(pods, instance, url)).await {
-                Ok(Ok(n)) => return Ok(n),
-                Ok(Err(e)) if is_forbidden(&e) => {
-                    return Err(CleanupError::Forbidden {
-                        error: e,
-                        instance: instance.to_string(),
-                    })
-                }
-                Ok(Err(e)) => e.to_string(),
-                Err(_) => format!("no answer within {}s", bound.as_secs()),
-            };
-        if Instant::now() + FINAL_CLEANUP_RETRY >= deadline {
-            return Err(CleanupError::GaveUp {
-                url: url.to_string(),
-                attempts,
-                last,
-                instance: instance.to_string(),
-            });
-        }
-        tracing::warn!(attempt = attempts, error = %last, "final cleanup failed; retrying");
-        tokio::time::sleep(FINAL_CLEANUP_RETRY).await;
-    }
-}
-
-/// [`final_cleanup_within`] [`FINAL_CLEANUP_DEADLINE`] (the gate's end of run).
-pub async fn final_cleanup(
-    pods: &Api<Pod>,
-    instance: &str,
-    url: &str,
-) -> Result<usize, CleanupError> {
-    final_cleanup_within(pods, instance, url, FINAL_CLEANUP_DEADLINE).await
 }
 
 /// One `watch` request on the probe pods (`timeoutSeconds=1`, dropped as soon as the

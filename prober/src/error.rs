@@ -32,8 +32,11 @@ pub enum Error {
         verb: &'static str,
         /// The resource, e.g. `pods in namespace firstpacket`.
         resource: String,
-        /// The transport error text.
+        /// The transport error text (the whole chain of `source`, or what timed out).
         message: String,
+        /// The client's own error, when there was one (`None` for a call that timed out).
+        #[source]
+        source: Option<Box<kube::Error>>,
     },
 
     /// The API server answered with an error Status (403, 422, 500, …).
@@ -51,6 +54,10 @@ pub enum Error {
         reason: String,
         /// `Status.message`.
         message: String,
+        /// The client's own error (`kube::Error::Api` with the whole `Status`), when the
+        /// answer came through kube's client.
+        #[source]
+        source: Option<Box<kube::Error>>,
     },
 
     /// The probe namespace does not exist and RBAC does not let the prober create it.
@@ -129,21 +136,54 @@ impl Error {
         resource: impl Into<String>,
     ) -> Self {
         match err {
-            kube::Error::Api(status) => Error::Api {
+            kube::Error::Api(ref status) => Error::Api {
                 url: url.to_string(),
                 verb,
                 resource: resource.into(),
                 code: status.code,
                 reason: status.reason.clone(),
                 message: status.message.clone(),
+                source: Some(Box::new(err)),
             },
             other => Error::Unreachable {
                 url: url.to_string(),
                 verb,
                 resource: resource.into(),
                 message: error_chain(&other),
+                source: Some(Box::new(other)),
             },
         }
+    }
+}
+
+impl Error {
+    /// A second [`Error::Api`] equal to this one (its source's `Status` copied), for
+    /// the fault a refused call also reports; `None` for every other variant.
+    pub fn duplicate_api(&self) -> Option<Error> {
+        let Error::Api {
+            url,
+            verb,
+            resource,
+            code,
+            reason,
+            message,
+            source,
+        } = self
+        else {
+            return None;
+        };
+        Some(Error::Api {
+            url: url.clone(),
+            verb,
+            resource: resource.clone(),
+            code: *code,
+            reason: reason.clone(),
+            message: message.clone(),
+            source: match source.as_deref() {
+                Some(kube::Error::Api(status)) => Some(Box::new(kube::Error::Api(status.clone()))),
+                _ => None,
+            },
+        })
     }
 }
 

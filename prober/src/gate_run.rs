@@ -25,11 +25,8 @@
 //! the report.
 
 use crate::config::{check_kinds, GateArgs, ProbeKind, GATE_DEFAULT_HOLD};
-use crate::console::Console;
-pub use crate::engine::{
-    check_watch_allowed, delete_instance_pods, final_cleanup, AGENT_SYNC_TIMEOUT,
-    FINAL_CLEANUP_DEADLINE, FINAL_CLEANUP_RETRY, WATCH_READY_TIMEOUT,
-};
+use crate::console::{Console, STDOUT_PATH};
+pub use crate::engine::{check_watch_allowed, AGENT_SYNC_TIMEOUT, WATCH_READY_TIMEOUT};
 use crate::error::Error;
 use crate::gate::{build_report, early_stop, render_text, ReportInputs};
 use crate::podspec::{
@@ -37,6 +34,9 @@ use crate::podspec::{
     MEMORY_LIMIT, MEMORY_REQUEST, PROBE_GID, PROBE_UID,
 };
 use crate::probe::{run_probe, write_budget, EngineFault, ProbeEnv, ProbePlan};
+pub use crate::reclaim::{
+    delete_instance_pods, final_cleanup, FINAL_CLEANUP_DEADLINE, FINAL_CLEANUP_RETRY,
+};
 use crate::record::{build_record, Ending, ProbeMeta};
 use crate::schedule::{node_claims, plan_kinds, NodeInfo, PlannedProbe};
 use crate::sync::lock;
@@ -558,10 +558,6 @@ pub fn write_report(path: &std::path::Path, report: &GateReport) -> Result<(), E
 fn framed(name: &str, text: &str) -> String {
     format!("===== BEGIN firstpacket {name} =====\n{text}===== END firstpacket {name} =====\n")
 }
-
-/// The path that means "stdout, between markers" for `--report` (and the gate's other
-/// output files).
-pub const STDOUT_PATH: &str = "-";
 
 /// Writes `text` (ending in a newline) to the file `path`, or, when `path` is `-`, to
 /// stdout between the lines `===== BEGIN firstpacket NAME =====` and `===== END
@@ -1113,7 +1109,7 @@ async fn run_gate_inner(
     let started_at = start.started_at.clone();
     console.seed(&instance, seed);
 
-    let health = crate::apihealth::ApiHealth::new(Some(console));
+    let health = crate::apihealth::ApiHealth::new(Some(console.outage_sink()));
     let (conn, pings, eligible, skipped) = connect_and_list(p, &health, start).await?;
     let url = conn.url.clone();
     let names: Vec<String> = eligible.iter().map(|n| n.name.clone()).collect();

@@ -46,7 +46,7 @@
 //! Bounded state: one Lease object and one observation.
 
 use crate::error::{kube_status_code, Error};
-use crate::podspec::{APP_NAME, LABEL_COMPONENT, LABEL_NAME};
+use crate::labels::{APP_NAME, LABEL_COMPONENT, LABEL_NAME};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;

@@ -19,9 +19,9 @@
 //! Bounded: the reaper keeps one observation per other instance's Lease present in the
 //! namespace (dropped when the Lease goes).
 
-use crate::engine::delete_instance_pods;
 use crate::error::{kube_status_code, Error};
-use crate::podspec::{APP_NAME, LABEL_COMPONENT, LABEL_INSTANCE, LABEL_NAME};
+use crate::labels::{APP_NAME, LABEL_COMPONENT, LABEL_INSTANCE, LABEL_NAME};
+use crate::reclaim::delete_instance_pods;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};

@@ -43,20 +43,11 @@ use sha1::{Digest, Sha1};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-/// `app.kubernetes.io/name` label key (value [`APP_NAME`]).
-pub const LABEL_NAME: &str = "app.kubernetes.io/name";
-/// `app.kubernetes.io/component` label key (`probe-target`, `probe-source`, `probe-filler`).
-pub const LABEL_COMPONENT: &str = "app.kubernetes.io/component";
-/// Prober instance id label key.
-pub const LABEL_INSTANCE: &str = "firstpacket.io/instance";
-/// Probe id label key.
-pub const LABEL_PROBE_ID: &str = "firstpacket.io/probe-id";
-/// Probe kind label key (`cross_node`, …).
-pub const LABEL_KIND: &str = "firstpacket.io/kind";
-/// Value of [`LABEL_NAME`] on everything the prober creates.
-pub const APP_NAME: &str = "firstpacket";
-/// Field manager sent on every write (a fixed manager, STYLE.md).
-pub const FIELD_MANAGER: &str = "firstpacket-prober";
+pub use crate::labels::{
+    instance_selector, APP_NAME, FIELD_MANAGER, LABEL_COMPONENT, LABEL_INSTANCE, LABEL_KIND,
+    LABEL_NAME, LABEL_PROBE_ID,
+};
+
 /// Container name in probe pods.
 pub const CONTAINER_NAME: &str = "target-server";
 /// Port target-server listens on in both pods.
@@ -253,11 +244,6 @@ pub fn probe_labels(
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect()
-}
-
-/// Label selector for every pod of one prober instance.
-pub fn instance_selector(instance: &str) -> String {
-    format!("{LABEL_INSTANCE}={instance}")
 }
 
 /// Args of the target container: `serve --port 8080`.

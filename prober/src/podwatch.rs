@@ -77,6 +77,7 @@ impl WatchForbidden {
             code: self.code,
             reason: self.reason.clone(),
             message: self.message.clone(),
+            source: None,
         }
     }
 }

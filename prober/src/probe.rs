@@ -50,6 +50,7 @@
 //! pure ([`timeout_ending`], [`api_trouble_ending`], [`unschedulable_ending`],
 //! [`crate::record::build_record`]).
 
+use crate::api::{with_timeout, API_CALL_TIMEOUT};
 use crate::config::ProbeKind;
 use crate::error::{kube_status_code, Error};
 use crate::podspec::{
@@ -75,8 +76,6 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-/// Timeout of each single API call a probe makes.
-pub const API_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Extra time the source gets beyond give-up + hold to start and report.
 pub const SOURCE_FINISH_MARGIN: Duration = Duration::from_secs(30);
 
@@ -291,24 +290,7 @@ fn forbidden_fault(code: Option<u16>, err: &Error, delete: bool) -> Option<Engin
     if !matches!(code, Some(401) | Some(403)) {
         return None;
     }
-    let e = match err {
-        Error::Api {
-            url,
-            verb,
-            resource,
-            code,
-            reason,
-            message,
-        } => Error::Api {
-            url: url.clone(),
-            verb,
-            resource: resource.clone(),
-            code: *code,
-            reason: reason.clone(),
-            message: message.clone(),
-        },
-        _ => return None,
-    };
+    let e = err.duplicate_api()?;
     Some(if delete {
         EngineFault::DeleteForbidden(e)
     } else {
@@ -651,29 +633,37 @@ async fn delete_pod_with(
     name: &str,
     dp: DeleteParams,
 ) -> Result<std::time::Instant, Error> {
+    delete_counted(env, &env.pods, "pod", name, &dp).await?;
+    Ok(std::time::Instant::now())
+}
+
+/// One delete call of a probe's `what` (`pod`, `service`) counted in the run's writes,
+/// bounded by [`API_CALL_TIMEOUT`] ([`with_timeout`]); 404 is fine (already gone). A
+/// `401`/`403` is also reported to the caller's [`FaultSink`].
+async fn delete_counted<K>(
+    env: &ProbeEnv,
+    api: &Api<K>,
+    what: &str,
+    name: &str,
+    dp: &DeleteParams,
+) -> Result<(), Error>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     env.writes.fetch_add(1, Ordering::Relaxed);
-    match tokio::time::timeout(API_CALL_TIMEOUT, env.pods.delete(name, &dp)).await {
-        Ok(Ok(_)) => Ok(std::time::Instant::now()),
-        Ok(Err(e)) if kube_status_code(&e) == Some(404) => Ok(std::time::Instant::now()),
-        Ok(Err(e)) => {
-            let code = kube_status_code(&e);
-            let err = Error::from_kube(
-                e,
-                &env.url,
-                "delete",
-                format!("pod {}/{name}", env.pod_config.namespace),
-            );
+    let resource = format!("{what} {}/{name}", env.pod_config.namespace);
+    match with_timeout(api.delete(name, dp), &env.url, "delete", &resource).await {
+        Ok(_) | Err(Error::Api { code: 404, .. }) => Ok(()),
+        Err(err) => {
+            let code = match &err {
+                Error::Api { code, .. } => Some(*code),
+                _ => None,
+            };
             if let Some(f) = forbidden_fault(code, &err, true) {
                 env.fault(f);
             }
             Err(err)
         }
-        Err(_) => Err(Error::Unreachable {
-            url: env.url.clone(),
-            verb: "delete",
-            resource: format!("pod {}/{name}", env.pod_config.namespace),
-            message: format!("no answer within {}s", API_CALL_TIMEOUT.as_secs()),
-        }),
     }
 }
 
@@ -738,7 +728,7 @@ fn source_done_check(s: Option<&PodState>) -> Option<Ending> {
 }
 
 /// After a wait on `name` ran out of time: one read of the pod by name
-/// ([`crate::engine::read_by_name`], a `list`, so RBAC needs no `get`) (bounded by
+/// ([`crate::api::read_by_name`], a `list`, so RBAC needs no `get`) (bounded by
 /// [`FINAL_GET_TIMEOUT`]) is fed into the tracker, so an update the watch missed still
 /// counts, and `check` decides again. Otherwise the ending is [`api_trouble_ending`]
 /// when the GET failed or the watch reported trouble since `started`
@@ -753,12 +743,7 @@ async fn settle_timeout<T>(
     mut check: impl FnMut(Option<&PodState>) -> Option<T>,
 ) -> Result<T, Ending> {
     let mut trouble = None;
-    match tokio::time::timeout(
-        FINAL_GET_TIMEOUT,
-        crate::engine::read_by_name(&env.pods, name),
-    )
-    .await
-    {
+    match tokio::time::timeout(FINAL_GET_TIMEOUT, crate::api::read_by_name(&env.pods, name)).await {
         Ok(Ok(Some(pod))) => {
             let now = std::time::Instant::now();
             env.watch.with_tracker(|t| t.apply(&pod, now));
@@ -850,35 +835,14 @@ async fn create_service(
 /// Deletes a probe's Service (404 is fine); counted in the run's writes. Errors as
 /// [`delete_pod`].
 async fn delete_service(env: &ProbeEnv, name: &str) -> Result<(), Error> {
-    env.writes.fetch_add(1, Ordering::Relaxed);
-    match tokio::time::timeout(
-        API_CALL_TIMEOUT,
-        services_api(env).delete(name, &DeleteParams::default()),
+    delete_counted(
+        env,
+        &services_api(env),
+        "service",
+        name,
+        &DeleteParams::default(),
     )
     .await
-    {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) if kube_status_code(&e) == Some(404) => Ok(()),
-        Ok(Err(e)) => {
-            let code = kube_status_code(&e);
-            let err = Error::from_kube(
-                e,
-                &env.url,
-                "delete",
-                format!("service {}/{name}", env.pod_config.namespace),
-            );
-            if let Some(f) = forbidden_fault(code, &err, true) {
-                env.fault(f);
-            }
-            Err(err)
-        }
-        Err(_) => Err(Error::Unreachable {
-            url: env.url.clone(),
-            verb: "delete",
-            resource: format!("service {}/{name}", env.pod_config.namespace),
-            message: format!("no answer within {}s", API_CALL_TIMEOUT.as_secs()),
-        }),
-    }
 }
 
 /// `recreate`: makes sure a previous incarnation of the stable-name target exists
@@ -1425,11 +1389,11 @@ pub fn could_be_node_not_ready(record: &ProbeRecord) -> bool {
 }
 
 /// Whether Node `name` is Ready now (one read by name through `list`, 10 s bound,
-/// [`crate::engine::read_by_name`]), for a failed probe's `node_not_ready` check; `None`
+/// [`crate::api::read_by_name`]), for a failed probe's `node_not_ready` check; `None`
 /// when unknown. A refused read is logged as a warning naming the verb, since the
 /// failure then stays `failed` even on a NotReady node.
 async fn node_ready(env: &ProbeEnv, name: &str) -> Option<bool> {
-    let read = crate::engine::read_by_name(&env.nodes, name);
+    let read = crate::api::read_by_name(&env.nodes, name);
     match tokio::time::timeout(Duration::from_secs(10), read).await {
         Ok(Ok(Some(n))) => Some(crate::schedule::NodeInfo::from_node(&n).ready),
         Ok(Err(e)) => {
@@ -1615,6 +1579,7 @@ mod tests {
             code: 403,
             reason: "Forbidden".into(),
             message: "m".into(),
+            source: None,
         };
         assert_eq!(
             EngineFault::CreateForbidden(err()).label(),
@@ -1731,6 +1696,7 @@ mod tests {
             code: 403,
             reason: "Forbidden".into(),
             message: "no".into(),
+            source: None,
         };
         let t = delete_forbidden_text(&err, "gate-abcdefgh");
         assert!(t.starts_with("Kubernetes API at https://10.0.0.1:6443 refused delete pod firstpacket/fp-ab-0-s: HTTP 403"), "{t}");

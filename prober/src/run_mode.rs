@@ -35,7 +35,7 @@
 use crate::admin::{AdminState, RunInfo};
 use crate::config::{check_kinds, RunArgs};
 use crate::console::Console;
-use crate::engine::{delete_instance_pods, final_cleanup_within, Signals};
+use crate::engine::Signals;
 use crate::error::Error;
 use crate::events::{
     event_message, event_reason, node_event, post_event, EventLimiter, PendingBlames,
@@ -43,6 +43,7 @@ use crate::events::{
 use crate::metrics::Metrics;
 use crate::podspec::{recreate_target_name, PodConfig, LABEL_PROBE_ID};
 use crate::probe::{run_probe, EngineFault, ProbeEnv, ProbePlan};
+use crate::reclaim::{delete_instance_pods, final_cleanup_within};
 use crate::rotation::{agent_changes, became_eligible, AgentSnapshot, NextProbe, Rotation};
 use crate::schedule::{check_node, NodeInfo};
 use crate::sync::lock;
@@ -329,7 +330,7 @@ pub async fn run_continuous(args: RunArgs) -> Result<i32, Error> {
     let admin = new_admin_state(&args, &kinds, drift_cfg, &instance);
     let server = serve_admin(&args, admin.clone(), console, &instance).await?;
 
-    let conn_health = crate::apihealth::ApiHealth::new(Some(console));
+    let conn_health = crate::apihealth::ApiHealth::new(Some(console.outage_sink()));
     let (conn, _pings) = crate::engine::connect_watched(&p, &conn_health).await?;
     let url = conn.url.clone();
     let started = crate::engine::start(&conn, &p, &instance, hold, profiles, console, true).await?;
@@ -794,7 +795,7 @@ impl RunLoop {
     async fn on_janitor(&self) {
         let live = lock(&self.in_flight_ids).clone();
         let sweep = delete_orphans(&self.env.pods, &self.instance, &live);
-        match tokio::time::timeout(crate::probe::API_CALL_TIMEOUT, sweep).await {
+        match tokio::time::timeout(crate::api::API_CALL_TIMEOUT, sweep).await {
             Ok(Ok(n)) if n > 0 => tracing::info!(deleted = n, "deleted leftover probe objects"),
             Ok(Ok(_)) => {}
             Ok(Err(e)) => {
@@ -809,9 +810,7 @@ impl RunLoop {
     fn on_baseline_tick(&self) {
         if self.term.is_some() {
             let store = self.store.clone();
-            tokio::spawn(
-                async move { store.save_if_learned(crate::probe::API_CALL_TIMEOUT).await },
-            );
+            tokio::spawn(async move { store.save_if_learned(crate::api::API_CALL_TIMEOUT).await });
         }
     }
 
@@ -1133,7 +1132,7 @@ impl BaselineStore {
     /// and the read is retried before each write ([`Self::write`]).
     async fn load(&self) {
         self.read.store(false, Ordering::Relaxed);
-        self.read_stored(true, crate::probe::API_CALL_TIMEOUT).await;
+        self.read_stored(true, crate::api::API_CALL_TIMEOUT).await;
     }
 
     /// One read of the stored baseline: `replace` puts it in place of what is held, else

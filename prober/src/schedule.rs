@@ -27,7 +27,7 @@
 //! even node count the first `n/2` pairs share no node, so the pairs in flight together
 //! fail or pass independently (and `x0`, `x1` above are two such pairs).
 
-use crate::config::ProbeKind;
+use crate::kind::ProbeKind;
 use k8s_openapi::api::core::v1::{Node, Toleration};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;

@@ -14,7 +14,7 @@
 //! duration of watching and so runs beside the probes.
 
 use crate::error::{kube_status_code, Error};
-use crate::podspec::{APP_NAME, LABEL_INSTANCE, LABEL_NAME};
+use crate::labels::{APP_NAME, LABEL_INSTANCE, LABEL_NAME};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
@@ -221,11 +221,9 @@ pub async fn sweep(
             if owners.contains_key(owner) {
                 continue;
             }
-            let got = crate::engine::read_by_name(pods, owner)
-                .await
-                .map_err(|e| {
-                    Error::from_kube(e, url, "list", format!("pod {namespace}/{owner}"))
-                })?;
+            let got = crate::api::read_by_name(pods, owner).await.map_err(|e| {
+                Error::from_kube(e, url, "list", format!("pod {namespace}/{owner}"))
+            })?;
             owners.insert(owner.clone(), got.and_then(|p| p.metadata.uid));
         }
     }
