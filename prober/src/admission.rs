@@ -142,7 +142,7 @@ pub fn classify(code: u16, message: &str) -> Option<Rejection> {
 /// ServiceAccount does not exist yet" (`403`, `error looking up service account NS/SA:
 /// serviceaccount "SA" not found`): in a namespace created moments ago the
 /// controller-manager has not created `default` yet, so the create is retried briefly
-/// (`crate::probe::SERVICE_ACCOUNT_WAIT`).
+/// (the probe's `SERVICE_ACCOUNT_WAIT`).
 pub fn is_service_account_pending(code: u16, message: &str) -> bool {
     code == 403 && message.contains("error looking up service account")
 }

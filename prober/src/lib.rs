@@ -1,14 +1,25 @@
 //! firstpacket prober: measures time to first packet (TTFP) between brand-new pods
 //! (docs/design.md §2) and gates on it (§4).
 //!
-//! Pure modules (tested without I/O): [`config`], [`schedule`], [`podspec`],
-//! [`tracker`], [`record`], [`gate`], the decision half of [`sweep`] and [`probe`].
-//! I/O: [`podwatch`] (the shared pod watch), [`probe`] (one probe's lifecycle),
-//! [`gate_run`] (`prober gate`), [`console`] (stderr notices, plain or JSON). [`agents`]: node-agent metrics.
-//! Both modes share [`engine`] (start-up, cleanup) and [`probe::run_probe`];
-//! [`run_mode`] (`prober run`) adds [`rotation`] (pure), [`metrics`], [`admin`] (HTTP
-//! server, status page), [`events`] (Node Events) and [`leader`] (`--leader-elect`). [`stats`]: pure statistics. [`baseline`]: learned
-//! baseline and drift (pure), the gate's saved baseline and its comparison.
+//! The modules form layers; each uses only the ones below it (no import circles):
+//! - **leaves**: [`kind`] (the probe kinds), [`labels`] (labels and field manager),
+//!   [`error`], [`sync`], [`stats`], [`admission`];
+//! - **pure logic** (tested without I/O): [`config`] (command line), [`schedule`],
+//!   [`podspec`], [`tracker`], [`record`], [`gate`] (verdict, report), [`baseline`],
+//!   [`rotation`], [`junit`], the correlation and exposition parser in [`agents`];
+//! - **single API calls**: [`api`] (each call bounded by its timeout), [`apihealth`]
+//!   (API outages, told to an [`apihealth::OutageSink`]), [`reclaim`] (deleting an
+//!   instance's pods and Services);
+//! - **long-lived API parts**: [`podwatch`] (the shared pod watch), [`lease`] (instance
+//!   Leases and the reaper of dead instances), [`sweep`] (the start-up sweep),
+//!   [`leader`] (`--leader-elect`), [`events`] (Node Events), [`baseline_store`] (the
+//!   baseline ConfigMap), agent discovery and scraping in [`agents`];
+//! - **one probe**: [`probe`] (its lifecycle, from create to record);
+//! - **presentation**: [`console`] (stderr notices, plain or JSON), [`metrics`],
+//!   [`bounds`] (each bounded structure's limit), [`admin`] (HTTP server, status page);
+//! - **assembly**: [`engine`] (connecting, start-up, the pieces both modes share), then
+//!   the modes: [`gate_run`] (`prober gate`), [`run_mode`] (`prober run`), [`cleanup`]
+//!   (`prober cleanup`).
 
 pub mod admin;
 pub mod admission;
