@@ -170,87 +170,7 @@ pub fn hostname() -> String {
         .unwrap_or_default()
 }
 
-/// The part of a Lease whose change proves its holder alive (client-go compares the
-/// raw record; the `resourceVersion` changes with every write, and the spec fields are
-/// kept for the judgement and the status page).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Record {
-    /// `spec.holderIdentity` (None or empty: nobody holds it).
-    pub holder: Option<String>,
-    /// `spec.leaseDurationSeconds`.
-    pub lease_duration_seconds: i32,
-    /// `spec.renewTime` as sent by the holder (its wall clock; compared for change only).
-    pub renew_time: Option<String>,
-    /// `spec.acquireTime` (holder's wall clock; display only).
-    pub acquire_time: Option<String>,
-    /// `spec.leaseTransitions`.
-    pub transitions: i32,
-    /// `metadata.resourceVersion`.
-    pub resource_version: String,
-}
-
-impl Record {
-    /// The record of `lease` (missing fields empty / 0).
-    pub fn of(lease: &Lease) -> Record {
-        let spec = lease.spec.clone().unwrap_or_default();
-        Record {
-            holder: spec.holder_identity.filter(|h| !h.is_empty()),
-            lease_duration_seconds: spec.lease_duration_seconds.unwrap_or(0),
-            renew_time: spec.renew_time.map(|t| t.0.to_string()),
-            acquire_time: spec.acquire_time.map(|t| t.0.to_string()),
-            transitions: spec.lease_transitions.unwrap_or(0),
-            resource_version: lease.metadata.resource_version.clone().unwrap_or_default(),
-        }
-    }
-}
-
-/// The last record seen and when (our monotonic clock) it was first seen as it is:
-/// client-go's `observedRecord` + `observedTime`. Pure.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Observation {
-    /// The record.
-    pub record: Record,
-    /// When it was first seen with this content.
-    pub since: Instant,
-}
-
-impl Observation {
-    /// A first observation at `now`.
-    pub fn new(record: Record, now: Instant) -> Observation {
-        Observation { record, since: now }
-    }
-
-    /// Feeds the record read at `now`: `since` moves to `now` only when the record
-    /// changed (holder, renewTime, duration, transitions or resourceVersion).
-    pub fn observe(&mut self, record: Record, now: Instant) {
-        if record != self.record {
-            self.record = record;
-            self.since = now;
-        }
-    }
-
-    /// When the record expires on our clock: `since` + its `leaseDurationSeconds` (a
-    /// negative or zero duration expires at once).
-    pub fn expires_at(&self) -> Instant {
-        self.since + Duration::from_secs(self.record.lease_duration_seconds.max(0) as u64)
-    }
-
-    /// Expired at `now` (client-go's `!isLeaseValid`: valid while
-    /// `observedTime + leaseDuration` is after `now`).
-    pub fn expired(&self, now: Instant) -> bool {
-        now >= self.expires_at()
-    }
-
-    /// Whether `identity` may take the Lease now: nobody holds it, `identity` holds it,
-    /// or the record expired (client-go's `tryAcquireOrRenew` step 3).
-    pub fn may_take(&self, identity: &str, now: Instant) -> bool {
-        match self.record.holder.as_deref() {
-            None => true,
-            Some(h) if h == identity => true,
-            Some(_) => self.expired(now),
-        }
-    }
-}
+pub use crate::lease::{Observation, Record};
 
 /// What the status page and `/api/v1/probes` (`info.leadership`) show of the election.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
@@ -370,7 +290,9 @@ impl Elector {
     fn remember(&mut self, lease: Lease, now: Instant) {
         let rec = Record::of(&lease);
         match &mut self.observed {
-            Some(o) => o.observe(rec, now),
+            Some(o) => {
+                o.observe(rec, now);
+            }
             None => self.observed = Some(Observation::new(rec, now)),
         }
         self.lease = Some(lease);

@@ -246,13 +246,97 @@ pub async fn delete_lease(leases: &Api<Lease>, url: &str, instance: &str) -> Res
     }
 }
 
-/// What the reaper saw of one other instance's Lease: its `resourceVersion` and when
-/// (reaper's monotonic clock) it was first seen with it.
+/// The part of a Lease whose change proves its holder alive (client-go compares the
+/// raw record; the `resourceVersion` changes with every write, and the spec fields are
+/// kept for the judgement and the status page).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Record {
+    /// `spec.holderIdentity` (None or empty: nobody holds it).
+    pub holder: Option<String>,
+    /// `spec.leaseDurationSeconds`.
+    pub lease_duration_seconds: i32,
+    /// `spec.renewTime` as sent by the holder (its wall clock; compared for change only).
+    pub renew_time: Option<String>,
+    /// `spec.acquireTime` (holder's wall clock; display only).
+    pub acquire_time: Option<String>,
+    /// `spec.leaseTransitions`.
+    pub transitions: i32,
+    /// `metadata.resourceVersion`.
+    pub resource_version: String,
+}
+
+impl Record {
+    /// The record of `lease` (missing fields empty / 0).
+    pub fn of(lease: &Lease) -> Record {
+        let spec = lease.spec.clone().unwrap_or_default();
+        Record {
+            holder: spec.holder_identity.filter(|h| !h.is_empty()),
+            lease_duration_seconds: spec.lease_duration_seconds.unwrap_or(0),
+            renew_time: spec.renew_time.map(|t| t.0.to_string()),
+            acquire_time: spec.acquire_time.map(|t| t.0.to_string()),
+            transitions: spec.lease_transitions.unwrap_or(0),
+            resource_version: lease.metadata.resource_version.clone().unwrap_or_default(),
+        }
+    }
+}
+
+/// The last record seen and when (our monotonic clock) it was first seen as it is:
+/// client-go's `observedRecord` + `observedTime`. Pure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observation {
+    /// The record.
+    pub record: Record,
+    /// When it was first seen with this content.
+    pub since: Instant,
+}
+
+impl Observation {
+    /// A first observation at `now`.
+    pub fn new(record: Record, now: Instant) -> Observation {
+        Observation { record, since: now }
+    }
+
+    /// Feeds the record read at `now`: `since` moves to `now` only when the record
+    /// changed (holder, renewTime, duration, transitions or resourceVersion). Returns
+    /// whether it changed.
+    pub fn observe(&mut self, record: Record, now: Instant) -> bool {
+        let changed = record != self.record;
+        if changed {
+            self.record = record;
+            self.since = now;
+        }
+        changed
+    }
+
+    /// When the record expires on our clock: `since` + its `leaseDurationSeconds` (a
+    /// negative or zero duration expires at once).
+    pub fn expires_at(&self) -> Instant {
+        self.since + Duration::from_secs(self.record.lease_duration_seconds.max(0) as u64)
+    }
+
+    /// Expired at `now` (client-go's `!isLeaseValid`: valid while
+    /// `observedTime + leaseDuration` is after `now`).
+    pub fn expired(&self, now: Instant) -> bool {
+        now >= self.expires_at()
+    }
+
+    /// Whether `identity` may take the Lease now: nobody holds it, `identity` holds it,
+    /// or the record expired (client-go's `tryAcquireOrRenew` step 3).
+    pub fn may_take(&self, identity: &str, now: Instant) -> bool {
+        match self.record.holder.as_deref() {
+            None => true,
+            Some(h) if h == identity => true,
+            Some(_) => self.expired(now),
+        }
+    }
+}
+
+/// What the reaper saw of one other instance's Lease: the [`Observation`] (the record
+/// and when, on the reaper's monotonic clock, it was first seen as it is), and whether
+/// it was seen renewed since the reaper first saw it (alive).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Observed {
-    resource_version: String,
-    since: Instant,
-    /// Seen renewed (its resourceVersion changed) since the reaper first saw it: alive.
+    seen: Observation,
     renewed: bool,
 }
 
@@ -328,21 +412,15 @@ impl Reaper {
             if instance == self.our_instance {
                 continue;
             }
-            let rv = l.metadata.resource_version.clone().unwrap_or_default();
+            let record = Record::of(l);
             seen.push(instance.clone());
             match self.observed.get_mut(&instance) {
-                Some(o) if o.resource_version == rv => {}
-                Some(o) => {
-                    o.resource_version = rv;
-                    o.since = now;
-                    o.renewed = true;
-                }
+                Some(o) => o.renewed |= o.seen.observe(record, now),
                 None => {
                     self.observed.insert(
                         instance,
                         Observed {
-                            resource_version: rv,
-                            since: now,
+                            seen: Observation::new(record, now),
                             renewed: false,
                         },
                     );
@@ -354,7 +432,9 @@ impl Reaper {
         let mut dead: Vec<String> = self
             .observed
             .iter()
-            .filter(|(_, o)| now.duration_since(o.since) >= LEASE_DURATION)
+            // Our own duration, not the record's: a Lease is judged only after the reaper
+            // watched it unchanged for one LEASE_DURATION, whatever it claims.
+            .filter(|(_, o)| now.duration_since(o.seen.since) >= LEASE_DURATION)
             .map(|(i, _)| i.clone())
             .collect();
         dead.sort();

@@ -1,30 +1,62 @@
 //! Deleting what one prober instance created: its probe pods and Services, found by
-//! the instance label (`firstpacket.io/instance`), with the final-cleanup retry the gate
-//! and the run end with. Which instances may be reclaimed is decided by their owners
-//! (the start-up [`crate::sweep`], the Lease [`crate::lease::Reaper`], `prober cleanup`);
-//! the deleting itself is done here only.
+//! the instance label (`firstpacket.io/instance`) — all of them ([`delete_instance_pods`]:
+//! a dead instance's, or ours at the end with [`final_cleanup`]'s retry) or those no
+//! running probe owns ([`delete_orphans`], `prober run`'s janitor). Which instances are
+//! dead is decided by their owners (the start-up sweep, the Lease reaper, `prober
+//! cleanup`); the deleting itself is done here only.
 
 use crate::api::API_CALL_TIMEOUT;
 use crate::error::{kube_status_code, Error};
-use crate::labels::instance_selector;
-use k8s_openapi::api::core::v1::Pod;
+use crate::labels::{instance_selector, LABEL_PROBE_ID};
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, ListParams};
 use kube::Api;
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 /// Deletes every pod and Service of `instance` in `pods`' namespace (list by label, then
-/// one delete each, grace 0). Returns how many deletes were sent; errors name the verb
-/// (`list`/`delete`), the object and `url` ([`Error::from_kube`]).
+/// one delete each, grace 0). Returns how many deletes were sent (404s included: gone is
+/// gone); errors name the verb (`list`/`delete`), the object and `url`
+/// ([`Error::from_kube`]).
 pub async fn delete_instance_pods(
     pods: &Api<Pod>,
     instance: &str,
     url: &str,
 ) -> Result<usize, Error> {
+    delete_instance_objects(pods, instance, url, &|_| false).await
+}
+
+/// `prober run`'s janitor: deletes `instance`'s pods and Services whose
+/// `firstpacket.io/probe-id` is not in `live` (leftovers of probes that could not delete
+/// them; a 404 is fine: the probe's own cleanup won the race). Returns the deletes sent;
+/// errors as [`delete_instance_pods`] (the caller retries at its next pass).
+pub async fn delete_orphans(
+    pods: &Api<Pod>,
+    instance: &str,
+    url: &str,
+    live: &HashSet<String>,
+) -> Result<usize, Error> {
+    let keep = |meta: &ObjectMeta| {
+        meta.labels
+            .as_ref()
+            .and_then(|l| l.get(LABEL_PROBE_ID))
+            .is_some_and(|id| live.contains(id))
+    };
+    delete_instance_objects(pods, instance, url, &keep).await
+}
+
+/// The pods, then the Services, of `instance` that `keep` does not keep.
+async fn delete_instance_objects(
+    pods: &Api<Pod>,
+    instance: &str,
+    url: &str,
+    keep: &(dyn Fn(&ObjectMeta) -> bool + Sync),
+) -> Result<usize, Error> {
     let namespace = pods.namespace().map(str::to_owned).unwrap_or_default();
-    let n = delete_labelled(pods, instance, url, "pod", &namespace).await?;
-    let services: Api<k8s_openapi::api::core::v1::Service> =
-        Api::namespaced(pods.clone().into_client(), &namespace);
-    Ok(n + delete_labelled(&services, instance, url, "service", &namespace).await?)
+    let n = delete_labelled(pods, instance, url, "pod", &namespace, keep).await?;
+    let services: Api<Service> = Api::namespaced(pods.clone().into_client(), &namespace);
+    Ok(n + delete_labelled(&services, instance, url, "service", &namespace, keep).await?)
 }
 
 async fn delete_labelled<K>(
@@ -33,6 +65,7 @@ async fn delete_labelled<K>(
     url: &str,
     what: &str,
     namespace: &str,
+    keep: &(dyn Fn(&ObjectMeta) -> bool + Sync),
 ) -> Result<usize, Error>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
@@ -45,9 +78,13 @@ where
         })?;
     let mut n = 0;
     for obj in list.items {
+        if keep(obj.meta()) {
+            continue;
+        }
         let Some(name) = obj.meta().name.clone() else {
             continue;
         };
+        tracing::debug!(%name, kind = what, "deleting probe object");
         n += 1;
         match api
             .delete(&name, &DeleteParams::default().grace_period(0))

@@ -41,17 +41,16 @@ use crate::events::{
     event_message, event_reason, node_event, post_event, EventLimiter, PendingBlames,
 };
 use crate::metrics::Metrics;
-use crate::podspec::{recreate_target_name, PodConfig, LABEL_PROBE_ID};
+use crate::podspec::{recreate_target_name, PodConfig};
 use crate::probe::{run_probe, EngineFault, ProbeEnv, ProbePlan};
-use crate::reclaim::{delete_instance_pods, final_cleanup_within};
+use crate::reclaim::{delete_instance_pods, delete_orphans, final_cleanup_within};
 use crate::rotation::{agent_changes, became_eligible, AgentSnapshot, NextProbe, Rotation};
 use crate::schedule::{check_node, NodeInfo};
 use crate::sync::lock;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, ListParams};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::Api;
@@ -253,62 +252,6 @@ fn agent_snapshot(a: &crate::agents::scrape::AgentWatcher) -> AgentSnapshot {
         }
     }
     out
-}
-
-/// Deletes the instance's pods and Services whose `firstpacket.io/probe-id` is not in
-/// `live` (leftovers of probes that could not delete them; 404 is fine: the probe's own
-/// cleanup won the race). Returns the deletes that took effect; other API errors are
-/// returned (the caller retries at the next [`JANITOR_INTERVAL`]).
-pub async fn delete_orphans(
-    pods: &Api<Pod>,
-    instance: &str,
-    live: &HashSet<String>,
-) -> Result<usize, kube::Error> {
-    let lp = ListParams::default().labels(&crate::podspec::instance_selector(instance));
-    let services: Api<Service> = Api::namespaced(
-        pods.clone().into_client(),
-        pods.namespace().unwrap_or_default(),
-    );
-    let n = delete_unlisted(
-        pods,
-        &lp,
-        &DeleteParams::default().grace_period(0),
-        live,
-        "pod",
-    )
-    .await?;
-    Ok(n + delete_unlisted(&services, &lp, &DeleteParams::default(), live, "Service").await?)
-}
-
-/// [`delete_orphans`] for one resource: deletes the objects `lp` lists whose probe id is
-/// not in `live`; 404 counts as done. Returns the deletes that took effect.
-async fn delete_unlisted<K>(
-    api: &Api<K>,
-    lp: &ListParams,
-    dp: &DeleteParams,
-    live: &HashSet<String>,
-    what: &str,
-) -> Result<usize, kube::Error>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let mut n = 0;
-    for obj in api.list(lp).await?.items {
-        let meta = obj.meta();
-        let id = meta.labels.as_ref().and_then(|l| l.get(LABEL_PROBE_ID));
-        if id.is_some_and(|id| live.contains(id)) {
-            continue;
-        }
-        if let Some(name) = meta.name.as_deref() {
-            tracing::info!(name = %name, kind = what, "deleting leftover probe object");
-            match api.delete(name, dp).await {
-                Ok(_) => n += 1,
-                Err(e) if crate::error::kube_status_code(&e) == Some(404) => {}
-                Err(e) => return Err(e),
-            }
-        }
-    }
-    Ok(n)
 }
 
 /// Runs `prober run` until a signal. Returns the exit code: 0 after a SIGTERM/SIGINT
@@ -794,13 +737,11 @@ impl RunLoop {
     /// Deletes this instance's probe objects no running probe owns.
     async fn on_janitor(&self) {
         let live = lock(&self.in_flight_ids).clone();
-        let sweep = delete_orphans(&self.env.pods, &self.instance, &live);
+        let sweep = delete_orphans(&self.env.pods, &self.instance, &self.env.url, &live);
         match tokio::time::timeout(crate::api::API_CALL_TIMEOUT, sweep).await {
             Ok(Ok(n)) if n > 0 => tracing::info!(deleted = n, "deleted leftover probe objects"),
             Ok(Ok(_)) => {}
-            Ok(Err(e)) => {
-                tracing::warn!(error = %crate::error::kube_error_text(&e), "leftover cleanup failed; retried later")
-            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "leftover cleanup failed; retried later"),
             Err(_) => tracing::warn!("leftover cleanup got no answer; retried later"),
         }
     }
