@@ -285,10 +285,26 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 mod tests {
     use super::*;
 
-    fn tmp(name: &str) -> PathBuf {
+    /// A state dir under the temp dir, removed when dropped (`Plan::new` creates it).
+    struct TmpDir(PathBuf);
+
+    impl std::ops::Deref for TmpDir {
+        type Target = Path;
+        fn deref(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for TmpDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn tmp(name: &str) -> TmpDir {
         let d = std::env::temp_dir().join(format!("fp-plan-test-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
-        d
+        TmpDir(d)
     }
 
     #[test]
@@ -325,7 +341,6 @@ mod tests {
         let p = Plan::new(&d, 2).unwrap();
         p.save().unwrap();
         assert_eq!(Plan::load(&d).unwrap(), p);
-        let _ = std::fs::remove_dir_all(&d);
     }
 
     #[test]
