@@ -632,7 +632,7 @@ mod tests {
     #[test]
     fn self_defeating_settings_are_warned_about() {
         let g = gate(&["--timeout", "15s", "--give-up", "300s"]).expect("parse");
-        let w = crate::gate_run::questionable_settings(&g);
+        let w = crate::settings::questionable_gate_settings(&g);
         assert_eq!(w.len(), 1, "{w:?}");
         assert_eq!(w[0].0, "--timeout");
         assert!(
@@ -641,13 +641,13 @@ mod tests {
             w[0].1
         );
         let g = gate(&["--attempt-timeout", "10s", "--give-up", "2s"]).expect("parse");
-        let w = crate::gate_run::questionable_settings(&g);
+        let w = crate::settings::questionable_gate_settings(&g);
         assert_eq!(
             w.iter().map(|x| x.0).collect::<Vec<_>>(),
             ["--attempt-timeout"]
         );
         let g = gate(&["--slow-threshold", "10s", "--max-ttfp", "2s"]).expect("parse");
-        let w = crate::gate_run::questionable_settings(&g);
+        let w = crate::settings::questionable_gate_settings(&g);
         assert_eq!(w.iter().map(|x| x.0).collect::<Vec<_>>(), ["--max-ttfp"]);
         assert!(
             w[0].1.contains("2s is below --slow-threshold (10s)"),
@@ -655,8 +655,8 @@ mod tests {
             w[0].1
         );
         let g = gate(&["--slow-threshold", "2s", "--max-ttfp", "2s"]).expect("parse");
-        assert!(crate::gate_run::questionable_settings(&g).is_empty());
-        assert!(crate::gate_run::questionable_settings(&gate(&[]).expect("parse")).is_empty());
+        assert!(crate::settings::questionable_gate_settings(&g).is_empty());
+        assert!(crate::settings::questionable_gate_settings(&gate(&[]).expect("parse")).is_empty());
     }
 
     #[test]

@@ -318,48 +318,6 @@ fn write_file(flag: &'static str, path: &std::path::Path, text: &str) -> Result<
     })
 }
 
-/// Settings that are valid but defeat themselves, as (flag, why): a `--timeout` shorter
-/// than `--give-up` + `--hold` (a pair that never answers can then never be judged: it
-/// ends `interrupted`, the run `inconclusive`), a `--max-ttfp` below `--slow-threshold`
-/// (the p95 of probes that are all `success` can fail the gate), an `--attempt-timeout`
-/// longer than `--give-up` (a single attempt outlasts the probe).
-pub fn questionable_settings(args: &GateArgs) -> Vec<(&'static str, String)> {
-    let p = &args.probe;
-    let mut out = Vec::new();
-    let one_probe = p.give_up + p.hold_or(crate::config::GATE_DEFAULT_HOLD);
-    if args.timeout < one_probe {
-        out.push((
-            "--timeout",
-            format!(
-                "{} is shorter than --give-up + --hold ({}): a pair that gets no answer is cut off before it can fail, and the run ends inconclusive",
-                humantime::format_duration(args.timeout),
-                humantime::format_duration(one_probe)
-            ),
-        ));
-    }
-    if args.max_ttfp < p.slow_threshold {
-        out.push((
-            "--max-ttfp",
-            format!(
-                "{} is below --slow-threshold ({}): a probe between the two is a success, yet its TTFP can fail the gate (FAIL with no slow probe)",
-                humantime::format_duration(args.max_ttfp),
-                humantime::format_duration(p.slow_threshold)
-            ),
-        ));
-    }
-    if p.attempt_timeout > p.give_up {
-        out.push((
-            "--attempt-timeout",
-            format!(
-                "{} is longer than --give-up ({}): one attempt outlasts the probe",
-                humantime::format_duration(p.attempt_timeout),
-                humantime::format_duration(p.give_up)
-            ),
-        ));
-    }
-    out
-}
-
 /// Per-node claims of running probes (burst isolation, [`node_claims`]): a read-write
 /// lock per node name, taken shared by every probe using the node and exclusively by a
 /// `burst` on its target's node. tokio's `RwLock` is fair (first come, first served), so
@@ -969,7 +927,7 @@ fn check_gate_args(
 > {
     let kinds = check_kinds(&args.probe.kinds)?;
     check_settings(args)?;
-    for (flag, message) in questionable_settings(args) {
+    for (flag, message) in crate::settings::questionable_gate_settings(args) {
         console.setting_warning(flag, &message);
     }
     // Agent profiles first: a bad --agent-config fails before any API call.

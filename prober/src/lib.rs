@@ -6,7 +6,8 @@
 //!   [`error`], [`sync`], [`stats`], [`admission`];
 //! - **pure logic** (tested without I/O): [`config`] (command line), [`schedule`],
 //!   [`podspec`], [`tracker`], [`record`], [`gate`] (verdict, report), [`baseline`],
-//!   [`rotation`], [`junit`], the correlation and exposition parser in [`agents`];
+//!   [`rotation`], [`junit`], [`settings`] (self-defeating flags), the correlation and
+//!   exposition parser in [`agents`];
 //! - **single API calls**: [`api`] (each call bounded by its timeout), [`apihealth`]
 //!   (API outages, told to an [`apihealth::OutageSink`]), [`reclaim`] (deleting an
 //!   instance's pods and Services);
@@ -51,6 +52,7 @@ pub mod record;
 pub mod rotation;
 pub mod run_mode;
 pub mod schedule;
+pub mod settings;
 pub mod stats;
 pub mod sweep;
 pub mod sync;

@@ -530,7 +530,7 @@ fn check_run_args(
         });
     }
     let drift_cfg = drift_config(args)?;
-    for (flag, message) in questionable_run_settings(args) {
+    for (flag, message) in crate::settings::questionable_run_settings(args) {
         console.setting_warning(flag, &message);
     }
     if args.leader_elect {
@@ -950,42 +950,6 @@ fn unix_now() -> f64 {
     Timestamp::now().as_millisecond() as f64 / 1000.0
 }
 
-/// `prober run` settings that start but defeat themselves, as (flag, warning): a recent
-/// window that cannot hold the 3 probes drift needs ([`crate::baseline::RECENT_MIN_SAMPLES`])
-/// at `--probe-interval` (one probe start per interval, jittered by ±20 %), a baseline
-/// window that cannot hold `--baseline-min-samples`.
-pub fn questionable_run_settings(args: &RunArgs) -> Vec<(&'static str, String)> {
-    let mut out = Vec::new();
-    let interval = args.probe_interval.as_secs_f64();
-    // One probe starts per --probe-interval, jittered by at most −20 %.
-    let per_window = |w: Duration| w.as_secs_f64() / (0.8 * interval);
-    let recent = per_window(args.recent_window);
-    let need = crate::baseline::RECENT_MIN_SAMPLES as f64;
-    if recent < need {
-        out.push((
-            "--recent-window",
-            format!(
-                "{} holds at most ~{recent:.1} probes at --probe-interval {}: drift needs {need} recent probes and is never reported",
-                humantime::format_duration(args.recent_window),
-                humantime::format_duration(args.probe_interval)
-            ),
-        ));
-    }
-    let base = per_window(args.baseline_window);
-    let min = args.drift.baseline_min_samples as f64;
-    if args.baseline_ttfp.is_none() && base < min {
-        out.push((
-            "--baseline-window",
-            format!(
-                "{} holds at most ~{base:.0} probes at --probe-interval {}, fewer than --baseline-min-samples {min}: no baseline is ever learned",
-                humantime::format_duration(args.baseline_window),
-                humantime::format_duration(args.probe_interval)
-            ),
-        ));
-    }
-    out
-}
-
 /// The baseline settings from `prober run`'s flags. Errors: a zero window
 /// ([`Error::Config`] naming the flag).
 pub fn drift_config(args: &RunArgs) -> Result<crate::baseline::DriftConfig, Error> {
@@ -1370,7 +1334,15 @@ mod tests {
 
     #[test]
     fn self_defeating_run_settings_warn_and_a_sub_second_save_interval_is_refused() {
+        use crate::settings::questionable_run_settings;
         assert!(questionable_run_settings(&run_args(&[])).is_empty());
+        // The probe flags' warning is the gate's too.
+        let w =
+            questionable_run_settings(&run_args(&["--attempt-timeout", "10s", "--give-up", "2s"]));
+        assert_eq!(
+            w.iter().map(|x| x.0).collect::<Vec<_>>(),
+            ["--attempt-timeout"]
+        );
         let w = questionable_run_settings(&run_args(&["--recent-window", "1m"]));
         assert_eq!(w.len(), 1, "{w:?}");
         assert_eq!(w[0].0, "--recent-window");
