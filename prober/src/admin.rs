@@ -562,7 +562,7 @@ pub fn render_status(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::ProbeKind;
+    use crate::kind::ProbeKind;
 
     fn rec(id: usize, src: &str, dst: &str, ttfp: Option<f64>, result: ProbeResult) -> ProbeRecord {
         let mut r = crate::record::test_record(&format!("x-{id}"), src, dst, result);

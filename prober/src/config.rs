@@ -34,7 +34,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("'{s}': {e}"))
 }
 
-pub use crate::kind::ProbeKind;
+use crate::kind::ProbeKind;
 
 /// Log output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

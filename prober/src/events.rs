@@ -273,7 +273,7 @@ pub async fn post_event(client: &Client, ev: &Event) -> bool {
     let api: Api<Event> = Api::namespaced(client.clone(), EVENT_NAMESPACE);
     let pp = PostParams {
         dry_run: false,
-        field_manager: Some(crate::podspec::FIELD_MANAGER.into()),
+        field_manager: Some(crate::labels::FIELD_MANAGER.into()),
     };
     match tokio::time::timeout(Duration::from_secs(10), api.create(&pp, ev)).await {
         Ok(Ok(_)) => true,

@@ -24,19 +24,17 @@
 //! finite plan, the early stop, `--timeout`, a forbidden create/delete stopping the run,
 //! the report.
 
-use crate::config::{check_kinds, GateArgs, ProbeKind, GATE_DEFAULT_HOLD};
+use crate::config::{check_kinds, GateArgs, GATE_DEFAULT_HOLD};
 use crate::console::{Console, STDOUT_PATH};
-pub use crate::engine::{check_watch_allowed, AGENT_SYNC_TIMEOUT, WATCH_READY_TIMEOUT};
 use crate::error::Error;
 use crate::gate::{build_report, early_stop, render_text, ReportInputs};
+use crate::kind::ProbeKind;
 use crate::podspec::{
     active_deadline_seconds, pod_name, source_args, target_args, PodConfig, PodRole, CPU_REQUEST,
     MEMORY_LIMIT, MEMORY_REQUEST, PROBE_GID, PROBE_UID,
 };
 use crate::probe::{run_probe, write_budget, EngineFault, ProbeEnv, ProbePlan};
-pub use crate::reclaim::{
-    delete_instance_pods, final_cleanup, FINAL_CLEANUP_DEADLINE, FINAL_CLEANUP_RETRY,
-};
+use crate::reclaim::{delete_instance_pods, final_cleanup};
 use crate::record::{build_record, Ending, ProbeMeta};
 use crate::schedule::{node_claims, plan_kinds, NodeInfo, PlannedProbe};
 use crate::sync::lock;
@@ -260,7 +258,7 @@ fn check_settings(args: &GateArgs) -> Result<(), Error> {
 /// comparison of nothing would pass).
 pub fn load_saved_baseline(
     path: &std::path::Path,
-    kinds: &[crate::config::ProbeKind],
+    kinds: &[crate::kind::ProbeKind],
 ) -> Result<crate::baseline::SavedBaseline, Error> {
     let bad = |message: String| Error::Config {
         flag: "--baseline",
@@ -1235,7 +1233,7 @@ mod tests {
 
     #[test]
     fn a_baseline_file_that_is_unreadable_or_shares_no_kind_is_a_config_error() {
-        use crate::config::ProbeKind;
+        use crate::kind::ProbeKind;
         let dir = std::env::temp_dir().join(format!("fp-saved-baseline-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let write = |name: &str, text: &str| {

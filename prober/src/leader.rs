@@ -170,7 +170,7 @@ pub fn hostname() -> String {
         .unwrap_or_default()
 }
 
-pub use crate::lease::{Observation, Record};
+use crate::lease::{Observation, Record};
 
 /// What the status page and `/api/v1/probes` (`info.leadership`) show of the election.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]

@@ -11,7 +11,7 @@
 //! `firstpacket_ttfp_seconds_count{kind}` = the records of that kind with a non-null
 //! `ttfp_seconds`, up to the `total` read with them).
 
-use crate::config::ProbeKind;
+use crate::kind::ProbeKind;
 use crate::sync::lock;
 use prometheus::{
     Counter, Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,

@@ -43,9 +43,8 @@ use sha1::{Digest, Sha1};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-pub use crate::labels::{
-    instance_selector, APP_NAME, FIELD_MANAGER, LABEL_COMPONENT, LABEL_INSTANCE, LABEL_KIND,
-    LABEL_NAME, LABEL_PROBE_ID,
+use crate::labels::{
+    APP_NAME, LABEL_COMPONENT, LABEL_INSTANCE, LABEL_KIND, LABEL_NAME, LABEL_PROBE_ID,
 };
 
 /// Container name in probe pods.

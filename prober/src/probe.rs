@@ -51,12 +51,13 @@
 //! [`crate::record::build_record`]).
 
 use crate::api::{with_timeout, API_CALL_TIMEOUT};
-use crate::config::ProbeKind;
 use crate::error::{kube_status_code, Error};
+use crate::kind::ProbeKind;
+use crate::labels::FIELD_MANAGER;
 use crate::podspec::{
     calico_iface_name, filler_pod, filler_pod_name, host_port, pod_name, probe_pod_named,
     probe_service, recreate_target_name, service_name, source_args, source_args_to, target_args,
-    PodConfig, PodRole, FIELD_MANAGER, SERVICE_PORT,
+    PodConfig, PodRole, SERVICE_PORT,
 };
 use crate::podwatch::{PodWatch, Wait};
 use crate::record::{build_record, Ending, ProbeMeta};

@@ -13,7 +13,7 @@
 //!   (joined, turned Ready, uncordoned: [`became_eligible`]) or whose agent pod changed
 //!   ([`agent_changes`]) is queued as source and as target ahead of the rotation.
 
-use crate::config::ProbeKind;
+use crate::kind::ProbeKind;
 use crate::schedule::{check_node, NodeInfo, NodeSelector, TolerationSpec};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;

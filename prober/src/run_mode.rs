@@ -521,7 +521,7 @@ impl RunLoop {
 fn check_run_args(
     args: &RunArgs,
     console: Console,
-) -> Result<(Vec<crate::config::ProbeKind>, crate::baseline::DriftConfig), Error> {
+) -> Result<(Vec<crate::kind::ProbeKind>, crate::baseline::DriftConfig), Error> {
     let kinds = check_kinds(&args.probe.kinds)?;
     if args.probe_interval.is_zero() {
         return Err(Error::Config {
@@ -547,7 +547,7 @@ fn check_run_args(
 /// `firstpacket_leader` 1 without `--leader-elect` (a standby starts at 0).
 fn new_admin_state(
     args: &RunArgs,
-    kinds: &[crate::config::ProbeKind],
+    kinds: &[crate::kind::ProbeKind],
     drift_cfg: crate::baseline::DriftConfig,
     instance: &str,
 ) -> Arc<AdminState> {
@@ -995,7 +995,7 @@ impl BaselineStore {
         instance: &str,
         admin: Arc<AdminState>,
         cfg: crate::baseline::DriftConfig,
-        kinds: &[crate::config::ProbeKind],
+        kinds: &[crate::kind::ProbeKind],
     ) -> BaselineStore {
         BaselineStore {
             api: Api::namespaced(client.clone(), &args.probe.namespace),
@@ -1243,7 +1243,7 @@ pub fn probe_plan(
         source_node: next.source.clone(),
         target_node: next.target.clone(),
         keep_target: false,
-        burst_size: if next.kind == crate::config::ProbeKind::Burst {
+        burst_size: if next.kind == crate::kind::ProbeKind::Burst {
             burst_size
         } else {
             0
@@ -1396,7 +1396,7 @@ mod tests {
     #[test]
     fn run_probe_ids_are_unique_and_never_keep_a_target() {
         let next = NextProbe {
-            kind: crate::config::ProbeKind::Recreate,
+            kind: crate::kind::ProbeKind::Recreate,
             source: "a".into(),
             target: "b".into(),
             lap: Some(1),
