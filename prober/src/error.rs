@@ -157,6 +157,18 @@ impl Error {
 }
 
 impl Error {
+    /// Whether this is the API's `401`/`403` (RBAC or authentication): retrying cannot
+    /// help within a run.
+    pub fn is_forbidden(&self) -> bool {
+        matches!(
+            self,
+            Error::Api {
+                code: 401 | 403,
+                ..
+            }
+        )
+    }
+
     /// A second [`Error::Api`] equal to this one (its source's `Status` copied), for
     /// the fault a refused call also reports; `None` for every other variant.
     pub fn duplicate_api(&self) -> Option<Error> {

@@ -51,7 +51,7 @@
 //! [`crate::record::build_record`]).
 
 use crate::api::{with_timeout, API_CALL_TIMEOUT};
-use crate::error::{kube_status_code, Error};
+use crate::error::Error;
 use crate::kind::ProbeKind;
 use crate::labels::FIELD_MANAGER;
 use crate::podspec::{
@@ -272,9 +272,8 @@ fn create_failed(env: &ProbeEnv, e: kube::Error, what: String) -> Ending {
             detail: text,
         };
     }
-    let code = kube_status_code(&e);
     let err = Error::from_kube(e, &env.url, "create", what);
-    if let Some(f) = forbidden_fault(code, &err, false) {
+    if let Some(f) = forbidden_fault(&err, false) {
         env.fault(f);
     }
     Ending::Aborted {
@@ -286,9 +285,10 @@ fn create_failed(env: &ProbeEnv, e: kube::Error, what: String) -> Ending {
 /// The caller's handler of [`EngineFault`]s (called from probe tasks; must not block).
 pub type FaultSink = Arc<dyn Fn(EngineFault) + Send + Sync>;
 
-/// `Some(fault)` when `code` is `401`/`403` (the create/delete cannot work at all).
-fn forbidden_fault(code: Option<u16>, err: &Error, delete: bool) -> Option<EngineFault> {
-    if !matches!(code, Some(401) | Some(403)) {
+/// `Some(fault)` when `err` is the API's `401`/`403` (the create/delete cannot work at
+/// all).
+fn forbidden_fault(err: &Error, delete: bool) -> Option<EngineFault> {
+    if !err.is_forbidden() {
         return None;
     }
     let e = err.duplicate_api()?;
@@ -656,11 +656,7 @@ where
     match with_timeout(api.delete(name, dp), &env.url, "delete", &resource).await {
         Ok(_) | Err(Error::Api { code: 404, .. }) => Ok(()),
         Err(err) => {
-            let code = match &err {
-                Error::Api { code, .. } => Some(*code),
-                _ => None,
-            };
-            if let Some(f) = forbidden_fault(code, &err, true) {
+            if let Some(f) = forbidden_fault(&err, true) {
                 env.fault(f);
             }
             Err(err)

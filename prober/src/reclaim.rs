@@ -105,17 +105,6 @@ where
     Ok(n)
 }
 
-/// Whether a cleanup error is RBAC/authentication (`401`/`403`): retrying cannot help.
-pub fn is_forbidden(err: &Error) -> bool {
-    matches!(
-        err,
-        Error::Api {
-            code: 401 | 403,
-            ..
-        }
-    )
-}
-
 /// How long the gate keeps retrying its final cleanup while the API fails (30 s: a
 /// restarting API server is normally back well within it; after that the pods end by
 /// their own `activeDeadlineSeconds` and the next run's start-up sweep).
@@ -196,7 +185,7 @@ pub async fn final_cleanup_within(
         let last =
             match tokio::time::timeout(bound, delete_instance_pods(pods, instance, url)).await {
                 Ok(Ok(n)) => return Ok(n),
-                Ok(Err(e)) if is_forbidden(&e) => {
+                Ok(Err(e)) if e.is_forbidden() => {
                     return Err(CleanupError::Forbidden {
                         error: e,
                         instance: instance.to_string(),
