@@ -6,21 +6,35 @@ use crate::baseline::RECENT_MIN_SAMPLES;
 use crate::config::{GateArgs, ProbeArgs, RunArgs, GATE_DEFAULT_HOLD};
 use std::time::Duration;
 
+/// One check: `(defeats itself, flag, why)`.
+type Check = (bool, &'static str, String);
+
+/// The `(flag, why)` of the checks that hold.
+fn failing(checks: impl IntoIterator<Item = Check>) -> Vec<(&'static str, String)> {
+    checks
+        .into_iter()
+        .filter(|(bad, _, _)| *bad)
+        .map(|(_, flag, why)| (flag, why))
+        .collect()
+}
+
+/// A duration as the flags take it (`1m 30s`).
+fn d(v: Duration) -> humantime::FormattedDuration {
+    humantime::format_duration(v)
+}
+
 /// The probe flags both modes take: an `--attempt-timeout` longer than `--give-up` (a
 /// single attempt outlasts the probe).
 pub fn questionable_probe_settings(p: &ProbeArgs) -> Vec<(&'static str, String)> {
-    let mut out = Vec::new();
-    if p.attempt_timeout > p.give_up {
-        out.push((
-            "--attempt-timeout",
-            format!(
-                "{} is longer than --give-up ({}): one attempt outlasts the probe",
-                humantime::format_duration(p.attempt_timeout),
-                humantime::format_duration(p.give_up)
-            ),
-        ));
-    }
-    out
+    failing([(
+        p.attempt_timeout > p.give_up,
+        "--attempt-timeout",
+        format!(
+            "{} is longer than --give-up ({}): one attempt outlasts the probe",
+            d(p.attempt_timeout),
+            d(p.give_up)
+        ),
+    )])
 }
 
 /// Settings that are valid but defeat themselves, as (flag, why): a `--timeout` shorter
@@ -30,28 +44,27 @@ pub fn questionable_probe_settings(p: &ProbeArgs) -> Vec<(&'static str, String)>
 /// [`questionable_probe_settings`].
 pub fn questionable_gate_settings(args: &GateArgs) -> Vec<(&'static str, String)> {
     let p = &args.probe;
-    let mut out = Vec::new();
     let one_probe = p.give_up + p.hold_or(GATE_DEFAULT_HOLD);
-    if args.timeout < one_probe {
-        out.push((
+    let mut out = failing([
+        (
+            args.timeout < one_probe,
             "--timeout",
             format!(
                 "{} is shorter than --give-up + --hold ({}): a pair that gets no answer is cut off before it can fail, and the run ends inconclusive",
-                humantime::format_duration(args.timeout),
-                humantime::format_duration(one_probe)
+                d(args.timeout),
+                d(one_probe)
             ),
-        ));
-    }
-    if args.max_ttfp < p.slow_threshold {
-        out.push((
+        ),
+        (
+            args.max_ttfp < p.slow_threshold,
             "--max-ttfp",
             format!(
                 "{} is below --slow-threshold ({}): a probe between the two is a success, yet its TTFP can fail the gate (FAIL with no slow probe)",
-                humantime::format_duration(args.max_ttfp),
-                humantime::format_duration(p.slow_threshold)
+                d(args.max_ttfp),
+                d(p.slow_threshold)
             ),
-        ));
-    }
+        ),
+    ]);
     out.extend(questionable_probe_settings(p));
     out
 }
@@ -59,36 +72,34 @@ pub fn questionable_gate_settings(args: &GateArgs) -> Vec<(&'static str, String)
 /// `prober run` settings that start but defeat themselves, as (flag, warning): a recent
 /// window that cannot hold the 3 probes drift needs ([`RECENT_MIN_SAMPLES`])
 /// at `--probe-interval` (one probe start per interval, jittered by ±20 %), a baseline
-/// window that cannot hold `--baseline-min-samples`.
+/// window that cannot hold `--baseline-min-samples`, and [`questionable_probe_settings`].
 pub fn questionable_run_settings(args: &RunArgs) -> Vec<(&'static str, String)> {
-    let mut out = Vec::new();
-    let interval = args.probe_interval.as_secs_f64();
     // One probe starts per --probe-interval, jittered by at most −20 %.
-    let per_window = |w: Duration| w.as_secs_f64() / (0.8 * interval);
+    let per_window = |w: Duration| w.as_secs_f64() / (0.8 * args.probe_interval.as_secs_f64());
     let recent = per_window(args.recent_window);
     let need = RECENT_MIN_SAMPLES as f64;
-    if recent < need {
-        out.push((
+    let base = per_window(args.baseline_window);
+    let min = args.drift.baseline_min_samples as f64;
+    let mut out = failing([
+        (
+            recent < need,
             "--recent-window",
             format!(
                 "{} holds at most ~{recent:.1} probes at --probe-interval {}: drift needs {need} recent probes and is never reported",
-                humantime::format_duration(args.recent_window),
-                humantime::format_duration(args.probe_interval)
+                d(args.recent_window),
+                d(args.probe_interval)
             ),
-        ));
-    }
-    let base = per_window(args.baseline_window);
-    let min = args.drift.baseline_min_samples as f64;
-    if args.baseline_ttfp.is_none() && base < min {
-        out.push((
+        ),
+        (
+            args.baseline_ttfp.is_none() && base < min,
             "--baseline-window",
             format!(
                 "{} holds at most ~{base:.0} probes at --probe-interval {}, fewer than --baseline-min-samples {min}: no baseline is ever learned",
-                humantime::format_duration(args.baseline_window),
-                humantime::format_duration(args.probe_interval)
+                d(args.baseline_window),
+                d(args.probe_interval)
             ),
-        ));
-    }
+        ),
+    ]);
     out.extend(questionable_probe_settings(&args.probe));
     out
 }
