@@ -692,7 +692,7 @@ fn a_pod_with_in_cluster_kube_rs_config_lists_nodes() {
 #[test]
 fn repeated_s1_gates_have_no_false_failures() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let long = std::env::var("FIRSTPACKET_LONG_TESTS").is_ok_and(|v| v == "1");
+    let long = common::long_tests();
     let runs = if long { 100 } else { 10 };
     let fault = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -736,7 +736,7 @@ fn repeated_s1_gates_have_no_false_failures() {
 #[test]
 fn many_nodes_with_many_pods_come_up_serve_and_tear_down() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let long = std::env::var("FIRSTPACKET_LONG_TESTS").is_ok_and(|v| v == "1");
+    let long = common::long_tests();
     let (nodes, per_node) = if long { (20, 10) } else { (4, 5) };
     let t0 = Instant::now();
     let tb = Testbed::up(

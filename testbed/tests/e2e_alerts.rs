@@ -779,7 +779,7 @@ const DOUBLED: &str = "rules:\n  - nodes: {all: true}\n    program_delay: {unifo
 /// alert reaching the webhook through Prometheus and Alertmanager (S5, the test above).
 #[test]
 fn a_slower_normal_fires_nothing_and_doubling_it_fires_the_drift_alert() {
-    if !std::env::var("FIRSTPACKET_LONG_TESTS").is_ok_and(|v| v == "1") {
+    if !common::long_tests() {
         eprintln!(
             "SKIPPED: a long test (FIRSTPACKET_LONG_TESTS=1); the default run has its halves \
              in engine_baseline (slower normal, doubled) and the S5 drift alert above"

@@ -23,10 +23,6 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 /// The TTFP hollow sources are given.
 const TTFP: Duration = Duration::from_millis(1500);
 
-fn long() -> bool {
-    std::env::var("FIRSTPACKET_LONG_TESTS").is_ok_and(|v| v.trim() == "1")
-}
-
 /// `testbed up --nodes 1 --hollow-nodes M …` (without [`Testbed::up`]'s wait for one
 /// calico-node pod per netns node: hollow nodes carry theirs too).
 fn up_hollow(name: &str, hollow: usize) -> Testbed {
@@ -123,7 +119,7 @@ fn hollow_nodes_stay_ready_and_a_gate_over_them_measures_their_ttfp() {
         eprintln!("SKIPPED: needs root (network namespaces)");
         return;
     }
-    let n = if long() { 1000 } else { 50 };
+    let n = if common::long_tests() { 1000 } else { 50 };
     let tb = up_hollow("hollow", n);
 
     // Past the node-monitor grace (20 s on the real control plane, checked every 2 s)
@@ -224,7 +220,7 @@ fn gate_start_up_does_not_wait_for_every_nodes_agent_when_direct_scrapes_fail() 
         eprintln!("SKIPPED: needs root (network namespaces)");
         return;
     }
-    let n = if long() { 1000 } else { 200 };
+    let n = if common::long_tests() { 1000 } else { 200 };
     let tb = up_hollow_with("hollow-startup", n, &["--hollow-direct-scrapes", "hold"]);
     let t0 = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

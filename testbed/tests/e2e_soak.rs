@@ -148,7 +148,7 @@ fn spawn_run(tb: &Testbed, addr: &str, log: &std::path::Path) -> Child {
 #[test]
 fn prober_run_stays_within_its_bounds_through_churn_restarts_and_rbac_loss() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let long = std::env::var("FIRSTPACKET_LONG_TESTS").is_ok_and(|v| v == "1");
+    let long = common::long_tests();
     let (total, warm_up) = if long {
         (Duration::from_secs(30 * 60), Duration::from_secs(5 * 60))
     } else {

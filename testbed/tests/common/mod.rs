@@ -17,6 +17,12 @@ use testbed::truth::TruthEvent;
 
 pub static SERIAL: Mutex<()> = Mutex::new(());
 
+/// Whether the long tests run (`FIRSTPACKET_LONG_TESTS=1`: soaks, many-node runs,
+/// repeated gates); the default run has small versions of them.
+pub fn long_tests() -> bool {
+    std::env::var("FIRSTPACKET_LONG_TESTS").is_ok_and(|v| v.trim() == "1")
+}
+
 /// A file of the repository (the workspace root is this crate's parent directory), e.g.
 /// `repo_file("manifests/base/rbac.yaml")`.
 pub fn repo_file(rel: &str) -> PathBuf {
