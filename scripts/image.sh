@@ -56,7 +56,7 @@ tools="${FIRSTPACKET_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/firstpacket/to
 target_dir="${FIRSTPACKET_IMAGE_TARGET_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/firstpacket/image-target}"
 crane="$tools/crane-$CRANE_VERSION/crane"
 # `images` beside the bin dir of the dev builds (where `testbed up` looks by default):
-# <repo>/target/images, or $CARGO_TARGET_DIR/images when that is set (as `.ci/run` does).
+# <repo>/target/images, or $CARGO_TARGET_DIR/images when that is set.
 cargo_target="${CARGO_TARGET_DIR:-$repo/target}"
 case "$cargo_target" in /*) ;; *) cargo_target="$repo/$cargo_target" ;; esac
 out="${FIRSTPACKET_IMAGE_DIR:-$cargo_target/images}"
