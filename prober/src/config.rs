@@ -36,6 +36,9 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 
 use crate::kind::ProbeKind;
 
+/// Default `--leader-elect-lease-name`.
+pub const DEFAULT_LEASE_NAME: &str = "firstpacket-leader";
+
 /// Log output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -475,7 +478,7 @@ pub struct RunArgs {
     /// Name of the leader Lease (in --namespace; a DNS-1123 subdomain: lower-case
     /// letters, digits, '-' and '.', at most 253 characters). Every replica must use the
     /// same name.
-    #[arg(long, env = "FIRSTPACKET_LEADER_ELECT_LEASE_NAME", default_value = crate::leader::DEFAULT_LEASE_NAME, value_parser = parse_dns_subdomain)]
+    #[arg(long, env = "FIRSTPACKET_LEADER_ELECT_LEASE_NAME", default_value = DEFAULT_LEASE_NAME, value_parser = parse_dns_subdomain)]
     pub leader_elect_lease_name: String,
 
     /// How long a standby waits without seeing the leader Lease change before it takes

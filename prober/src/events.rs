@@ -206,7 +206,7 @@ pub fn event_message(rec: &ProbeRecord, node: &str) -> String {
         .suspects
         .iter()
         .filter(|s| s.node == node)
-        .map(crate::metrics::signal_label)
+        .map(crate::agents::correlate::signal_label)
         .collect();
     let mut m = format!(
         "probe {} ({}) {} → {}: {}{}, {ttfp}",

@@ -64,8 +64,8 @@ fn probe_line(p: &ProbeRecord) -> String {
             format!(
                 "{} {} ({}) {}",
                 s.node,
-                crate::metrics::signal_label(s),
-                crate::metrics::role_label(s.role),
+                crate::agents::correlate::signal_label(s),
+                crate::agents::correlate::role_label(s.role),
                 s.evidence
             )
         })

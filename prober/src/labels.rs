@@ -14,7 +14,8 @@ pub const LABEL_PROBE_ID: &str = "firstpacket.io/probe-id";
 pub const LABEL_KIND: &str = "firstpacket.io/kind";
 /// Value of [`LABEL_NAME`] on everything the prober creates.
 pub const APP_NAME: &str = "firstpacket";
-/// Field manager sent on every write (a fixed manager, STYLE.md).
+/// Field manager sent on every write: one fixed name, so `metadata.managedFields` names
+/// the prober for what it wrote (Kubernetes docs "Server-Side Apply", field management).
 pub const FIELD_MANAGER: &str = "firstpacket-prober";
 /// Label selector for every pod of one prober instance.
 pub fn instance_selector(instance: &str) -> String {

@@ -58,9 +58,6 @@ use std::time::{Duration, Instant};
 use tokio::sync::{watch, Mutex};
 use tokio::task::JoinHandle;
 
-/// Default `--leader-elect-lease-name`.
-pub const DEFAULT_LEASE_NAME: &str = "firstpacket-leader";
-
 /// client-go's `JitterFactor` (1.2): renew-deadline must exceed retry period × this
 /// (`NewLeaderElector`'s check), so a renew round has room for more than one try.
 pub const JITTER_FACTOR: f64 = 1.2;

@@ -11,6 +11,7 @@
 //! `firstpacket_ttfp_seconds_count{kind}` = the records of that kind with a non-null
 //! `ttfp_seconds`, up to the `total` read with them).
 
+use crate::agents::correlate::signal_label;
 use crate::kind::ProbeKind;
 use crate::sync::lock;
 use prometheus::{
@@ -18,7 +19,7 @@ use prometheus::{
     IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use std::collections::BTreeMap;
-use target_server::report::{ProbeRecord, ProbeResult, Reason, Role, Suspect};
+use target_server::report::{ProbeRecord, ProbeResult, Reason};
 
 /// Buckets of `firstpacket_ttfp_seconds`, seconds: 50 ms steps below 0.5 s, 100–250 ms
 /// steps up to 2 s, then coarser up to 120 s (the longest give-up worth measuring).
@@ -35,14 +36,6 @@ pub const STARTUP_BUCKETS: &[f64] = &[
 /// The `reason` label of a record: its reason, or `none` (success).
 pub fn reason_label(r: Option<Reason>) -> &'static str {
     r.map_or("none", |r| r.as_str())
-}
-
-/// The `signal` label of a suspect (its JSON name, e.g. `dataplane_apply_slow`).
-pub fn signal_label(s: &Suspect) -> String {
-    serde_json::to_value(s.signal)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .unwrap_or_else(|| "unknown".into())
 }
 
 /// The metrics of one prober instance and their registry.
@@ -476,11 +469,3 @@ pub const STANDBY_FAMILIES: &[&str] = &[
     "firstpacket_api_outages_total",
     "firstpacket_api_outage_seconds_total",
 ];
-
-/// The role label of a suspect.
-pub fn role_label(r: Role) -> &'static str {
-    match r {
-        Role::Source => "source",
-        Role::Target => "target",
-    }
-}

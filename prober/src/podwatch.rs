@@ -1,5 +1,6 @@
-//! The one shared, label-selected pod watch of a prober instance (STYLE.md: one watcher
-//! for all probe pods; watches independent of node count, docs/design.md §7).
+//! The one shared, label-selected pod watch of a prober instance (one watcher for all
+//! probe pods, as a kube-rs controller watches its objects; watches independent of node
+//! count, docs/design.md §7).
 //!
 //! A background task runs `kube::runtime::watcher` on Pods in the namespace with
 //! `firstpacket.io/instance=<id>` and feeds every event into the pure

@@ -3,7 +3,8 @@
 //! For each probe pod (by name) it keeps the prober-clock [`Instant`] at which each
 //! milestone was **first observed**: created, scheduled (`PodScheduled=True` or
 //! `spec.nodeName` set), IP assigned (`status.podIP`), container running, Ready (the
-//! `Ready` condition `True` — not the phase, STYLE.md), terminated (container state
+//! `Ready` condition `True` — not the phase: a Running pod need not be Ready, Kubernetes
+//! docs "Pod Lifecycle"), terminated (container state
 //! `terminated`, with exit code and message) and deleted. It also classifies trouble:
 //! kubelet waiting reasons for image pulls (`ErrImagePull`, `ImagePullBackOff`,
 //! `InvalidImageName`, `ErrImageNeverPull`, `RegistryUnavailable`,

@@ -63,7 +63,8 @@ pub enum Error {
 
 /// The process' time origin: the monotonic instant and the wall clock captured first
 /// thing in `main`. Every source-report time is `Instant` seconds since `start`; the
-/// wall clock is only copied into `process_start_unix` for display (STYLE.md "Time").
+/// wall clock is only copied into `process_start_unix` for display: it can step (NTP,
+/// a skewed node), so no duration is ever taken from it.
 #[derive(Debug, Clone, Copy)]
 pub struct ProcessStart {
     /// Monotonic process start.

@@ -14,7 +14,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// What a citation of a file outside the repository looks like.
-const OUTSIDE: [&str; 5] = ["DESIGN.md", "DESIGN §", "SCENARIOS.md", "shared/", "notes/"];
+const OUTSIDE: [&str; 6] = [
+    "DESIGN.md",
+    "DESIGN §",
+    "SCENARIOS.md",
+    "STYLE.md",
+    "shared/",
+    "notes/",
+];
 
 /// Top-level entries of the repository a cited path may start with.
 const TOP: [&str; 11] = [
