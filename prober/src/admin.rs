@@ -24,12 +24,12 @@ use axum::http::{header, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use firstpacket_report::{ProbeRecord, ProbeResult};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use target_server::report::{ProbeRecord, ProbeResult};
 
 /// Probe records kept for `/api/v1/probes` and the status page (bounded ring).
 pub const RECENT_CAPACITY: usize = 500;

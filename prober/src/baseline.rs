@@ -74,11 +74,11 @@
 //! <https://kubernetes.io/docs/concepts/configuration/configmap/#motivation>).
 
 use crate::stats::nearest_rank;
+use firstpacket_report::{ProbeRecord, ProbeResult};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
-use target_server::report::{ProbeRecord, ProbeResult};
 
 /// Samples kept per kind series (≈ 1.4 days at the default 30 s probe interval with
 /// one kind: more than the default 24 h baseline window).
@@ -212,7 +212,7 @@ pub struct DriftStatus {
 }
 
 /// What a probe counted as ([`Baselines::observe`]), the record's `drift` field.
-pub type DriftMark = target_server::report::DriftMark;
+pub type DriftMark = firstpacket_report::DriftMark;
 
 /// Learned baselines of every kind and node (module docs).
 #[derive(Debug, Clone)]
@@ -865,7 +865,7 @@ pub struct CompareConfig {
     pub dial_interval: f64,
 }
 
-pub use target_server::report::{BaselineComparison, BaselineEntry};
+pub use firstpacket_report::{BaselineComparison, BaselineEntry};
 
 fn entry(
     kind: &str,

@@ -19,7 +19,7 @@
 //! | `event_limits` | 2·N | one entry per (node, Event reason): `FirstPacketSlow`, `FirstPacketFailed` |
 //! | `queued_triggers` | 2·N | a node-change trigger per node and role ([`crate::rotation::Rotation::queued`]) |
 //! | `nodes` | N | (the definition of N) |
-//! | `agent_warnings` | 8·N | one per (node, signal), eight signals (`target_server::report::Signal`); taken by each finished probe |
+//! | `agent_warnings` | 8·N | one per (node, signal), eight signals (`firstpacket_report::Signal`); taken by each finished probe |
 //! | `agent_history_rings` | N·P | one observation ring per (node, profile) |
 //! | `agent_hot_nodes` | N + 2·C | hot nodes, plus the two nodes of each probe in flight whose node left |
 //! | `agent_via_proxy` | N·P | the (node, profile) pairs that fell back to the pod proxy |
@@ -56,7 +56,7 @@ impl BoundInputs {
     }
 }
 
-/// Signals a node can carry at once (`target_server::report::Signal`'s variants).
+/// Signals a node can carry at once (`firstpacket_report::Signal`'s variants).
 const SIGNALS: usize = 8;
 
 /// The bound of `structure` (module docs' table), `None` for a name not in it.
@@ -103,14 +103,14 @@ mod tests {
         assert_eq!(
             SIGNALS,
             [
-                target_server::report::Signal::DataplaneApplySlow,
-                target_server::report::Signal::DataplaneApplyFailures,
-                target_server::report::Signal::DatastoreResync,
-                target_server::report::Signal::RouteResyncSlow,
-                target_server::report::Signal::AgentRestarted,
-                target_server::report::Signal::AgentNotReady,
-                target_server::report::Signal::AgentUnreachable,
-                target_server::report::Signal::AgentBadMetrics,
+                firstpacket_report::Signal::DataplaneApplySlow,
+                firstpacket_report::Signal::DataplaneApplyFailures,
+                firstpacket_report::Signal::DatastoreResync,
+                firstpacket_report::Signal::RouteResyncSlow,
+                firstpacket_report::Signal::AgentRestarted,
+                firstpacket_report::Signal::AgentNotReady,
+                firstpacket_report::Signal::AgentUnreachable,
+                firstpacket_report::Signal::AgentBadMetrics,
             ]
             .len()
         );

@@ -12,7 +12,7 @@
 
 use crate::config::LogFormat;
 use crate::gate::progress_line;
-use target_server::report::ProbeRecord;
+use firstpacket_report::ProbeRecord;
 
 /// The path that means "stdout, between markers" for `--report` (and the gate's other
 /// output files).
@@ -49,7 +49,7 @@ impl Console {
 
     /// The gate's verdict (JSON only: the table on stdout says it for humans): one
     /// `gate verdict` event with `verdict`, `exit_code`, `diagnosis`, `probes`.
-    pub fn verdict(&self, r: &target_server::report::GateReport) {
+    pub fn verdict(&self, r: &firstpacket_report::GateReport) {
         if self.json() {
             let diagnosis = serde_json::to_value(r.summary.diagnosis)
                 .ok()
@@ -297,9 +297,9 @@ impl Console {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use firstpacket_report::{PodRef, ProbeResult, Reason};
     use std::io::Write;
     use std::sync::{Arc, Mutex};
-    use target_server::report::{PodRef, ProbeResult, Reason};
 
     #[derive(Clone, Default)]
     struct Buf(Arc<Mutex<Vec<u8>>>);

@@ -11,6 +11,7 @@
 //! ([`EventLimiter`]): at most one Event per (node, reason) per window (default 5 min).
 //! Events are counted apart from the probes' API-write budget (docs/design.md §7).
 
+use firstpacket_report::{ProbeRecord, ProbeResult};
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -18,7 +19,6 @@ use kube::api::PostParams;
 use kube::{Api, Client};
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
-use target_server::report::{ProbeRecord, ProbeResult};
 
 /// Namespace of Events on cluster-scoped objects.
 pub const EVENT_NAMESPACE: &str = "default";

@@ -65,12 +65,12 @@
 //!   not worth a give-up period each (docs/scenarios.md S4).
 
 use crate::schedule::NodeInfo;
-use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Write as _;
-use target_server::report::{
+use firstpacket_report::{
     Diagnosis, GateReport, KindSummary, NodeRoleStats, NodeSummary, ProbeRecord, ProbeResult,
     Reason, Summary, Suspect, Thresholds, Verdict, SCHEMA_VERSION,
 };
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
 
 pub use crate::stats::{conclusive_ttfps, nearest_rank};
 
@@ -171,7 +171,7 @@ fn pair_tally(probes: &[ProbeRecord]) -> PairTally<'_> {
 /// Node pairs whose conclusive cross-node probes fail as a pair (diagnosis rule 7):
 /// `failed` in both directions or at least twice, and each of the two nodes passed
 /// (`success`/`slow`) with some other peer. Sorted by node names.
-pub fn failing_pairs(probes: &[ProbeRecord]) -> Vec<target_server::report::FailingPair> {
+pub fn failing_pairs(probes: &[ProbeRecord]) -> Vec<firstpacket_report::FailingPair> {
     let tally = pair_tally(probes);
     let passes_elsewhere = |x: &str, not: &str| {
         tally.iter().any(|((a, b), (_, passed, _))| {
@@ -183,7 +183,7 @@ pub fn failing_pairs(probes: &[ProbeRecord]) -> Vec<target_server::report::Faili
         .filter(|(_, (failed, _, sources))| *failed >= 2 || sources.len() == 2)
         .filter(|((a, b), _)| passes_elsewhere(a, b) && passes_elsewhere(b, a))
         .map(
-            |((a, b), (failed, passed, sources))| target_server::report::FailingPair {
+            |((a, b), (failed, passed, sources))| firstpacket_report::FailingPair {
                 nodes: [a.to_string(), b.to_string()],
                 failed: *failed,
                 passed: *passed,
@@ -597,7 +597,7 @@ pub struct ReportInputs {
     /// Why some probes were stopped early ([`early_stop`]), if they were.
     pub stopped_early: Option<String>,
     /// Nodes left out of the plan, with the reason.
-    pub skipped_nodes: Vec<target_server::report::SkippedNode>,
+    pub skipped_nodes: Vec<firstpacket_report::SkippedNode>,
 }
 
 /// Assembles the gate report (schema 1), computing summary, verdict and nodes.
@@ -642,7 +642,7 @@ pub fn build_report(
 /// `fail` (exit 1, which takes precedence over inconclusive), with one
 /// `verdict_reasons` line per regressed kind or node naming its numbers; a comparison
 /// without regression leaves the verdict as it was.
-pub fn apply_baseline(report: &mut GateReport, cmp: target_server::report::BaselineComparison) {
+pub fn apply_baseline(report: &mut GateReport, cmp: firstpacket_report::BaselineComparison) {
     if cmp.regressed {
         let lines: Vec<String> = crate::baseline::regression_lines(&cmp)
             .into_iter()
@@ -715,8 +715,8 @@ pub struct AgentScrapeFacts {
 /// The report's `agents` object from [`AgentScrapeFacts`] (pure). One entry per enabled
 /// profile (and any other profile that shows up in the facts), with zero counts for a
 /// profile whose agent was not found.
-pub fn agents_report(f: &AgentScrapeFacts) -> target_server::report::AgentsReport {
-    use target_server::report::{AgentProfileReport, AgentsReport};
+pub fn agents_report(f: &AgentScrapeFacts) -> firstpacket_report::AgentsReport {
+    use firstpacket_report::{AgentProfileReport, AgentsReport};
     let mut profiles: BTreeMap<String, AgentProfileReport> = f
         .profiles
         .iter()
@@ -773,7 +773,7 @@ fn is_bad_metrics_reason(reason: &str) -> bool {
 /// warnings, e.g. `node agents (scrape auto): calico-felix 3/3 nodes scraped ok;
 /// kube-proxy 0/3 nodes scraped ok (6 failed scrapes: unreachable: connect); not found:
 /// aws-node, cilium-agent`. `x/y` = nodes with a successful scrape / nodes scraped.
-pub fn agents_line(r: &target_server::report::AgentsReport) -> String {
+pub fn agents_line(r: &firstpacket_report::AgentsReport) -> String {
     let head = format!("node agents (scrape {})", r.scrape_mode);
     if r.profiles.is_empty() {
         return format!("{head}: correlation off (every agent profile disabled)");
@@ -996,7 +996,7 @@ pub fn render_text(report: &GateReport, group_by: &[String]) -> String {
         let _ = writeln!(out, "nodes not probed: {}", s.join(", "));
     }
     let suspects = suspect_nodes(&report.probes);
-    if !suspects.is_empty() && s.diagnosis != target_server::report::Diagnosis::Healthy {
+    if !suspects.is_empty() && s.diagnosis != firstpacket_report::Diagnosis::Healthy {
         let _ = writeln!(
             out,
             "nodes with only slow/failed probes: {}",
@@ -1266,14 +1266,14 @@ pub fn render_agent_findings(report: &GateReport) -> String {
     out
 }
 
-fn signal_str(s: target_server::report::Signal) -> String {
+fn signal_str(s: firstpacket_report::Signal) -> String {
     serde_json::to_value(s)
         .ok()
         .and_then(|v| v.as_str().map(String::from))
         .unwrap_or_default()
 }
 
-fn role_str(r: target_server::report::Role) -> String {
+fn role_str(r: firstpacket_report::Role) -> String {
     serde_json::to_value(r)
         .ok()
         .and_then(|v| v.as_str().map(String::from))
@@ -1298,7 +1298,7 @@ mod tests {
             skipped_nodes: Vec::new(),
         }
     }
-    use target_server::report::{Attempts, Hold, PodRef, Timeline};
+    use firstpacket_report::{Attempts, Hold, PodRef, Timeline};
 
     fn rec(src: &str, dst: &str, result: ProbeResult, ttfp: Option<f64>) -> ProbeRecord {
         let reason = match result {
@@ -1609,7 +1609,7 @@ mod tests {
             let pairs = failing_pairs(&s6);
             assert_eq!(
                 pairs,
-                vec![target_server::report::FailingPair {
+                vec![firstpacket_report::FailingPair {
                     nodes: ["n1".into(), "n3".into()],
                     failed: 2,
                     passed: 0,
@@ -1847,7 +1847,7 @@ mod tests {
 
     #[test]
     fn suspects_print_one_line_per_node_and_signal_with_the_probes_counted() {
-        use target_server::report::{Role, Signal, Suspect};
+        use firstpacket_report::{Role, Signal, Suspect};
         let sus = |node: &str, role, v: f64| Suspect {
             node: node.into(),
             role,
@@ -2044,7 +2044,7 @@ mod tests {
 
     #[test]
     fn text_lists_agent_suspects_and_warnings_with_their_key_numbers() {
-        use target_server::report::{Role, Signal, Suspect};
+        use firstpacket_report::{Role, Signal, Suspect};
         let mut slow = rec("n1", "n2", ProbeResult::Failed, None);
         slow.suspects.push(Suspect {
             node: "n2".into(),
@@ -2152,7 +2152,7 @@ mod tests {
         assert_eq!(kp.failures.get("connect"), Some(&6));
         assert_eq!(kp.failures.get("parse"), Some(&1));
         let aws = &r.profiles["aws-node"];
-        assert_eq!(aws, &target_server::report::AgentProfileReport::default());
+        assert_eq!(aws, &firstpacket_report::AgentProfileReport::default());
     }
 
     #[test]
@@ -2208,8 +2208,8 @@ mod tests {
                 &[],
                 vec![Suspect {
                     node: "n3".into(),
-                    role: target_server::report::Role::Source,
-                    signal: target_server::report::Signal::AgentUnreachable,
+                    role: firstpacket_report::Role::Source,
+                    signal: firstpacket_report::Signal::AgentUnreachable,
                     evidence: serde_json::json!({"reason": "connect"}),
                 }],
                 inputs(),
@@ -2235,8 +2235,8 @@ mod tests {
         );
         r.warnings.push(Suspect {
             node: "node-2".into(),
-            role: target_server::report::Role::Source,
-            signal: target_server::report::Signal::AgentUnreachable,
+            role: firstpacket_report::Role::Source,
+            signal: firstpacket_report::Signal::AgentUnreachable,
             evidence: serde_json::json!({
                 "reason": "refused", "profiles": ["calico-felix", "kube-proxy"],
                 "by_profile": {

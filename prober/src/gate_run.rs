@@ -38,13 +38,13 @@ use crate::reclaim::{delete_instance_pods, final_cleanup};
 use crate::record::{build_record, Ending, ProbeMeta};
 use crate::schedule::{node_claims, plan_kinds, NodeInfo, PlannedProbe};
 use crate::sync::lock;
+use firstpacket_report::{GateReport, ProbeRecord, Reason, Thresholds};
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use rand::RngExt;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use target_server::report::{GateReport, ProbeRecord, Reason, Thresholds};
 use tokio::sync::{watch, Notify, Semaphore};
 use tokio::task::JoinSet;
 
@@ -435,7 +435,7 @@ pub fn startup_failure_report(start: &RunStart, args: &GateArgs, err: &Error) ->
             skipped_nodes: start
                 .skipped
                 .iter()
-                .map(|(n, r)| target_server::report::SkippedNode {
+                .map(|(n, r)| firstpacket_report::SkippedNode {
                     node: n.clone(),
                     reason: r.to_string(),
                 })
@@ -566,7 +566,7 @@ fn write_outputs(
         );
     }
     if let Some(path) = &args.save_baseline {
-        if report.verdict != target_server::report::Verdict::Pass {
+        if report.verdict != firstpacket_report::Verdict::Pass {
             console.setting_warning(
                 "--save-baseline",
                 "this run did not pass: the saved baseline holds what it measured anyway",
@@ -969,7 +969,7 @@ fn gate_report(
             stopped_early,
             skipped_nodes: skipped
                 .iter()
-                .map(|(n, r)| target_server::report::SkippedNode {
+                .map(|(n, r)| firstpacket_report::SkippedNode {
                     node: n.clone(),
                     reason: r.to_string(),
                 })
@@ -1211,13 +1211,13 @@ async fn run_gate_probes(
 }
 
 /// The report's `api_outages[]` from the run's [`crate::apihealth::ApiHealth`].
-pub fn api_outages(h: &crate::apihealth::ApiHealth) -> Vec<target_server::report::ApiOutage> {
+pub fn api_outages(h: &crate::apihealth::ApiHealth) -> Vec<firstpacket_report::ApiOutage> {
     let ongoing = h.ongoing();
     let all = h.outages();
     let n = all.len();
     all.into_iter()
         .enumerate()
-        .map(|(i, o)| target_server::report::ApiOutage {
+        .map(|(i, o)| firstpacket_report::ApiOutage {
             start: o.start,
             seconds: o.seconds.unwrap_or_default(),
             ongoing: ongoing && i + 1 == n,

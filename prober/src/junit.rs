@@ -27,8 +27,8 @@
 //! crate.
 
 use crate::baseline::{best_peers, regression_lines};
+use firstpacket_report::{GateReport, ProbeRecord, ProbeResult};
 use std::fmt::Write as _;
-use target_server::report::{GateReport, ProbeRecord, ProbeResult};
 
 /// Escapes text for XML attributes and content; drops characters XML 1.0 forbids.
 pub fn esc(s: &str) -> String {
@@ -369,7 +369,7 @@ mod tests {
             &[],
             Vec::new(),
             crate::gate::ReportInputs {
-                thresholds: target_server::report::Thresholds {
+                thresholds: firstpacket_report::Thresholds {
                     slow_threshold_seconds: 60.0,
                     max_ttfp_seconds: 60.0,
                     max_failures: 0,
@@ -438,7 +438,7 @@ mod tests {
         // Every probe is under --max-ttfp 60s: only the baseline fails the gate.
         assert_eq!(
             (slow.exit_code, slow.verdict),
-            (1, target_server::report::Verdict::Fail)
+            (1, firstpacket_report::Verdict::Fail)
         );
         assert!(
             slow.verdict_reasons[0].starts_with(

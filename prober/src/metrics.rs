@@ -14,12 +14,12 @@
 use crate::agents::correlate::signal_label;
 use crate::kind::ProbeKind;
 use crate::sync::lock;
+use firstpacket_report::{ProbeRecord, ProbeResult, Reason};
 use prometheus::{
     Counter, Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
     IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use std::collections::BTreeMap;
-use target_server::report::{ProbeRecord, ProbeResult, Reason};
 
 /// Buckets of `firstpacket_ttfp_seconds`, seconds: 50 ms steps below 0.5 s, 100–250 ms
 /// steps up to 2 s, then coarser up to 120 s (the longest give-up worth measuring).

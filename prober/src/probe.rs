@@ -62,6 +62,7 @@ use crate::podspec::{
 use crate::podwatch::{PodWatch, Wait};
 use crate::record::{build_record, Ending, ProbeMeta};
 use crate::tracker::{PodState, ProblemKind};
+use firstpacket_report::{BurstInfo, ProbeRecord, ProbeResult, Reason, RecreateInfo, ServiceInfo};
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, PostParams};
@@ -70,9 +71,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use target_server::report::{
-    BurstInfo, ProbeRecord, ProbeResult, Reason, RecreateInfo, ServiceInfo,
-};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -185,7 +183,7 @@ pub struct ProbeEnv {
     pub agents: Option<Arc<crate::agents::scrape::AgentWatcher>>,
     /// Agent findings on probes with normal TTFP (and every `agent_unreachable`), one
     /// per (node, signal): the report's `warnings[]`.
-    pub agent_warnings: Mutex<Vec<target_server::report::Suspect>>,
+    pub agent_warnings: Mutex<Vec<firstpacket_report::Suspect>>,
 }
 
 /// The run-fatal error text for a `401`/`403` on deleting a probe object: the error

@@ -8,11 +8,11 @@
 
 use crate::podspec::calico_iface_name;
 use crate::tracker::PodState;
-use std::time::{Duration, Instant};
-use target_server::report::{
+use firstpacket_report::{
     Attempts, Hold, PodRef, PodTimeline, ProbeRecord, ProbeResult, Reason, SourceOutcome,
     SourceReport, Timeline, SCHEMA_VERSION,
 };
+use std::time::{Duration, Instant};
 
 /// Identity and clock origin of one probe.
 #[derive(Debug, Clone)]
@@ -54,7 +54,7 @@ pub enum Ending {
 /// Longest termination message read, bytes; a longer one is refused unread. The
 /// kubelet keeps at most 4096 bytes per container (and 12 KiB per pod; Kubernetes docs
 /// "Determine the Reason for Pod Failure"), and the source's report stays under
-/// [`target_server::MAX_SOURCE_REPORT_BYTES`] (3 KiB); 64 KiB is 16× the kubelet's cap,
+/// [`firstpacket_report::MAX_SOURCE_REPORT_BYTES`] (3 KiB); 64 KiB is 16× the kubelet's cap,
 /// so only a status that did not come from a kubelet is over it.
 pub const MAX_TERMINATION_MESSAGE_BYTES: usize = 64 * 1024;
 
@@ -426,9 +426,9 @@ pub(crate) fn test_record(id: &str, src: &str, dst: &str, result: ProbeResult) -
 mod tests {
     use super::*;
     use crate::tracker::{Terminated, Tracker};
+    use firstpacket_report::{ErrorKind, SourceHold};
     use k8s_openapi::api::core::v1::Pod;
     use std::collections::BTreeMap;
-    use target_server::report::{ErrorKind, SourceHold};
 
     fn report(outcome: SourceOutcome, ready: Option<f64>, success: Option<f64>) -> SourceReport {
         let raw = match (success, ready) {
@@ -746,7 +746,7 @@ mod tests {
             let rec = record_for(None, Some(msg));
             match parsed {
                 Ok(r) => {
-                    prop_assert_eq!(r.schema, target_server::SCHEMA_VERSION);
+                    prop_assert_eq!(r.schema, firstpacket_report::SCHEMA_VERSION);
                     prop_assert_eq!(rec.source_report.as_ref(), Some(&r));
                     let (result, reason, _) = classify_report(&r, Duration::from_secs(5));
                     prop_assert_eq!((rec.result, rec.reason), (result, reason));

@@ -2,7 +2,7 @@
 //! mode's status page: nearest-rank quantiles (`rank = ⌈q·n⌉`, 1-based, so a reported
 //! quantile is always a measured value) and the TTFPs of conclusive probes.
 
-use target_server::report::ProbeRecord;
+use firstpacket_report::ProbeRecord;
 
 /// Nearest-rank quantile `q` in (0, 1] of `values` (any order). `None` when empty.
 pub fn nearest_rank(values: &[f64], q: f64) -> Option<f64> {

@@ -2,6 +2,7 @@
 //! numbers, the real fixture pages read through the built-in profiles, and the scrape
 //! path against loopback HTTP servers.
 
+use firstpacket_report::{ProbeResult, Role, Signal, Suspect};
 use prober::agents::correlate::{
     correlate, healthy_half_median, merge_warnings, split_findings, ClusterView, History,
     Observation, Params, ProbeWindow, ScrapeFailure, DEFAULT_RING, HORIZON_SECONDS,
@@ -19,7 +20,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
-use target_server::report::{ProbeResult, Role, Signal, Suspect};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 

@@ -1039,7 +1039,7 @@ print(json.dumps(out))
 /// The report matches the published JSON schema.
 fn validate(report: &Value) {
     let schema: Value =
-        serde_json::from_str(target_server::GATE_REPORT_SCHEMA).expect("schema json");
+        serde_json::from_str(firstpacket_report::GATE_REPORT_SCHEMA).expect("schema json");
     let validator = jsonschema::validator_for(&schema).expect("schema compiles");
     let errors: Vec<String> = validator
         .iter_errors(report)
@@ -1144,7 +1144,7 @@ fn gate_against_a_saved_baseline_fails_naming_exactly_the_slow_nodes() {
         // Too few samples (3 per node role, 12 per kind, below 20): a warning, compared
         // anyway.
         assert_eq!(cmp["few_samples"], true);
-        let gate: target_server::report::GateReport =
+        let gate: firstpacket_report::GateReport =
             serde_json::from_value(report.clone()).expect("report shape");
         let text = prober::gate::render_baseline_text(&gate);
         assert!(text.contains("fewer than 20 samples"), "{text}");

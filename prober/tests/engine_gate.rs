@@ -58,7 +58,7 @@ fn exit_code(code: &Result<i32, prober::Error>) -> i32 {
 fn checked(report: Option<Value>) -> Value {
     let report = report.expect("the gate wrote its report");
     let schema: Value =
-        serde_json::from_str(target_server::GATE_REPORT_SCHEMA).expect("schema json");
+        serde_json::from_str(firstpacket_report::GATE_REPORT_SCHEMA).expect("schema json");
     let validator = jsonschema::validator_for(&schema).expect("schema compiles");
     let errors: Vec<String> = validator
         .iter_errors(&report)

@@ -6,6 +6,7 @@
 //! right signal (`agent_bad_metrics` for a page problem, `agent_unreachable` for no
 //! answer) and no panic.
 
+use firstpacket_report::{ProbeResult, Signal};
 use prober::agents::correlate::Params;
 use prober::agents::discover::{AgentIndex, AgentTarget};
 use prober::agents::expo;
@@ -14,7 +15,6 @@ use prober::agents::scrape::{AgentWatcher, ScrapeError, ScrapeMode, ScrapeSettin
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
-use target_server::report::{ProbeResult, Signal};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 

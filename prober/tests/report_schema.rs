@@ -1,6 +1,10 @@
 //! The gate report the prober builds validates against the shared JSON Schema
-//! (`target-server/schema/report.schema.json`, docs/design.md §4), for every result class.
+//! (`report/schema/report.schema.json`, docs/design.md §4), for every result class.
 
+use firstpacket_report::{
+    BurstInfo, ErrorKind, GateReport, ProbeRecord, Reason, RecreateInfo, SourceHold, SourceOutcome,
+    SourceReport, Thresholds,
+};
 use k8s_openapi::api::core::v1::Pod;
 use prober::gate::{build_report, ReportInputs};
 use prober::record::{build_record, Ending, ProbeMeta};
@@ -8,10 +12,6 @@ use prober::schedule::NodeInfo;
 use prober::tracker::{Terminated, Tracker};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-use target_server::report::{
-    BurstInfo, ErrorKind, GateReport, ProbeRecord, Reason, RecreateInfo, SourceHold, SourceOutcome,
-    SourceReport, Thresholds,
-};
 
 fn source_report(outcome: SourceOutcome, ready: Option<f64>, success: Option<f64>) -> SourceReport {
     let raw = match (success, ready) {
@@ -199,7 +199,7 @@ fn report_of(probes: Vec<ProbeRecord>) -> GateReport {
             errors: vec!["interrupted by SIGINT".into()],
             group_by: vec!["zone".into()],
             stopped_early: Some("test".into()),
-            skipped_nodes: vec![target_server::report::SkippedNode {
+            skipped_nodes: vec![firstpacket_report::SkippedNode {
                 node: "node-9".into(),
                 reason: "not Ready".into(),
             }],
@@ -253,7 +253,7 @@ fn schema_checks_edits(validator: &jsonschema::Validator, value: &serde_json::Va
     let mut pairs = value.clone();
     pairs["summary"]["diagnosis"] = "pair_failures".into();
     pairs["summary"]["failing_pairs"] =
-        serde_json::to_value(vec![target_server::report::FailingPair {
+        serde_json::to_value(vec![firstpacket_report::FailingPair {
             nodes: ["node-1".into(), "node-3".into()],
             failed: 2,
             passed: 0,
@@ -306,7 +306,7 @@ fn gate_report_with_every_result_class_matches_the_json_schema() {
         4
     );
     let schema: serde_json::Value =
-        serde_json::from_str(target_server::GATE_REPORT_SCHEMA).expect("schema json");
+        serde_json::from_str(firstpacket_report::GATE_REPORT_SCHEMA).expect("schema json");
     let validator = jsonschema::validator_for(&schema).expect("schema compiles");
     let errors: Vec<String> = validator
         .iter_errors(&value)

@@ -96,7 +96,7 @@ fn checked_report(path: &Path) -> Value {
         .unwrap_or_else(|e| panic!("no report at {}: {e}", path.display()));
     let value: Value = serde_json::from_str(&text).expect("report is JSON");
     let schema: Value =
-        serde_json::from_str(target_server::GATE_REPORT_SCHEMA).expect("schema json");
+        serde_json::from_str(firstpacket_report::GATE_REPORT_SCHEMA).expect("schema json");
     let validator = jsonschema::validator_for(&schema).expect("schema compiles");
     let errors: Vec<String> = validator
         .iter_errors(&value)

@@ -14,8 +14,8 @@
 //! - `wrong_peer`: HTTP 200 whose body does not name `--expect-pod` (the peer's `pod`
 //!   is returned; [`NO_IDENTITY`] when the body carries none).
 
-use crate::report::ErrorKind;
 use crate::ProcessStart;
+use firstpacket_report::ErrorKind;
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper::body::Bytes;
 use hyper::header::{CONNECTION, HOST, USER_AGENT};

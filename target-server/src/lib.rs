@@ -1,5 +1,4 @@
-//! `target-server`: the tiny binary inside firstpacket probe pods, and the report types
-//! both sides share.
+//! `target-server`: the tiny binary inside firstpacket probe pods.
 //!
 //! Two modes (docs/design.md §2 and the §6 flag contract):
 //! - `target-server serve [--port 8080]`: the **target** pod T. HTTP/1.1 on
@@ -8,34 +7,24 @@
 //! - `target-server probe --target IP:PORT --expect-pod NAME …`: the **source** pod S.
 //!   Serves the same endpoints, dials T from process start, records `ready_at` and
 //!   `first_success_sent` on its own monotonic clock, holds, and writes one
-//!   [`report::SourceReport`] JSON line to its termination log and stdout ([`probe`],
+//!   [`firstpacket_report::SourceReport`] JSON line to its termination log and stdout ([`probe`],
 //!   [`attempt`], [`tally`]).
 //!
-//! The prober links this library only for [`report`] and the JSON Schemas
-//! ([`GATE_REPORT_SCHEMA`], [`SOURCE_REPORT_SCHEMA`]); it never starts the servers.
+//! The report types it writes, and their JSON Schema, are the `firstpacket-report`
+//! crate's, shared with the prober.
 
 pub mod attempt;
 pub mod cli;
 pub mod http;
 pub mod identity;
 pub mod probe;
-pub mod report;
 pub mod serve;
 pub mod tally;
 
 pub use cli::{Cli, Command, ProbeArgs, ServeArgs};
 pub use identity::Identity;
-pub use report::*;
 
 use std::time::{Instant, SystemTime};
-
-/// JSON Schema (draft 2020-12) of the gate report ([`report::GateReport`], `--report
-/// FILE`), written by hand from `report.rs`. Tests on both sides validate against it.
-pub const GATE_REPORT_SCHEMA: &str = include_str!("../schema/report.schema.json");
-
-/// JSON Schema (draft 2020-12) of the source report ([`report::SourceReport`], the
-/// termination message of a `target-server probe` pod).
-pub const SOURCE_REPORT_SCHEMA: &str = include_str!("../schema/source-report.schema.json");
 
 /// Everything that can stop `target-server` before it has done its job.
 #[derive(Debug, thiserror::Error)]

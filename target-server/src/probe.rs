@@ -22,10 +22,10 @@
 use crate::attempt::dial;
 use crate::http::{self, ServerState};
 use crate::identity::Identity;
-use crate::report::SourceReport;
 use crate::serve::{bind, Termination};
 use crate::tally::{encode_bounded, ReportContext, Tally};
 use crate::{Error, ProcessStart};
+use firstpacket_report::SourceReport;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;

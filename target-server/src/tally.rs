@@ -29,7 +29,7 @@
 //! Memory: 24 bytes per attempt (bounded by `cli::MAX_ATTEMPTS`).
 
 use crate::attempt::{AttemptOutcome, AttemptResult};
-use crate::report::{
+use firstpacket_report::{
     ErrorKind, SourceHold, SourceOutcome, SourceReport, MAX_HOLD_SERIES, MAX_SOURCE_REPORT_BYTES,
     SCHEMA_VERSION,
 };

@@ -3,6 +3,7 @@
 //! in-test targets (late listener, wrong peer, works-then-breaks), its report, its
 //! termination log and SIGTERM handling.
 
+use firstpacket_report::{MAX_SOURCE_REPORT_BYTES, SOURCE_REPORT_SCHEMA};
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -13,7 +14,6 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
-use target_server::{MAX_SOURCE_REPORT_BYTES, SOURCE_REPORT_SCHEMA};
 
 const BIN: &str = env!("CARGO_BIN_EXE_target-server");
 

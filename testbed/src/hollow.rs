@@ -36,7 +36,7 @@
 //!   pod's IP gets its first success [`HollowConfig::ttfp`] after Ready (truth
 //!   `endpoint_programmed` of the source then, so the §6 truth TTFP is the configured
 //!   one), keeps "dialing" for `--hold`, then terminates with exit code 0 and a
-//!   [`target_server::report::SourceReport`] as its termination message, as the real
+//!   [`firstpacket_report::SourceReport`] as its termination message, as the real
 //!   binary writes it. Its target is any other hollow pod (`serve` pods and anything
 //!   else stay Running and Ready until deleted).
 //! - **Hollow ↔ netns pairs carry no packets**: a hollow source whose target is not a
@@ -774,8 +774,8 @@ pub fn source_report(
     process_start_unix: f64,
     ready_at: f64,
     success: Option<f64>,
-) -> target_server::report::SourceReport {
-    use target_server::report::{ErrorKind, SourceHold, SourceOutcome, SourceReport};
+) -> firstpacket_report::SourceReport {
+    use firstpacket_report::{ErrorKind, SourceHold, SourceOutcome, SourceReport};
     let interval = a.interval.as_secs_f64().max(0.001);
     let first_attempt = 0.001;
     // Attempts sent in [first_attempt, t): one every interval.
@@ -798,8 +798,7 @@ pub fn source_report(
                 failures: 0,
                 failures_per_second: vec![
                     0;
-                    (hold_s as usize)
-                        .min(target_server::report::MAX_HOLD_SERIES)
+                    (hold_s as usize).min(firstpacket_report::MAX_HOLD_SERIES)
                 ],
             };
             (
@@ -826,7 +825,7 @@ pub fn source_report(
         errors.insert(ErrorKind::Timeout, failures);
     }
     SourceReport {
-        schema: target_server::report::SCHEMA_VERSION,
+        schema: firstpacket_report::SCHEMA_VERSION,
         pod: pod.to_owned(),
         target: a.target.clone(),
         expect_pod: a.expect_pod.clone(),
@@ -1040,12 +1039,9 @@ mod tests {
         assert_eq!(r.errors.values().sum::<u64>(), 12);
         assert_eq!(r.hold.failures_per_second.len(), 5);
         let json = serde_json::to_string(&r).unwrap();
-        assert!(json.len() <= target_server::report::MAX_SOURCE_REPORT_BYTES);
+        assert!(json.len() <= firstpacket_report::MAX_SOURCE_REPORT_BYTES);
         let none = source_report("s", &p, 1.0e9, 0.01, None);
-        assert_eq!(
-            none.outcome,
-            target_server::report::SourceOutcome::NoSuccess
-        );
+        assert_eq!(none.outcome, firstpacket_report::SourceOutcome::NoSuccess);
         assert!(none.ttfp_seconds.is_none());
     }
 

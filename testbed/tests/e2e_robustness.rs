@@ -105,7 +105,7 @@ fn read_report(path: &std::path::Path, out: &Output) -> Value {
     });
     let value: Value = serde_json::from_str(&text).expect("report JSON");
     let schema: Value =
-        serde_json::from_str(target_server::GATE_REPORT_SCHEMA).expect("schema json");
+        serde_json::from_str(firstpacket_report::GATE_REPORT_SCHEMA).expect("schema json");
     let validator = jsonschema::validator_for(&schema).expect("schema compiles");
     let errors: Vec<String> = validator
         .iter_errors(&value)

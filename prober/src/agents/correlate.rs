@@ -65,10 +65,10 @@
 //! [`AgentWatcher`]: super::scrape::AgentWatcher
 
 use super::profiles::AgentReading;
+use firstpacket_report::{ProbeResult, Role, Signal, Suspect};
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
-use target_server::report::{ProbeResult, Role, Signal, Suspect};
 
 /// Thresholds of the correlation. Every number is documented with its reason.
 #[derive(Debug, Clone, PartialEq)]

@@ -2,7 +2,7 @@
 //! loopback, its scheduler, Nodes that exist only in the API, and a scripted kubelet that
 //! runs every bound pod as a hollow node's kubelet does (no process, no packet): Running
 //! and Ready, and a `target-server probe` pod terminating with the
-//! [`target_server::report::SourceReport`] the real binary writes. What each pod does is
+//! [`firstpacket_report::SourceReport`] the real binary writes. What each pod does is
 //! the test's [`Script`], so every probe ending can be produced on purpose.
 //!
 //! Each test runs in a network namespace of its own with only loopback up
@@ -608,8 +608,8 @@ fn scripted_report(
     ready_at: f64,
     success: Option<f64>,
     outcome: Outcome,
-) -> target_server::report::SourceReport {
-    use target_server::report::SourceOutcome;
+) -> firstpacket_report::SourceReport {
+    use firstpacket_report::SourceOutcome;
     let mut report = source_report(pod, probe, start_unix, ready_at, success);
     match outcome {
         Outcome::AsDialed => {}
@@ -635,7 +635,7 @@ fn scripted_report(
 
 /// The status of a source that exited 0 with `report` as its termination message.
 fn finished_status(
-    report: &target_server::report::SourceReport,
+    report: &firstpacket_report::SourceReport,
     container: &str,
     image: &str,
     uid: &str,

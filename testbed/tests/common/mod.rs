@@ -600,7 +600,7 @@ pub fn netns_list() -> String {
 }
 
 pub fn validate(report: &Value) {
-    let schema: Value = serde_json::from_str(target_server::GATE_REPORT_SCHEMA).unwrap();
+    let schema: Value = serde_json::from_str(firstpacket_report::GATE_REPORT_SCHEMA).unwrap();
     let v = jsonschema::validator_for(&schema).unwrap();
     let errors: Vec<String> = v
         .iter_errors(report)

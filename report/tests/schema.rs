@@ -2,14 +2,14 @@
 //! realistic documents built in Rust validate, and mutated ones (unknown closed-set
 //! strings, missing required fields, another schema version) are rejected.
 
-use serde_json::{json, Value};
-use std::collections::BTreeMap;
-use target_server::{
+use firstpacket_report::{
     Attempts, Diagnosis, ErrorKind, GateReport, Hold, NodeRoleStats, NodeSummary, PodRef,
     PodTimeline, ProbeRecord, ProbeResult, Reason, Role, Signal, SourceHold, SourceOutcome,
     SourceReport, Summary, Suspect, Thresholds, Timeline, Verdict, GATE_REPORT_SCHEMA,
     SCHEMA_VERSION, SOURCE_REPORT_SCHEMA,
 };
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
 
 fn schema(text: &str) -> Value {
     serde_json::from_str(text).expect("schema file is JSON")

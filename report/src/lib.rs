@@ -1,9 +1,13 @@
-//! Report schema shared by `target-server probe` (the source pod) and the prober.
+//! firstpacket's report types: the source report `target-server probe` (the source pod)
+//! writes as its termination message, and the records, summary and gate report the prober
+//! builds from it. A crate of its own so that the probe pod's binary carries no kube
+//! dependency and the prober no HTTP server code, while both read and write one schema.
 //!
 //! Contract: docs/design.md §2 (measurement) and §4 (outputs). Every document carries
-//! `"schema": 1`; fields may be added, never renamed. The JSON Schema for the gate
-//! report lives in `target-server/schema/report.schema.json`; the source report's in
-//! `target-server/schema/source-report.schema.json`.
+//! `"schema": 1`; fields may be added, never renamed. The JSON Schemas, written by hand
+//! from these types, are [`GATE_REPORT_SCHEMA`] (`report/schema/report.schema.json`) and
+//! [`SOURCE_REPORT_SCHEMA`] (`report/schema/source-report.schema.json`); this crate's
+//! tests, the prober's and the testbed's validate real documents against them.
 //!
 //! Units: every `*_seconds` field and every time in a [`SourceReport`] is in seconds
 //! (f64). Source times are on the source pod's monotonic clock, relative to its own
@@ -13,6 +17,14 @@
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+
+/// JSON Schema (draft 2020-12) of the gate report ([`GateReport`], `prober gate --report
+/// FILE`).
+pub const GATE_REPORT_SCHEMA: &str = include_str!("../schema/report.schema.json");
+
+/// JSON Schema (draft 2020-12) of the source report ([`SourceReport`], the termination
+/// message of a `target-server probe` pod).
+pub const SOURCE_REPORT_SCHEMA: &str = include_str!("../schema/source-report.schema.json");
 
 /// Version of every JSON document defined here.
 pub const SCHEMA_VERSION: u32 = 1;
