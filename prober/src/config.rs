@@ -273,7 +273,7 @@ pub struct ProbeArgs {
     #[arg(long, env = "FIRSTPACKET_IMAGE", default_value = DEFAULT_IMAGE)]
     pub image: String,
 
-    /// Nodes to probe: label selector k=v[,k!=v][,k][,!k].
+    /// Nodes to probe: label selector `k=v[,k!=v][,k][,!k]`.
     #[arg(
         long,
         env = "FIRSTPACKET_NODE_SELECTOR",
@@ -303,7 +303,7 @@ pub struct ProbeArgs {
     /// node), recreate (stable-name target deleted and recreated on its node), burst
     /// (target created among --burst-size filler pods), service (through a per-probe
     /// ClusterIP Service selecting only the fresh target: the source dials
-    /// <clusterIP>:80). API writes per probe: 4 for cross_node and same_node, 6 for
+    /// `<clusterIP>:80`). API writes per probe: 4 for cross_node and same_node, 6 for
     /// recreate and service, 4 + 2 × --burst-size for burst.
     #[arg(
         long,
@@ -343,7 +343,7 @@ pub struct ProbeArgs {
     pub group_by_label: Vec<String>,
 
     /// How to scrape node agents' metrics (docs/design.md §3): direct = GET
-    /// http://<hostIP>:<port>/metrics (needs the pod network, e.g. in-cluster); proxy =
+    /// `http://<hostIP>:<port>/metrics` (needs the pod network, e.g. in-cluster); proxy =
     /// through the API server's pod proxy (/api/v1/namespaces/NS/pods/NAME:PORT/proxy/metrics);
     /// auto = direct first and, per node and agent profile, the proxy once the direct path
     /// fails (remembered for the rest of the run).

@@ -3,7 +3,7 @@
 //! shared pod watch → probes under a semaphore → cleanup → table, report, exit code.
 //!
 //! A run that fails before its probes (API unreachable, RBAC forbids the first list or
-//! the pod watch ([`check_watch_allowed`]), < 2 nodes, pod watch never ready) still
+//! the pod watch ([`crate::engine::check_watch_allowed`]), < 2 nodes, pod watch never ready) still
 //! writes its `--report` ([`startup_failure_report`]) and exits 2. A 401/403 later on —
 //! creating or deleting a probe object, or the pod watch before it ever delivered an
 //! event (`crate::podwatch::WatchForbidden`) — is run-fatal, and so is an admission
@@ -12,7 +12,7 @@
 //! pods created so far are deleted where RBAC allows it (a forbidden delete is reported
 //! as "cleanup cannot work"), the 403 is first in `errors[]`, exit 2. When the API fails mid-run, probes whose
 //! waits ran out end `inconclusive`/`api_error` (`crate::probe`), the final cleanup is
-//! retried for [`FINAL_CLEANUP_DEADLINE`], and the report is written.
+//! retried for [`crate::reclaim::FINAL_CLEANUP_DEADLINE`], and the report is written.
 //!
 //! Signals: the first SIGINT/SIGTERM stops starting probes, turns running ones into
 //! `interrupted` (their pods are deleted), writes the report and exits 2; a second

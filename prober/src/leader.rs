@@ -6,7 +6,7 @@
 //! `tryAcquireOrRenew`, `renew`, `release`; defaults 15 s / 10 s / 2 s from its
 //! `LeaderElectionConfig` docs), written here, not copied:
 //!
-//! - **Acquire or renew** ([`Elector::try_acquire_or_renew`]): the leader first replaces
+//! - **Acquire or renew** (`Elector::try_acquire_or_renew`): the leader first replaces
 //!   the Lease it last saw (a PUT carrying that `resourceVersion`: optimistic
 //!   concurrency, a 409 if anybody else wrote it); otherwise GET, create it when missing
 //!   (404), and take it over only when its holder is empty, is us, or its record has

@@ -352,7 +352,7 @@ pub struct ReapOutcome {
 }
 
 /// Finds dead instances by their Leases and deletes what they left (see the module
-/// docs). Keeps one [`Observed`] per other instance's Lease.
+/// docs). Keeps one `Observed` per other instance's Lease.
 pub struct Reaper {
     leases: Api<Lease>,
     pods: Api<Pod>,

@@ -21,6 +21,18 @@
 //! - **assembly**: [`engine`] (connecting, start-up, the pieces both modes share), then
 //!   the modes: [`gate_run`] (`prober gate`), [`run_mode`] (`prober run`), [`cleanup`]
 //!   (`prober cleanup`).
+//!
+//! The route of one `prober gate` probe, from the command line to its record, goes down
+//! these layers and never back into a module it left: `main` parses [`config`] →
+//! [`gate_run::run_gate`] checks the flags ([`settings`]) → [`engine`] connects
+//! ([`apihealth`] records outages), lists the nodes ([`api`], [`schedule`] filters and
+//! plans them) and starts up (namespace, [`lease`], [`sweep`], the [`podwatch`], agent
+//! discovery in [`agents`]) → [`gate_run`] spawns each planned probe →
+//! [`probe::run_probe`]: [`podspec`] builds the pods, [`api`] creates them, the
+//! [`podwatch`]'s [`tracker`] follows them to Ready and to the source's termination
+//! message, it deletes them ([`api`] again, a call, not a return), [`record`] turns the
+//! source report and the timeline into a `ProbeRecord` → back in [`gate_run`], [`gate`] summarises the records, judges
+//! the verdict and renders the text; [`junit`] and the report file are written last.
 
 pub mod admin;
 pub mod admission;

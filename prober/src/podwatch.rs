@@ -4,7 +4,7 @@
 //!
 //! A background task runs `kube::runtime::watcher` on Pods in the namespace with
 //! `firstpacket.io/instance=<id>` and feeds every event into the pure
-//! [`Tracker`](crate::tracker::Tracker), stamping it with the prober clock. Probes wait
+//! [`Tracker`], stamping it with the prober clock. Probes wait
 //! on a `tokio::sync::watch` generation counter with [`PodWatch::wait_for`], always with
 //! a deadline.
 //!

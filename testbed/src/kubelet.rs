@@ -96,7 +96,7 @@ pub const NODE_STATUS_REPORT: Duration = Duration::from_secs(60);
 /// A refused pod status write is sent again after this long.
 pub const STATUS_RESYNC: Duration = Duration::from_secs(5);
 /// How soon a Ready condition someone else turned False (while this kubelet wants True)
-/// is put back ([`StatusWriter::reconcile`]).
+/// is put back (`StatusWriter::reconcile`).
 pub const STATUS_RECONCILE_DELAY: Duration = Duration::from_secs(2);
 
 /// What the kubelet of one node needs.

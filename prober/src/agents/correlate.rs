@@ -556,7 +556,7 @@ fn r(x: f64) -> Value {
     s.parse::<f64>().map_or(Value::Null, |v| json!(v))
 }
 
-/// [`r`], public for tests of the evidence rounding.
+/// `r`, public for tests of the evidence rounding.
 pub fn evidence_number(x: f64) -> Value {
     r(x)
 }

@@ -4,7 +4,7 @@
 //! replacements of a built-in, by name) come from a YAML or JSON file
 //! ([`load_profiles_file`], the lead's `--agent-config FILE`).
 //!
-//! Pure: data and a reader of the page ([`AgentSample::from_page`]); no I/O except
+//! Pure: data and a reader of the page ([`AgentReading::from_page`]); no I/O except
 //! [`load_profiles_file`] reading its file.
 //!
 //! # Config file
@@ -524,7 +524,7 @@ fn is_dns_subdomain(s: &str) -> bool {
 }
 
 /// Checks a label key: `[prefix/]name`, the prefix a DNS subdomain, the name as in
-/// [`is_label_name`] (Kubernetes "Labels and Selectors", syntax and character set).
+/// `is_label_name` (Kubernetes "Labels and Selectors", syntax and character set).
 pub fn check_label_key(k: &str) -> Result<(), String> {
     let (prefix, name) = match k.split_once('/') {
         Some((p, n)) => (Some(p), n),
@@ -548,7 +548,7 @@ pub fn check_label_key(k: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Checks a label value: empty, or as [`is_label_name`] (Kubernetes "Labels and
+/// Checks a label value: empty, or as `is_label_name` (Kubernetes "Labels and
 /// Selectors", syntax and character set).
 pub fn check_label_value(v: &str) -> Result<(), String> {
     if v.is_empty() || is_label_name(v) {
