@@ -51,7 +51,7 @@ pub enum LogFormat {
 /// How node-agent metrics are scraped (docs/design.md §3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum AgentScrape {
-    /// `http://<hostIP>:<port>/metrics` (in-cluster).
+    /// http://HOST-IP:PORT/metrics (in-cluster).
     Direct,
     /// Through the API server's pod proxy.
     Proxy,
@@ -273,7 +273,8 @@ pub struct ProbeArgs {
     #[arg(long, env = "FIRSTPACKET_IMAGE", default_value = DEFAULT_IMAGE)]
     pub image: String,
 
-    /// Nodes to probe: label selector `k=v[,k!=v][,k][,!k]`.
+    /// Nodes to probe: label selector, comma-separated terms k=v, k!=v, k (has
+    /// the label) or !k (has not).
     #[arg(
         long,
         env = "FIRSTPACKET_NODE_SELECTOR",
@@ -303,7 +304,7 @@ pub struct ProbeArgs {
     /// node), recreate (stable-name target deleted and recreated on its node), burst
     /// (target created among --burst-size filler pods), service (through a per-probe
     /// ClusterIP Service selecting only the fresh target: the source dials
-    /// `<clusterIP>:80`). API writes per probe: 4 for cross_node and same_node, 6 for
+    /// CLUSTER-IP:80). API writes per probe: 4 for cross_node and same_node, 6 for
     /// recreate and service, 4 + 2 × --burst-size for burst.
     #[arg(
         long,
@@ -343,7 +344,7 @@ pub struct ProbeArgs {
     pub group_by_label: Vec<String>,
 
     /// How to scrape node agents' metrics (docs/design.md §3): direct = GET
-    /// `http://<hostIP>:<port>/metrics` (needs the pod network, e.g. in-cluster); proxy =
+    /// http://HOST-IP:PORT/metrics (needs the pod network, e.g. in-cluster); proxy =
     /// through the API server's pod proxy (/api/v1/namespaces/NS/pods/NAME:PORT/proxy/metrics);
     /// auto = direct first and, per node and agent profile, the proxy once the direct path
     /// fails (remembered for the rest of the run).
