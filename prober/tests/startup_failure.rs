@@ -11,10 +11,26 @@ use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-fn tmp(name: &str) -> PathBuf {
+/// A temp dir of this test, removed when dropped (a failing assertion included).
+struct TmpDir(PathBuf);
+
+impl std::ops::Deref for TmpDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TmpDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn tmp(name: &str) -> TmpDir {
     let dir = std::env::temp_dir().join(format!("fp-startup-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("tmp dir");
-    dir
+    TmpDir(dir)
 }
 
 fn kubeconfig(dir: &Path, server: &str) -> PathBuf {
@@ -155,7 +171,6 @@ fn unreachable_api_still_writes_an_inconclusive_report_and_json_logs() {
         "report-written event: {stderr}"
     );
     assert!(out.stdout.is_empty(), "stdout is for results only");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -178,7 +193,6 @@ fn unreachable_api_in_plain_format_keeps_the_plain_error_line() {
         "{stderr}"
     );
     checked_report(&report);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -196,7 +210,6 @@ fn forbidden_first_list_still_writes_the_report() {
     let err = v["errors"][0].as_str().expect("errors[0]");
     assert!(err.contains(&url), "{err}");
     assert!(err.contains("list nodes") && err.contains("403"), "{err}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -208,7 +221,6 @@ fn dry_run_failure_writes_no_report() {
     let out = gate(&kc, &report, &["--dry-run"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(!report.exists(), "--dry-run writes nothing");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

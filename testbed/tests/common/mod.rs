@@ -569,12 +569,30 @@ pub fn assert_ttfp_near_truth(truth: &[TruthEvent], p: &Value, ctx: &str) -> f64
     let ttfp = p["ttfp_seconds"]
         .as_f64()
         .unwrap_or_else(|| panic!("no TTFP: {p:#}\n{ctx}"));
-    let want = testbed::truth::truth_ttfp(
-        truth,
+    let (src, dst) = (
         p["source"]["uid"].as_str().unwrap(),
         p["target"]["uid"].as_str().unwrap(),
-    )
-    .unwrap_or_else(|| panic!("no truth for {}", p["id"]));
+    );
+    let want = testbed::truth::truth_ttfp(truth, src, dst).unwrap_or_else(|| {
+        // Which part of the path the log lacks: the two pods' events and every route event.
+        let related: Vec<String> = truth
+            .iter()
+            .filter(|e| {
+                e.uid.as_deref().is_some_and(|u| u == src || u == dst)
+                    || matches!(
+                        e.event,
+                        testbed::truth::TruthKind::PeerRouteRemoved
+                            | testbed::truth::TruthKind::PeerRouteRestored
+                    )
+            })
+            .map(|e| serde_json::to_string(e).unwrap_or_default())
+            .collect();
+        panic!(
+            "no truth for {} (source uid {src}, target uid {dst}); their truth events:\n{}\nprobe: {p:#}",
+            p["id"],
+            related.join("\n")
+        )
+    });
     let err = ttfp - want;
     assert!(
         (-0.05..=DIAL_INTERVAL + 0.05).contains(&err),
