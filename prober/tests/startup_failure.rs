@@ -11,26 +11,13 @@ use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// A temp dir of this test, removed when dropped (a failing assertion included).
-struct TmpDir(PathBuf);
-
-impl std::ops::Deref for TmpDir {
-    type Target = Path;
-    fn deref(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TmpDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn tmp(name: &str) -> TmpDir {
-    let dir = std::env::temp_dir().join(format!("fp-startup-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("tmp dir");
-    TmpDir(dir)
+/// A temp dir of this test, removed when dropped, a failing assertion included
+/// (`tempfile::TempDir`).
+fn tmp(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("fp-startup-{name}-"))
+        .tempdir()
+        .expect("temp dir")
 }
 
 fn kubeconfig(dir: &Path, server: &str) -> PathBuf {
@@ -128,10 +115,11 @@ fn checked_report(path: &Path) -> Value {
 
 #[test]
 fn unreachable_api_still_writes_an_inconclusive_report_and_json_logs() {
-    let dir = tmp("closed");
+    let tmpdir = tmp("closed");
+    let dir = tmpdir.path();
     let port = closed_port();
     let url = format!("https://127.0.0.1:{port}");
-    let kc = kubeconfig(&dir, &url);
+    let kc = kubeconfig(dir, &url);
     let report = dir.join("report.json");
     let out = gate(&kc, &report, &["--log-format", "json", "--seed", "7"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -175,9 +163,10 @@ fn unreachable_api_still_writes_an_inconclusive_report_and_json_logs() {
 
 #[test]
 fn unreachable_api_in_plain_format_keeps_the_plain_error_line() {
-    let dir = tmp("plain");
+    let tmpdir = tmp("plain");
+    let dir = tmpdir.path();
     let port = closed_port();
-    let kc = kubeconfig(&dir, &format!("https://127.0.0.1:{port}"));
+    let kc = kubeconfig(dir, &format!("https://127.0.0.1:{port}"));
     let report = dir.join("report.json");
     let out = gate(&kc, &report, &["--seed", "7"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -197,10 +186,11 @@ fn unreachable_api_in_plain_format_keeps_the_plain_error_line() {
 
 #[test]
 fn forbidden_first_list_still_writes_the_report() {
-    let dir = tmp("forbidden");
+    let tmpdir = tmp("forbidden");
+    let dir = tmpdir.path();
     let port = forbidding_server();
     let url = format!("http://127.0.0.1:{port}");
-    let kc = kubeconfig(&dir, &url);
+    let kc = kubeconfig(dir, &url);
     let report = dir.join("report.json");
     let out = gate(&kc, &report, &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -214,9 +204,10 @@ fn forbidden_first_list_still_writes_the_report() {
 
 #[test]
 fn dry_run_failure_writes_no_report() {
-    let dir = tmp("dry");
+    let tmpdir = tmp("dry");
+    let dir = tmpdir.path();
     let port = closed_port();
-    let kc = kubeconfig(&dir, &format!("https://127.0.0.1:{port}"));
+    let kc = kubeconfig(dir, &format!("https://127.0.0.1:{port}"));
     let report = dir.join("report.json");
     let out = gate(&kc, &report, &["--dry-run"]);
     assert_eq!(out.status.code(), Some(2));
@@ -225,7 +216,8 @@ fn dry_run_failure_writes_no_report() {
 
 #[test]
 fn kubeconfig_and_context_flags_pick_the_file_and_context() {
-    let dir = tmp("flags");
+    let tmpdir = tmp("flags");
+    let dir = tmpdir.path();
     let a = closed_port();
     let b = loop {
         let b = closed_port();
@@ -233,7 +225,7 @@ fn kubeconfig_and_context_flags_pick_the_file_and_context() {
             break b;
         }
     };
-    let kc = kubeconfig(&dir, &format!("https://127.0.0.1:{a}"));
+    let kc = kubeconfig(dir, &format!("https://127.0.0.1:{a}"));
     // A second context in the same file, pointing at another (closed) API address.
     let other = format!("https://127.0.0.1:{b}");
     let two = std::fs::read_to_string(&kc)

@@ -285,35 +285,21 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 mod tests {
     use super::*;
 
-    /// A state dir under the temp dir, removed when dropped (`Plan::new` creates it).
-    struct TmpDir(PathBuf);
-
-    impl std::ops::Deref for TmpDir {
-        type Target = Path;
-        fn deref(&self) -> &Path {
-            &self.0
-        }
-    }
-
-    impl Drop for TmpDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-
-    fn tmp(name: &str) -> TmpDir {
-        let d = std::env::temp_dir().join(format!("fp-plan-test-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        TmpDir(d)
+    /// A state dir under the temp dir, removed when dropped (`tempfile::TempDir`).
+    fn tmp(name: &str) -> tempfile::TempDir {
+        tempfile::Builder::new()
+            .prefix(&format!("fp-plan-test-{name}-"))
+            .tempdir()
+            .expect("temp dir")
     }
 
     #[test]
     fn plan_is_deterministic_in_the_state_dir() {
         let d = tmp("det");
-        let a = Plan::new(&d, 3).unwrap();
-        let b = Plan::new(&d, 3).unwrap();
+        let a = Plan::new(d.path(), 3).unwrap();
+        let b = Plan::new(d.path(), 3).unwrap();
         assert_eq!(a, b);
-        let other = Plan::new(&tmp("other"), 3).unwrap();
+        let other = Plan::new(tmp("other").path(), 3).unwrap();
         assert_ne!(a.prefix, other.prefix);
         assert!(a.prefix.starts_with("fp") && a.prefix.len() == 8);
         assert!(a.index < 200);
@@ -321,7 +307,7 @@ mod tests {
 
     #[test]
     fn plan_addresses_follow_the_layout() {
-        let p = Plan::new(&tmp("layout"), 2).unwrap();
+        let p = Plan::new(tmp("layout").path(), 2).unwrap();
         let x = p.index;
         assert_eq!(p.bridge_ip, Ipv4Addr::new(172, 20, x, 1));
         assert_eq!(p.host_netns, format!("{}-host", p.prefix));
@@ -338,15 +324,15 @@ mod tests {
     #[test]
     fn plan_round_trips_through_plan_json() {
         let d = tmp("save");
-        let p = Plan::new(&d, 2).unwrap();
+        let p = Plan::new(d.path(), 2).unwrap();
         p.save().unwrap();
-        assert_eq!(Plan::load(&d).unwrap(), p);
+        assert_eq!(Plan::load(d.path()).unwrap(), p);
     }
 
     #[test]
     fn plan_rejects_zero_nodes() {
         assert!(matches!(
-            Plan::new(&tmp("zero"), 0),
+            Plan::new(tmp("zero").path(), 0),
             Err(PlanError::NodeCount(0))
         ));
     }
