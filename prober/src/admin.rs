@@ -492,13 +492,7 @@ fn bad_probes_html(out: &mut String, records: &[ProbeRecord]) {
         let suspects: Vec<String> = r
             .suspects
             .iter()
-            .map(|s| {
-                format!(
-                    "{}: {}",
-                    esc(&s.node),
-                    crate::agents::correlate::signal_label(s)
-                )
-            })
+            .map(|s| format!("{}: {}", esc(&s.node), s.signal.as_str()))
             .collect();
         let _ = write!(
             out,

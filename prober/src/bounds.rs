@@ -57,7 +57,7 @@ impl BoundInputs {
 }
 
 /// Signals a node can carry at once (`firstpacket_report::Signal`'s variants).
-const SIGNALS: usize = 8;
+const SIGNALS: usize = firstpacket_report::Signal::ALL.len();
 
 /// The bound of `structure` (module docs' table), `None` for a name not in it.
 pub fn bound(structure: &str, i: BoundInputs) -> Option<usize> {

@@ -202,11 +202,11 @@ pub fn event_message(rec: &ProbeRecord, node: &str) -> String {
     let ttfp = rec
         .ttfp_seconds
         .map_or("no TTFP".to_string(), |t| format!("TTFP {t:.3}s"));
-    let signals: Vec<String> = rec
+    let signals: Vec<&str> = rec
         .suspects
         .iter()
         .filter(|s| s.node == node)
-        .map(crate::agents::correlate::signal_label)
+        .map(|s| s.signal.as_str())
         .collect();
     let mut m = format!(
         "probe {} ({}) {} → {}: {}{}, {ttfp}",

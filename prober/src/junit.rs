@@ -64,8 +64,8 @@ fn probe_line(p: &ProbeRecord) -> String {
             format!(
                 "{} {} ({}) {}",
                 s.node,
-                crate::agents::correlate::signal_label(s),
-                crate::agents::correlate::role_label(s.role),
+                s.signal.as_str(),
+                s.role.as_str(),
                 s.evidence
             )
         })

@@ -11,7 +11,6 @@
 //! `firstpacket_ttfp_seconds_count{kind}` = the records of that kind with a non-null
 //! `ttfp_seconds`, up to the `total` read with them).
 
-use crate::agents::correlate::signal_label;
 use crate::kind::ProbeKind;
 use crate::sync::lock;
 use firstpacket_report::{ProbeRecord, ProbeResult, Reason};
@@ -422,7 +421,7 @@ impl Metrics {
         }
         for s in &rec.suspects {
             self.suspects
-                .with_label_values(&[&s.node, &signal_label(s)])
+                .with_label_values(&[&s.node, s.signal.as_str()])
                 .inc();
         }
         self.last_probe.set(now_unix);

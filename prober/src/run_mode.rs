@@ -1275,7 +1275,7 @@ impl ProbeTask {
         // Agent findings on probes with normal TTFP: logged once each, not kept.
         let warnings = std::mem::take(&mut *lock(&self.env.agent_warnings));
         for w in warnings {
-            tracing::warn!(node = %w.node, signal = %crate::agents::correlate::signal_label(&w), "node-agent warning");
+            tracing::warn!(node = %w.node, signal = w.signal.as_str(), "node-agent warning");
         }
         // Node Events: decide the blame now, or once later probes tell the sides apart.
         let new = event_reason(rec.result).map(|_| (rec.clone(), n));

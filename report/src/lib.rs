@@ -369,12 +369,50 @@ pub enum Signal {
     AgentBadMetrics,
 }
 
+impl Signal {
+    /// Every signal, in declaration order.
+    pub const ALL: [Signal; 8] = [
+        Signal::DataplaneApplySlow,
+        Signal::DataplaneApplyFailures,
+        Signal::DatastoreResync,
+        Signal::RouteResyncSlow,
+        Signal::AgentRestarted,
+        Signal::AgentNotReady,
+        Signal::AgentUnreachable,
+        Signal::AgentBadMetrics,
+    ];
+
+    /// The JSON string, also the `signal` label of metrics, Events and JUnit.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Signal::DataplaneApplySlow => "dataplane_apply_slow",
+            Signal::DataplaneApplyFailures => "dataplane_apply_failures",
+            Signal::DatastoreResync => "datastore_resync",
+            Signal::RouteResyncSlow => "route_resync_slow",
+            Signal::AgentRestarted => "agent_restarted",
+            Signal::AgentNotReady => "agent_not_ready",
+            Signal::AgentUnreachable => "agent_unreachable",
+            Signal::AgentBadMetrics => "agent_bad_metrics",
+        }
+    }
+}
+
 /// Which side of a probe a node played.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
     Source,
     Target,
+}
+
+impl Role {
+    /// The JSON string, also the `role` label of metrics and JUnit.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Source => "source",
+            Role::Target => "target",
+        }
+    }
 }
 
 /// A suspect (on slow/failed probes) or warning (normal TTFP): docs/design.md §3.

@@ -362,3 +362,30 @@ fn source_report_with_nulls_validates() {
     let doc = serde_json::to_value(r).expect("serialise");
     assert_eq!(errors(&v, &doc), Vec::<String>::new());
 }
+
+/// Every closed set's `as_str` (metric, Event and JUnit labels) is its JSON string.
+#[test]
+fn label_strings_are_the_json_strings() {
+    fn json<T: serde::Serialize>(v: T) -> String {
+        serde_json::to_value(v)
+            .expect("serialise")
+            .as_str()
+            .expect("a string")
+            .to_owned()
+    }
+    for s in Signal::ALL {
+        assert_eq!(s.as_str(), json(s));
+    }
+    for r in [Role::Source, Role::Target] {
+        assert_eq!(r.as_str(), json(r));
+    }
+    for r in ProbeResult::ALL {
+        assert_eq!(r.as_str(), json(r));
+    }
+    for r in Reason::ALL {
+        assert_eq!(r.as_str(), json(r));
+    }
+    for k in ErrorKind::ALL {
+        assert_eq!(k.as_str(), json(k));
+    }
+}

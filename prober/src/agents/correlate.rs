@@ -565,22 +565,6 @@ fn opt(x: Option<f64>) -> Value {
     x.map_or(Value::Null, r)
 }
 
-/// The `signal` label of a suspect in metrics, Events and JUnit (its JSON name, e.g. `dataplane_apply_slow`).
-pub fn signal_label(s: &Suspect) -> String {
-    serde_json::to_value(s.signal)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .unwrap_or_else(|| "unknown".into())
-}
-
-/// The `role` label of a suspect (metrics, JUnit).
-pub fn role_label(r: Role) -> &'static str {
-    match r {
-        Role::Source => "source",
-        Role::Target => "target",
-    }
-}
-
 fn suspect(node: &str, role: Role, signal: Signal, evidence: Map<String, Value>) -> Suspect {
     Suspect {
         node: node.to_owned(),
