@@ -344,6 +344,7 @@ mod tests {
             source_report: None,
             first_attempt_failures: 0,
             pre_ready_attempt_failures: 0,
+            programming: None,
             api_writes: 4,
             recreate: None,
             burst: None,

@@ -85,18 +85,41 @@ pub fn suspect_nodes(probes: &[ProbeRecord]) -> Vec<String> {
     let mut seen: BTreeMap<&str, (u64, u64)> = BTreeMap::new(); // (conclusive, bad)
     for p in probes.iter().filter(|p| p.result.is_conclusive()) {
         let bad = matches!(p.result, ProbeResult::Slow | ProbeResult::Failed);
+        // A programming wait names its own pod: the other end's node was fine.
+        let blamed = programming_slow_nodes(p);
         let mut nodes = vec![p.source.node.as_str(), p.target.node.as_str()];
         nodes.dedup();
         for n in nodes {
             let e = seen.entry(n).or_default();
             e.0 += 1;
-            e.1 += u64::from(bad);
+            e.1 += u64::from(bad && blamed.as_ref().is_none_or(|b| b.contains(&n)));
         }
     }
     seen.into_iter()
         .filter(|(_, (c, b))| *c >= 2 && b == c)
         .map(|(n, _)| n.to_string())
         .collect()
+}
+
+/// For a `slow` / `endpoint_programming_slow` probe: the nodes whose pod's own
+/// programming wait was over the threshold (issue 29: the wait is measured in the pod,
+/// so it names its node alone). `None` for every other probe (both nodes share the
+/// blame).
+pub fn programming_slow_nodes(p: &ProbeRecord) -> Option<Vec<&str>> {
+    if p.reason != Some(Reason::EndpointProgrammingSlow) {
+        return None;
+    }
+    let prog = p.programming.as_ref()?;
+    let mut nodes = Vec::new();
+    for (w, node) in [
+        (&prog.source, &p.source.node),
+        (&prog.target, &p.target.node),
+    ] {
+        if w.as_ref().is_some_and(|w| w.over_threshold) {
+            nodes.push(node.as_str());
+        }
+    }
+    Some(nodes)
 }
 
 fn passed(p: &ProbeRecord) -> bool {
@@ -448,6 +471,7 @@ pub fn first_attempt_failure_probes(probes: &[ProbeRecord]) -> u64 {
 /// Counts, nearest-rank p50/p95/max TTFP and the diagnosis.
 pub fn summarize(probes: &[ProbeRecord]) -> Summary {
     let ttfps = conclusive_ttfps(probes);
+    let waits = conclusive_programming_waits(probes);
     Summary {
         total: probes.len() as u64,
         by_result: ProbeResult::ALL
@@ -461,7 +485,26 @@ pub fn summarize(probes: &[ProbeRecord]) -> Summary {
         first_attempt_failures: first_attempt_failure_probes(probes),
         by_kind: summarize_kinds(probes),
         failing_pairs: failing_pairs(probes),
+        programming_wait_p50: nearest_rank(&waits, 0.50),
+        programming_wait_p95: nearest_rank(&waits, 0.95),
+        programming_wait_max: nearest_rank(&waits, 1.0),
     }
+}
+
+/// The programming waits (seconds; source and target, each pod once per probe) of the
+/// conclusive probes, sorted.
+pub fn conclusive_programming_waits(probes: &[ProbeRecord]) -> Vec<f64> {
+    let mut waits: Vec<f64> = probes
+        .iter()
+        .filter(|p| p.result.is_conclusive())
+        .filter_map(|p| p.programming.as_ref())
+        .flat_map(|g| [&g.source, &g.target])
+        .flatten()
+        .map(|w| w.wait_seconds)
+        .filter(|w| w.is_finite())
+        .collect();
+    waits.sort_by(f64::total_cmp);
+    waits
 }
 
 /// Verdict, exit code and one reason line per broken threshold / run problem.
@@ -479,6 +522,15 @@ pub fn verdict(
         if p95 > thresholds.max_ttfp_seconds {
             fail.push(format!(
                 "TTFP p95 {p95:.3}s > --max-ttfp {:.3}s",
+                thresholds.max_ttfp_seconds
+            ));
+        }
+    }
+    if let Some(p95) = summary.programming_wait_p95 {
+        if p95 > thresholds.max_ttfp_seconds {
+            fail.push(format!(
+                "programming wait p95 {p95:.3}s > --max-ttfp {:.3}s (new pods' own path to \
+                 their node, before Ready)",
                 thresholds.max_ttfp_seconds
             ));
         }
@@ -968,6 +1020,56 @@ pub fn render_headline(report: &GateReport) -> String {
             s.first_attempt_failures, s.total
         );
     }
+    out.push_str(&programming_lines(report));
+    out
+}
+
+/// Where the new pods' delay was (issue 29): the programming wait's quantiles (the pods'
+/// own path to their node, measured in the pods, before Ready), how many probes had
+/// their delay before Ready (the CNI gated readiness) and how many after (in TTFP), and
+/// the nodes whose pods waited over `--slow-threshold`. Empty when no wait was measured.
+pub fn programming_lines(report: &GateReport) -> String {
+    let s = &report.summary;
+    let mut out = String::new();
+    if s.programming_wait_max.is_none() {
+        return out;
+    }
+    let (mut before, mut after) = (0, 0);
+    let mut slow: BTreeMap<&str, u64> = BTreeMap::new();
+    for p in &report.probes {
+        match p.programming.as_ref().and_then(|g| g.readiness_gated) {
+            Some(true) => before += 1,
+            Some(false) => after += 1,
+            None => {}
+        }
+        if let Some(nodes) = programming_slow_nodes(p) {
+            for n in nodes {
+                *slow.entry(n).or_default() += 1;
+            }
+        }
+    }
+    let _ = writeln!(
+        out,
+        "programming wait (a new pod's own path to its node, before Ready): p50 {}  p95 {}  max {}",
+        fmt_secs(s.programming_wait_p50),
+        fmt_secs(s.programming_wait_p95),
+        fmt_secs(s.programming_wait_max)
+    );
+    if before + after > 0 {
+        let _ = writeln!(
+            out,
+            "where the delay was: {before} probe(s) before Ready (the CNI held the new pod \
+             until programmed), {after} after Ready (in TTFP)"
+        );
+    }
+    if !slow.is_empty() {
+        let list: Vec<String> = slow.iter().map(|(n, c)| format!("{n} ({c})")).collect();
+        let _ = writeln!(
+            out,
+            "pods waiting over --slow-threshold for their node's dataplane: {}",
+            list.join(", ")
+        );
+    }
     out
 }
 
@@ -1333,6 +1435,7 @@ mod tests {
             source_report: None,
             first_attempt_failures: 0,
             pre_ready_attempt_failures: 0,
+            programming: None,
             api_writes: 4,
             recreate: None,
             burst: None,
@@ -1439,6 +1542,62 @@ mod tests {
             assert_eq!((v, code), c.want, "{}", c.name);
             assert_eq!(reasons.is_empty(), v == Verdict::Pass, "{}", c.name);
         }
+    }
+
+    fn programming_slow(src: &str, dst: &str, source_wait: f64, target_wait: f64) -> ProbeRecord {
+        let w = |wait: f64| {
+            Some(firstpacket_report::ProgrammingWait {
+                method: firstpacket_report::ProgrammingMethod::NodeDial,
+                wait_seconds: wait,
+                resolution_seconds: 0.1,
+                over_threshold: wait > 5.0,
+            })
+        };
+        let mut p = rec(src, dst, ProbeResult::Success, Some(0.0));
+        if source_wait > 5.0 || target_wait > 5.0 {
+            p.result = ProbeResult::Slow;
+            p.reason = Some(Reason::EndpointProgrammingSlow);
+        }
+        p.programming = Some(firstpacket_report::ProbeProgramming {
+            source: w(source_wait),
+            target: w(target_wait),
+            readiness_gated: Some(source_wait.max(target_wait) > 1.0),
+        });
+        p
+    }
+
+    #[test]
+    fn programming_waits_blame_only_their_own_nodes_and_fail_the_gate_on_p95() {
+        // b and c program late; a and d are healthy but every probe of a has b or c as
+        // its other end.
+        let probes = vec![
+            programming_slow("a", "b", 0.05, 7.0),
+            programming_slow("c", "a", 7.2, 0.05),
+            programming_slow("b", "d", 7.1, 0.05),
+            programming_slow("d", "c", 0.05, 6.9),
+            programming_slow("d", "a", 0.05, 0.05),
+            programming_slow("b", "c", 7.0, 7.1),
+        ];
+        assert_eq!(
+            suspect_nodes(&probes),
+            vec!["b".to_string(), "c".to_string()]
+        );
+        assert_eq!(diagnose(&probes), Diagnosis::SlowNodes);
+        let s = summarize(&probes);
+        assert_eq!(s.programming_wait_max, Some(7.2));
+        let (v, code, reasons) = verdict(&s, &th(), &[]);
+        assert_eq!((v, code), (Verdict::Fail, 1), "{reasons:?}");
+        assert!(
+            reasons
+                .iter()
+                .any(|r| r.starts_with("programming wait p95 7.")),
+            "{reasons:?}"
+        );
+        let report = build_report(probes, &[], vec![], inputs());
+        assert_eq!(report.exit_code, 1);
+        let text = programming_lines(&report);
+        assert!(text.contains("5 probe(s) before Ready"), "{text}");
+        assert!(text.contains("b (3), c (3)"), "{text}");
     }
 
     #[test]

@@ -288,6 +288,14 @@ pub fn source_args_to(cfg: &PodConfig, target_addr: &str, target_pod: &str) -> V
     ]
 }
 
+fn value_env(name: &str, value: String) -> EnvVar {
+    EnvVar {
+        name: name.to_string(),
+        value: Some(value),
+        value_from: None,
+    }
+}
+
 fn field_env(name: &str, path: &str) -> EnvVar {
     EnvVar {
         name: name.to_string(),
@@ -448,6 +456,16 @@ pub fn probe_pod_named(
             field_env("POD_NAMESPACE", "metadata.namespace"),
             field_env("POD_IP", "status.podIP"),
             field_env("NODE_NAME", "spec.nodeName"),
+            // The programming wait: every probe pod dials its own node from its first
+            // instant (target-server's node dial), as often as the source dials its
+            // target; env, not args, so an older target-server image ignores them.
+            field_env("HOST_IP", "status.hostIP"),
+            value_env("FIRSTPACKET_INTERVAL", duration_arg(cfg.dial_interval)),
+            value_env(
+                "FIRSTPACKET_ATTEMPT_TIMEOUT",
+                duration_arg(cfg.attempt_timeout),
+            ),
+            value_env("FIRSTPACKET_GIVE_UP", duration_arg(cfg.give_up)),
         ]),
         ports: Some(vec![ContainerPort {
             name: Some("http".into()),

@@ -9,8 +9,9 @@
 use crate::podspec::calico_iface_name;
 use crate::tracker::PodState;
 use firstpacket_report::{
-    Attempts, Hold, PodRef, PodTimeline, ProbeRecord, ProbeResult, Reason, SourceOutcome,
-    SourceReport, Timeline, SCHEMA_VERSION,
+    Attempts, Hold, PodProgramming, PodRef, PodTimeline, ProbeProgramming, ProbeRecord,
+    ProbeResult, ProgrammingWait, Reason, SourceOutcome, SourceReport, Timeline,
+    NOTABLE_DELAY_SECONDS, SCHEMA_VERSION,
 };
 use std::time::{Duration, Instant};
 
@@ -202,13 +203,81 @@ pub fn classify_report(
                     slow_threshold.as_secs_f64()
                 ),
             ),
-            Some(_) => (ProbeResult::Success, None, None),
+            Some(t) => {
+                let prog = probe_programming(r, Some(t), slow_threshold);
+                let slow: Vec<String> = [("source", &prog.source), ("target", &prog.target)]
+                    .into_iter()
+                    .filter_map(|(role, w)| {
+                        w.as_ref().filter(|w| w.over_threshold).map(|w| {
+                            format!(
+                                "the {role}'s {:.3}s ({})",
+                                w.wait_seconds,
+                                w.method.as_str()
+                            )
+                        })
+                    })
+                    .collect();
+                if slow.is_empty() {
+                    (ProbeResult::Success, None, None)
+                } else {
+                    fail(
+                        Reason::EndpointProgrammingSlow,
+                        format!(
+                            "programming wait {} > slow threshold {:.3}s: the new pod's own \
+                             path to its node worked only then, before Ready (TTFP after \
+                             Ready {t:.3}s)",
+                            slow.join(" and "),
+                            slow_threshold.as_secs_f64()
+                        ),
+                    )
+                }
+            }
             None => fail(
                 Reason::ContainerFailed,
                 "source reported success without a first_success_sent time".into(),
             ),
         },
         SourceOutcome::Terminated => (ProbeResult::Inconclusive, Some(Reason::Interrupted), None),
+    }
+}
+
+/// Both pods' programming waits from a source report (the source's own measurement
+/// and the target's as the target reported it) and where the probe's delay showed
+/// ([`ProbeProgramming`]; issue 29). A wait is over the threshold when it exceeds
+/// `slow_threshold`; `readiness_gated` compares the larger wait with `ttfp` (seconds)
+/// above [`NOTABLE_DELAY_SECONDS`].
+pub fn probe_programming(
+    r: &SourceReport,
+    ttfp: Option<f64>,
+    slow_threshold: Duration,
+) -> ProbeProgramming {
+    let wait = |p: &Option<PodProgramming>| {
+        let p = p.as_ref()?;
+        let wait_seconds = p.wait_seconds?;
+        Some(ProgrammingWait {
+            method: p.method?,
+            wait_seconds,
+            resolution_seconds: p.resolution_seconds.unwrap_or(0.0),
+            over_threshold: wait_seconds > slow_threshold.as_secs_f64(),
+        })
+    };
+    let source = wait(&r.programming);
+    let target = wait(&r.target_programming);
+    let longest = [&source, &target]
+        .into_iter()
+        .flatten()
+        .map(|w| w.wait_seconds)
+        .fold(0.0_f64, f64::max);
+    let ttfp = ttfp.unwrap_or(0.0);
+    let readiness_gated = if longest.max(ttfp) <= NOTABLE_DELAY_SECONDS {
+        None
+    } else {
+        Some(longest >= ttfp)
+    };
+    ProbeProgramming {
+        source,
+        target,
+        readiness_gated,
     }
 }
 
@@ -341,6 +410,9 @@ pub fn build_record(
             reason,
             source_report.as_ref(),
         ),
+        programming: source_report
+            .as_ref()
+            .map(|r| probe_programming(r, ttfp, slow_threshold)),
         source_report,
         api_writes: 0,
         recreate: None,
@@ -474,6 +546,8 @@ mod tests {
                 failures_per_second: vec![],
             },
             outcome,
+            programming: None,
+            target_programming: None,
         }
     }
 
@@ -534,6 +608,51 @@ mod tests {
             Duration::from_secs(5),
             t0 + Duration::from_secs(9),
         )
+    }
+
+    fn waited(wait: f64) -> Option<PodProgramming> {
+        Some(PodProgramming {
+            method: Some(firstpacket_report::ProgrammingMethod::NodeDial),
+            wait_seconds: Some(wait),
+            resolution_seconds: Some(0.1),
+            ..PodProgramming::default()
+        })
+    }
+
+    #[test]
+    fn a_programming_wait_over_the_threshold_is_slow_and_names_its_pod() {
+        // Ready at 7.3 s after a 7.2 s wait (the CNI held the pod), TTFP 0.
+        let mut r = report(SourceOutcome::Success, Some(7.3), Some(7.3));
+        r.programming = waited(7.2);
+        r.target_programming = waited(0.05);
+        let rec = record_for(Some(&r), None);
+        assert_eq!(rec.result, ProbeResult::Slow);
+        assert_eq!(rec.reason, Some(Reason::EndpointProgrammingSlow));
+        let detail = rec.detail.as_deref().unwrap();
+        assert!(detail.contains("the source's 7.200s"), "{detail}");
+        assert!(!detail.contains("target's"), "{detail}");
+        let g = rec.programming.expect("programming");
+        assert!(g.source.as_ref().unwrap().over_threshold);
+        assert!(!g.target.as_ref().unwrap().over_threshold);
+        assert_eq!(g.readiness_gated, Some(true));
+    }
+
+    #[test]
+    fn a_slow_ttfp_wins_over_a_slow_programming_wait_and_shows_the_delay_after_ready() {
+        let mut r = report(SourceOutcome::Success, Some(0.5), Some(7.5));
+        r.programming = waited(0.1);
+        r.target_programming = waited(0.1);
+        let rec = record_for(Some(&r), None);
+        assert_eq!(rec.reason, Some(Reason::TtfpOverThreshold));
+        assert_eq!(rec.programming.unwrap().readiness_gated, Some(false));
+        // Both short: no side taken; no measurement: no programming verdict.
+        let mut r = report(SourceOutcome::Success, Some(0.5), Some(0.6));
+        r.programming = waited(0.3);
+        let rec = record_for(Some(&r), None);
+        assert_eq!(rec.result, ProbeResult::Success);
+        let g = rec.programming.unwrap();
+        assert_eq!(g.readiness_gated, None);
+        assert_eq!(g.target, None);
     }
 
     #[test]

@@ -50,6 +50,8 @@ fn source_report(outcome: SourceOutcome, ready: Option<f64>, success: Option<f64
             failures_per_second: vec![0; 5],
         },
         outcome,
+        programming: None,
+        target_programming: None,
     }
 }
 

@@ -108,11 +108,16 @@ pub enum Reason {
     AdmissionRejected,
     /// `inconclusive`: the prober was interrupted (signal, `--timeout`).
     Interrupted,
+    /// `slow`: TTFP was within `--slow-threshold`, but a pod's own programming wait
+    /// ([`PodProgramming`]) was over it: the CNI held the new pod's traffic (and so its
+    /// readiness) that long before the first packet could even be tried. Added reason
+    /// (issue 29).
+    EndpointProgrammingSlow,
 }
 
 impl Reason {
     /// Every reason, in declaration order.
-    pub const ALL: [Reason; 13] = [
+    pub const ALL: [Reason; 14] = [
         Reason::TtfpOverThreshold,
         Reason::NoSuccessBeforeGiveUp,
         Reason::LostAfterSuccess,
@@ -126,6 +131,7 @@ impl Reason {
         Reason::ApiError,
         Reason::AdmissionRejected,
         Reason::Interrupted,
+        Reason::EndpointProgrammingSlow,
     ];
 
     /// The JSON / metric-label string.
@@ -144,13 +150,14 @@ impl Reason {
             Reason::ApiError => "api_error",
             Reason::AdmissionRejected => "admission_rejected",
             Reason::Interrupted => "interrupted",
+            Reason::EndpointProgrammingSlow => "endpoint_programming_slow",
         }
     }
 
     /// The result class this reason belongs to (docs/design.md §2 table).
     pub fn result(self) -> ProbeResult {
         match self {
-            Reason::TtfpOverThreshold => ProbeResult::Slow,
+            Reason::TtfpOverThreshold | Reason::EndpointProgrammingSlow => ProbeResult::Slow,
             Reason::NoSuccessBeforeGiveUp
             | Reason::LostAfterSuccess
             | Reason::TargetNeverReady
@@ -225,6 +232,110 @@ pub enum SourceOutcome {
     Terminated,
 }
 
+/// How a pod's programming wait was measured (issue 29: "the endpoint's own programming
+/// wait, measured on the pod's clock"). Closed set; the JSON uses these exact strings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProgrammingMethod {
+    /// The pod dialed its own node (`status.hostIP`, a TCP connect every dial interval
+    /// from its first instant); the wait ends at the send time of the earliest connect
+    /// the node answered (SYN-ACK or RST: either proves both directions work).
+    /// Resolution: the dial interval.
+    NodeDial,
+    /// Fallback where pod-initiated traffic to the node is dropped by policy (Calico's
+    /// built-in `DefaultEndpointToHostAction: Drop`): the wait ends when the kubelet's
+    /// first probe request reached the pod (its TCP handshake completes only once the
+    /// return path is programmed). Resolution: the kubelet's probe period (1 s for
+    /// probe pods), plus a SYN retransmission when one was dropped.
+    KubeletProbe,
+}
+
+impl ProgrammingMethod {
+    /// The JSON string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProgrammingMethod::NodeDial => "node_dial",
+            ProgrammingMethod::KubeletProbe => "kubelet_probe",
+        }
+    }
+}
+
+/// One pod's own programming wait (issue 29), measured by `target-server` in the pod on
+/// its own monotonic clock: every time is seconds since the pod's process start.
+///
+/// `wait_seconds` is when the pod's own network path first worked: the
+/// [`ProgrammingMethod::NodeDial`] answer if any, else the kubelet's first request
+/// ([`ProgrammingMethod::KubeletProbe`]), else null (neither yet). On a CNI that holds a
+/// new pod's traffic until its agent has programmed the endpoint (Calico Felix drops
+/// workload↔host traffic of an unknown interface: felix/rules/dispatch.go), this is
+/// the programming delay, and Ready comes after it. On a CNI that lets node traffic
+/// through at once it is about 0 whatever the agent does: the delay then shows after
+/// Ready, in TTFP.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct PodProgramming {
+    /// How `wait_seconds` was measured (null when it is null).
+    pub method: Option<ProgrammingMethod>,
+    /// Seconds from process start to the first moment the pod's path worked.
+    pub wait_seconds: Option<f64>,
+    /// What `wait_seconds` resolves to, seconds (the dial interval, or the kubelet's
+    /// probe period).
+    pub resolution_seconds: Option<f64>,
+    /// `IP:PORT` the pod dialed (its node's `status.hostIP`; null when not given: then
+    /// only the kubelet fallback is available).
+    pub node_addr: Option<String>,
+    /// Connects sent to the node.
+    pub node_dial_attempts: u64,
+    /// Of those, the ones that ended without an answer (timeout, unreachable).
+    pub node_dial_failures: u64,
+    /// Earliest send time among the connects the node answered.
+    pub node_dial_first_success_sent: Option<f64>,
+    /// Kind of the most recent failed connect.
+    pub node_dial_last_error: Option<ErrorKind>,
+    /// When the pod stopped dialing its node without an answer (its give-up), if it did.
+    pub node_dial_gave_up: Option<f64>,
+    /// When the first request with `User-Agent: kube-probe/…` reached the pod (any path,
+    /// any answer).
+    pub first_kubelet_request: Option<f64>,
+    /// First kubelet `/readyz` answered 200 (as the source report's `ready_at`).
+    pub ready_at: Option<f64>,
+}
+
+/// One pod's programming wait as the probe record carries it (the full measurement is
+/// in `source_report.programming` / `source_report.target_programming`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProgrammingWait {
+    /// How it was measured.
+    pub method: ProgrammingMethod,
+    /// Seconds from the pod's container start (its process start) to the moment its own
+    /// path to its node worked, on the pod's clock.
+    pub wait_seconds: f64,
+    /// What the method resolves to, seconds.
+    pub resolution_seconds: f64,
+    /// Whether it was over `--slow-threshold` (the probe is then `slow` /
+    /// `endpoint_programming_slow` unless TTFP was slow too).
+    pub over_threshold: bool,
+}
+
+/// Where a probe's new-pod delay showed (issue 29): before Ready, as a pod's programming
+/// wait (a CNI that holds a new pod's traffic until its agent has programmed it, as
+/// Calico does, so readiness waits too), or after Ready, as TTFP (a CNI that lets the
+/// node reach the pod at once).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct ProbeProgramming {
+    /// The source pod's wait (null when it could not be measured).
+    pub source: Option<ProgrammingWait>,
+    /// The target pod's wait, as the target reported it to the source.
+    pub target: Option<ProgrammingWait>,
+    /// `true` when the larger programming wait exceeded both TTFP and
+    /// [`NOTABLE_DELAY_SECONDS`] (the CNI gated readiness: the delay was before Ready);
+    /// `false` when TTFP did (the delay was after Ready); null when neither reached it.
+    pub readiness_gated: Option<bool>,
+}
+
+/// Shortest delay `readiness_gated` takes a side on, seconds: the kubelet's 1 s probe
+/// period (a pod is normally Ready within about that anyway).
+pub const NOTABLE_DELAY_SECONDS: f64 = 1.0;
+
 /// What `target-server probe` writes to its termination log and stdout (one JSON line).
 ///
 /// All `f64` times are seconds on the source's monotonic clock since its own process
@@ -289,6 +400,15 @@ pub struct SourceReport {
     /// The hold after the first success.
     pub hold: SourceHold,
     pub outcome: SourceOutcome,
+    /// This source pod's own programming wait ([`PodProgramming`]). Added field
+    /// (defaults to null: a source that predates it).
+    #[serde(default)]
+    pub programming: Option<PodProgramming>,
+    /// The target pod's programming wait as the target reported it in its last answer
+    /// to a successful attempt (`GET /` carries it; its times are on the target's
+    /// clock). Null when no attempt succeeded or the target predates it.
+    #[serde(default)]
+    pub target_programming: Option<PodProgramming>,
 }
 
 /// Works-then-breaks accounting after the first success (docs/design.md §2 step 7).
@@ -464,6 +584,10 @@ pub struct ProbeRecord {
     /// to 0).
     #[serde(default)]
     pub pre_ready_attempt_failures: u64,
+    /// Both pods' own programming waits and where this probe's delay was (issue 29);
+    /// null when the source left no report. Added field.
+    #[serde(default)]
+    pub programming: Option<ProbeProgramming>,
     /// API writes (creates + deletes, Events excluded) this probe made; each kind's
     /// budget is in the prober's `probe` module docs (docs/design.md §7).
     #[serde(default)]
@@ -659,6 +783,16 @@ pub struct Summary {
     /// (defaults to empty).
     #[serde(default)]
     pub failing_pairs: Vec<FailingPair>,
+    /// Nearest-rank p50/p95/max of the conclusive probes' pods' own programming waits
+    /// (source and target, seconds; `ProbeRecord::programming`); null when none was
+    /// measured. The gate holds p95 to `--max-ttfp` as it does TTFP's (issue 29: on a
+    /// CNI that gates readiness the stall is here, not in TTFP). Added fields.
+    #[serde(default)]
+    pub programming_wait_p50: Option<f64>,
+    #[serde(default)]
+    pub programming_wait_p95: Option<f64>,
+    #[serde(default)]
+    pub programming_wait_max: Option<f64>,
 }
 
 /// One entry of [`Summary::failing_pairs`]: an unordered node pair and the conclusive

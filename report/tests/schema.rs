@@ -3,10 +3,11 @@
 //! strings, missing required fields, another schema version) are rejected.
 
 use firstpacket_report::{
-    Attempts, Diagnosis, ErrorKind, GateReport, Hold, NodeRoleStats, NodeSummary, PodRef,
-    PodTimeline, ProbeRecord, ProbeResult, Reason, Role, Signal, SourceHold, SourceOutcome,
-    SourceReport, Summary, Suspect, Thresholds, Timeline, Verdict, GATE_REPORT_SCHEMA,
-    SCHEMA_VERSION, SOURCE_REPORT_SCHEMA,
+    Attempts, Diagnosis, ErrorKind, GateReport, Hold, NodeRoleStats, NodeSummary, PodProgramming,
+    PodRef, PodTimeline, ProbeProgramming, ProbeRecord, ProbeResult, ProgrammingMethod,
+    ProgrammingWait, Reason, Role, Signal, SourceHold, SourceOutcome, SourceReport, Summary,
+    Suspect, Thresholds, Timeline, Verdict, GATE_REPORT_SCHEMA, SCHEMA_VERSION,
+    SOURCE_REPORT_SCHEMA,
 };
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -58,6 +59,27 @@ fn source_report() -> SourceReport {
             failures_per_second: vec![0, 0, 0, 0, 0],
         },
         outcome: SourceOutcome::Success,
+        programming: Some(PodProgramming {
+            method: Some(ProgrammingMethod::NodeDial),
+            wait_seconds: Some(1.2),
+            resolution_seconds: Some(0.1),
+            node_addr: Some("172.18.0.3:10250".into()),
+            node_dial_attempts: 13,
+            node_dial_failures: 12,
+            node_dial_first_success_sent: Some(1.2),
+            node_dial_last_error: Some(ErrorKind::Timeout),
+            node_dial_gave_up: None,
+            first_kubelet_request: Some(1.31),
+            ready_at: Some(1.31),
+        }),
+        target_programming: Some(PodProgramming {
+            method: Some(ProgrammingMethod::KubeletProbe),
+            wait_seconds: Some(0.9),
+            resolution_seconds: Some(1.0),
+            node_addr: None,
+            first_kubelet_request: Some(0.9),
+            ..PodProgramming::default()
+        }),
     }
 }
 
@@ -123,6 +145,16 @@ fn probe(id: &str, result: ProbeResult, reason: Option<Reason>) -> ProbeRecord {
         source_report: Some(sr),
         first_attempt_failures: 0,
         pre_ready_attempt_failures: 0,
+        programming: Some(ProbeProgramming {
+            source: Some(ProgrammingWait {
+                method: ProgrammingMethod::NodeDial,
+                wait_seconds: 1.2,
+                resolution_seconds: 0.1,
+                over_threshold: false,
+            }),
+            target: None,
+            readiness_gated: Some(true),
+        }),
         api_writes: 4,
         recreate: None,
         burst: None,
@@ -163,6 +195,9 @@ fn gate_report() -> GateReport {
             first_attempt_failures: 0,
             by_kind: BTreeMap::new(),
             failing_pairs: Vec::new(),
+            programming_wait_p50: Some(0.9),
+            programming_wait_p95: Some(1.2),
+            programming_wait_max: Some(1.2),
         },
         nodes: vec![NodeSummary {
             node: "node-1".into(),

@@ -15,7 +15,7 @@
 //!   is returned; [`NO_IDENTITY`] when the body carries none).
 
 use crate::ProcessStart;
-use firstpacket_report::ErrorKind;
+use firstpacket_report::{ErrorKind, PodProgramming};
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper::body::Bytes;
 use hyper::header::{CONNECTION, HOST, USER_AGENT};
@@ -68,6 +68,9 @@ pub struct AttemptOutcome {
     pub received: f64,
     /// What happened.
     pub result: AttemptResult,
+    /// On a success: the target's programming wait as its answer carried it
+    /// (`programming` in its `GET /` document; `None` from a target that predates it).
+    pub peer_programming: Option<PodProgramming>,
 }
 
 /// Run one attempt against `target` and time it on `origin`'s clock. Never fails: every
@@ -79,27 +82,53 @@ pub async fn dial(
     timeout: Duration,
 ) -> AttemptOutcome {
     let sent = origin.elapsed_seconds();
-    let result = match tokio::time::timeout(timeout, exchange(target, expect_pod, timeout)).await {
-        Ok(r) => r,
-        Err(_elapsed) => AttemptResult::fail(ErrorKind::Timeout),
-    };
+    let (result, peer_programming) =
+        match tokio::time::timeout(timeout, exchange(target, expect_pod, timeout)).await {
+            Ok((r, p)) => (r, p),
+            Err(_elapsed) => (AttemptResult::fail(ErrorKind::Timeout), None),
+        };
     AttemptOutcome {
         sent,
         received: origin.elapsed_seconds(),
         result,
+        peer_programming,
     }
 }
 
-async fn exchange(target: SocketAddr, expect_pod: &str, timeout: Duration) -> AttemptResult {
+async fn exchange(
+    target: SocketAddr,
+    expect_pod: &str,
+    timeout: Duration,
+) -> (AttemptResult, Option<PodProgramming>) {
+    let (result, body) = exchange_body(target, expect_pod, timeout).await;
+    let programming = match (&result, body) {
+        (AttemptResult::Success, Some(body)) => peer_programming(&body),
+        _ => None,
+    };
+    (result, programming)
+}
+
+/// The `programming` member of a target's `GET /` document, if it parses.
+pub fn peer_programming(body: &[u8]) -> Option<PodProgramming> {
+    let doc: serde_json::Value = serde_json::from_slice(body).ok()?;
+    serde_json::from_value(doc.get("programming")?.clone()).ok()
+}
+
+async fn exchange_body(
+    target: SocketAddr,
+    expect_pod: &str,
+    timeout: Duration,
+) -> (AttemptResult, Option<Bytes>) {
+    let fail = |k| (AttemptResult::fail(k), None);
     let stream = match TcpStream::connect(target).await {
         Ok(s) => s,
-        Err(e) => return AttemptResult::fail(classify_io(&e)),
+        Err(e) => return fail(classify_io(&e)),
     };
     let _ = stream.set_nodelay(true);
     let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
     {
         Ok(pair) => pair,
-        Err(e) => return AttemptResult::fail(classify_hyper(&e)),
+        Err(e) => return fail(classify_hyper(&e)),
     };
     // The connection driver must run on its own task: it finishes after the body is read
     // (Connection: close). Bounded so a stuck peer cannot keep it alive.
@@ -114,11 +143,11 @@ async fn exchange(target: SocketAddr, expect_pod: &str, timeout: Duration) -> At
     {
         Ok(r) => r,
         // Cannot happen with these static parts; count it as a failed exchange.
-        Err(_) => return AttemptResult::fail(ErrorKind::Reset),
+        Err(_) => return fail(ErrorKind::Reset),
     };
     let resp = match sender.send_request(req).await {
         Ok(r) => r,
-        Err(e) => return AttemptResult::fail(classify_hyper(&e)),
+        Err(e) => return fail(classify_hyper(&e)),
     };
     let status = resp.status();
     let body = match Limited::new(resp.into_body(), MAX_BODY_BYTES)
@@ -133,10 +162,10 @@ async fn exchange(target: SocketAddr, expect_pod: &str, timeout: Duration) -> At
                 None if status == StatusCode::OK => ErrorKind::WrongPeer,
                 None => ErrorKind::HttpStatus,
             };
-            return AttemptResult::fail(kind);
+            return fail(kind);
         }
     };
-    judge(status, &body, expect_pod)
+    (judge(status, &body, expect_pod), Some(body))
 }
 
 /// Decide an answer: 200 + `{"pod": expect_pod}` is the only success (pure).
@@ -274,6 +303,19 @@ mod tests {
                 peer: Some(NO_IDENTITY.into())
             }
         );
+    }
+
+    #[test]
+    fn the_targets_programming_is_read_from_its_identity_document() {
+        let body = br#"{"pod":"t","programming":{"method":"node_dial","wait_seconds":1.5,"resolution_seconds":0.1,"node_addr":"10.0.0.1:10250","node_dial_attempts":16,"node_dial_failures":15,"node_dial_first_success_sent":1.5,"node_dial_last_error":"timeout","node_dial_gave_up":null,"first_kubelet_request":2.1,"ready_at":2.1}}"#;
+        assert_eq!(judge(StatusCode::OK, body, "t"), AttemptResult::Success);
+        let p = peer_programming(body).expect("parsed");
+        assert_eq!(p.wait_seconds, Some(1.5));
+        assert_eq!(p.node_dial_attempts, 16);
+        // An older target (identity only) or garbage: none, and still a success.
+        assert_eq!(peer_programming(br#"{"pod":"t"}"#), None);
+        assert_eq!(peer_programming(br#"{"pod":"t","programming":7}"#), None);
+        assert_eq!(peer_programming(b"not json"), None);
     }
 
     #[test]

@@ -3,10 +3,11 @@
 //! [--give-up] [--hold] [--termination-log PATH]`. Durations are humantime (`1.5s`,
 //! `100ms`). Every flag has an environment fallback, shown in `--help`.
 
+use crate::node_path::NodeDialConfig;
 use crate::probe::ProbeConfig;
 use crate::Error;
 use clap::{Args, Parser, Subcommand};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -49,6 +50,69 @@ pub struct ServeArgs {
     /// `terminationGracePeriodSeconds: 1` so the kubelet never needs SIGKILL.
     #[arg(long, env = "FIRSTPACKET_DRAIN", default_value = "500ms", value_parser = humantime::parse_duration)]
     pub drain: Duration,
+    /// Spacing of the connects to this pod's node (the programming wait's resolution).
+    #[arg(long, env = "FIRSTPACKET_INTERVAL", default_value = "100ms", value_parser = humantime::parse_duration)]
+    pub interval: Duration,
+    /// Bound on one connect to the node (below the first SYN retransmission, 1 s).
+    #[arg(long, env = "FIRSTPACKET_ATTEMPT_TIMEOUT", default_value = "900ms", value_parser = humantime::parse_duration)]
+    pub attempt_timeout: Duration,
+    /// Stop dialing the node when it has not answered this long after process start
+    /// (the programming wait is then unknown, or the kubelet fallback's).
+    #[arg(long, env = "FIRSTPACKET_GIVE_UP", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub give_up: Duration,
+    #[command(flatten)]
+    pub node: NodeArgs,
+}
+
+/// The node dial of both modes: how the pod measures its own programming wait (the
+/// time until its own path to its node works; see `target_server::node_path`).
+#[derive(Debug, Clone, Args)]
+pub struct NodeArgs {
+    /// This pod's node IP (the downward API's `status.hostIP`). Without it the
+    /// programming wait comes only from the kubelet's first request (1 s resolution).
+    #[arg(long, env = "HOST_IP")]
+    pub node_ip: Option<IpAddr>,
+    /// Port dialed on the node: an answer (connect or refusal) is what counts, so any
+    /// port the node does not firewall from pods works; the kubelet's listens on every
+    /// node.
+    #[arg(long, env = "FIRSTPACKET_NODE_PORT", default_value_t = crate::node_path::DEFAULT_NODE_PORT)]
+    pub node_port: u16,
+}
+
+impl NodeArgs {
+    /// The node's `IP:PORT`, if an IP was given.
+    pub fn addr(&self) -> Option<SocketAddr> {
+        self.node_ip.map(|ip| SocketAddr::new(ip, self.node_port))
+    }
+}
+
+impl ServeArgs {
+    /// The node dial's settings. Errors ([`Error::Config`]): `--interval` or
+    /// `--attempt-timeout` below 1 ms.
+    pub fn node_dial(&self) -> Result<NodeDialConfig, Error> {
+        check_spacing(self.interval, self.attempt_timeout)?;
+        Ok(NodeDialConfig {
+            node: self.node.addr(),
+            interval: self.interval,
+            attempt_timeout: self.attempt_timeout,
+            give_up: self.give_up,
+        })
+    }
+}
+
+fn check_spacing(interval: Duration, attempt_timeout: Duration) -> Result<(), Error> {
+    let ms = Duration::from_millis(1);
+    if interval < ms {
+        return Err(Error::Config(format!(
+            "--interval {interval:?} is below 1ms"
+        )));
+    }
+    if attempt_timeout < ms {
+        return Err(Error::Config(format!(
+            "--attempt-timeout {attempt_timeout:?} is below 1ms"
+        )));
+    }
+    Ok(())
 }
 
 /// `target-server probe`.
@@ -93,6 +157,8 @@ pub struct ProbeArgs {
         default_value = "/dev/termination-log"
     )]
     pub termination_log: PathBuf,
+    #[command(flatten)]
+    pub node: NodeArgs,
 }
 
 impl ProbeArgs {
@@ -102,19 +168,7 @@ impl ProbeArgs {
     /// attempt log would grow without bound), or more than [`MAX_ATTEMPTS`] attempts
     /// possible in `give-up + hold`.
     pub fn to_config(&self) -> Result<ProbeConfig, Error> {
-        let ms = Duration::from_millis(1);
-        if self.interval < ms {
-            return Err(Error::Config(format!(
-                "--interval {:?} is below 1ms",
-                self.interval
-            )));
-        }
-        if self.attempt_timeout < ms {
-            return Err(Error::Config(format!(
-                "--attempt-timeout {:?} is below 1ms",
-                self.attempt_timeout
-            )));
-        }
+        check_spacing(self.interval, self.attempt_timeout)?;
         let span = self.give_up + self.hold + self.attempt_timeout;
         let max_attempts = span.as_secs_f64() / self.interval.as_secs_f64();
         if max_attempts > MAX_ATTEMPTS as f64 {
@@ -133,6 +187,7 @@ impl ProbeArgs {
             hold: self.hold,
             ready_wait: self.ready_wait,
             termination_log: self.termination_log.clone(),
+            node: self.node.addr(),
         })
     }
 }

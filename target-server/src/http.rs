@@ -3,7 +3,7 @@
 //!
 //! | path | answer |
 //! |---|---|
-//! | `/` | 200, identity JSON `{"pod","namespace","ip","node"}` ([`Identity`]) |
+//! | `/` | 200, identity JSON `{"pod","namespace","ip","node","programming"}` ([`Identity`], and the pod's programming wait so far: [`ServerState::programming`]) |
 //! | `/readyz` | 200 `ok` while running, 503 `shutting down` after SIGTERM |
 //! | `/healthz` | 200 `ok` |
 //! | `/hostname` | 200, the pod name as text |
@@ -13,7 +13,9 @@
 //! prober sets `kube-probe/<major>.<minor>`, k8s.io/kubernetes
 //! `pkg/probe/http/request.go`) that is answered 200 sets `ready_at`: the source's local
 //! proxy for "this pod is Ready". The time is taken when the response is produced, on the
-//! monotonic clock. Keep-alive is off: every probe attempt is a fresh connection anyway.
+//! monotonic clock. Any request with that header, on any path and whatever the answer,
+//! sets `first_kubelet_request` (the programming wait's fallback,
+//! [`crate::node_path`]) when it is handled. Keep-alive is off: every probe attempt is a fresh connection anyway.
 //!
 //! # Hostile clients (bounded memory and time)
 //! Nothing in a request is executed or stored; only the path, the `User-Agent` and the
@@ -33,14 +35,16 @@
 
 use crate::identity::Identity;
 use crate::ProcessStart;
+use firstpacket_report::{ErrorKind, PodProgramming, ProgrammingMethod};
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{HeaderValue, CONTENT_TYPE, USER_AGENT};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
@@ -116,23 +120,133 @@ impl Default for Limits {
 #[derive(Debug)]
 pub struct ServerState {
     identity: Identity,
-    identity_json: Bytes,
     origin: ProcessStart,
     ready: AtomicBool,
     ready_at: watch::Sender<Option<f64>>,
+    /// The node dial's address and interval (the programming wait's resolution).
+    node_addr: Option<SocketAddr>,
+    node_interval: Duration,
+    dial: Mutex<NodeDialLog>,
+}
+
+/// What the node dial ([`crate::node_path`]) and the kubelet's requests have shown.
+#[derive(Debug, Default, Clone, Copy)]
+struct NodeDialLog {
+    attempts: u64,
+    failures: u64,
+    first_success_sent: Option<f64>,
+    last_error: Option<ErrorKind>,
+    gave_up: Option<f64>,
+    first_kubelet_request: Option<f64>,
 }
 
 impl ServerState {
-    /// New state: `/readyz` answers 200, `ready_at` unset.
+    /// New state: `/readyz` answers 200, `ready_at` unset, no node dial (the
+    /// programming wait can only come from the kubelet's requests).
     pub fn new(identity: Identity, origin: ProcessStart) -> Arc<Self> {
-        let identity_json = Bytes::from(identity.to_json());
+        Self::with_node_dial(identity, origin, None, Duration::from_millis(100))
+    }
+
+    /// [`ServerState::new`] for a pod that dials its node `node` every `interval`
+    /// ([`crate::node_path::dial_node`] records into this state).
+    pub fn with_node_dial(
+        identity: Identity,
+        origin: ProcessStart,
+        node: Option<SocketAddr>,
+        interval: Duration,
+    ) -> Arc<Self> {
         Arc::new(ServerState {
             identity,
-            identity_json,
             origin,
             ready: AtomicBool::new(true),
             ready_at: watch::channel(None).0,
+            node_addr: node,
+            node_interval: interval,
+            dial: Mutex::new(NodeDialLog::default()),
         })
+    }
+
+    fn dial_log(&self) -> std::sync::MutexGuard<'_, NodeDialLog> {
+        self.dial.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A connect to the node was sent.
+    pub fn node_dial_sent(&self) {
+        self.dial_log().attempts += 1;
+    }
+
+    /// A connect sent at `sent` (seconds since process start) ended with `result`
+    /// (`Ok` = the node answered). Returns `true` when it was an answer.
+    pub fn node_dial_finished(&self, sent: f64, result: Result<(), ErrorKind>) -> bool {
+        let mut log = self.dial_log();
+        match result {
+            Ok(()) => {
+                log.first_success_sent =
+                    Some(log.first_success_sent.map_or(sent, |s: f64| s.min(sent)));
+                true
+            }
+            Err(kind) => {
+                log.failures += 1;
+                log.last_error = Some(kind);
+                false
+            }
+        }
+    }
+
+    /// The node dial stopped at `at` (its give-up) without an answer so far.
+    pub fn node_dial_gave_up(&self, at: f64) {
+        let mut log = self.dial_log();
+        if log.first_success_sent.is_none() {
+            log.gave_up = Some(at);
+        }
+    }
+
+    /// This pod's programming wait as measured so far ([`PodProgramming`]; rules in
+    /// [`crate::node_path`]). Times rounded to microseconds.
+    pub fn programming(&self) -> PodProgramming {
+        let log = *self.dial_log();
+        let round = crate::tally::round_us;
+        let (method, wait, resolution) = match (log.first_success_sent, log.first_kubelet_request) {
+            (Some(s), _) => (
+                Some(ProgrammingMethod::NodeDial),
+                Some(s),
+                Some(self.node_interval.as_secs_f64()),
+            ),
+            (None, Some(k)) => (
+                Some(ProgrammingMethod::KubeletProbe),
+                Some(k),
+                Some(crate::node_path::KUBELET_PROBE_PERIOD_SECONDS),
+            ),
+            (None, None) => (None, None, None),
+        };
+        PodProgramming {
+            method,
+            wait_seconds: wait.map(round),
+            resolution_seconds: resolution.map(round),
+            node_addr: self.node_addr.map(|a| a.to_string()),
+            node_dial_attempts: log.attempts,
+            node_dial_failures: log.failures,
+            node_dial_first_success_sent: log.first_success_sent.map(round),
+            node_dial_last_error: log.last_error,
+            node_dial_gave_up: log
+                .gave_up
+                .filter(|_| log.first_success_sent.is_none())
+                .map(round),
+            first_kubelet_request: log.first_kubelet_request.map(round),
+            ready_at: self.ready_at().map(round),
+        }
+    }
+
+    /// The `GET /` document: the identity, and this pod's programming wait so far (the
+    /// source copies the target's into its report).
+    fn identity_document(&self) -> Bytes {
+        let doc = IdentityDocument {
+            identity: &self.identity,
+            programming: self.programming(),
+        };
+        Bytes::from(
+            serde_json::to_vec(&doc).unwrap_or_else(|_| self.identity.to_json().into_bytes()),
+        )
     }
 
     /// This pod's identity.
@@ -160,6 +274,14 @@ impl ServerState {
         self.ready_at.subscribe()
     }
 
+    fn record_kubelet_request(&self) {
+        let now = self.origin.elapsed_seconds();
+        let mut log = self.dial_log();
+        if log.first_kubelet_request.is_none() {
+            log.first_kubelet_request = Some(now);
+        }
+    }
+
     fn record_kubelet_ready(&self) {
         let now = self.origin.elapsed_seconds();
         self.ready_at.send_if_modified(|v| {
@@ -183,19 +305,18 @@ impl ServerState {
                 "text/plain",
             );
         }
+        let from_kubelet = req
+            .headers()
+            .get(USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ua| ua.starts_with(KUBE_PROBE_UA_PREFIX));
+        if from_kubelet {
+            self.record_kubelet_request();
+        }
         match req.uri().path() {
-            "/" => text(
-                StatusCode::OK,
-                self.identity_json.clone(),
-                "application/json",
-            ),
+            "/" => text(StatusCode::OK, self.identity_document(), "application/json"),
             "/readyz" => {
                 if self.is_ready() {
-                    let from_kubelet = req
-                        .headers()
-                        .get(USER_AGENT)
-                        .and_then(|v| v.to_str().ok())
-                        .is_some_and(|ua| ua.starts_with(KUBE_PROBE_UA_PREFIX));
                     let resp = text(StatusCode::OK, Bytes::from_static(b"ok"), "text/plain");
                     if from_kubelet {
                         self.record_kubelet_ready();
@@ -222,6 +343,14 @@ impl ServerState {
             ),
         }
     }
+}
+
+/// `GET /`: the [`Identity`] fields, flattened, plus `programming`.
+#[derive(serde::Serialize)]
+struct IdentityDocument<'a> {
+    #[serde(flatten)]
+    identity: &'a Identity,
+    programming: PodProgramming,
 }
 
 /// Whether the headers announce a body over [`MAX_BODY_BYTES`]: a `Content-Length`

@@ -17,6 +17,7 @@ pub mod attempt;
 pub mod cli;
 pub mod http;
 pub mod identity;
+pub mod node_path;
 pub mod probe;
 pub mod serve;
 pub mod tally;

@@ -22,6 +22,7 @@
 use crate::attempt::dial;
 use crate::http::{self, ServerState};
 use crate::identity::Identity;
+use crate::node_path::{dial_node, NodeDialConfig};
 use crate::serve::{bind, Termination};
 use crate::tally::{encode_bounded, ReportContext, Tally};
 use crate::{Error, ProcessStart};
@@ -55,6 +56,20 @@ pub struct ProbeConfig {
     pub ready_wait: Duration,
     /// Where the report line is written (`--termination-log`).
     pub termination_log: PathBuf,
+    /// This pod's node `IP:PORT` for the programming wait (`--node-ip`, `--node-port`).
+    pub node: Option<SocketAddr>,
+}
+
+impl ProbeConfig {
+    /// The node dial's settings: the probe's spacing, timeout and give-up.
+    pub fn node_dial(&self) -> NodeDialConfig {
+        NodeDialConfig {
+            node: self.node,
+            interval: self.interval,
+            attempt_timeout: self.attempt_timeout,
+            give_up: self.give_up,
+        }
+    }
 }
 
 /// How the dial loop ended.
@@ -79,9 +94,10 @@ pub async fn run(
 ) -> Result<SourceReport, Error> {
     let mut termination = Termination::install()?;
     let listener = bind(config.port).await?;
-    let state = ServerState::new(identity, origin);
+    let state = ServerState::with_node_dial(identity, origin, config.node, config.interval);
     let (stop_tx, stop_rx) = watch::channel(false);
     let server = tokio::spawn(http::serve(listener, Arc::clone(&state), stop_rx));
+    let node_dial = tokio::spawn(dial_node(config.node_dial(), origin, Arc::clone(&state)));
 
     let mut run = dial_loop(&config, origin, &mut termination).await;
     if !run.terminated && state.ready_at().is_none() && !config.ready_wait.is_zero() {
@@ -106,7 +122,8 @@ pub async fn run(
         state.set_not_ready();
         eprintln!("target-server: SIGTERM, /readyz now 503, dialing stopped");
     }
-    let report = run.tally.report(&ReportContext {
+    node_dial.abort();
+    let mut report = run.tally.report(&ReportContext {
         pod: state.identity().pod.clone(),
         target: config.target.to_string(),
         expect_pod: config.expect_pod.clone(),
@@ -119,6 +136,7 @@ pub async fn run(
         dial_end: run.dial_end,
         terminated: run.terminated,
     });
+    report.programming = Some(state.programming());
     let line = encode_bounded(&report);
     write_report(&config.termination_log, &line);
     println!("{line}");

@@ -9,6 +9,7 @@
 use crate::cli::ServeArgs;
 use crate::http::{self, ServerState};
 use crate::identity::Identity;
+use crate::node_path::dial_node;
 use crate::{Error, ProcessStart};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -64,10 +65,13 @@ impl Termination {
 pub async fn run(args: ServeArgs, identity: Identity, origin: ProcessStart) -> Result<(), Error> {
     let mut termination = Termination::install()?;
     let listener = bind(args.port).await?;
-    let state = ServerState::new(identity, origin);
+    let node_dial = args.node_dial()?;
+    let state = ServerState::with_node_dial(identity, origin, node_dial.node, node_dial.interval);
     let (stop_tx, stop_rx) = watch::channel(false);
     let server = tokio::spawn(http::serve(listener, Arc::clone(&state), stop_rx));
+    let dial = tokio::spawn(dial_node(node_dial, origin, Arc::clone(&state)));
     termination.recv().await;
+    dial.abort();
     state.set_not_ready();
     eprintln!(
         "target-server: SIGTERM, /readyz now 503, closing in {}",

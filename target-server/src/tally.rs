@@ -30,8 +30,8 @@
 
 use crate::attempt::{AttemptOutcome, AttemptResult};
 use firstpacket_report::{
-    ErrorKind, SourceHold, SourceOutcome, SourceReport, MAX_HOLD_SERIES, MAX_SOURCE_REPORT_BYTES,
-    SCHEMA_VERSION,
+    ErrorKind, PodProgramming, SourceHold, SourceOutcome, SourceReport, MAX_HOLD_SERIES,
+    MAX_SOURCE_REPORT_BYTES, SCHEMA_VERSION,
 };
 use std::collections::BTreeMap;
 
@@ -63,6 +63,8 @@ pub struct Tally {
     attempts: Vec<Attempt>,
     wrong_peer: Option<String>,
     success_seen: bool,
+    /// The target's programming wait from the latest-received successful answer.
+    target_programming: Option<(f64, PodProgramming)>,
 }
 
 /// Everything besides the attempt log that goes into the report.
@@ -117,6 +119,15 @@ impl Tally {
         };
         a.sent = outcome.sent;
         a.received = outcome.received;
+        if let (AttemptResult::Success, Some(p)) = (&outcome.result, outcome.peer_programming) {
+            if self
+                .target_programming
+                .as_ref()
+                .is_none_or(|(at, _)| outcome.received >= *at)
+            {
+                self.target_programming = Some((outcome.received, p));
+            }
+        }
         a.status = match outcome.result {
             AttemptResult::Success => Status::Success,
             AttemptResult::Failure { kind, peer } => {
@@ -284,6 +295,8 @@ impl Tally {
             wrong_peer: self.wrong_peer.clone(),
             hold,
             outcome,
+            programming: None,
+            target_programming: self.target_programming.as_ref().map(|(_, p)| p.clone()),
         }
     }
 }
@@ -298,6 +311,10 @@ pub fn round_us(s: f64) -> f64 {
 /// characters: Kubernetes docs "Object Names and IDs").
 pub const MAX_REPORT_STRING: usize = 253;
 
+/// Longest `node_addr` kept in a report (`[IPv6]:port` is at most 47 characters; the
+/// target's copy comes from its answer, so it is bounded here too).
+pub const MAX_NODE_ADDR: usize = 64;
+
 /// Serialise `report` as one compact JSON line (no newline) of at most
 /// [`MAX_SOURCE_REPORT_BYTES`] bytes: strings are cut to [`MAX_REPORT_STRING`]
 /// characters, then, if still too long, the hold's per-second series is shortened from
@@ -308,6 +325,16 @@ pub fn encode_bounded(report: &SourceReport) -> String {
     for s in [&mut r.pod, &mut r.target, &mut r.expect_pod] {
         if s.chars().count() > MAX_REPORT_STRING {
             *s = crate::attempt::truncate_chars(s, MAX_REPORT_STRING);
+        }
+    }
+    for p in [&mut r.programming, &mut r.target_programming]
+        .into_iter()
+        .flatten()
+    {
+        if let Some(a) = p.node_addr.as_mut() {
+            if a.chars().count() > MAX_NODE_ADDR {
+                *a = crate::attempt::truncate_chars(a, MAX_NODE_ADDR);
+            }
         }
     }
     if let Some(p) = r.wrong_peer.as_mut() {
@@ -353,6 +380,7 @@ mod tests {
             sent,
             received,
             result: AttemptResult::Success,
+            peer_programming: None,
         }
     }
 
@@ -361,6 +389,7 @@ mod tests {
             sent,
             received,
             result: AttemptResult::Failure { kind, peer: None },
+            peer_programming: None,
         }
     }
 
@@ -470,6 +499,7 @@ mod tests {
                         kind: ErrorKind::WrongPeer,
                         peer: Some(format!("other-{i}")),
                     },
+                    peer_programming: None,
                 },
             );
         }
@@ -629,7 +659,59 @@ mod tests {
                 failures_per_second: vec![u32::MAX; MAX_HOLD_SERIES],
             },
             outcome: SourceOutcome::LostAfterSuccess,
+            programming: Some(worst_programming()),
+            target_programming: Some(worst_programming()),
         }
+    }
+
+    fn worst_programming() -> PodProgramming {
+        PodProgramming {
+            method: Some(firstpacket_report::ProgrammingMethod::KubeletProbe),
+            wait_seconds: Some(123456.123457),
+            resolution_seconds: Some(123456.123457),
+            node_addr: Some("a".repeat(400)),
+            node_dial_attempts: u64::MAX,
+            node_dial_failures: u64::MAX,
+            node_dial_first_success_sent: Some(123456.123457),
+            node_dial_last_error: Some(ErrorKind::Unreachable),
+            node_dial_gave_up: Some(123456.123457),
+            first_kubelet_request: Some(123456.123457),
+            ready_at: Some(123456.123457),
+        }
+    }
+
+    #[test]
+    fn the_target_programming_kept_is_the_latest_received_answers() {
+        let prog = |wait: f64| PodProgramming {
+            wait_seconds: Some(wait),
+            ..PodProgramming::default()
+        };
+        let mut t = Tally::new();
+        let (a, b, c) = (t.start(0.0), t.start(0.1), t.start(0.2));
+        let with = |sent: f64, received: f64, p: Option<PodProgramming>, ok: bool| AttemptOutcome {
+            sent,
+            received,
+            result: if ok {
+                AttemptResult::Success
+            } else {
+                AttemptResult::Failure {
+                    kind: ErrorKind::Timeout,
+                    peer: None,
+                }
+            },
+            peer_programming: p,
+        };
+        t.finish(b, with(0.1, 0.15, Some(prog(1.0)), true));
+        // Received earlier than the one kept: ignored.
+        t.finish(a, with(0.0, 0.12, Some(prog(0.5)), true));
+        // A failure never carries one.
+        t.finish(c, with(0.2, 0.3, Some(prog(9.0)), false));
+        let r = t.report(&ctx(Some(0.1), 1.0));
+        assert_eq!(r.target_programming.and_then(|p| p.wait_seconds), Some(1.0));
+        assert_eq!(
+            r.programming, None,
+            "the tally does not know this pod's own"
+        );
     }
 
     #[test]

@@ -171,6 +171,10 @@ pub enum Cmd {
         /// path inside it).
         #[arg(long)]
         rootfs: Option<PathBuf>,
+        /// An inherited fd the shim marks close-on-exec, so whoever holds its pipe's
+        /// other end sees EOF when the container's binary is exec'ed.
+        #[arg(long)]
+        exec_fd: Option<i32>,
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
         cmd: Vec<String>,
     },
@@ -885,8 +889,15 @@ pub fn main_with(cli: Cli) -> Result<i32> {
             read_only_root,
             clock_offset,
             rootfs,
+            exec_fd,
             cmd,
         } => {
+            if let Some(fd) = exec_fd {
+                // SAFETY: a plain fcntl on an fd we were given; an invalid one fails.
+                unsafe {
+                    nix::libc::fcntl(fd, nix::libc::F_SETFD, nix::libc::FD_CLOEXEC);
+                }
+            }
             let spec = crate::shim::ShimSpec {
                 netns,
                 dev_dir,

@@ -851,6 +851,8 @@ pub fn source_report(
         wrong_peer: None,
         hold,
         outcome,
+        programming: None,
+        target_programming: None,
     }
 }
 

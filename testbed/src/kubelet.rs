@@ -1724,7 +1724,7 @@ impl PodWorker {
         let mut restarts: u64 = 0;
         let mut last_state = json!({});
         let ended = loop {
-            let (child, run_detail) = match self.start_container(
+            let (child, run_detail, exec_read) = match self.start_container(
                 &pod,
                 &container,
                 &image,
@@ -1752,6 +1752,15 @@ impl PodWorker {
             };
             let pid = child.id().unwrap_or(0) as i32;
             let _ = std::fs::write(pod_dir.join("pid"), pid.to_string());
+            // Until the shim has exec'ed the image's binary (EOF on the pipe; a few ms,
+            // bounded: the shim exits on any error).
+            let _ = tokio::task::spawn_blocking(move || {
+                use std::io::Read;
+                let mut f = std::fs::File::from(exec_read);
+                let mut b = [0u8; 1];
+                let _ = f.read(&mut b);
+            })
+            .await;
             if restarts == 0 {
                 // The programming wait of a pod is measured from here
                 // (docs/design.md §6: endpoint_programmed − container_started).
@@ -1965,7 +1974,7 @@ impl PodWorker {
         api_access: Option<&Path>,
         identity: &crate::security::Identity,
         cm_env: &ConfigMapEnv,
-    ) -> Result<(tokio::process::Child, Value), String> {
+    ) -> Result<(tokio::process::Child, Value, std::os::fd::OwnedFd), String> {
         let strings = |v: &Value| -> Option<Vec<String>> {
             v.as_array().map(|a| {
                 a.iter()
@@ -2053,6 +2062,8 @@ impl PodWorker {
 
         let mut cmd = tokio::process::Command::new(&self.k.cfg.testbed_exe);
         cmd.arg("shim")
+            .arg("--exec-fd")
+            .arg(SHIM_EXEC_FD.to_string())
             .arg("--netns")
             .arg(&net.netns)
             .arg("--dev-dir")
@@ -2142,8 +2153,29 @@ impl PodWorker {
             .stderr(log2)
             .process_group(0)
             .kill_on_drop(false);
-        let child = cmd.spawn().map_err(|e| format!("start container: {e}"))?;
-        Ok((child, run))
+        // The container's process starts when the shim `execve`s the image's binary
+        // (after its namespaces and mounts): the shim marks fd 3 close-on-exec, so our
+        // read end sees EOF at that exec, the moment `container_started` is stamped
+        // (the programming wait a pod measures counts from its own process start).
+        let (exec_read, exec_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .map_err(|e| format!("start container: pipe: {e}"))?;
+        let w = std::os::fd::AsRawFd::as_raw_fd(&exec_write);
+        // SAFETY: only async-signal-safe calls (dup2, fcntl) between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                if w == SHIM_EXEC_FD {
+                    if nix::libc::fcntl(w, nix::libc::F_SETFD, 0) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                } else if nix::libc::dup2(w, SHIM_EXEC_FD) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().map_err(|e| format!("start container: {e}"));
+        drop(exec_write);
+        Ok((child?, run, exec_read))
     }
 
     /// Waits for exit, a deletion request or `activeDeadlineSeconds`; stops the container
@@ -2519,6 +2551,10 @@ pub fn resolve_image(bin_dir: &Path, image: &str) -> Option<PathBuf> {
     let p = bin_dir.join(name);
     p.is_file().then_some(p)
 }
+
+/// The shim's fd that closes when it `execve`s the container's binary (`testbed shim
+/// --exec-fd`): the kubelet stamps `container_started` at that moment.
+pub const SHIM_EXEC_FD: i32 = 3;
 
 /// Resolves a downward-API `fieldPath` (Kubernetes docs, "Expose Pod Information to
 /// Containers Through Environment Variables"); unknown paths give "".

@@ -132,6 +132,40 @@ fn pod_timelines(truth: &[TruthEvent]) -> BTreeMap<String, (String, f64, f64, f6
         .collect()
 }
 
+/// Every programming wait the gate measured in its pods (`probes[].programming`, issue
+/// 29) is within [−50 ms, dial interval + 50 ms] of the truth (`endpoint_programmed` −
+/// `container_started` of the same pod), and every source's and target's was measured
+/// by the node dial. Returns the number checked.
+fn assert_programming_waits_near_truth(truth: &[TruthEvent], report: &Value, out: &str) -> usize {
+    let t = pod_timelines(truth);
+    let mut checked = 0;
+    for p in report["probes"].as_array().unwrap() {
+        for role in ["source", "target"] {
+            let w = &p["programming"][role];
+            assert_eq!(
+                w["method"], "node_dial",
+                "probe {} {role}: programming {:#}\n{out}",
+                p["id"], p["programming"]
+            );
+            let uid = p[role]["uid"].as_str().unwrap();
+            let (_, started, programmed, _) = t
+                .get(uid)
+                .unwrap_or_else(|| panic!("no truth timeline for {} {role} {uid}", p["id"]));
+            let want = programmed - started;
+            let got = w["wait_seconds"].as_f64().unwrap();
+            let err = got - want;
+            assert!(
+                (-0.05..=common::DIAL_INTERVAL + 0.05).contains(&err),
+                "probe {} {role} on {}: programming wait {got:.3}s vs truth {want:.3}s\n{out}",
+                p["id"],
+                p[role]["node"]
+            );
+            checked += 1;
+        }
+    }
+    checked
+}
+
 /// Pods `PREFIX-NODE-I` (I < `per_node`) running `target-server serve` pinned to each of
 /// `nodes`, with a 1 s readiness probe unless `probe` is false, as one manifest applied
 /// with kubectl; returns its path (for `kubectl delete -f`).
@@ -270,6 +304,8 @@ fn s1_passes_on_real_felix_and_kube_proxy_and_s2_programs_late_on_its_nodes() {
         logs.contains("felix/"),
         "calico-node logs are not Felix's: {logs:.400}"
     );
+    let n = assert_programming_waits_near_truth(&truth, &report, &out);
+    println!("S1 on real agents: {n} programming waits within tolerance of the ruleset truth");
     println!(
         "S1 on real agents: {}",
         out.lines()
@@ -309,6 +345,14 @@ fn s1_passes_on_real_felix_and_kube_proxy_and_s2_programs_late_on_its_nodes() {
         mean_apply.insert(node.clone(), m);
     }
     println!("S2 on real Felix (agent_io delay 1s on node-2, node-3): gate exit {code}, verdict {}, diagnosis {}", report["verdict"], report["summary"]["diagnosis"]);
+    let n = assert_programming_waits_near_truth(&truth, &report, &out);
+    println!(
+        "S2 on real Felix: {n} programming waits within tolerance of the ruleset truth; {}",
+        out.lines()
+            .filter(|l| l.starts_with("programming wait") || l.starts_with("where the delay"))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
     for node in ips.keys() {
         println!(
             "  {node}: programming wait mean {:.2}s (n={}), container→Ready mean {:.2}s, Felix mean apply {:.3}s",
@@ -810,6 +854,12 @@ fn simulated_readiness_gating_delays_ready_like_real_felix() {
         (wait_real * 1000.0) as u64
     ));
     let sim_t = measure(&sim);
+    // The gate measures the same wait in its own pods on the simulated agent.
+    let t0 = testbed::truth::unix_now();
+    let (_, report, out) = sim.gate(&["--pairs", "2", "--give-up", "20s", "--hold", "1s"]);
+    let truth: Vec<TruthEvent> = sim.truth().into_iter().filter(|e| e.t >= t0).collect();
+    let n = assert_programming_waits_near_truth(&truth, &report, &out);
+    assert!(n >= 4, "{out}");
     let ready =
         |t: &BTreeMap<String, (Vec<f64>, Vec<f64>)>| mean(&t["node-2"].1) - mean(&t["node-1"].1);
     let (r_real, r_sim) = (ready(&real_t), ready(&sim_t));
