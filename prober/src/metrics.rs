@@ -47,6 +47,9 @@ pub struct Metrics {
     first_attempt_failures: IntCounterVec,
     node_last_ttfp: GaugeVec,
     node_probes: IntCounterVec,
+    programming_wait: HistogramVec,
+    node_programming_slow: IntCounterVec,
+    node_last_programming_wait: GaugeVec,
     suspects: IntCounterVec,
     agent_scrapes: IntCounterVec,
     /// Agent scrape counts already added (the watcher keeps absolute counts).
@@ -161,6 +164,21 @@ impl Metrics {
                 "Finished probes by node, role and result.",
                 &["node", "role", "result"],
             )),
+            programming_wait: reg(&r, hist(
+                "firstpacket_programming_wait_seconds",
+                "Probe pods' own programming wait: container start to the first moment the pod's own path to its node worked (seconds; the pod's clock), by kind and role.",
+                TTFP_BUCKETS,
+                &["kind", "role"],
+            )),
+            node_programming_slow: reg(&r, counter(
+                "firstpacket_node_programming_slow_total",
+                "Probe pods on the node whose programming wait was over --slow-threshold.",
+                &["node"],
+            )),
+            node_last_programming_wait: reg(&r, GaugeVec::new(
+                Opts::new("firstpacket_node_last_programming_wait_seconds", "Programming wait of the last probe pod measured on the node (either role), seconds."),
+                &["node"],
+            ).expect("valid gauge")),
             suspects: reg(&r, counter(
                 "firstpacket_suspects_total",
                 "Node-agent suspects named on slow/failed probes, by node and signal.",
@@ -276,6 +294,9 @@ impl Metrics {
             self.ttfp.with_label_values(&[k]);
             self.hold_failures.with_label_values(&[k]);
             self.first_attempt_failures.with_label_values(&[k]);
+            for role in ["source", "target"] {
+                self.programming_wait.with_label_values(&[k, role]);
+            }
             self.probes.with_label_values(&[k, "success", "none"]);
             for reason in Reason::ALL {
                 self.probes
@@ -343,6 +364,7 @@ impl Metrics {
             .set(f64::NAN);
         self.node_drift_active.with_label_values(&[node]).set(0.0);
         lock(&self.drift_nodes).insert(node.to_string());
+        self.node_programming_slow.with_label_values(&[node]);
         for role in ["source", "target"] {
             for result in ProbeResult::ALL {
                 self.node_probes
@@ -356,6 +378,8 @@ impl Metrics {
         let _ = self.node_drift_ratio.remove_label_values(&[node]);
         let _ = self.node_drift_active.remove_label_values(&[node]);
         lock(&self.drift_nodes).remove(node);
+        let _ = self.node_programming_slow.remove_label_values(&[node]);
+        let _ = self.node_last_programming_wait.remove_label_values(&[node]);
         for role in ["source", "target"] {
             let _ = self.node_last_ttfp.remove_label_values(&[node, role]);
             for result in ProbeResult::ALL {
@@ -419,6 +443,23 @@ impl Metrics {
                 self.node_last_ttfp.with_label_values(&[node, role]).set(t);
             }
         }
+        if let Some(g) = &rec.programming {
+            for (role, node, w) in [
+                ("source", &rec.source.node, &g.source),
+                ("target", &rec.target.node, &g.target),
+            ] {
+                let Some(w) = w else { continue };
+                self.programming_wait
+                    .with_label_values(&[kind, role])
+                    .observe(w.wait_seconds);
+                self.node_last_programming_wait
+                    .with_label_values(&[node])
+                    .set(w.wait_seconds);
+                if w.over_threshold {
+                    self.node_programming_slow.with_label_values(&[node]).inc();
+                }
+            }
+        }
         for s in &rec.suspects {
             self.suspects
                 .with_label_values(&[&s.node, s.signal.as_str()])
@@ -468,3 +509,84 @@ pub const STANDBY_FAMILIES: &[&str] = &[
     "firstpacket_api_outages_total",
     "firstpacket_api_outage_seconds_total",
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use firstpacket_report::{ProbeProgramming, ProgrammingMethod, ProgrammingWait};
+
+    fn value(text: &str, series: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+    }
+
+    #[test]
+    fn programming_waits_feed_the_histogram_and_name_the_waiting_node_only() {
+        let m = Metrics::new(&[ProbeKind::CrossNode]);
+        m.node_added("node-1");
+        m.node_added("node-2");
+        let text = m.render();
+        // Pre-initialised: the series exist before the first probe.
+        assert_eq!(
+            value(
+                &text,
+                r#"firstpacket_programming_wait_seconds_count{kind="cross_node",role="target"}"#
+            ),
+            Some(0.0)
+        );
+        assert_eq!(
+            value(
+                &text,
+                r#"firstpacket_node_programming_slow_total{node="node-2"}"#
+            ),
+            Some(0.0)
+        );
+        let w = |wait: f64| {
+            Some(ProgrammingWait {
+                method: ProgrammingMethod::NodeDial,
+                wait_seconds: wait,
+                resolution_seconds: 0.1,
+                over_threshold: wait > 5.0,
+            })
+        };
+        let mut rec = crate::record::test_record("p", "node-1", "node-2", ProbeResult::Slow);
+        rec.programming = Some(ProbeProgramming {
+            source: w(0.05),
+            target: w(7.2),
+            readiness_gated: Some(true),
+        });
+        m.observe(&rec, 1.0);
+        let text = m.render();
+        assert_eq!(
+            value(
+                &text,
+                r#"firstpacket_programming_wait_seconds_sum{kind="cross_node",role="target"}"#
+            ),
+            Some(7.2)
+        );
+        assert_eq!(
+            value(
+                &text,
+                r#"firstpacket_node_programming_slow_total{node="node-2"}"#
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            value(
+                &text,
+                r#"firstpacket_node_programming_slow_total{node="node-1"}"#
+            ),
+            Some(0.0)
+        );
+        assert_eq!(
+            value(
+                &text,
+                r#"firstpacket_node_last_programming_wait_seconds{node="node-1"}"#
+            ),
+            Some(0.05)
+        );
+        m.node_removed("node-2");
+        let text = m.render();
+        assert!(!text.contains(r#"node="node-2""#), "{text}");
+    }
+}
