@@ -304,8 +304,11 @@ pub struct ProbeArgs {
     /// node), recreate (stable-name target deleted and recreated on its node), burst
     /// (target created among --burst-size filler pods), service (through a per-probe
     /// ClusterIP Service selecting only the fresh target: the source dials
-    /// CLUSTER-IP:80). API writes per probe: 4 for cross_node and same_node, 6 for
-    /// recreate and service, 4 + 2 × --burst-size for burst.
+    /// CLUSTER-IP:80), unprobed (as cross_node with a target without a readiness
+    /// probe: on a CNI that gates readiness, as Calico does, the target's programming
+    /// delay then shows in TTFP, as an application without a readiness probe meets it).
+    /// API writes per probe: 4 for cross_node, same_node and unprobed, 6 for recreate
+    /// and service, 4 + 2 × --burst-size for burst.
     #[arg(
         long,
         env = "FIRSTPACKET_KINDS",

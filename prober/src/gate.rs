@@ -940,12 +940,20 @@ fn diagnosis_str(d: Diagnosis) -> String {
 }
 
 /// The kind the headline leads with: the first of `cross_node`, `recreate`, `service`,
-/// `burst` that ran, else `same_node` (the control: it only leads when it ran alone).
+/// `burst`, `unprobed` that ran, else `same_node` (the control: it only leads when it
+/// ran alone).
 pub fn main_kind(summary: &Summary) -> Option<&str> {
-    ["cross_node", "recreate", "service", "burst", "same_node"]
-        .into_iter()
-        .find(|k| summary.by_kind.contains_key(*k))
-        .or_else(|| summary.by_kind.keys().next().map(String::as_str))
+    [
+        "cross_node",
+        "recreate",
+        "service",
+        "burst",
+        "unprobed",
+        "same_node",
+    ]
+    .into_iter()
+    .find(|k| summary.by_kind.contains_key(*k))
+    .or_else(|| summary.by_kind.keys().next().map(String::as_str))
 }
 
 /// `cross_node: 6 probe(s): success 0, slow 0, failed 2, inconclusive 4; 6 without a

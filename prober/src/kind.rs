@@ -17,6 +17,12 @@ pub enum ProbeKind {
     Service,
     /// Target created among filler pods.
     Burst,
+    /// As `cross_node`, but the target has no readiness probe, so its Ready means only
+    /// "containers started" (issue 29): on a CNI that holds a new pod until its agent
+    /// has programmed it (Calico), the target's programming delay then lands after
+    /// Ready, in TTFP — the darkness an application without a readiness probe meets,
+    /// and what the XDP incident's operator timed with a `wget` loop.
+    Unprobed,
 }
 
 impl ProbeKind {
@@ -28,6 +34,7 @@ impl ProbeKind {
             ProbeKind::Recreate => "recreate",
             ProbeKind::Service => "service",
             ProbeKind::Burst => "burst",
+            ProbeKind::Unprobed => "unprobed",
         }
     }
 }

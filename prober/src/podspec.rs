@@ -566,6 +566,16 @@ pub fn probe_service(cfg: &PodConfig, probe_id: &str, kind: &str) -> Service {
     }
 }
 
+/// Removes the containers' readiness probes (kind `unprobed`: Ready then means only
+/// that the containers started; Kubernetes docs "Pod Lifecycle", container probes).
+pub fn drop_readiness_probe(pod: &mut Pod) {
+    if let Some(spec) = pod.spec.as_mut() {
+        for c in &mut spec.containers {
+            c.readiness_probe = None;
+        }
+    }
+}
+
 /// The target pod T of a probe on `node`.
 pub fn target_pod(cfg: &PodConfig, probe_id: &str, kind: &str, node: &str) -> Pod {
     probe_pod(cfg, probe_id, kind, PodRole::Target, node, target_args())

@@ -133,7 +133,7 @@ pub fn burst_backlog(
 /// `service` adds a Service create + delete: 6.
 pub fn write_budget(kind: ProbeKind, burst_size: u32) -> u64 {
     match kind {
-        ProbeKind::CrossNode | ProbeKind::SameNode => 4,
+        ProbeKind::CrossNode | ProbeKind::SameNode | ProbeKind::Unprobed => 4,
         ProbeKind::Recreate | ProbeKind::Service => 6,
         ProbeKind::Burst => 4 + 2 * u64::from(burst_size),
     }
@@ -1010,7 +1010,7 @@ async fn lifecycle(
             return e;
         }
     }
-    let t_pod = probe_pod_named(
+    let mut t_pod = probe_pod_named(
         cfg,
         t_name,
         &plan.id,
@@ -1019,6 +1019,9 @@ async fn lifecycle(
         &plan.target_node,
         target_args(),
     );
+    if plan.kind == ProbeKind::Unprobed {
+        crate::podspec::drop_readiness_probe(&mut t_pod);
+    }
     let create_started = std::time::Instant::now();
     // Cancelled meanwhile (a signal, or `prober run` lost its leadership term): create
     // nothing more.

@@ -244,8 +244,9 @@ pub fn classify_report(
 /// Both pods' programming waits from a source report (the source's own measurement
 /// and the target's as the target reported it) and where the probe's delay showed
 /// ([`ProbeProgramming`]; issue 29). A wait is over the threshold when it exceeds
-/// `slow_threshold`; `readiness_gated` compares the larger wait with `ttfp` (seconds)
-/// above [`NOTABLE_DELAY_SECONDS`].
+/// `slow_threshold`; `readiness_gated` compares the delay before Ready (the longer wait
+/// of a pod whose readiness passed only once its path worked) with `ttfp` (seconds),
+/// when either is above [`NOTABLE_DELAY_SECONDS`].
 pub fn probe_programming(
     r: &SourceReport,
     ttfp: Option<f64>,
@@ -263,16 +264,27 @@ pub fn probe_programming(
     };
     let source = wait(&r.programming);
     let target = wait(&r.target_programming);
-    let longest = [&source, &target]
-        .into_iter()
-        .flatten()
-        .map(|w| w.wait_seconds)
-        .fold(0.0_f64, f64::max);
+    // The delay before Ready: the waits of pods whose readiness passed only after their
+    // path worked (a pod without a readiness probe, kind `unprobed`'s target, has no
+    // `ready_at`: its wait held back nothing, its darkness is in TTFP).
+    let gated_wait = |p: &Option<PodProgramming>| {
+        let p = p.as_ref()?;
+        let w = p.wait_seconds?;
+        let slack = p.resolution_seconds.unwrap_or(0.0);
+        p.ready_at.filter(|r| *r + slack >= w).map(|_| w)
+    };
+    let before = [
+        gated_wait(&r.programming),
+        gated_wait(&r.target_programming),
+    ]
+    .into_iter()
+    .flatten()
+    .fold(0.0_f64, f64::max);
     let ttfp = ttfp.unwrap_or(0.0);
-    let readiness_gated = if longest.max(ttfp) <= NOTABLE_DELAY_SECONDS {
+    let readiness_gated = if before.max(ttfp) <= NOTABLE_DELAY_SECONDS {
         None
     } else {
-        Some(longest >= ttfp)
+        Some(before >= ttfp)
     };
     ProbeProgramming {
         source,
@@ -610,11 +622,13 @@ mod tests {
         )
     }
 
+    /// A pod whose path worked at `wait` and whose readiness passed just after it.
     fn waited(wait: f64) -> Option<PodProgramming> {
         Some(PodProgramming {
             method: Some(firstpacket_report::ProgrammingMethod::NodeDial),
             wait_seconds: Some(wait),
             resolution_seconds: Some(0.1),
+            ready_at: Some(wait + 0.05),
             ..PodProgramming::default()
         })
     }
@@ -653,6 +667,16 @@ mod tests {
         let g = rec.programming.unwrap();
         assert_eq!(g.readiness_gated, None);
         assert_eq!(g.target, None);
+        // A target without a readiness probe (kind `unprobed`) waited 3 s: that held
+        // back no Ready, so the 2.5 s TTFP is where the delay was.
+        let mut r = report(SourceOutcome::Success, Some(0.5), Some(3.0));
+        r.programming = waited(0.1);
+        r.target_programming = waited(3.0).map(|p| PodProgramming {
+            ready_at: None,
+            ..p
+        });
+        let rec = record_for(Some(&r), None);
+        assert_eq!(rec.programming.unwrap().readiness_gated, Some(false));
     }
 
     #[test]

@@ -847,3 +847,65 @@ fn s7_random_blackholed_pod_ips_are_never_called_cross_node_broken() {
     let left = tb.wait_no_probe_pods(POD_GONE_TIMEOUT);
     assert!(left.is_empty(), "probe pods left behind: {left:?}");
 }
+
+/// Issue 29, kind `unprobed` on a CNI that gates readiness (the simulated agent with
+/// `gates_readiness: true`, as real Felix): endpoints on node-2 are programmed 3 s late.
+/// A readiness-probed pod there turns Ready only after that, so a `cross_node` probe
+/// shows it as the pod's programming wait (before Ready, TTFP about 0), while an
+/// `unprobed` target there is Ready at once and its darkness lands in TTFP. Both match
+/// the truth (TTFP; programming wait = `endpoint_programmed` − `container_started`).
+#[test]
+fn unprobed_targets_carry_the_gated_delay_into_ttfp_and_probed_pods_show_it_as_programming_wait() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let tb = Testbed::up(
+        "unprobed",
+        3,
+        "rules:\n  - nodes: {all: true}\n    agent: {gates_readiness: true}\n    program_delay: 100ms\n  - nodes: {names: [node-2]}\n    program_delay: 3s\n",
+        &[],
+    );
+    let (_, report, out) = tb.gate(&[
+        "--kinds",
+        "unprobed,cross_node",
+        "--pairs",
+        "6",
+        "--hold",
+        "1s",
+        "--slow-threshold",
+        "30s",
+        "--max-ttfp",
+        "30s",
+    ]);
+    validate(&report);
+    let truth = tb.truth();
+    let mut seen = (0, 0);
+    for p in probes(&report) {
+        assert_eq!(p["result"], "success", "{p:#}\n{out}");
+        common::assert_ttfp_near_truth(&truth, p, &out);
+        let ttfp = p["ttfp_seconds"].as_f64().unwrap();
+        let target_on_2 = p["target"]["node"] == "node-2";
+        let g = &p["programming"];
+        if p["kind"] == "unprobed" && target_on_2 {
+            // Ready at container start; dark until programmed: after Ready.
+            assert!(
+                ttfp > 1.5,
+                "unprobed target on node-2: TTFP {ttfp:.3}s\n{p:#}\n{out}"
+            );
+            assert_eq!(g["readiness_gated"], false, "{g:#}");
+            seen.0 += 1;
+        }
+        if p["kind"] == "cross_node" && target_on_2 {
+            // Probed: Ready only once programmed, so the wait is before Ready.
+            let w = g["target"]["wait_seconds"].as_f64().unwrap();
+            assert!(
+                w > 2.5 && ttfp < 1.0,
+                "wait {w:.3}s, TTFP {ttfp:.3}s\n{out}"
+            );
+            assert_eq!(g["readiness_gated"], true, "{g:#}");
+            seen.1 += 1;
+        }
+    }
+    assert!(
+        seen.0 >= 1 && seen.1 >= 1,
+        "no unprobed/cross_node probe targeted node-2: {seen:?}\n{out}"
+    );
+}
