@@ -751,6 +751,10 @@ pub struct SavedKind {
     pub all: Quantiles,
     /// Per node, seconds.
     pub nodes: BTreeMap<String, SavedNode>,
+    /// Per node: its probe pods' programming waits (either role), seconds. Added
+    /// field (empty in files that predate it: then not compared).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub programming_wait: BTreeMap<String, Quantiles>,
 }
 
 /// One node in a saved baseline: its probes in either role, and per role (a node is
@@ -832,11 +836,16 @@ pub fn save(
                 (n.to_string(), node)
             })
             .collect();
+        let programming_wait = node_programming_waits(probes, k)
+            .into_iter()
+            .map(|(n, v)| (n.to_string(), Quantiles::of(&v)))
+            .collect();
         out.insert(
             k.to_string(),
             SavedKind {
                 all: Quantiles::of(&all),
                 nodes,
+                programming_wait,
             },
         );
     }
@@ -865,7 +874,7 @@ pub struct CompareConfig {
     pub dial_interval: f64,
 }
 
-pub use firstpacket_report::{BaselineComparison, BaselineEntry};
+pub use firstpacket_report::{BaselineComparison, BaselineEntry, BaselineMetric};
 
 fn entry(
     kind: &str,
@@ -896,7 +905,30 @@ fn entry(
         regressed,
         few_samples: base.n < c.min_samples,
         best_peer: peer.map(str::to_string),
+        metric: BaselineMetric::Ttfp,
     }
+}
+
+/// Per node: the programming waits (seconds) of the kind's `success`/`slow` probes'
+/// pods on it, either role (issue 29: a pod's wait is its own node's, so no peer
+/// grouping is needed).
+fn node_programming_waits<'a>(
+    probes: &'a [ProbeRecord],
+    kind: &str,
+) -> BTreeMap<&'a str, Vec<f64>> {
+    let mut out: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for p in probes.iter().filter(|p| p.kind == kind) {
+        if !matches!(p.result, ProbeResult::Success | ProbeResult::Slow) {
+            continue;
+        }
+        let Some(g) = &p.programming else { continue };
+        for (node, w) in [(&p.source.node, &g.source), (&p.target.node, &g.target)] {
+            if let Some(w) = w {
+                out.entry(node.as_str()).or_default().push(w.wait_seconds);
+            }
+        }
+    }
+    out
 }
 
 /// Node `n`'s entry for kind `k`: role by role, its best peer's quantile `q` now against
@@ -1022,6 +1054,15 @@ pub fn compare(
             }
             entries.push(e);
         }
+        // Each node's pods' own programming waits against the node's saved ones.
+        let waits = node_programming_waits(probes, k);
+        for (n, base_q) in &base.programming_wait {
+            let now_v = waits.get(n.as_str()).cloned().unwrap_or_default();
+            let now = nearest_rank(&now_v, q);
+            let mut e = entry(k, Some(n), base_q, now, now_v.len() as u64, None, c);
+            e.metric = BaselineMetric::ProgrammingWait;
+            entries.push(e);
+        }
     }
     for k in saved.kinds.keys() {
         if !kinds.contains(&k.as_str()) {
@@ -1068,10 +1109,13 @@ pub fn regression_lines(c: &BaselineComparison) -> Vec<String> {
         .iter()
         .filter(|e| e.regressed)
         .map(|e| {
-            let what = match &e.node {
+            let mut what = match &e.node {
                 Some(n) => format!("{} {n}", e.kind),
                 None => format!("{} (all nodes)", e.kind),
             };
+            if e.metric == BaselineMetric::ProgrammingWait {
+                what.push_str(" programming wait");
+            }
             let (now, base) = (
                 e.current_seconds.unwrap_or(f64::NAN),
                 e.baseline_seconds.unwrap_or(f64::NAN),
@@ -1416,6 +1460,87 @@ mod tests {
             }
         }
         out
+    }
+
+    /// `ring` with every pod's programming wait given by `wait(node, i)`.
+    fn with_waits(
+        mut probes: Vec<ProbeRecord>,
+        wait: impl Fn(&str, usize) -> f64,
+    ) -> Vec<ProbeRecord> {
+        let w = |x: f64| {
+            Some(firstpacket_report::ProgrammingWait {
+                method: firstpacket_report::ProgrammingMethod::NodeDial,
+                wait_seconds: x,
+                resolution_seconds: 0.1,
+                over_threshold: x > 5.0,
+            })
+        };
+        for (i, p) in probes.iter_mut().enumerate() {
+            p.programming = Some(firstpacket_report::ProbeProgramming {
+                source: w(wait(&p.source.node, i)),
+                target: w(wait(&p.target.node, i)),
+                readiness_gated: None,
+            });
+        }
+        probes
+    }
+
+    #[test]
+    fn programming_waits_regress_per_node_while_ttfp_stays_at_its_baseline() {
+        let healthy_wait = |_: &str, i: usize| 0.05 + (i % 3) as f64 * 0.05;
+        let base = save(
+            &with_waits(ring(healthy), healthy_wait),
+            &["cross_node"],
+            settings(),
+            "gate-a",
+            "t",
+        );
+        assert_eq!(base.kinds["cross_node"].programming_wait["n2"].n, 6);
+        let c = CompareConfig {
+            quantile: "p95".into(),
+            ratio: 1.5,
+            floor: 0.5,
+            min_samples: 20,
+            dial_interval: 0.1,
+        };
+        // S2 with a gating CNI: n2 and n3 program 1.2–1.9 s late, TTFP unchanged.
+        let s2 = with_waits(ring(|s, d, i| healthy(s, d, i + 1)), |n, i| {
+            if ["n2", "n3"].contains(&n) {
+                1.2 + (i % 8) as f64 * 0.1
+            } else {
+                healthy_wait(n, i + 1)
+            }
+        });
+        let cmp = compare(&base, &s2, &["cross_node"], &settings(), &c);
+        let bad: Vec<(String, BaselineMetric)> = cmp
+            .entries
+            .iter()
+            .filter(|e| e.regressed)
+            .map(|e| (e.node.clone().unwrap_or("*".into()), e.metric))
+            .collect();
+        assert_eq!(
+            bad,
+            [
+                ("n2".to_string(), BaselineMetric::ProgrammingWait),
+                ("n3".to_string(), BaselineMetric::ProgrammingWait)
+            ]
+        );
+        let lines = regression_lines(&cmp);
+        assert!(
+            lines[0].starts_with("cross_node n2 programming wait: p95 1."),
+            "{lines:?}"
+        );
+        // A baseline file from before the field has none: nothing compared, no error.
+        let mut old = base.clone();
+        old.kinds
+            .get_mut("cross_node")
+            .unwrap()
+            .programming_wait
+            .clear();
+        let text = serde_json::to_string(&old).unwrap();
+        assert!(!text.contains("programming_wait"), "{text}");
+        let back: SavedBaseline = serde_json::from_str(&text).unwrap();
+        assert!(!compare(&back, &s2, &["cross_node"], &settings(), &c).regressed);
     }
 
     #[test]

@@ -668,6 +668,22 @@ pub struct BaselineEntry {
     /// Nodes only: the peer whose probes gave `current_seconds`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub best_peer: Option<String>,
+    /// What the series measures: `ttfp` (absent in files that predate the field), or
+    /// `programming_wait` (a node's probe pods' own programming waits, either role;
+    /// issue 29). Added field.
+    #[serde(default)]
+    pub metric: BaselineMetric,
+}
+
+/// The measure a [`BaselineEntry`] compares. Closed set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BaselineMetric {
+    /// Time to first packet.
+    #[default]
+    Ttfp,
+    /// A pod's own programming wait ([`PodProgramming`]).
+    ProgrammingWait,
 }
 
 /// The per-probe ClusterIP Service of a `service` probe (docs/design.md §2 kinds): it selects

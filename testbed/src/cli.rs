@@ -171,8 +171,9 @@ pub enum Cmd {
         /// path inside it).
         #[arg(long)]
         rootfs: Option<PathBuf>,
-        /// An inherited fd the shim marks close-on-exec, so whoever holds its pipe's
-        /// other end sees EOF when the container's binary is exec'ed.
+        /// An inherited fd the shim marks close-on-exec and writes the wall time of its
+        /// `execve` to, so whoever holds its pipe's other end learns when the
+        /// container's binary was exec'ed (and sees EOF then).
         #[arg(long)]
         exec_fd: Option<i32>,
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
@@ -915,6 +916,7 @@ pub fn main_with(cli: Cli) -> Result<i32> {
                 args: cmd[1..].to_vec(),
                 clock_offset: clock_offset.map(|seconds| crate::fault::ClockSkew { seconds }),
                 rootfs,
+                exec_fd,
             };
             let e = crate::shim::enter_and_exec(&spec).unwrap_err();
             Err(anyhow!("container start failed: {e}"))

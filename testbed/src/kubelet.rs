@@ -1753,22 +1753,30 @@ impl PodWorker {
             let pid = child.id().unwrap_or(0) as i32;
             let _ = std::fs::write(pod_dir.join("pid"), pid.to_string());
             // Until the shim has exec'ed the image's binary (EOF on the pipe; a few ms,
-            // bounded: the shim exits on any error).
-            let _ = tokio::task::spawn_blocking(move || {
+            // bounded: the shim exits on any error). It wrote the exec's wall time
+            // first: the stamp does not depend on how soon this task runs again.
+            let exec_at = tokio::task::spawn_blocking(move || {
                 use std::io::Read;
                 let mut f = std::fs::File::from(exec_read);
-                let mut b = [0u8; 1];
-                let _ = f.read(&mut b);
+                let mut text = String::new();
+                let _ = f.read_to_string(&mut text);
+                text.trim().parse::<f64>().ok()
             })
-            .await;
+            .await
+            .ok()
+            .flatten();
             if restarts == 0 {
                 // The programming wait of a pod is measured from here
                 // (docs/design.md §6: endpoint_programmed − container_started).
-                self.k.truth.emit(TruthEvent::pod(
+                let ev = TruthEvent::pod(
                     TruthKind::ContainerStarted,
                     &net,
                     json!({ "container": cname, "pid": pid }),
-                ));
+                );
+                match exec_at {
+                    Some(t) => self.k.truth.emit_at(ev, t),
+                    None => self.k.truth.emit(ev),
+                };
             }
             let started_at = now_rfc3339();
             let container_id = format!("testbed://{}-{pid}", self.uid);

@@ -68,6 +68,9 @@ pub struct ShimSpec {
     /// An OCI image's unpacked root file system: the container sees it as `/`
     /// (`program` is then a path inside it).
     pub rootfs: Option<PathBuf>,
+    /// An inherited fd (close-on-exec) the shim writes the wall time of its `execve` to
+    /// (Unix seconds, text) just before it: the kubelet's `container_started` truth.
+    pub exec_fd: Option<i32>,
 }
 
 /// Where the service-account files appear inside an image's root file system (the
@@ -246,5 +249,14 @@ pub fn enter_and_exec(spec: &ShimSpec) -> Result<std::convert::Infallible, ShimE
     crate::security::apply(&spec.identity)
         .map_err(|(step, source)| ShimError::Sys { step, source })?;
 
+    if let Some(fd) = spec.exec_fd {
+        let now = crate::truth::unix_now();
+        let text = format!("{now:.6}\n");
+        // SAFETY: a plain write of a buffer we own to an fd we were given; a failure
+        // only loses the precise stamp (the kubelet then stamps at EOF).
+        unsafe {
+            nix::libc::write(fd, text.as_ptr().cast(), text.len());
+        }
+    }
     nix::unistd::execvp(&prog, &argv).map_err(sys(format!("exec {}", spec.program.display())))
 }

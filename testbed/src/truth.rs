@@ -143,7 +143,8 @@ pub fn unix_now() -> f64 {
 }
 
 /// Append-only writer of the truth log. Cheap to clone; all clones share one file and
-/// lock, so lines never interleave and appear in `t` order.
+/// lock, so lines never interleave and appear in `t` order (except lines stamped by
+/// [`Truth::emit_at`]).
 #[derive(Clone, Debug)]
 pub struct Truth {
     path: Arc<PathBuf>,
@@ -192,6 +193,29 @@ impl Truth {
                 source,
             })?;
         Ok(ev)
+    }
+
+    /// Appends `ev` stamped `t` (Unix seconds) instead of now: for a change whose
+    /// moment the component that made it recorded itself (the shim's `execve` for
+    /// `container_started`), so the stamp does not depend on how soon the writer runs.
+    /// Such a line may sit a few milliseconds out of `t` order in the file (readers
+    /// sort by `t`). A write failure is only logged; returns `t`, or `None` then.
+    pub fn emit_at(&self, mut ev: TruthEvent, t: f64) -> Option<f64> {
+        let mut f = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        ev.t = t;
+        let written = serde_json::to_vec(&ev)
+            .map_err(std::io::Error::other)
+            .and_then(|mut line| {
+                line.push(b'\n');
+                f.write_all(&line).and_then(|()| f.flush())
+            });
+        match written {
+            Ok(()) => Some(t),
+            Err(e) => {
+                tracing::error!(error = %e, path = %self.path.display(), "truth log write failed");
+                None
+            }
+        }
     }
 
     /// Like [`Truth::try_emit`] but a write failure is only logged (`tracing::error!`):

@@ -154,9 +154,16 @@ fn assert_programming_waits_near_truth(truth: &[TruthEvent], report: &Value, out
             let want = programmed - started;
             let got = w["wait_seconds"].as_f64().unwrap();
             let err = got - want;
+            let measured = if role == "source" {
+                &p["source_report"]["programming"]
+            } else {
+                &p["source_report"]["target_programming"]
+            };
             assert!(
                 (-0.05..=common::DIAL_INTERVAL + 0.05).contains(&err),
-                "probe {} {role} on {}: programming wait {got:.3}s vs truth {want:.3}s\n{out}",
+                "probe {} {role} on {}: programming wait {got:.3}s vs truth {want:.3}s \
+                 (container_started {started:.6}, endpoint_programmed {programmed:.6}); \
+                 the pod's measurement {measured:#}\n{out}",
                 p["id"],
                 p[role]["node"]
             );
@@ -229,7 +236,9 @@ fn mean(v: &[f64]) -> f64 {
 /// two `os=debian13` nodes): those nodes' endpoints are programmed late, their apply time
 /// rises, and their probe pods turn Ready late by about the same; every programming wait
 /// the pods measured (both phases) is within [−50 ms, dial interval + 50 ms] of the
-/// ruleset truth, and `warnings[]` name `dataplane_apply_slow` on exactly those nodes.
+/// ruleset truth, `warnings[]` name `dataplane_apply_slow` on exactly those nodes, and
+/// against the baseline S1 saved, the gate exits 1 on exactly those nodes' programming
+/// waits.
 /// Then `{delay: 5s}` there (issue 29): the gate exits 1 on the programming wait's p95,
 /// its suspects name exactly those nodes, and each `endpoint_programming_slow` blames
 /// only pods on them.
@@ -245,6 +254,8 @@ fn s1_passes_on_real_felix_and_kube_proxy_and_s2_programs_late_on_its_nodes() {
     ) else {
         return;
     };
+    let dir = tempfile::tempdir().unwrap();
+    let baseline = dir.path().join("baseline.json");
     let (code, report, out) = tb.gate(&[
         "--kinds",
         "cross_node,service",
@@ -254,6 +265,8 @@ fn s1_passes_on_real_felix_and_kube_proxy_and_s2_programs_late_on_its_nodes() {
         "20s",
         "--hold",
         "1s",
+        "--save-baseline",
+        baseline.to_str().unwrap(),
     ]);
     assert_eq!(code, 0, "S1 on real agents must pass:\n{out}");
     let truth = tb.truth();
@@ -330,7 +343,16 @@ fn s1_passes_on_real_felix_and_kube_proxy_and_s2_programs_late_on_its_nodes() {
     let before: BTreeMap<String, (f64, f64)> = ips.keys().map(|n| (n.clone(), apply(n))).collect();
     let t0 = testbed::truth::unix_now();
     tb.set_fault("rules:\n  - nodes: {labels: {os: debian13}}\n    agent_io: {delay: 1s}\n");
-    let (code, report, out) = tb.gate(&["--pairs", "8", "--give-up", "30s", "--hold", "1s"]);
+    let (code, report, out) = tb.gate(&[
+        "--pairs",
+        "8",
+        "--give-up",
+        "30s",
+        "--hold",
+        "1s",
+        "--baseline",
+        baseline.to_str().unwrap(),
+    ]);
     let truth: Vec<TruthEvent> = tb.truth().into_iter().filter(|e| e.t >= t0).collect();
     let mut wait: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     let mut ready: BTreeMap<String, Vec<f64>> = BTreeMap::new();
@@ -424,6 +446,27 @@ fn s1_passes_on_real_felix_and_kube_proxy_and_s2_programs_late_on_its_nodes() {
     let want: BTreeSet<String> = slow.iter().map(|s| s.to_string()).collect();
     // A 1 s slower dataplane is named on every node that has it, and on no other.
     assert_eq!(named(&report["warnings"]), want, "{out}");
+    // Against the baseline S1 saved on this testbed, those nodes' programming waits
+    // regressed (TTFP did not move), and no other node's did.
+    assert_eq!(code, 1, "S2 1s against the S1 baseline:\n{out}");
+    let regressed: BTreeSet<String> = report["baseline"]["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["regressed"] == true)
+        .map(|e| {
+            format!(
+                "{}:{}",
+                e["node"].as_str().unwrap_or("*"),
+                e["metric"].as_str().unwrap_or("")
+            )
+        })
+        .collect();
+    let want_regressed: BTreeSet<String> = slow
+        .iter()
+        .map(|n| format!("{n}:programming_wait"))
+        .collect();
+    assert_eq!(regressed, want_regressed, "{:#}\n{out}", report["baseline"]);
 
     // S2 with every dataplane write 5 s slower there: the pods on those nodes wait
     // over the slow threshold before Ready; the gate fails on the programming wait and
