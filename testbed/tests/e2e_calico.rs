@@ -984,3 +984,121 @@ fn simulated_readiness_gating_delays_ready_like_real_felix() {
     );
     let _ = Value::Null;
 }
+
+/// Every node the gate's output names: suspects and warnings (any signal), and nodes
+/// whose pods' programming wait was over the slow threshold.
+fn named_nodes(report: &Value) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut add = |list: &Value| {
+        for s in list.as_array().into_iter().flatten() {
+            if let Some(n) = s["node"].as_str() {
+                out.insert(n.to_string());
+            }
+        }
+    };
+    add(&report["warnings"]);
+    for p in report["probes"].as_array().unwrap() {
+        add(&p["suspects"]);
+    }
+    for p in report["probes"].as_array().unwrap() {
+        for role in ["source", "target"] {
+            if p["programming"][role]["over_threshold"] == true {
+                out.insert(p[role]["node"].as_str().unwrap().to_string());
+            }
+        }
+    }
+    out
+}
+
+/// Healthy real Felix: 5 gates in a row (100 with `FIRSTPACKET_LONG_TESTS=1`), none
+/// fails: the programming wait and the agents' pages raise no false alarm (issue 29).
+#[test]
+fn healthy_gates_on_real_felix_have_no_false_failures() {
+    let _g = lock();
+    let Some(tb) = up_real_agents("calico-healthy", 3, "rules: []\n", "calico", &[]) else {
+        return;
+    };
+    let runs = if common::long_tests() { 100 } else { 5 };
+    let mut failures = Vec::new();
+    let mut max_wait: f64 = 0.0;
+    for i in 0..runs {
+        let (code, report, out) = tb.gate(&["--pairs", "3", "--give-up", "20s", "--hold", "1s"]);
+        max_wait = max_wait.max(
+            report["summary"]["programming_wait_max"]
+                .as_f64()
+                .unwrap_or(0.0),
+        );
+        if code != 0 || !named_nodes(&report).is_empty() {
+            failures.push(format!(
+                "gate {i}: exit {code}, named {:?}\n{out}",
+                named_nodes(&report)
+            ));
+        }
+    }
+    println!(
+        "healthy gates on real Felix: {runs} run, {} false failures, longest programming wait {max_wait:.2}s",
+        failures.len()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Real Felix starved of CPU (`agent_cpu: {quota: 2%}`) on node-2, then paused for 20 s
+/// on node-3 while the gate's probes start there: each gate names its faulty node and no
+/// other (issue 29).
+#[test]
+fn gates_name_a_starved_and_a_paused_felix_and_no_other_node() {
+    let _g = lock();
+    let Some(tb) = up_real_agents("calico-named", 3, "rules: []\n", "calico", &[]) else {
+        return;
+    };
+    tb.set_fault("rules:\n  - nodes: {names: [node-2]}\n    agent_cpu: {quota: 2%}\n");
+    let (code, report, out) = tb.gate(&["--pairs", "6", "--give-up", "40s", "--hold", "1s"]);
+    println!(
+        "agent_cpu 2% on node-2: gate exit {code}, named {:?}; {}",
+        named_nodes(&report),
+        out.lines()
+            .filter(|l| l.starts_with("programming wait") || l.starts_with("pods waiting"))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
+    assert_eq!(
+        named_nodes(&report),
+        BTreeSet::from(["node-2".to_string()]),
+        "{out}"
+    );
+
+    // node-3's Felix stops 21 s after the fault is set, for 20 s: start the gate then.
+    tb.set_fault("rules:\n  - nodes: {names: [node-3]}\n    agent_pause: {every: 21s, for: 20s}\n");
+    let stopped = poll_until(
+        Duration::from_secs(30),
+        || {
+            felix_pid(&tb, "node-3").map(|pid| {
+                common::proc_status(pid)
+                    .get("State")
+                    .cloned()
+                    .unwrap_or_default()
+            })
+        },
+        |s| s.as_deref().is_some_and(|s| s.starts_with('T')),
+    );
+    assert!(
+        stopped.as_deref().is_some_and(|s| s.starts_with('T')),
+        "node-3's Felix not paused: {stopped:?}"
+    );
+    let (code, report, out) = tb.gate(&["--pairs", "6", "--give-up", "40s", "--hold", "1s"]);
+    tb.set_fault("rules: []\n");
+    println!(
+        "agent_pause 20s on node-3: gate exit {code}, named {:?}; {}",
+        named_nodes(&report),
+        out.lines()
+            .filter(|l| l.starts_with("programming wait") || l.starts_with("pods waiting"))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
+    assert_eq!(code, 1, "{out}");
+    assert_eq!(
+        named_nodes(&report),
+        BTreeSet::from(["node-3".to_string()]),
+        "{out}"
+    );
+}
