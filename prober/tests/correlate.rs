@@ -408,6 +408,68 @@ fn unreachable_and_absent_agents_are_warnings_only_one_per_node() {
     assert_eq!(warnings[1].evidence["reason"], "no_agent_pod_on_node");
 }
 
+/// Issue 29: an agent that stopped answering during the probe (scrapes timed out) and
+/// answered again is evidence on its node — a suspect on a slow probe, a warning on a
+/// successful one; one that answered throughout is not named.
+#[test]
+fn an_agent_that_stalled_during_the_probe_and_came_back_is_a_suspect() {
+    let mut h = cluster(&NODES4, &|_, _| 0.004, &|_| 0.0);
+    let timed_out = |at: f64| Observation {
+        at,
+        profile: CALICO_FELIX.into(),
+        node: "node-3".into(),
+        pod: "calico-node-node-3".into(),
+        uid: "uid-node-3".into(),
+        restart_count: 0,
+        ready: true,
+        scrape_path: Some("proxy"),
+        outcome: Err(ScrapeFailure {
+            signal: Signal::AgentUnreachable,
+            reason: "timeout",
+            message: "GET http://10.0.0.3:9091/metrics: timed out after 5s".into(),
+        }),
+    };
+    h.push(timed_out(33.0));
+    h.push(timed_out(38.0));
+    let mut f = Felix::new();
+    f.step(45.0, 0.004, 0.0);
+    h.push(obs("node-3", 45.5, &f));
+    let w = ProbeWindow {
+        start: 30.0,
+        end: 40.5,
+        source_node: "node-1".into(),
+        target_node: "node-3".into(),
+    };
+    let found = correlate(&h, &view(&NODES4), &w, &Params::default());
+    let stalled: Vec<&Suspect> = found
+        .iter()
+        .filter(|s| s.signal == Signal::AgentUnreachable)
+        .collect();
+    assert_eq!(stalled.len(), 1, "{found:?}");
+    assert_eq!(stalled[0].node, "node-3");
+    assert_eq!(stalled[0].evidence["reason"], "stalled_in_window");
+    assert_eq!(stalled[0].evidence["failed_scrapes"], 2);
+    assert_eq!(stalled[0].evidence["first_failure"], "timeout");
+    let (suspects, _) = split_findings(found.clone(), ProbeResult::Slow);
+    assert!(
+        suspects
+            .iter()
+            .any(|s| s.node == "node-3" && s.signal == Signal::AgentUnreachable),
+        "{suspects:?}"
+    );
+    let (suspects, warnings) = split_findings(found, ProbeResult::Success);
+    assert!(suspects.is_empty() && !warnings.is_empty());
+    // Still not answering at the window's end: we only could not look.
+    h.push(timed_out(46.0));
+    let found = correlate(&h, &view(&NODES4), &w, &Params::default());
+    assert!(
+        !found
+            .iter()
+            .any(|s| s.evidence["reason"] == "stalled_in_window"),
+        "{found:?}"
+    );
+}
+
 #[test]
 fn failing_discovery_is_named_instead_of_no_agents() {
     let h = History::default();

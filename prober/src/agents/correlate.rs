@@ -209,6 +209,15 @@ pub struct Observation {
     pub outcome: Result<AgentReading, ScrapeFailure>,
 }
 
+/// Evidence `reason` of an `agent_unreachable` finding whose agent stopped answering
+/// during the probe and answered again by its end: it explains a slow or failed probe,
+/// so it is a suspect there ([`split_findings`]).
+pub const STALLED_IN_WINDOW: &str = "stalled_in_window";
+
+/// Scrape failure reasons that mean the agent did not answer (not a page problem, not
+/// a missing address).
+const STALL_REASONS: &[&str] = &["timeout", "refused", "connect"];
+
 /// How long after the window's end an observation still counts as the window's end
 /// scrape, seconds (the end scrape is answered within the scrape timeout, ≤ 10 s).
 pub const END_SLACK_SECONDS: f64 = 10.0;
@@ -716,6 +725,47 @@ fn profile_findings(
             out.push((f.signal, e));
         }
     }
+    // Stalled inside the window (issue 29): scrapes that timed out or were refused
+    // during the probe while the latest one answered again — the agent stopped
+    // answering (paused, starved, restarting its listener) and came back. That is
+    // evidence on the node, unlike a failure that lasts to the window's end (then we
+    // only could not look).
+    if ring.back().is_some_and(|o| o.outcome.is_ok()) {
+        let stalled: Vec<&Observation> = ring
+            .iter()
+            .filter(|o| o.at >= window.start && o.at <= window.end + END_SLACK_SECONDS)
+            .filter(|o| {
+                matches!(&o.outcome, Err(f) if f.signal == Signal::AgentUnreachable
+                    && STALL_REASONS.contains(&f.reason))
+            })
+            .collect();
+        if let (Some(first), Some(last)) = (stalled.first(), stalled.last()) {
+            let mut e = agent_evidence(profile, first);
+            let why = match &first.outcome {
+                Err(f) => f.reason,
+                Ok(_) => "",
+            };
+            e.insert("reason".into(), json!(STALLED_IN_WINDOW));
+            e.insert("failed_scrapes".into(), json!(stalled.len()));
+            e.insert("first_failure".into(), json!(why));
+            e.insert(
+                "first_failure_seconds_into_window".into(),
+                r(first.at - window.start),
+            );
+            e.insert(
+                "last_failure_seconds_into_window".into(),
+                r(last.at - window.start),
+            );
+            e.insert(
+                "message".into(),
+                json!(format!(
+                    "{profile} on {node} did not answer {} scrape(s) during the probe (first: {why}), then answered again",
+                    stalled.len()
+                )),
+            );
+            out.push((Signal::AgentUnreachable, e));
+        }
+    }
     // Readiness inside the window.
     if let Some(nr) = ring
         .iter()
@@ -960,13 +1010,17 @@ pub fn correlate(
 /// Splits findings into (`ProbeRecord.suspects`, `GateReport.warnings` candidates) by
 /// the probe's result: on `slow` / `failed` probes every finding but `agent_unreachable`
 /// is a suspect; on `success` and `inconclusive` all are warnings (docs/design.md §3: agent
-/// trouble with normal TTFP is never a failure). `agent_unreachable` is always a warning
-/// (it explains nothing, it says we could not look).
+/// trouble with normal TTFP is never a failure). `agent_unreachable` is a warning (it
+/// explains nothing, it says we could not look) — except an agent that stopped
+/// answering during the probe and came back ([`STALLED_IN_WINDOW`]), which does explain
+/// it.
 pub fn split_findings(findings: Vec<Suspect>, result: ProbeResult) -> (Vec<Suspect>, Vec<Suspect>) {
     let blame = matches!(result, ProbeResult::Slow | ProbeResult::Failed);
-    findings
-        .into_iter()
-        .partition(|s| blame && s.signal != Signal::AgentUnreachable)
+    findings.into_iter().partition(|s| {
+        blame
+            && (s.signal != Signal::AgentUnreachable
+                || s.evidence.get("reason").and_then(|r| r.as_str()) == Some(STALLED_IN_WINDOW))
+    })
 }
 
 /// Evidence keys of an `agent_restarted` finding that describe the *end* of its span;
