@@ -144,9 +144,10 @@ pub struct ProbeArgs {
     /// Keep dialing this long after the first success, counting failures per second.
     #[arg(long, env = "FIRSTPACKET_HOLD", default_value = "5s", value_parser = humantime::parse_duration)]
     pub hold: Duration,
-    /// When dialing ends before the kubelet's first readiness probe was answered (a short
-    /// `--hold` after an early success), wait this long at most for it: TTFP needs
-    /// `ready_at`. 0 disables the wait.
+    /// When dialing ends before the kubelet's readiness probe was answered twice (a
+    /// short `--hold` after an early success), wait this long at most for that: TTFP
+    /// needs `ready_at`, and a first answer may reach a kubelet that already timed out.
+    /// 0 disables the wait.
     #[arg(long, env = "FIRSTPACKET_READY_WAIT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub ready_wait: Duration,
     /// File the report line is written to (created/truncated). The kubelet turns it

@@ -123,6 +123,8 @@ pub struct ServerState {
     origin: ProcessStart,
     ready: AtomicBool,
     ready_at: watch::Sender<Option<f64>>,
+    /// Kubelet `/readyz` requests answered 200 so far.
+    ready_answers: watch::Sender<u32>,
     /// The node dial's address and interval (the programming wait's resolution).
     node_addr: Option<SocketAddr>,
     node_interval: Duration,
@@ -160,6 +162,7 @@ impl ServerState {
             origin,
             ready: AtomicBool::new(true),
             ready_at: watch::channel(None).0,
+            ready_answers: watch::channel(0).0,
             node_addr: node,
             node_interval: interval,
             dial: Mutex::new(NodeDialLog::default()),
@@ -282,8 +285,19 @@ impl ServerState {
         }
     }
 
+    /// Kubelet `/readyz` requests answered 200 so far.
+    pub fn ready_answers(&self) -> u32 {
+        *self.ready_answers.borrow()
+    }
+
+    /// A receiver that changes at every kubelet `/readyz` answered 200.
+    pub fn subscribe_ready_answers(&self) -> watch::Receiver<u32> {
+        self.ready_answers.subscribe()
+    }
+
     fn record_kubelet_ready(&self) {
         let now = self.origin.elapsed_seconds();
+        self.ready_answers.send_modify(|n| *n = n.saturating_add(1));
         self.ready_at.send_if_modified(|v| {
             if v.is_none() {
                 *v = Some(now);

@@ -72,6 +72,9 @@ impl ProbeConfig {
     }
 }
 
+/// Kubelet readiness answers the source waits for before it exits (see [`run`]).
+pub const READY_ANSWERS: u32 = 2;
+
 /// How the dial loop ended.
 #[derive(Debug)]
 pub struct DialRun {
@@ -100,15 +103,19 @@ pub async fn run(
     let node_dial = tokio::spawn(dial_node(config.node_dial(), origin, Arc::clone(&state)));
 
     let mut run = dial_loop(&config, origin, &mut termination).await;
-    if !run.terminated && state.ready_at().is_none() && !config.ready_wait.is_zero() {
-        // The dialing ended before the kubelet's first readiness probe (a short
-        // `--hold` after an early success): TTFP needs `ready_at`, so wait for it — the
+    if !run.terminated && state.ready_answers() < READY_ANSWERS && !config.ready_wait.is_zero() {
+        // The dialing ended before the kubelet's readiness probes were answered twice (a
+        // short `--hold` after an early success): TTFP needs `ready_at`, so wait — the
         // kubelet probes every `periodSeconds` (1 s for probe pods) — for at most
-        // `--ready-wait`. Without it the prober would call a healthy source "never Ready".
-        let mut ready = state.subscribe_ready_at();
+        // `--ready-wait`. Without it the prober would call a healthy source "never
+        // Ready". Twice, because the first answer may reach a kubelet that already gave
+        // up on that probe (its SYN was dropped while the CNI programmed the pod, the
+        // retransmission 1 s later meets the kubelet's 1 s timeout): the pod would call
+        // itself Ready while the API never does.
+        let mut answers = state.subscribe_ready_answers();
         let wait = async {
-            while ready.borrow_and_update().is_none() {
-                if ready.changed().await.is_err() {
+            while *answers.borrow_and_update() < READY_ANSWERS {
+                if answers.changed().await.is_err() {
                     break;
                 }
             }

@@ -680,6 +680,54 @@ fn agent_evidence(profile: &str, o: &Observation) -> Map<String, Value> {
     e
 }
 
+/// An agent that did not answer some scrapes during the probe (timed out or refused)
+/// while the latest one answered again (issue 29): it stopped answering (paused,
+/// starved, restarting its listener) and came back. That is evidence on the node, unlike
+/// a failure that lasts to the window's end (then we only could not look).
+fn stalled_in_window(
+    ring: &std::collections::VecDeque<Observation>,
+    window: &ProbeWindow,
+    node: &str,
+    profile: &str,
+) -> Option<(Signal, Map<String, Value>)> {
+    if ring.back().is_none_or(|o| o.outcome.is_err()) {
+        return None;
+    }
+    let stalled: Vec<&Observation> = ring
+        .iter()
+        .filter(|o| o.at >= window.start && o.at <= window.end + END_SLACK_SECONDS)
+        .filter(|o| {
+            matches!(&o.outcome, Err(f) if f.signal == Signal::AgentUnreachable
+                && STALL_REASONS.contains(&f.reason))
+        })
+        .collect();
+    let (first, last) = (stalled.first()?, stalled.last()?);
+    let mut e = agent_evidence(profile, first);
+    let why = match &first.outcome {
+        Err(f) => f.reason,
+        Ok(_) => "",
+    };
+    e.insert("reason".into(), json!(STALLED_IN_WINDOW));
+    e.insert("failed_scrapes".into(), json!(stalled.len()));
+    e.insert("first_failure".into(), json!(why));
+    e.insert(
+        "first_failure_seconds_into_window".into(),
+        r(first.at - window.start),
+    );
+    e.insert(
+        "last_failure_seconds_into_window".into(),
+        r(last.at - window.start),
+    );
+    e.insert(
+        "message".into(),
+        json!(format!(
+            "{profile} on {node} did not answer {} scrape(s) during the probe (first: {why}), then answered again",
+            stalled.len()
+        )),
+    );
+    Some((Signal::AgentUnreachable, e))
+}
+
 /// Findings of one agent (`profile` on `node`, its observations `ring`) over the
 /// window: `agent_pod_gone` when its pod left the node (`gone`) and nothing else;
 /// else the latest scrape's failure, a not-Ready reading inside the window, and what
@@ -725,47 +773,7 @@ fn profile_findings(
             out.push((f.signal, e));
         }
     }
-    // Stalled inside the window (issue 29): scrapes that timed out or were refused
-    // during the probe while the latest one answered again — the agent stopped
-    // answering (paused, starved, restarting its listener) and came back. That is
-    // evidence on the node, unlike a failure that lasts to the window's end (then we
-    // only could not look).
-    if ring.back().is_some_and(|o| o.outcome.is_ok()) {
-        let stalled: Vec<&Observation> = ring
-            .iter()
-            .filter(|o| o.at >= window.start && o.at <= window.end + END_SLACK_SECONDS)
-            .filter(|o| {
-                matches!(&o.outcome, Err(f) if f.signal == Signal::AgentUnreachable
-                    && STALL_REASONS.contains(&f.reason))
-            })
-            .collect();
-        if let (Some(first), Some(last)) = (stalled.first(), stalled.last()) {
-            let mut e = agent_evidence(profile, first);
-            let why = match &first.outcome {
-                Err(f) => f.reason,
-                Ok(_) => "",
-            };
-            e.insert("reason".into(), json!(STALLED_IN_WINDOW));
-            e.insert("failed_scrapes".into(), json!(stalled.len()));
-            e.insert("first_failure".into(), json!(why));
-            e.insert(
-                "first_failure_seconds_into_window".into(),
-                r(first.at - window.start),
-            );
-            e.insert(
-                "last_failure_seconds_into_window".into(),
-                r(last.at - window.start),
-            );
-            e.insert(
-                "message".into(),
-                json!(format!(
-                    "{profile} on {node} did not answer {} scrape(s) during the probe (first: {why}), then answered again",
-                    stalled.len()
-                )),
-            );
-            out.push((Signal::AgentUnreachable, e));
-        }
-    }
+    out.extend(stalled_in_window(ring, window, node, profile));
     // Readiness inside the window.
     if let Some(nr) = ring
         .iter()
