@@ -281,28 +281,41 @@ fn first_attempt_failures_count_from_ready_and_first_connections_dropped_show_af
     let s1 = std::fs::read_to_string(common::repo_file("testbed/faults/s1-healthy.yaml")).unwrap();
     let tb = Testbed::up("fcd", 3, &s1, &[]);
     let args = ["--kinds", "same_node,cross_node", "--hold", "1s"];
-    // S1: the source dials from its first instant, so attempts before Ready fail while
-    // its endpoint is being programmed; those are pre-Ready failures, not first-attempt
-    // failures, wherever both endpoints were programmed before the source was Ready.
+    // S1 on an agent that gates readiness (as Calico does): every pod is Ready only once
+    // programmed, so both endpoints of every probe were programmed before its source
+    // was Ready; the source's attempts that failed before (it dials from its first
+    // instant) are pre-Ready failures, never first-attempt failures.
+    tb.set_fault(&format!(
+        "{s1}  - nodes: {{all: true}}\n    agent: {{gates_readiness: true}}\n"
+    ));
     let (code, report, out) = tb.gate(&args);
     validate(&report);
     assert_eq!(code, 0, "{out}");
     let truth = tb.truth();
-    let mut checked = 0;
+    for p in probes(&report) {
+        assert_eq!(p["result"], "success", "{out}");
+        assert!(programmed_before_source_ready(&truth, p), "gated: {p:#}");
+        assert_eq!(
+            p["first_attempt_failures"], 0,
+            "programmed before Ready: {p:#}"
+        );
+    }
+    // S1 on an agent that does not: wherever both endpoints were still programmed
+    // before the source was Ready (timing decides), no first-attempt failure either.
+    tb.set_fault(&s1);
+    let (code, report, out) = tb.gate(&args);
+    validate(&report);
+    assert_eq!(code, 0, "{out}");
+    let truth = tb.truth();
     for p in probes(&report) {
         assert_eq!(p["result"], "success", "{out}");
         if programmed_before_source_ready(&truth, p) {
-            checked += 1;
             assert_eq!(
                 p["first_attempt_failures"], 0,
                 "programmed before Ready: {p:#}"
             );
         }
     }
-    assert!(
-        checked > 0,
-        "no probe had both endpoints programmed before Ready\n{out}"
-    );
     // Where S1's program delay (up to 600 ms) outlasted the source's start, failures
     // after Ready are real first-attempt failures: the success came after Ready.
     let mut with_failures = 0;
