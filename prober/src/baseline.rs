@@ -1438,6 +1438,17 @@ mod tests {
         assert_eq!(empty.kind("cross_node", t + 31.0).recent_samples, 1);
     }
 
+    /// p95, ratio 1.5, floor 0.5 s, 20 samples, 100 ms dial interval (the defaults).
+    fn p95_config() -> CompareConfig {
+        CompareConfig {
+            quantile: "p95".into(),
+            ratio: 1.5,
+            floor: 0.5,
+            min_samples: 20,
+            dial_interval: 0.1,
+        }
+    }
+
     fn settings() -> SavedSettings {
         SavedSettings {
             dial_interval_seconds: 0.1,
@@ -1496,13 +1507,7 @@ mod tests {
             "t",
         );
         assert_eq!(base.kinds["cross_node"].programming_wait["n2"].n, 6);
-        let c = CompareConfig {
-            quantile: "p95".into(),
-            ratio: 1.5,
-            floor: 0.5,
-            min_samples: 20,
-            dial_interval: 0.1,
-        };
+        let c = p95_config();
         // S2 with a gating CNI: n2 and n3 program 1.2–1.9 s late, TTFP unchanged.
         let s2 = with_waits(ring(|s, d, i| healthy(s, d, i + 1)), |n, i| {
             if ["n2", "n3"].contains(&n) {
@@ -1549,13 +1554,7 @@ mod tests {
         assert_eq!(base.kinds["cross_node"].all.n, 12);
         assert_eq!(base.kinds["cross_node"].nodes["n1"].all.n, 6);
         assert_eq!(base.kinds["cross_node"].nodes["n1"].as_target.n, 3);
-        let c = CompareConfig {
-            quantile: "p95".into(),
-            ratio: 1.5,
-            floor: 0.5,
-            min_samples: 20,
-            dial_interval: 0.1,
-        };
+        let c = p95_config();
         // S2: n2 and n3 slow.
         let s2 = ring(|s, d, i| {
             if ["n2", "n3"].contains(&s) || ["n2", "n3"].contains(&d) {

@@ -585,22 +585,7 @@ fn real_agent_faults_restart_starve_and_pause_felix_on_their_node_only() {
         "rules:\n  - nodes: {names: [node-2]}\n    agent_cpu: {quota: 2%}\n  - nodes: {names: [node-3]}\n    agent_pause: {every: 10s, for: 6s}\n",
     );
     // Create the pods while node-3's Felix is stopped (its first pause starts 10 s in and lasts 6 s).
-    let stopped = poll_until(
-        Duration::from_secs(15),
-        || {
-            felix_pid(&tb, "node-3").map(|pid| {
-                common::proc_status(pid)
-                    .get("State")
-                    .cloned()
-                    .unwrap_or_default()
-            })
-        },
-        |s| s.as_deref().is_some_and(|s| s.starts_with('T')),
-    );
-    assert!(
-        stopped.as_deref().is_some_and(|s| s.starts_with('T')),
-        "node-3's Felix not paused: {stopped:?}"
-    );
+    wait_felix_paused(&tb, "node-3", Duration::from_secs(15));
     let path = apply_servers(&tb, "w", &["node-1", "node-2", "node-3"], 2, true);
     let timelines = timelines_since(&tb, t0, 6, Duration::from_secs(90));
     tb.set_fault("rules: []\n");
@@ -985,6 +970,27 @@ fn simulated_readiness_gating_delays_ready_like_real_felix() {
     let _ = Value::Null;
 }
 
+/// Waits up to `limit` for `node`'s Felix to be stopped (fault `agent_pause`: process
+/// state `T`); panics when it is not.
+fn wait_felix_paused(tb: &Testbed, node: &str, limit: Duration) {
+    let stopped = poll_until(
+        limit,
+        || {
+            felix_pid(tb, node).map(|pid| {
+                common::proc_status(pid)
+                    .get("State")
+                    .cloned()
+                    .unwrap_or_default()
+            })
+        },
+        |s| s.as_deref().is_some_and(|s| s.starts_with('T')),
+    );
+    assert!(
+        stopped.as_deref().is_some_and(|s| s.starts_with('T')),
+        "{node}'s Felix not paused: {stopped:?}"
+    );
+}
+
 /// Every node the gate's output names: suspects and warnings (any signal), and nodes
 /// whose pods' programming wait was over the slow threshold.
 fn named_nodes(report: &Value) -> BTreeSet<String> {
@@ -1069,22 +1075,7 @@ fn gates_name_a_starved_and_a_paused_felix_and_no_other_node() {
 
     // node-3's Felix stops 21 s after the fault is set, for 20 s: start the gate then.
     tb.set_fault("rules:\n  - nodes: {names: [node-3]}\n    agent_pause: {every: 21s, for: 20s}\n");
-    let stopped = poll_until(
-        Duration::from_secs(30),
-        || {
-            felix_pid(&tb, "node-3").map(|pid| {
-                common::proc_status(pid)
-                    .get("State")
-                    .cloned()
-                    .unwrap_or_default()
-            })
-        },
-        |s| s.as_deref().is_some_and(|s| s.starts_with('T')),
-    );
-    assert!(
-        stopped.as_deref().is_some_and(|s| s.starts_with('T')),
-        "node-3's Felix not paused: {stopped:?}"
-    );
+    wait_felix_paused(&tb, "node-3", Duration::from_secs(30));
     let (code, report, out) = tb.gate(&["--pairs", "6", "--give-up", "40s", "--hold", "1s"]);
     tb.set_fault("rules: []\n");
     println!(
