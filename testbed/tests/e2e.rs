@@ -296,6 +296,9 @@ fn a_node_stopped_mid_probe_makes_its_probes_node_not_ready() {
     };
     let (code, report, out) = std::thread::scope(|sc| {
         let gate = sc.spawn(|| {
+            // A 4 s hold keeps node-3's sources running when the stop lands (it is
+            // issued once the first probe pods exist: about 1 s on a loaded machine,
+            // while a probe with a 1 s hold could already be over).
             tb.gate(&[
                 "--pairs",
                 "6",
@@ -304,7 +307,7 @@ fn a_node_stopped_mid_probe_makes_its_probes_node_not_ready() {
                 "--give-up",
                 give_up,
                 "--hold",
-                "1s",
+                "4s",
             ])
         });
         // Stop node-3 as soon as the gate has created its first probe pods.
