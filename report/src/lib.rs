@@ -326,9 +326,11 @@ pub struct ProbeProgramming {
     pub source: Option<ProgrammingWait>,
     /// The target pod's wait, as the target reported it to the source.
     pub target: Option<ProgrammingWait>,
-    /// `true` when the larger programming wait exceeded both TTFP and
-    /// [`NOTABLE_DELAY_SECONDS`] (the CNI gated readiness: the delay was before Ready);
-    /// `false` when TTFP did (the delay was after Ready); null when neither reached it.
+    /// `true` when the delay before Ready — the longer wait of a pod whose readiness
+    /// passed only once its path worked (a target without a readiness probe, kind
+    /// `unprobed`, never counts) — was at least TTFP and over
+    /// [`NOTABLE_DELAY_SECONDS`] (the CNI gated readiness); `false` when TTFP was the
+    /// larger (the delay was after Ready); null when neither reached it.
     pub readiness_gated: Option<bool>,
 }
 
