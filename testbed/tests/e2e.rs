@@ -287,7 +287,10 @@ fn interrupted_gate_leaves_no_probe_pod_and_kubectl_shows_ip_and_node() {
 #[test]
 fn a_node_stopped_mid_probe_makes_its_probes_node_not_ready() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let fault = "rules:\n  - nodes: {all: true}\n    program_delay: {uniform: [200ms, 600ms]}\n";
+    // node-3's pods cannot turn Ready for 4 s (its agent gates readiness and programs
+    // late), so the stop below lands while they are still starting however fast the
+    // kubelet's first readiness probe passes elsewhere.
+    let fault = "rules:\n  - nodes: {all: true}\n    program_delay: {uniform: [200ms, 600ms]}\n  - nodes: {names: [node-3]}\n    agent: {gates_readiness: true}\n    program_delay: 4s\n";
     let tb = Testbed::up("nodestop", 3, fault, &[]);
     let give_up = if common::on_real_control_plane() {
         "45s"
@@ -296,9 +299,6 @@ fn a_node_stopped_mid_probe_makes_its_probes_node_not_ready() {
     };
     let (code, report, out) = std::thread::scope(|sc| {
         let gate = sc.spawn(|| {
-            // A 4 s hold keeps node-3's sources running when the stop lands (it is
-            // issued once the first probe pods exist: about 1 s on a loaded machine,
-            // while a probe with a 1 s hold could already be over).
             tb.gate(&[
                 "--pairs",
                 "6",
@@ -307,7 +307,7 @@ fn a_node_stopped_mid_probe_makes_its_probes_node_not_ready() {
                 "--give-up",
                 give_up,
                 "--hold",
-                "4s",
+                "1s",
             ])
         });
         // Stop node-3 as soon as the gate has created its first probe pods.
