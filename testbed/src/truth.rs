@@ -177,10 +177,31 @@ impl Truth {
     /// Stamps `ev.t` with now and appends it as one line (one `write`; the file is
     /// unbuffered, so the line is on disk for readers at once). Returns the stamped
     /// event. Errors: [`TruthError::Io`].
-    pub fn try_emit(&self, mut ev: TruthEvent) -> Result<TruthEvent, TruthError> {
+    pub fn try_emit(&self, ev: TruthEvent) -> Result<TruthEvent, TruthError> {
+        self.append(ev, None)
+    }
+
+    /// Appends `ev` stamped `t` (Unix seconds) instead of now: for a change whose
+    /// moment the component that made it recorded itself (the shim's `execve` for
+    /// `container_started`), so the stamp does not depend on how soon the writer runs.
+    /// Such a line may sit a few milliseconds out of `t` order in the file (readers
+    /// sort by `t`). A write failure is only logged; returns `t`, or `None` then.
+    pub fn emit_at(&self, ev: TruthEvent, t: f64) -> Option<f64> {
+        logged(self.append(ev, Some(t)))
+    }
+
+    /// Like [`Truth::try_emit`] but a write failure is only logged (`tracing::error!`):
+    /// ground truth must never stop the cluster. Returns the stamp `t`, or `None` when
+    /// the write failed.
+    pub fn emit(&self, ev: TruthEvent) -> Option<f64> {
+        logged(self.append(ev, None))
+    }
+
+    /// Stamps `ev.t` with `t`, or with now under the lock (so such lines are in time
+    /// order), and writes it as one line.
+    fn append(&self, mut ev: TruthEvent, t: Option<f64>) -> Result<TruthEvent, TruthError> {
         let mut f = self.file.lock().unwrap_or_else(|p| p.into_inner());
-        // Stamped under the lock so the file is in time order.
-        ev.t = unix_now();
+        ev.t = t.unwrap_or_else(unix_now);
         let mut line = serde_json::to_vec(&ev).map_err(|e| TruthError::Io {
             path: self.path.to_path_buf(),
             source: std::io::Error::other(e),
@@ -194,40 +215,15 @@ impl Truth {
             })?;
         Ok(ev)
     }
+}
 
-    /// Appends `ev` stamped `t` (Unix seconds) instead of now: for a change whose
-    /// moment the component that made it recorded itself (the shim's `execve` for
-    /// `container_started`), so the stamp does not depend on how soon the writer runs.
-    /// Such a line may sit a few milliseconds out of `t` order in the file (readers
-    /// sort by `t`). A write failure is only logged; returns `t`, or `None` then.
-    pub fn emit_at(&self, mut ev: TruthEvent, t: f64) -> Option<f64> {
-        let mut f = self.file.lock().unwrap_or_else(|p| p.into_inner());
-        ev.t = t;
-        let written = serde_json::to_vec(&ev)
-            .map_err(std::io::Error::other)
-            .and_then(|mut line| {
-                line.push(b'\n');
-                f.write_all(&line).and_then(|()| f.flush())
-            });
-        match written {
-            Ok(()) => Some(t),
-            Err(e) => {
-                tracing::error!(error = %e, path = %self.path.display(), "truth log write failed");
-                None
-            }
-        }
-    }
-
-    /// Like [`Truth::try_emit`] but a write failure is only logged (`tracing::error!`):
-    /// ground truth must never stop the cluster. Returns the stamp `t`, or `None` when
-    /// the write failed.
-    pub fn emit(&self, ev: TruthEvent) -> Option<f64> {
-        match self.try_emit(ev) {
-            Ok(ev) => Some(ev.t),
-            Err(e) => {
-                tracing::error!(error = %e, "truth log write failed");
-                None
-            }
+/// The stamp of a written event, or `None` after logging why it was not written.
+fn logged(written: Result<TruthEvent, TruthError>) -> Option<f64> {
+    match written {
+        Ok(ev) => Some(ev.t),
+        Err(e) => {
+            tracing::error!(error = %e, "truth log write failed");
+            None
         }
     }
 }
