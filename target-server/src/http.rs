@@ -44,7 +44,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
@@ -122,7 +122,8 @@ pub struct ServerState {
     identity: Identity,
     origin: ProcessStart,
     ready: AtomicBool,
-    ready_at: watch::Sender<Option<f64>>,
+    /// First kubelet `/readyz` answered 200 (seconds since process start).
+    ready_at: OnceLock<f64>,
     /// Kubelet `/readyz` requests answered 200 so far.
     ready_answers: watch::Sender<u32>,
     /// The node dial's address and interval (the programming wait's resolution).
@@ -161,7 +162,7 @@ impl ServerState {
             identity,
             origin,
             ready: AtomicBool::new(true),
-            ready_at: watch::channel(None).0,
+            ready_at: OnceLock::new(),
             ready_answers: watch::channel(0).0,
             node_addr: node,
             node_interval: interval,
@@ -269,12 +270,7 @@ impl ServerState {
 
     /// Seconds since process start of the first kubelet `/readyz` answered 200, if any.
     pub fn ready_at(&self) -> Option<f64> {
-        *self.ready_at.borrow()
-    }
-
-    /// A receiver that changes once, when `ready_at` is set.
-    pub fn subscribe_ready_at(&self) -> watch::Receiver<Option<f64>> {
-        self.ready_at.subscribe()
+        self.ready_at.get().copied()
     }
 
     fn record_kubelet_request(&self) {
@@ -297,15 +293,8 @@ impl ServerState {
 
     fn record_kubelet_ready(&self) {
         let now = self.origin.elapsed_seconds();
+        let _ = self.ready_at.set(now);
         self.ready_answers.send_modify(|n| *n = n.saturating_add(1));
-        self.ready_at.send_if_modified(|v| {
-            if v.is_none() {
-                *v = Some(now);
-                true
-            } else {
-                false
-            }
-        });
     }
 
     /// Answer one request (pure routing; see the module table). Never reads the body: a
