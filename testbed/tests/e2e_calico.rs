@@ -381,10 +381,7 @@ fn s1_passes_on_real_felix_and_kube_proxy_and_s2_programs_late_on_its_nodes() {
     let n = assert_programming_waits_near_truth(&truth, &report, &out);
     println!(
         "S2 on real Felix: {n} programming waits within tolerance of the ruleset truth; {}",
-        out.lines()
-            .filter(|l| l.starts_with("programming wait") || l.starts_with("where the delay"))
-            .collect::<Vec<_>>()
-            .join(" | ")
+        programming_text(&out)
     );
     for node in ips.keys() {
         println!(
@@ -487,10 +484,7 @@ fn s1_passes_on_real_felix_and_kube_proxy_and_s2_programs_late_on_its_nodes() {
         report["verdict"],
         report["summary"]["diagnosis"],
         all_suspects(&report),
-        out.lines()
-            .filter(|l| l.starts_with("programming wait") || l.starts_with("pods waiting"))
-            .collect::<Vec<_>>()
-            .join(" | ")
+        programming_text(&out)
     );
     assert_eq!(code, 1, "S2 5s must fail the gate:\n{out}");
     assert!(
@@ -998,6 +992,19 @@ fn wait_felix_paused(tb: &Testbed, node: &str, limit: Duration) {
     );
 }
 
+/// The gate text's programming-wait lines (the prober gate module's `programming_lines`), on one
+/// line, for the test's printout.
+fn programming_text(out: &str) -> String {
+    out.lines()
+        .filter(|l| {
+            ["programming wait", "where the delay", "pods waiting"]
+                .iter()
+                .any(|p| l.starts_with(p))
+        })
+        .collect::<Vec<_>>()
+        .join(" | ")
+}
+
 /// Every node the gate's output names for Felix: suspects and warnings from the
 /// calico-felix profile, but for `agent_not_ready` (agent pods turn Ready a moment
 /// after `up` on a loaded machine, and kube-proxy's readiness flaps there: not what
@@ -1088,10 +1095,7 @@ fn gates_name_a_starved_and_a_paused_felix_and_no_other_node() {
     println!(
         "agent_cpu 2% on node-2: gate exit {code}, named {:?}; {}",
         named_nodes(&report),
-        out.lines()
-            .filter(|l| l.starts_with("programming wait") || l.starts_with("pods waiting"))
-            .collect::<Vec<_>>()
-            .join(" | ")
+        programming_text(&out)
     );
     assert_eq!(
         named_nodes(&report),
@@ -1107,10 +1111,7 @@ fn gates_name_a_starved_and_a_paused_felix_and_no_other_node() {
     println!(
         "agent_pause 20s on node-3: gate exit {code}, named {:?}; {}",
         named_nodes(&report),
-        out.lines()
-            .filter(|l| l.starts_with("programming wait") || l.starts_with("pods waiting"))
-            .collect::<Vec<_>>()
-            .join(" | ")
+        programming_text(&out)
     );
     assert_eq!(code, 1, "{out}");
     assert_eq!(
