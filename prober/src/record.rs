@@ -152,6 +152,18 @@ pub fn classify_report(
     r: &SourceReport,
     slow_threshold: Duration,
 ) -> (ProbeResult, Option<Reason>, Option<String>) {
+    let prog = probe_programming(r, ttfp_from_report(r).0, slow_threshold);
+    classify_with(r, &prog, slow_threshold)
+}
+
+/// [`classify_report`] with the report's [`probe_programming`] already derived (a
+/// `success` whose programming wait is over the threshold is `slow` /
+/// `endpoint_programming_slow`).
+fn classify_with(
+    r: &SourceReport,
+    prog: &ProbeProgramming,
+    slow_threshold: Duration,
+) -> (ProbeResult, Option<Reason>, Option<String>) {
     let last = r
         .last_error
         .map(|e| format!(", last error {}", e.as_str()))
@@ -204,7 +216,6 @@ pub fn classify_report(
                 ),
             ),
             Some(t) => {
-                let prog = probe_programming(r, Some(t), slow_threshold);
                 let slow: Vec<String> = [("source", &prog.source), ("target", &prog.target)]
                     .into_iter()
                     .filter_map(|(role, w)| {
@@ -338,6 +349,7 @@ pub fn build_record(
     finished: Instant,
 ) -> ProbeRecord {
     let mut source_report = None;
+    let mut programming = None;
     let (result, reason, detail) = match ending {
         Ending::Aborted { reason, detail } => {
             (reason.result(), Some(*reason), Some(detail.clone()))
@@ -356,7 +368,9 @@ pub fn build_record(
                 ),
                 Some(msg) => match parse_termination_message(msg) {
                     Ok(r) => {
-                        let c = classify_report(&r, slow_threshold);
+                        let prog = probe_programming(&r, ttfp_from_report(&r).0, slow_threshold);
+                        let c = classify_with(&r, &prog, slow_threshold);
+                        programming = Some(prog);
                         source_report = Some(r);
                         c
                     }
@@ -422,9 +436,7 @@ pub fn build_record(
             reason,
             source_report.as_ref(),
         ),
-        programming: source_report
-            .as_ref()
-            .map(|r| probe_programming(r, ttfp, slow_threshold)),
+        programming,
         source_report,
         api_writes: 0,
         recreate: None,
