@@ -12,7 +12,10 @@
 //!
 //! **Samples.** Probes with a TTFP whose result is `success` or `slow` (the recent
 //! window must see slow probes: they are the drift); `failed` and `inconclusive` probes
-//! are counted elsewhere. Only `success` samples taken while the series was not
+//! are counted elsewhere. A sample's value is the probe's TTFP, or the longer of its
+//! pods' programming waits when that is longer (issue 29): on a CNI that gates
+//! readiness (Calico) a slow agent shows as a late Ready with TTFP near 0, on one that
+//! does not as TTFP, and the drift must see it in both places. Only `success` samples taken while the series was not
 //! drifting may enter the baseline.
 //!
 //! **Windows** (wall-clock finish times, because the baseline is persisted and must
@@ -287,7 +290,7 @@ impl Baselines {
     /// once it was added. Probes without a TTFP, or not `success`/`slow`, change nothing
     /// and count as no drift.
     pub fn observe(&mut self, rec: &ProbeRecord, now: f64) -> DriftMark {
-        let Some(ttfp) = rec.ttfp_seconds.filter(|t| t.is_finite() && *t >= 0.0) else {
+        let Some(ttfp) = new_pod_delay(rec) else {
             return DriftMark::default();
         };
         if !matches!(rec.result, ProbeResult::Success | ProbeResult::Slow) {
@@ -487,6 +490,24 @@ impl Baselines {
         }
         Ok(taken)
     }
+}
+
+/// A probe's sample value (seconds): its TTFP, or the longer of its pods' programming
+/// waits when that is longer — the new pod's delay wherever the CNI put it (issue 29):
+/// on a CNI that gates readiness (Calico) a slow agent delays Ready and leaves TTFP
+/// near 0, on one that does not the same delay is TTFP. `None` without a finite,
+/// non-negative TTFP.
+fn new_pod_delay(rec: &ProbeRecord) -> Option<f64> {
+    let ttfp = rec.ttfp_seconds.filter(|t| t.is_finite() && *t >= 0.0)?;
+    let wait = rec
+        .programming
+        .iter()
+        .flat_map(|g| [&g.source, &g.target])
+        .flatten()
+        .map(|w| w.wait_seconds)
+        .filter(|w| w.is_finite())
+        .fold(0.0_f64, f64::max);
+    Some(ttfp.max(wait))
 }
 
 fn push(
@@ -1198,6 +1219,46 @@ mod tests {
 
     fn healthy(_: &str, _: &str, i: usize) -> f64 {
         0.2 + 0.4 * ((i * 7919) % 100) as f64 / 100.0
+    }
+
+    /// Issue 29: on a CNI that gates readiness the same slowdown shows as the pods'
+    /// programming waits with TTFP near 0; the drift sees it there, on the slow nodes
+    /// only.
+    #[test]
+    fn programming_waits_drift_while_ttfp_stays_near_zero() {
+        let mut b = Baselines::new(cfg());
+        let mut t = 1_000_000.0;
+        let gated = |b: &mut Baselines, t: &mut f64, wait: &dyn Fn(&str, usize) -> f64| {
+            let mut i = 0;
+            for _ in 0..2 {
+                for off in 1..4 {
+                    for s in 0..4 {
+                        let (src, dst) = (NODES[s], NODES[(s + off) % 4]);
+                        *t += 5.0;
+                        let mut p =
+                            with_waits(vec![rec("cross_node", src, dst, 0.02)], |n, _| wait(n, i));
+                        b.observe(&p.remove(0), *t);
+                        i += 1;
+                    }
+                }
+            }
+        };
+        gated(&mut b, &mut t, &|_, i| healthy("", "", i));
+        gated(&mut b, &mut t, &|_, i| healthy("", "", i));
+        assert!(!b.kind("cross_node", t).active);
+        let slow = |n: &str, i: usize| {
+            if ["n1", "n4"].contains(&n) {
+                1.5 + 2.0 * ((i * 31) % 10) as f64 / 10.0
+            } else {
+                healthy("", "", i)
+            }
+        };
+        gated(&mut b, &mut t, &slow);
+        let k = b.kind("cross_node", t);
+        assert!(k.active, "{k:?}");
+        let nodes = b.nodes(t);
+        assert!(nodes["n1"].active && nodes["n4"].active, "{nodes:?}");
+        assert!(!nodes["n2"].active && !nodes["n3"].active, "{nodes:?}");
     }
 
     #[test]
