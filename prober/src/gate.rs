@@ -103,9 +103,12 @@ pub fn suspect_nodes(probes: &[ProbeRecord]) -> Vec<String> {
 
 /// For a `slow` / `endpoint_programming_slow` probe: the nodes whose pod's own
 /// programming wait was over the threshold (issue 29: the wait is measured in the pod,
-/// so it names its node alone). `None` for every other probe (both nodes share the
-/// blame).
+/// so it names its node alone); for a `failed` / `endpoint_never_programmed` probe, the
+/// source's node. `None` for every other probe (both nodes share the blame).
 pub fn programming_slow_nodes(p: &ProbeRecord) -> Option<Vec<&str>> {
+    if p.reason == Some(Reason::EndpointNeverProgrammed) {
+        return Some(vec![p.source.node.as_str()]);
+    }
     if p.reason != Some(Reason::EndpointProgrammingSlow) {
         return None;
     }
@@ -262,7 +265,9 @@ pub fn diagnose(probes: &[ProbeRecord]) -> Diagnosis {
     if bad.iter().any(|p| {
         matches!(
             p.reason,
-            Some(Reason::TargetNeverReady) | Some(Reason::SourceNeverReady)
+            Some(Reason::TargetNeverReady)
+                | Some(Reason::SourceNeverReady)
+                | Some(Reason::EndpointNeverProgrammed)
         )
     }) {
         return Diagnosis::NodeLocalBroken;
@@ -1074,7 +1079,7 @@ pub fn programming_lines(report: &GateReport) -> String {
         let list: Vec<String> = slow.iter().map(|(n, c)| format!("{n} ({c})")).collect();
         let _ = writeln!(
             out,
-            "pods waiting over --slow-threshold for their node's dataplane: {}",
+            "pods waiting over --slow-threshold (or never programmed) for their node's dataplane: {}",
             list.join(", ")
         );
     }
@@ -1606,6 +1611,29 @@ mod tests {
         let text = programming_lines(&report);
         assert!(text.contains("5 probe(s) before Ready"), "{text}");
         assert!(text.contains("b (3), c (3)"), "{text}");
+    }
+
+    /// A source never programmed blames its own node only, and is node-local.
+    #[test]
+    fn a_never_programmed_source_blames_its_node_alone() {
+        let never = |s: &str, t: &str| {
+            let mut p = rec(s, t, ProbeResult::Failed, None);
+            p.reason = Some(Reason::EndpointNeverProgrammed);
+            p
+        };
+        let probes = vec![
+            never("b", "a"),
+            never("b", "c"),
+            rec("a", "b", ProbeResult::Success, Some(0.1)),
+            rec("c", "a", ProbeResult::Success, Some(0.1)),
+            rec("a", "c", ProbeResult::Success, Some(0.1)),
+        ];
+        assert_eq!(suspect_nodes(&probes), Vec::<String>::new());
+        let probes = vec![never("b", "a"), never("b", "c"), never("b", "a")];
+        assert_eq!(suspect_nodes(&probes), vec!["b".to_string()]);
+        assert_eq!(diagnose(&probes), Diagnosis::NodeLocalBroken);
+        let report = build_report(probes, &[], vec![], inputs());
+        assert_eq!(report.exit_code, 1);
     }
 
     #[test]

@@ -143,8 +143,9 @@ pub fn ttfp_from_report(r: &SourceReport) -> (Option<f64>, Option<f64>) {
 /// Result, reason and detail for a parsed source report (docs/design.md §2 "Results").
 ///
 /// Order of rules: a SIGTERM'd source (`outcome: terminated`) → `inconclusive` /
-/// `interrupted`; `ready_at` null → `failed` / `source_never_ready` (the kubelet never
-/// reached S: node-local path broken); `no_success` → `no_success_before_give_up`;
+/// `interrupted`; the source's own path to its node never worked ([`never_programmed`])
+/// → `failed` / `endpoint_never_programmed`; `ready_at` null → `failed` /
+/// `source_never_ready` (the kubelet never reached S: node-local path broken); `no_success` → `no_success_before_give_up`;
 /// `wrong_peer` → `wrong_peer`; `lost_after_success` → `lost_after_success`;
 /// `success` → `slow` / `ttfp_over_threshold` if TTFP > `slow_threshold`, else
 /// `success`.
@@ -154,6 +155,33 @@ pub fn classify_report(
 ) -> (ProbeResult, Option<Reason>, Option<String>) {
     let prog = probe_programming(r, ttfp_from_report(r).0, slow_threshold);
     classify_with(r, &prog, slow_threshold)
+}
+
+/// The detail of a source whose own path to its node never worked (issue 29): it dialed
+/// its node and no dial was answered, no kubelet request reached it, and it never found
+/// the target either (a source that reached its target had a working path, whatever its
+/// node said). `None` otherwise, and for a report without the measurement (an older
+/// target-server, or no node address given).
+pub fn never_programmed(r: &SourceReport) -> Option<String> {
+    let p = r.programming.as_ref()?;
+    let never = p.wait_seconds.is_none()
+        && p.node_dial_attempts > 0
+        && p.first_kubelet_request.is_none()
+        && r.ready_at.is_none()
+        && r.first_success_sent.is_none();
+    never.then(|| {
+        format!(
+            "the source pod's own path to its node never worked: {} dials of {} unanswered{}, \
+             no kubelet request reached it in {:.1}s; its CNI never programmed its endpoint \
+             (it was never Ready)",
+            p.node_dial_attempts,
+            p.node_addr.as_deref().unwrap_or("its node"),
+            p.node_dial_last_error
+                .map(|e| format!(" (last {})", e.as_str()))
+                .unwrap_or_default(),
+            r.give_up_seconds
+        )
+    })
 }
 
 /// [`classify_report`] with the report's [`probe_programming`] already derived (a
@@ -174,6 +202,9 @@ fn classify_with(
             Reason::Interrupted,
             "source pod was stopped (SIGTERM) before its measurement finished".into(),
         );
+    }
+    if let Some(never) = never_programmed(r) {
+        return fail(Reason::EndpointNeverProgrammed, never);
     }
     if r.ready_at.is_none() {
         return fail(
@@ -789,6 +820,40 @@ mod tests {
         assert_eq!(rec.result, ProbeResult::Failed);
         assert_eq!(rec.reason, Some(Reason::SourceNeverReady));
         assert_eq!(rec.ttfp_seconds, None);
+    }
+
+    /// Issue 29: a source whose node never answered a dial and that no kubelet request
+    /// reached is `endpoint_never_programmed`; one that the kubelet reached (a node
+    /// path that works one way), or one without the measurement, stays
+    /// `source_never_ready`.
+    #[test]
+    fn a_source_whose_node_never_answered_is_endpoint_never_programmed() {
+        let mut r = report(SourceOutcome::NoSuccess, None, None);
+        r.programming = Some(PodProgramming {
+            node_addr: Some("10.0.0.2:10250".into()),
+            node_dial_attempts: 150,
+            node_dial_failures: 150,
+            node_dial_last_error: Some(firstpacket_report::ErrorKind::Timeout),
+            node_dial_gave_up: Some(15.0),
+            ..PodProgramming::default()
+        });
+        let rec = record_for(Some(&r), None);
+        assert_eq!(rec.result, ProbeResult::Failed);
+        assert_eq!(rec.reason, Some(Reason::EndpointNeverProgrammed));
+        let d = rec.detail.expect("detail");
+        assert!(d.contains("150 dials of 10.0.0.2:10250"), "{d}");
+        let mut reached = r.clone();
+        reached.programming.as_mut().unwrap().first_kubelet_request = Some(3.0);
+        assert_eq!(
+            record_for(Some(&reached), None).reason,
+            Some(Reason::SourceNeverReady)
+        );
+        let mut unmeasured = r.clone();
+        unmeasured.programming = None;
+        assert_eq!(
+            record_for(Some(&unmeasured), None).reason,
+            Some(Reason::SourceNeverReady)
+        );
     }
 
     #[test]

@@ -113,11 +113,16 @@ pub enum Reason {
     /// readiness) that long before the first packet could even be tried. Added reason
     /// (issue 29).
     EndpointProgrammingSlow,
+    /// `failed`: a probe pod's own path to its node never worked before `--give-up`:
+    /// every dial of its node went unanswered and no kubelet request reached it, so its
+    /// CNI never programmed its endpoint (on a CNI that gates readiness, such as Calico,
+    /// it then never turns Ready). Added reason (issue 29).
+    EndpointNeverProgrammed,
 }
 
 impl Reason {
     /// Every reason, in declaration order.
-    pub const ALL: [Reason; 14] = [
+    pub const ALL: [Reason; 15] = [
         Reason::TtfpOverThreshold,
         Reason::NoSuccessBeforeGiveUp,
         Reason::LostAfterSuccess,
@@ -132,6 +137,7 @@ impl Reason {
         Reason::AdmissionRejected,
         Reason::Interrupted,
         Reason::EndpointProgrammingSlow,
+        Reason::EndpointNeverProgrammed,
     ];
 
     /// The JSON / metric-label string.
@@ -151,6 +157,7 @@ impl Reason {
             Reason::AdmissionRejected => "admission_rejected",
             Reason::Interrupted => "interrupted",
             Reason::EndpointProgrammingSlow => "endpoint_programming_slow",
+            Reason::EndpointNeverProgrammed => "endpoint_never_programmed",
         }
     }
 
@@ -162,7 +169,8 @@ impl Reason {
             | Reason::LostAfterSuccess
             | Reason::TargetNeverReady
             | Reason::SourceNeverReady
-            | Reason::WrongPeer => ProbeResult::Failed,
+            | Reason::WrongPeer
+            | Reason::EndpointNeverProgrammed => ProbeResult::Failed,
             Reason::Unschedulable
             | Reason::ImagePull
             | Reason::ContainerFailed
