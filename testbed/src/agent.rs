@@ -631,11 +631,12 @@ impl Inner {
     }
 
     /// Brings the node's readiness gate in line with `agent.gates_readiness` (simulated
-    /// agent only; [`Dataplane::set_readiness_gate`]): while on, a new pod's traffic to
-    /// its own node is dropped until its endpoint is programmed, so its kubelet's
-    /// readiness probe fails until then, as with real Felix.
+    /// agent only; [`Dataplane::set_readiness_gate`]): while on — the default, as on
+    /// Calico, unless a rule sets `gates_readiness: false` — a new pod's traffic to its
+    /// own node is dropped until its endpoint is programmed, so its kubelet's readiness
+    /// probe fails until then, as with real Felix.
     fn reconcile_gate(&self, nf: &NodeFaults) {
-        let want = self.real.get().is_none() && nf.agent.gates_readiness == Some(true);
+        let want = self.real.get().is_none() && nf.agent.gates_readiness.unwrap_or(true);
         if self.gating.load(Ordering::Relaxed) == want {
             return;
         }

@@ -1041,7 +1041,9 @@ pub struct AgentFaults {
     pub datastore_resync: Option<Periodic>,
     /// The simulated agent drops a new pod's traffic to its own node (the kubelet's
     /// readiness probes included) until it has programmed the endpoint, as real Felix
-    /// does, so the pod turns Ready only after it is programmed.
+    /// does, so the pod turns Ready only after it is programmed. Unset means `true`
+    /// (Calico's behaviour, issue 29); `false` models a CNI that does not gate, whose
+    /// delay lands after Ready.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gates_readiness: Option<bool>,
 }

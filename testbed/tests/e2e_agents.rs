@@ -3,7 +3,8 @@
 //! `/metrics` on nodeIP:9091 from what the simulated agent really did (docs/design.md §5).
 //!
 //! Scenarios: S2 (`faults/s2-apply-loop.yaml`: apply loop on the `os=debian13` nodes →
-//! `dataplane_apply_slow` on exactly those), the same through the API-server pod proxy,
+//! `dataplane_apply_slow` on exactly those), the same through the API-server pod proxy
+//! and on an agent that does not gate readiness (`faults/s2-apply-loop-ungated.yaml`),
 //! S5 (`faults/s5-slower-os.yaml`: `dataplane_apply_failures` on the `os=ubuntu2004`
 //! nodes only), a negative control (failures on one node, normal TTFP → a warning, exit
 //! 0), unreachable agents (a profile on a port nothing listens on → one
@@ -184,6 +185,22 @@ fn s2_suspects_are_the_apply_loop_nodes_direct_and_through_the_proxy() {
     args.extend_from_slice(QUICK);
     let (code, report, text) = gate_logged(&tb, "info,prober::agents=debug", &args);
     check_s2(code, &report, &text);
+    // The simulated agent gates readiness by default, as Calico does: the debian13 pods
+    // are not Ready before their endpoints are programmed, so no probe got as far as a
+    // slow TTFP.
+    for p in report["probes"].as_array().unwrap() {
+        if let Some(r) = p["reason"].as_str() {
+            assert!(
+                [
+                    "target_never_ready",
+                    "endpoint_never_programmed",
+                    "endpoint_programming_slow"
+                ]
+                .contains(&r),
+                "gated S2, reason {r}: {p}\n{text}"
+            );
+        }
+    }
     assert!(text.contains("via=\"direct\""), "{text}");
     assert!(!text.contains("via=\"proxy\""), "{text}");
 
@@ -193,6 +210,28 @@ fn s2_suspects_are_the_apply_loop_nodes_direct_and_through_the_proxy() {
     check_s2(code, &report, &text);
     assert!(text.contains("via=\"proxy\""), "{text}");
     assert!(!text.contains("via=\"direct\""), "{text}");
+
+    // The same scenario on an agent that does not gate readiness (issue 29): the wait
+    // lands after Ready, in TTFP, and the verdict is the same.
+    tb.set_fault(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/faults/s2-apply-loop-ungated.yaml"
+        ))
+        .unwrap(),
+    );
+    let (code, report, text) = tb.gate(QUICK);
+    check_s2(code, &report, &text);
+    let reasons: BTreeSet<&str> = report["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["reason"].as_str())
+        .collect();
+    assert!(
+        reasons.contains("no_success_before_give_up") || reasons.contains("ttfp_over_threshold"),
+        "ungated: the wait must land in TTFP: {reasons:?}\n{text}"
+    );
 }
 
 #[test]
