@@ -248,6 +248,22 @@ pub fn read_truth(path: &Path) -> Result<Vec<TruthEvent>, TruthError> {
         .collect()
 }
 
+/// The true programming wait of pod `pod_uid`, seconds (issue 29): its first
+/// `endpoint_programmed` − its first `container_started`, i.e. how long after its
+/// container started the pod's own network path was in; negative when the endpoint was
+/// programmed before the container started (the pod's process then finds its path up at
+/// once). `None` when either event is missing.
+pub fn truth_programming_wait(events: &[TruthEvent], pod_uid: &str) -> Option<f64> {
+    let first = |kind: TruthKind| {
+        events
+            .iter()
+            .filter(|e| e.event == kind && e.uid.as_deref() == Some(pod_uid))
+            .map(|e| e.t)
+            .reduce(f64::min)
+    };
+    Some(first(TruthKind::EndpointProgrammed)? - first(TruthKind::ContainerStarted)?)
+}
+
 /// The true TTFP of a (source, target) pair, seconds, from a truth log (docs/design.md §6):
 /// `max(endpoint_programmed of both pods, peer_route_restored between their nodes if
 /// removed) − readiness_ok of the source`, floored at 0.
@@ -420,6 +436,18 @@ mod tests {
             ev(src_prog, TruthKind::EndpointProgrammed, Some("s"), "node-1"),
             ev(ready, TruthKind::ReadinessOk, Some("s"), "node-1"),
         ]
+    }
+
+    #[test]
+    fn programming_wait_is_first_programmed_minus_first_container_start() {
+        let mut evs = pair(10.0, 7.0, 3.0);
+        evs.push(ev(2.5, TruthKind::ContainerStarted, Some("s"), "node-1"));
+        evs.push(ev(12.0, TruthKind::EndpointProgrammed, Some("s"), "node-1"));
+        evs.push(ev(4.0, TruthKind::ContainerStarted, Some("s"), "node-1"));
+        assert_eq!(truth_programming_wait(&evs, "s"), Some(7.5));
+        // The target never started a container in this log.
+        assert_eq!(truth_programming_wait(&evs, "t"), None);
+        assert_eq!(truth_programming_wait(&evs, "x"), None);
     }
 
     #[test]

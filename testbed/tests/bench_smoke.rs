@@ -62,6 +62,7 @@ fn accuracy_mesh_and_resolution_tables_are_complete() {
         &tables,
         &[
             bench::accuracy::ACCURACY,
+            bench::accuracy::PROGRAMMING,
             bench::accuracy::MESH,
             bench::accuracy::RESOLUTION,
         ],

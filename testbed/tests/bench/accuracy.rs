@@ -17,6 +17,14 @@
 //! between its client pod and the target is up (both endpoints programmed, peer routes
 //! present; [`testbed::truth::path_up_from`]) counted from the moment the method starts
 //! timing (firstpacket: the source's `readiness_ok`, [`testbed::truth::truth_ttfp`]).
+//! These runs use an agent that does not gate readiness (`agent: {gates_readiness:
+//! false}`), so the delay lands after Ready, where all three methods look.
+//!
+//! The programming wait (issue 29): the same delays again on the simulated agent that
+//! gates readiness (its default, as Calico does), and real Calico Felix with its
+//! dataplane writes slowed (`agent_io`); in each run firstpacket's programming wait of
+//! every probe pod, and what the operator's loop and the poller report for the target,
+//! against the pod's true programming wait ([`testbed::truth::truth_programming_wait`]).
 use super::{ms, quantile, Opts, Table};
 use crate::common::Testbed;
 use serde_json::Value;
@@ -28,11 +36,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use testbed::truth::{path_up_from, truth_ttfp, unix_now};
+use testbed::truth::{path_up_from, truth_programming_wait, truth_ttfp, unix_now};
 
 pub const ACCURACY: &str = "Accuracy against truth";
 pub const MESH: &str = "What a long-lived mesh sees";
 pub const RESOLUTION: &str = "Resolution vs --dial-interval";
+pub const PROGRAMMING: &str = "Programming wait against truth";
 
 const NODES: usize = 3;
 /// Namespace of the long-lived pods.
@@ -71,10 +80,18 @@ pub fn run(opts: &Opts) -> Vec<Table> {
         &["--node-labels", "node-2=os=debian13"],
     );
     let ll = long_lived_pods(&tb);
-    let acc = accuracy(&tb, &ll, opts);
+    let (acc, ungated) = accuracy(&tb, &ll, opts);
+    let mut prog = programming_table(opts);
+    add_programming_rows(&mut prog, "simulated, ungated", &ungated, false);
+    let gated = programming_sim_gated(&tb, &ll, opts);
+    add_programming_rows(&mut prog, "simulated, gates readiness", &gated, true);
     let res = resolution(&tb, opts);
     let mesh = mesh(&tb, &ll, opts);
-    vec![acc, mesh, res]
+    drop(tb);
+    if let Some(real) = programming_real_felix(opts) {
+        add_programming_rows(&mut prog, "real Felix", &real, true);
+    }
+    vec![acc, prog, mesh, res]
 }
 
 fn fault_delay(d: Duration) -> String {
@@ -94,10 +111,13 @@ const JITTER: Duration = Duration::from_millis(500);
 /// delay a 1 s loop's ticks (and the prober's dials) land on the moment the path comes up
 /// every time; a first run with fixed delays measured the whole-second loop within 13 ms at
 /// 2, 10 and 30 s. A real agent's delay has no such phase with an observer's clock.
-fn fault_around(d: Duration) -> String {
+///
+/// `gated`: whether the simulated agent gates readiness (its default, as Calico does); off,
+/// the delay lands after Ready, in TTFP.
+fn fault_around(d: Duration, gated: bool) -> String {
     let lo = d.saturating_sub(JITTER);
     format!(
-        "rules:\n  - nodes: {{all: true}}\n    program_delay: {{uniform: [{}, {}]}}\n",
+        "rules:\n  - nodes: {{all: true}}\n    program_delay: {{uniform: [{}, {}]}}\n    agent: {{gates_readiness: {gated}}}\n",
         humantime::format_duration(lo),
         humantime::format_duration(d + JITTER)
     )
@@ -415,20 +435,141 @@ fn stats(errs: &[f64]) -> [f64; 6] {
     ]
 }
 
-fn accuracy(tb: &Testbed, ll: &[LongLived], opts: &Opts) -> Table {
-    let (delays, pairs): (Vec<f64>, usize) = if opts.smoke {
+/// One gate run at one delay with methods (b) and (c) beside it, each judged against its
+/// truth: `ttfp` (and `lost`) for (a), (b), (c) against the path truth from each
+/// method's start; `programming` for (a) every probe pod's programming wait, (b) and (c)
+/// what they report for the target, against the pod's true programming wait.
+struct Run {
+    label: String,
+    ttfp: [Vec<Sample>; 3],
+    lost: [usize; 3],
+    programming: [Vec<Sample>; 3],
+}
+
+/// Runs one gate of `pairs` `cross_node` probes with the operator's loop and the poller
+/// beside it (the fault must already be set) and judges every method (see [`Run`]).
+/// `give_up`: the gate's `--give-up` and the other methods' deadline.
+fn measure_run(
+    tb: &Testbed,
+    ll: &[LongLived],
+    label: String,
+    pairs: usize,
+    give_up: Duration,
+) -> Run {
+    let args: Vec<String> = [
+        "--kinds",
+        "cross_node",
+        "--pairs",
+        &pairs.to_string(),
+        "--concurrency",
+        "5",
+        "--give-up",
+        &humantime::format_duration(give_up).to_string(),
+        "--max-ttfp",
+        "10m",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    let ((code, report, text), others) = gate_with_others(tb, ll, &args, give_up);
+    assert!(code == 0 || code == 1, "gate exit {code}:\n{text}");
+    let truth = tb.truth();
+    let mut a = Vec::new();
+    let mut a_prog = Vec::new();
+    for p in probes(&report) {
+        for role in ["source", "target"] {
+            let (Some(got), Some(uid)) = (
+                p["programming"][role]["wait_seconds"].as_f64(),
+                p[role]["uid"].as_str(),
+            ) else {
+                continue;
+            };
+            if let Some(want) = truth_programming_wait(&truth, uid) {
+                a_prog.push(Sample {
+                    measured: got,
+                    truth: want,
+                });
+            }
+        }
+        let (Some(ttfp), Some(s), Some(tg)) = (
+            p["ttfp_seconds"].as_f64(),
+            p["source"]["uid"].as_str(),
+            p["target"]["uid"].as_str(),
+        ) else {
+            continue;
+        };
+        if let Some(want) = truth_ttfp(&truth, s, tg) {
+            a.push(Sample {
+                measured: ttfp,
+                truth: want,
+            });
+        }
+    }
+    // (measured against the path truth, measured against the target's programming wait, lost)
+    let judge = |m: &Results, absolute: bool| {
+        let (mut v, mut w) = (Vec::new(), Vec::new());
+        let mut lost = 0;
+        for (target, (client, start, got)) in m.lock().unwrap().iter() {
+            let Some(g) = got else {
+                lost += 1;
+                continue;
+            };
+            let measured = if absolute { g - start } else { *g };
+            if let Some(wait) = truth_programming_wait(&truth, target) {
+                w.push(Sample {
+                    measured,
+                    truth: wait,
+                });
+            }
+            match path_up_from(&truth, client, target, *start) {
+                Some(up) => v.push(Sample {
+                    measured,
+                    truth: up - start,
+                }),
+                None => lost += 1,
+            }
+        }
+        (v, w, lost)
+    };
+    let (b, b_prog, lost_b) = judge(&others.loops, false);
+    let (c, c_prog, lost_c) = judge(&others.polls, true);
+    Run {
+        label,
+        ttfp: [a, b, c],
+        lost: [0, lost_b, lost_c],
+        programming: [a_prog, b_prog, c_prog],
+    }
+}
+
+const METHODS: [&str; 3] = [
+    "(a) firstpacket",
+    "(b) operator's wget loop",
+    "(c) 1 s poller",
+];
+
+/// The delays of the simulated runs, and probes per run.
+fn delays(opts: &Opts) -> (Vec<f64>, usize) {
+    if opts.smoke {
         (vec![0.5], 2)
     } else {
         (vec![0.0, 0.5, 2.0, 10.0, 30.0], 10)
-    };
+    }
+}
+
+/// The TTFP accuracy table, from runs on an agent that does not gate readiness; returns
+/// those runs too (their programming waits go into [`PROGRAMMING`]).
+fn accuracy(tb: &Testbed, ll: &[LongLived], opts: &Opts) -> (Table, Vec<Run>) {
+    let (delays, pairs) = delays(opts);
     let mut t = Table::new(
         ACCURACY,
         &format!(
             "Signed error = measured − truth (ms), per program delay D (fault `program_delay: \
              {{uniform: [D − 0.5 s, D + 0.5 s]}}` on every node, floored at 0: a fixed delay \
              would start within milliseconds of each method's clock and phase-lock its ticks \
-             to the moment the path comes up), {pairs} `cross_node` probes per delay in one `prober gate --kinds \
-             cross_node --pairs {pairs} --concurrency 5` each. (a) firstpacket's TTFP against \
+             to the moment the path comes up), on an agent that does not gate readiness \
+             (`agent: {{gates_readiness: false}}`: the delay lands after Ready; where it \
+             gates, see the next table), {pairs} `cross_node` probes per delay in one \
+             `prober gate --kinds cross_node --pairs {pairs} --concurrency 5` each. (a) firstpacket's TTFP against \
              the §6 truth from the source's Ready; (b) the operator's loop `until wget -qO- -T1 \
              -t1 http://$IP:8080/; do :; done` timed with `date +%s`, run in the probe's fresh \
              source pod's network namespace from the moment the watch shows the target Ready; \
@@ -453,74 +594,24 @@ fn accuracy(tb: &Testbed, ll: &[LongLived], opts: &Opts) -> Table {
         ],
     );
     let mut failures_of_target = Vec::new();
+    let mut runs = Vec::new();
     for d in delays {
         let delay = Duration::from_secs_f64(d);
-        eprintln!("accuracy: program_delay {d}s, {pairs} probes");
-        tb.set_fault(&fault_around(delay));
-        let deadline = delay + Duration::from_secs(30);
-        let args: Vec<String> = [
-            "--kinds",
-            "cross_node",
-            "--pairs",
-            &pairs.to_string(),
-            "--concurrency",
-            "5",
-            "--give-up",
-            &humantime::format_duration(deadline).to_string(),
-            "--max-ttfp",
-            "10m",
-        ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect();
-        let ((code, report, text), others) = gate_with_others(tb, ll, &args, deadline);
-        assert!(code == 0 || code == 1, "gate exit {code}:\n{text}");
-        let truth = tb.truth();
-        let mut a = Vec::new();
-        for p in probes(&report) {
-            let (Some(ttfp), Some(s), Some(tg)) = (
-                p["ttfp_seconds"].as_f64(),
-                p["source"]["uid"].as_str(),
-                p["target"]["uid"].as_str(),
-            ) else {
-                continue;
-            };
-            if let Some(want) = truth_ttfp(&truth, s, tg) {
-                a.push(Sample {
-                    measured: ttfp,
-                    truth: want,
-                });
-            }
-        }
-        let judge = |m: &Results, absolute: bool| {
-            let mut v = Vec::new();
-            let mut lost = 0;
-            for (target, (client, start, got)) in m.lock().unwrap().iter() {
-                let Some(up) = path_up_from(&truth, client, target, *start) else {
-                    lost += 1;
-                    continue;
-                };
-                match got {
-                    Some(g) => v.push(Sample {
-                        measured: if absolute { g - start } else { *g },
-                        truth: up - start,
-                    }),
-                    None => lost += 1,
-                }
-            }
-            (v, lost)
-        };
-        let (b, lost_b) = judge(&others.loops, false);
-        let (c, lost_c) = judge(&others.polls, true);
+        eprintln!("accuracy: program_delay {d}s, {pairs} probes, agent not gating readiness");
+        tb.set_fault(&fault_around(delay, false));
+        let run = measure_run(
+            tb,
+            ll,
+            format!("{} (±0.5 s)", humantime::format_duration(delay)),
+            pairs,
+            delay + Duration::from_secs(30),
+        );
         let errs = |v: &[Sample]| v.iter().map(Sample::error).collect::<Vec<_>>();
-        let sa = stats(&errs(&a));
-        for (name, v, lost) in [
-            ("(a) firstpacket", &a, 0),
-            ("(b) operator's wget loop", &b, lost_b),
-            ("(c) 1 s poller", &c, lost_c),
-        ] {
+        let sa = stats(&errs(&run.ttfp[0]));
+        for (i, name) in METHODS.iter().enumerate() {
+            let (v, lost) = (&run.ttfp[i], run.lost[i]);
             let s = stats(&errs(v));
-            let ratio = if name.starts_with("(a)") {
+            let ratio = if i == 0 {
                 "1".to_owned()
             } else if sa[5] > 0.0 {
                 format!("{:.1}×", s[5] / sa[5])
@@ -529,7 +620,7 @@ fn accuracy(tb: &Testbed, ll: &[LongLived], opts: &Opts) -> Table {
             };
             t.row(vec![
                 format!("{}", humantime::format_duration(delay)),
-                name.into(),
+                (*name).into(),
                 if lost > 0 {
                     format!("{} ({lost} lost)", v.len())
                 } else {
@@ -543,7 +634,7 @@ fn accuracy(tb: &Testbed, ll: &[LongLived], opts: &Opts) -> Table {
                 format!("{:.0}", s[5] * 1000.0),
                 ratio,
             ]);
-            if !name.starts_with("(a)") && (s[5] < 5.0 * sa[5] || s[5].is_nan()) {
+            if i > 0 && (s[5] < 5.0 * sa[5] || s[5].is_nan()) {
                 failures_of_target.push(format!(
                     "delay {}: {name} p95 |err| {:.0} ms is not ≥ 5× firstpacket's {:.0} ms",
                     humantime::format_duration(delay),
@@ -552,7 +643,7 @@ fn accuracy(tb: &Testbed, ll: &[LongLived], opts: &Opts) -> Table {
                 ));
             }
         }
-        if a.is_empty() {
+        if run.ttfp[0].is_empty() {
             failures_of_target.push(format!(
                 "delay {}: no firstpacket probe had a TTFP and a truth",
                 humantime::format_duration(delay)
@@ -572,6 +663,7 @@ fn accuracy(tb: &Testbed, ll: &[LongLived], opts: &Opts) -> Table {
                 sa[2] * 1e3
             ));
         }
+        runs.push(run);
     }
     if failures_of_target.is_empty() {
         t.notes
@@ -579,7 +671,142 @@ fn accuracy(tb: &Testbed, ll: &[LongLived], opts: &Opts) -> Table {
     } else {
         t.notes.extend(failures_of_target);
     }
-    t
+    (t, runs)
+}
+
+/// The [`PROGRAMMING`] table, empty.
+fn programming_table(opts: &Opts) -> Table {
+    let (_, pairs) = delays(opts);
+    Table::new(
+        PROGRAMMING,
+        &format!(
+            "Signed error = reported − truth (ms), where truth is the pod's own programming \
+             wait: `endpoint_programmed` − `container_started` of the same pod (on real Felix \
+             `endpoint_programmed` is read from the node's ruleset). Runs of {pairs} \
+             `cross_node` probes (`prober gate --kinds cross_node --pairs {pairs} --concurrency \
+             5`): the simulated agent at each `program_delay` D (±0.5 s) of the table above, \
+             once not gating readiness (those very runs) and once gating it as Calico does \
+             (its default); real Calico Felix v3.31.7 with every dataplane write D slower \
+             (`agent_io: {{delay: D}}` on every node). (a) firstpacket's programming wait of \
+             each probe pod, source and target (the pod dials its own node every 100 ms from \
+             its first instant); (b) what the operator's loop reports (seconds dark after the \
+             target's Ready) and (c) what the 1 s poller reports (seconds from the target's IP \
+             to its first answer), each against the target's true wait. Target for (a) where \
+             the CNI gates readiness: within [−50 ms, dial interval + 50 ms]. Where it does \
+             not, a pod reaches its own node at once, so the programming wait reads about 0 \
+             (error ≈ −D) by design: the delay is after Ready and TTFP measures it (table \
+             above)."
+        ),
+        &[
+            "agent",
+            "delay D",
+            "method",
+            "n",
+            "p50",
+            "p95",
+            "max",
+            "min",
+            "p95 |err|",
+        ],
+    )
+}
+
+/// Appends `runs` to the [`PROGRAMMING`] table; `judged`: whether (a) is held to its
+/// target (the agent gates readiness).
+fn add_programming_rows(t: &mut Table, agent: &str, runs: &[Run], judged: bool) {
+    let mut misses = Vec::new();
+    for run in runs {
+        for (i, name) in METHODS.iter().enumerate() {
+            let errs: Vec<f64> = run.programming[i].iter().map(Sample::error).collect();
+            let s = stats(&errs);
+            t.row(vec![
+                agent.into(),
+                run.label.clone(),
+                (*name).into(),
+                errs.len().to_string(),
+                ms(s[1]),
+                ms(s[2]),
+                ms(s[3]),
+                ms(s[4]),
+                format!("{:.0}", s[5] * 1000.0),
+            ]);
+            if judged && i == 0 && (errs.is_empty() || s[4] < -0.05 || s[3] > 0.15) {
+                misses.push(format!(
+                    "{} (n {}, min {:+.0} ms, max {:+.0} ms)",
+                    run.label,
+                    errs.len(),
+                    s[4] * 1e3,
+                    s[3] * 1e3
+                ));
+            }
+        }
+    }
+    if judged {
+        t.notes.push(if misses.is_empty() {
+            format!(
+                "{agent}: every programming wait within [−50 ms, dial interval + 50 ms] of truth."
+            )
+        } else {
+            format!(
+                "{agent}: **outside [−50 ms, dial interval + 50 ms]** at {}",
+                misses.join("; ")
+            )
+        });
+    }
+}
+
+/// The simulated agent gating readiness (its default), at each delay of [`delays`].
+fn programming_sim_gated(tb: &Testbed, ll: &[LongLived], opts: &Opts) -> Vec<Run> {
+    let (delays, pairs) = delays(opts);
+    delays
+        .into_iter()
+        .map(|d| {
+            let delay = Duration::from_secs_f64(d);
+            eprintln!("programming: program_delay {d}s, {pairs} probes, agent gating readiness");
+            tb.set_fault(&fault_around(delay, true));
+            measure_run(
+                tb,
+                ll,
+                format!("{} (±0.5 s)", humantime::format_duration(delay)),
+                pairs,
+                2 * delay + Duration::from_secs(30),
+            )
+        })
+        .collect()
+}
+
+/// Real Calico Felix (3 nodes, real control plane) with every dataplane write D slower;
+/// `None` (a line on stderr) without the real control plane or a Felix build, and in the
+/// smoke run (e2e_calico checks the same measurement against truth there).
+fn programming_real_felix(opts: &Opts) -> Option<Vec<Run>> {
+    if opts.smoke {
+        eprintln!("programming: real Felix left out of the smoke run");
+        return None;
+    }
+    if let Err(e) = testbed::calico::Builds::locate().require([testbed::calico::DEFAULT_VERSION]) {
+        eprintln!("programming: real Felix left out: {e}");
+        return None;
+    }
+    let tb = Testbed::up_real("bench-felix", NODES, "rules: []\n", &["--agent", "calico"])?;
+    let ll = long_lived_pods(&tb);
+    let pairs = delays(opts).1;
+    let mut runs = Vec::new();
+    for d in [0u64, 1, 3] {
+        eprintln!("programming: real Felix, agent_io delay {d}s, {pairs} probes");
+        tb.set_fault(&if d == 0 {
+            "rules: []\n".to_owned()
+        } else {
+            format!("rules:\n  - nodes: {{all: true}}\n    agent_io: {{delay: {d}s}}\n")
+        });
+        runs.push(measure_run(
+            &tb,
+            &ll,
+            format!("agent_io {d}s"),
+            pairs,
+            Duration::from_secs(60 + 20 * d),
+        ));
+    }
+    Some(runs)
 }
 
 fn resolution(tb: &Testbed, opts: &Opts) -> Table {
@@ -598,7 +825,7 @@ fn resolution(tb: &Testbed, opts: &Opts) -> Table {
         ),
         &["--dial-interval", "n", "p50", "p95", "max", "min"],
     );
-    tb.set_fault(&fault_around(delay));
+    tb.set_fault(&fault_around(delay, false));
     for interval in ["20ms", "50ms", "100ms"] {
         eprintln!("resolution: --dial-interval {interval}");
         let (code, report, text) = tb.gate(&[
