@@ -17,8 +17,9 @@
 //!   endpoint's DNAT chain.
 //!
 //! Resolution: `nft monitor` prints each object as the kernel announces the committed
-//! transaction and flushes per event; the daemon reads the line and stamps the truth
-//! at once (checked here: the line arrives 0.1 ms after `nft` returns). Reading costs
+//! transaction and flushes per event; a thread of the daemon reading only that pipe
+//! stamps each line as it reads it ([`read_lines_stamped`]), and the truth carries that
+//! stamp (checked here: the line arrives 0.1 ms after `nft` returns). Reading costs
 //! two idle processes per node and a few microseconds per ruleset line; nothing polls.
 //! What it cannot see: packets themselves (a rule that is present but wrong), and state
 //! changed while a monitor restarts is taken from a fresh snapshot, stamped late.
@@ -36,7 +37,6 @@ use std::collections::{HashMap, HashSet};
 use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
-use tokio::io::AsyncBufReadExt;
 
 /// Pods by IP, across the cluster's nodes (for `service_programmed`).
 #[derive(Debug, Default)]
@@ -165,7 +165,7 @@ impl NodeWatch {
         lock(&i.registry.by_ip).insert(net.ip, net.clone());
         lock(&i.local).insert(net.iface.clone(), net.clone());
         lock(&i.programmed).remove(&net.uid);
-        i.reconcile_endpoints();
+        i.reconcile_endpoints(None);
     }
 
     /// The pod's sandbox is going away (before CNI DEL): nothing more is reported for it.
@@ -197,8 +197,9 @@ impl NodeWatch {
 
 impl Inner {
     /// Emits `endpoint_programmed`/`endpoint_revoked` for every local endpoint whose
-    /// state differs from what the ruleset says now.
-    fn reconcile_endpoints(&self) {
+    /// state differs from what the ruleset says now, stamped `at` (the moment the
+    /// monitor line that changed it was read) or now.
+    fn reconcile_endpoints(&self, at: Option<f64>) {
         if !self.watching.endpoints {
             return;
         }
@@ -212,33 +213,46 @@ impl Inner {
             let was = programmed.contains(&net.uid);
             if now && !was {
                 programmed.insert(net.uid.clone());
-                self.truth.emit(TruthEvent::pod(
-                    TruthKind::EndpointProgrammed,
-                    &net,
-                    json!({ "method": "ruleset", "dispatch": ["cali-from-wl-dispatch", "cali-to-wl-dispatch"] }),
-                ));
+                self.emit(
+                    TruthEvent::pod(
+                        TruthKind::EndpointProgrammed,
+                        &net,
+                        json!({ "method": "ruleset", "dispatch": ["cali-from-wl-dispatch", "cali-to-wl-dispatch"] }),
+                    ),
+                    at,
+                );
             } else if !now && was {
                 programmed.remove(&net.uid);
-                self.truth.emit(TruthEvent::pod(
-                    TruthKind::EndpointRevoked,
-                    &net,
-                    json!({ "method": "ruleset", "reason": "dispatch or route gone" }),
-                ));
+                self.emit(
+                    TruthEvent::pod(
+                        TruthKind::EndpointRevoked,
+                        &net,
+                        json!({ "method": "ruleset", "reason": "dispatch or route gone" }),
+                    ),
+                    at,
+                );
             }
         }
     }
 
-    fn on_change(&self, change: Option<Change>) {
+    fn emit(&self, ev: TruthEvent, at: Option<f64>) {
+        match at {
+            Some(t) => self.truth.emit_at(ev, t),
+            None => self.truth.emit(ev),
+        };
+    }
+
+    fn on_change(&self, change: Option<Change>, at: Option<f64>) {
         let Some(c) = change else { return };
         if !c.dispatched_added.is_empty() || !c.dispatched_removed.is_empty() {
-            self.reconcile_endpoints();
+            self.reconcile_endpoints(at);
         }
         if self.watching.services {
             for key in &c.services_added {
-                self.emit_service(key, true);
+                self.emit_service(key, true, at);
             }
             for key in &c.services_removed {
-                self.emit_service(key, false);
+                self.emit_service(key, false, at);
             }
         }
     }
@@ -246,7 +260,7 @@ impl Inner {
     /// `service_programmed` for one endpoint of one Service on this node (the
     /// simulated proxy's convention, [`crate::services::ServiceProgrammed`]: the
     /// endpoint Pod's pod/uid/ip when added; a line with `detail.removed` when gone).
-    fn emit_service(&self, key: &ServiceEndpointKey, added: bool) {
+    fn emit_service(&self, key: &ServiceEndpointKey, added: bool, at: Option<f64>) {
         let pod = self.registry.by_ip(key.ip);
         let mut ev = TruthEvent {
             node: Some(self.node.clone()),
@@ -266,10 +280,11 @@ impl Inner {
                 ev.uid = Some(p.uid);
             }
         }
-        self.truth.emit(ev);
+        self.emit(ev, at);
     }
 
-    fn feed(&self, src: Source, line: &str) {
+    /// Feeds one monitor line read at `at` (Unix seconds).
+    fn feed(&self, src: Source, line: &str, at: f64) {
         let change = {
             let mut st = lock(&self.state);
             match src {
@@ -277,7 +292,7 @@ impl Inner {
                 Source::Route => st.feed_route(line),
             }
         };
-        self.on_change(change);
+        self.on_change(change, Some(at));
     }
 
     fn load_snapshot(&self, src: Source, text: &str) {
@@ -288,7 +303,7 @@ impl Inner {
                 Source::Route => st.load_route_snapshot(text),
             }
         };
-        self.on_change(change);
+        self.on_change(change, None);
     }
 }
 
@@ -323,7 +338,7 @@ async fn monitor_loop(
         let Some(stdout) = child.stdout.take() else {
             return;
         };
-        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let mut lines = read_lines_stamped(stdout);
         // Give the monitor a moment to subscribe before the snapshot, so nothing falls
         // between them (a duplicate is harmless: adds are idempotent).
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -341,12 +356,45 @@ async fn monitor_loop(
         if let Some(r) = ready.take() {
             let _ = r.send(Ok(()));
         }
-        while let Ok(Some(line)) = lines.next_line().await {
+        while let Some((at, line)) = lines.recv().await {
             let Some(inner) = weak.upgrade() else { return };
-            inner.feed(src, &line);
+            inner.feed(src, &line, at);
         }
         let _ = child.kill().await;
         tracing::warn!(monitor = %src.monitor().join(" "), "ruleset monitor ended; restarting");
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+}
+
+/// The monitor's output lines, each with the wall time (Unix seconds) it was read at,
+/// read on a thread of its own: the node's runtime may be busy for a while (every
+/// pod's simulated kubelet work runs there) and a line read late would be stamped
+/// late. The thread ends at the pipe's end (the monitor exited or was killed); the
+/// channel then closes. When the pipe cannot be taken over from tokio (an error logged)
+/// or the thread cannot start, the channel closes at once and the monitor is restarted.
+fn read_lines_stamped(
+    stdout: tokio::process::ChildStdout,
+) -> tokio::sync::mpsc::UnboundedReceiver<(f64, String)> {
+    use std::io::BufRead;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    match stdout.into_owned_fd() {
+        Ok(fd) => {
+            let spawned = std::thread::Builder::new()
+                .name("truth-monitor".into())
+                .spawn(move || {
+                    let reader = std::io::BufReader::new(std::fs::File::from(fd));
+                    for line in reader.lines() {
+                        let Ok(line) = line else { break };
+                        if tx.send((crate::truth::unix_now(), line)).is_err() {
+                            break;
+                        }
+                    }
+                });
+            if let Err(e) = spawned {
+                tracing::error!(error = %e, "truth monitor reader thread not started");
+            }
+        }
+        Err(e) => tracing::error!(error = %e, "truth monitor pipe not taken over"),
+    }
+    rx
 }
