@@ -138,11 +138,12 @@ fn name_reuse_race_leaves_recreated_same_name_pod_unreachable_for_good() {
     let f = Faults::new(scenario("s3-name-reuse.yaml"));
     let ag = bed.agents(&f, &[]);
     let node2 = bed.node_ns(1);
-    // First incarnation: reachable by its node and, once programmed, from outside.
+    // First incarnation: once programmed (the agent gates readiness, as Calico does, so
+    // not even its node reaches it before), reachable by its node and from outside.
     let first = bed.add(&ag[1], 1, "web-0");
     let s1 = serve(&first.netns, "web-0");
-    assert_eq!(dial(&node2, first.ip).as_deref(), Ok("web-0\n"));
     bed.wait_programmed(&first.uid, Duration::from_secs(2));
+    assert_eq!(dial(&node2, first.ip).as_deref(), Ok("web-0\n"));
     assert_eq!(
         dial(&bed.plan.host_netns, first.ip).as_deref(),
         Ok("web-0\n")
@@ -162,9 +163,9 @@ fn name_reuse_race_leaves_recreated_same_name_pod_unreachable_for_good() {
     // A differently named pod on the same node works.
     let other = bed.add(&ag[1], 1, "other-0");
     let _so = serve(&other.netns, "other-0");
-    assert_eq!(dial(&node2, other.ip).as_deref(), Ok("other-0\n"));
     bed.wait_programmed(&second.uid, Duration::from_secs(2));
     bed.wait_programmed(&other.uid, Duration::from_secs(2));
+    assert_eq!(dial(&node2, other.ip).as_deref(), Ok("other-0\n"));
     assert_eq!(
         dial(&bed.plan.host_netns, other.ip).as_deref(),
         Ok("other-0\n")
@@ -183,6 +184,7 @@ fn name_reuse_race_leaves_recreated_same_name_pod_unreachable_for_good() {
     bed.dp.remove_pod(&n1a).expect("remove");
     let n1b = bed.add(&ag[0], 0, "web-1");
     let _s3 = serve(&n1b.netns, "web-1");
+    bed.wait_programmed(&n1b.uid, Duration::from_secs(2));
     assert_eq!(dial(&bed.node_ns(0), n1b.ip).as_deref(), Ok("web-1\n"));
 }
 
@@ -230,16 +232,17 @@ fn first_connections_dropped_counts_from_readiness_then_fails_first_n_then_all_s
 }
 
 /// `agent: {gates_readiness: true}` (the simulated agent judged by real Felix, whose
-/// `cali-INPUT` drops a workload it has not programmed): the node itself cannot reach
-/// a new pod until its endpoint is programmed — so the kubelet's readiness probe
-/// fails until then — while a node without the key reaches its new pod at once.
+/// `cali-INPUT` drops a workload it has not programmed; the default): the node itself
+/// cannot reach a new pod until its endpoint is programmed — so the kubelet's readiness
+/// probe fails until then — while a node with `gates_readiness: false` reaches its new
+/// pod at once.
 #[test]
 fn gates_readiness_cuts_a_new_pod_off_its_own_node_until_programmed() {
     let bed = new_bed("gate", 2);
     let rt = rt();
     let _g = rt.enter();
     let f = faults(
-        "rules:\n- nodes: {names: [node-2]}\n  agent: {gates_readiness: true}\n  program_delay: 2s\n- nodes: {names: [node-1]}\n  program_delay: 2s\n",
+        "rules:\n- nodes: {names: [node-2]}\n  program_delay: 2s\n- nodes: {names: [node-1]}\n  agent: {gates_readiness: false}\n  program_delay: 2s\n",
     );
     let ag = bed.agents(&f, &[]);
     // The node task puts the gate in within its first pass.
@@ -271,8 +274,11 @@ fn gates_readiness_cuts_a_new_pod_off_its_own_node_until_programmed() {
         up - added,
         programmed - added
     );
-    // Lifting the key opens the gate for later pods at once.
-    bed_set(&f, "rules:\n- nodes: {all: true}\n  program_delay: 2s\n");
+    // Turning the key off opens the gate for later pods at once.
+    bed_set(
+        &f,
+        "rules:\n- nodes: {all: true}\n  agent: {gates_readiness: false}\n  program_delay: 2s\n",
+    );
     std::thread::sleep(Duration::from_millis(1500));
     let later = bed.add(&ag[1], 1, "later");
     let _s3 = serve(&later.netns, "later");
