@@ -867,6 +867,9 @@ fn s7_random_blackholed_pod_ips_are_never_called_cross_node_broken() {
 /// shows it as the pod's programming wait (before Ready, TTFP about 0), while an
 /// `unprobed` target there is Ready at once and its darkness lands in TTFP. Both match
 /// the truth (TTFP; programming wait = `endpoint_programmed` − `container_started`).
+/// Then S2 itself (`faults/s2-apply-loop.yaml`, node-2 labelled `os=debian13`, gating
+/// on by default): an `unprobed` target there is dark for 15–42 s after Ready, and its
+/// TTFP matches the truth.
 #[test]
 fn unprobed_targets_carry_the_gated_delay_into_ttfp_and_probed_pods_show_it_as_programming_wait() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
@@ -874,7 +877,7 @@ fn unprobed_targets_carry_the_gated_delay_into_ttfp_and_probed_pods_show_it_as_p
         "unprobed",
         3,
         "rules:\n  - nodes: {all: true}\n    agent: {gates_readiness: true}\n    program_delay: 100ms\n  - nodes: {names: [node-2]}\n    program_delay: 3s\n",
-        &[],
+        &["--node-labels", "node-2=os=debian13"],
     );
     let (_, report, out) = tb.gate(&[
         "--kinds",
@@ -921,4 +924,44 @@ fn unprobed_targets_carry_the_gated_delay_into_ttfp_and_probed_pods_show_it_as_p
         seen.0 >= 1 && seen.1 >= 1,
         "no unprobed/cross_node probe targeted node-2: {seen:?}\n{out}"
     );
+
+    // S2 on the gating agent: the unprobed target's darkness after Ready is the apply
+    // loop's 15–42 s, as the XDP incident's operator measured it with a wget loop.
+    tb.set_fault(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/faults/s2-apply-loop.yaml"
+        ))
+        .unwrap(),
+    );
+    let (_, report, out) = tb.gate(&[
+        "--kinds",
+        "unprobed",
+        "--pairs",
+        "3",
+        "--hold",
+        "1s",
+        "--give-up",
+        "60s",
+        "--slow-threshold",
+        "60s",
+        "--max-ttfp",
+        "60s",
+    ]);
+    validate(&report);
+    let truth = tb.truth();
+    let mut on_2 = 0;
+    for p in probes(&report) {
+        assert_eq!(p["result"], "success", "{p:#}\n{out}");
+        common::assert_ttfp_near_truth(&truth, p, &out);
+        if p["target"]["node"] == "node-2" {
+            let ttfp = p["ttfp_seconds"].as_f64().unwrap();
+            assert!(
+                ttfp > 10.0,
+                "S2, unprobed target on node-2: TTFP {ttfp:.3}s\n{p:#}\n{out}"
+            );
+            on_2 += 1;
+        }
+    }
+    assert!(on_2 >= 1, "no unprobed target on node-2 under S2\n{out}");
 }
