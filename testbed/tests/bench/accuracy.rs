@@ -568,7 +568,7 @@ fn accuracy(tb: &Testbed, ll: &[LongLived], opts: &Opts) -> (Table, Vec<Run>) {
              would start within milliseconds of each method's clock and phase-lock its ticks \
              to the moment the path comes up), on an agent that does not gate readiness \
              (`agent: {{gates_readiness: false}}`: the delay lands after Ready; where it \
-             gates, see the next table), {pairs} `cross_node` probes per delay in one \
+             gates, see \"Programming wait against truth\"), {pairs} `cross_node` probes per delay in one \
              `prober gate --kinds cross_node --pairs {pairs} --concurrency 5` each. (a) firstpacket's TTFP against \
              the §6 truth from the source's Ready; (b) the operator's loop `until wget -qO- -T1 \
              -t1 http://$IP:8080/; do :; done` timed with `date +%s`, run in the probe's fresh \
@@ -689,9 +689,11 @@ fn programming_table(opts: &Opts) -> Table {
              (its default); real Calico Felix v3.31.7 with every dataplane write D slower \
              (`agent_io: {{delay: D}}` on every node). (a) firstpacket's programming wait of \
              each probe pod, source and target (the pod dials its own node every 100 ms from \
-             its first instant); (b) what the operator's loop reports (seconds dark after the \
-             target's Ready) and (c) what the 1 s poller reports (seconds from the target's IP \
-             to its first answer), each against the target's true wait. Target for (a) where \
+             its first instant); (b) what the operator's loop reports (seconds from the \
+             target's Ready to its first answer; it runs in the fresh source pod, which on a \
+             gating CNI first waits for its own programming, so there it reports the source's \
+             wait, not the target's) and (c) what the 1 s poller reports (seconds from the \
+             target's IP to its first answer), each against the target's true wait. Target for (a) where \
              the CNI gates readiness: within [−50 ms, dial interval + 50 ms]. Where it does \
              not, a pod reaches its own node at once, so the programming wait reads about 0 \
              (error ≈ −D) by design: the delay is after Ready and TTFP measures it (table \
