@@ -637,8 +637,11 @@ fn real_agent_faults_restart_starve_and_pause_felix_on_their_node_only() {
     );
     let w = |n: &str| mean(&wait[n]);
     assert!(w("node-1") < 1.0, "node-1 untouched: {:.2}s", w("node-1"));
+    // 2 % of a CPU: Felix's few milliseconds of work for two endpoints take 0.5–1.5 s
+    // of wall time (depending on where in its CFS periods the work lands), against a few
+    // tens of ms on node-1; a CI run measured 0.53 s against 0.04 s.
     assert!(
-        w("node-2") > w("node-1") + 0.5,
+        w("node-2") > (w("node-1") + 0.3).max(4.0 * w("node-1")),
         "agent_cpu: {:.2}s vs {:.2}s",
         w("node-2"),
         w("node-1")
