@@ -1773,10 +1773,7 @@ impl PodWorker {
                     &net,
                     json!({ "container": cname, "pid": pid }),
                 );
-                match exec_at {
-                    Some(t) => self.k.truth.emit_at(ev, t),
-                    None => self.k.truth.emit(ev),
-                };
+                self.k.truth.emit_at(ev, exec_at);
             }
             let started_at = now_rfc3339();
             let container_id = format!("testbed://{}-{pid}", self.uid);

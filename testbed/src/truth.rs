@@ -181,13 +181,14 @@ impl Truth {
         self.append(ev, None)
     }
 
-    /// Appends `ev` stamped `t` (Unix seconds) instead of now: for a change whose
-    /// moment the component that made it recorded itself (the shim's `execve` for
-    /// `container_started`), so the stamp does not depend on how soon the writer runs.
-    /// Such a line may sit a few milliseconds out of `t` order in the file (readers
-    /// sort by `t`). A write failure is only logged; returns `t`, or `None` then.
-    pub fn emit_at(&self, ev: TruthEvent, t: f64) -> Option<f64> {
-        logged(self.append(ev, Some(t)))
+    /// Appends `ev` stamped `t` (Unix seconds) when given, instead of now: for a change
+    /// whose moment was recorded where it happened (the shim's `execve` for
+    /// `container_started`, the read of a ruleset monitor's line), so the stamp does
+    /// not depend on how soon the writer runs. Such a line may sit a few milliseconds
+    /// out of `t` order in the file (readers sort by `t`). `None`: as [`Truth::emit`].
+    /// A write failure is only logged; returns the stamp, or `None` then.
+    pub fn emit_at(&self, ev: TruthEvent, t: Option<f64>) -> Option<f64> {
+        logged(self.append(ev, t))
     }
 
     /// Like [`Truth::try_emit`] but a write failure is only logged (`tracing::error!`):

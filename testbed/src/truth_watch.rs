@@ -213,7 +213,7 @@ impl Inner {
             let was = programmed.contains(&net.uid);
             if now && !was {
                 programmed.insert(net.uid.clone());
-                self.emit(
+                self.truth.emit_at(
                     TruthEvent::pod(
                         TruthKind::EndpointProgrammed,
                         &net,
@@ -223,7 +223,7 @@ impl Inner {
                 );
             } else if !now && was {
                 programmed.remove(&net.uid);
-                self.emit(
+                self.truth.emit_at(
                     TruthEvent::pod(
                         TruthKind::EndpointRevoked,
                         &net,
@@ -233,13 +233,6 @@ impl Inner {
                 );
             }
         }
-    }
-
-    fn emit(&self, ev: TruthEvent, at: Option<f64>) {
-        match at {
-            Some(t) => self.truth.emit_at(ev, t),
-            None => self.truth.emit(ev),
-        };
     }
 
     fn on_change(&self, change: Option<Change>, at: Option<f64>) {
@@ -280,7 +273,7 @@ impl Inner {
                 ev.uid = Some(p.uid);
             }
         }
-        self.emit(ev, at);
+        self.truth.emit_at(ev, at);
     }
 
     /// Feeds one monitor line read at `at` (Unix seconds).
