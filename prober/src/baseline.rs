@@ -502,10 +502,7 @@ fn new_pod_delay(rec: &ProbeRecord) -> Option<f64> {
     let wait = rec
         .programming
         .iter()
-        .flat_map(|g| [&g.source, &g.target])
-        .flatten()
-        .map(|w| w.wait_seconds)
-        .filter(|w| w.is_finite())
+        .flat_map(|g| g.waits())
         .fold(0.0_f64, f64::max);
     Some(ttfp.max(wait))
 }

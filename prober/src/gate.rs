@@ -66,8 +66,8 @@
 
 use crate::schedule::NodeInfo;
 use firstpacket_report::{
-    Diagnosis, GateReport, KindSummary, NodeRoleStats, NodeSummary, ProbeRecord, ProbeResult,
-    Reason, Summary, Suspect, Thresholds, Verdict, SCHEMA_VERSION,
+    Diagnosis, GateReport, KindSummary, NodeRoleStats, NodeSummary, ProbeProgramming, ProbeRecord,
+    ProbeResult, Reason, Summary, Suspect, Thresholds, Verdict, SCHEMA_VERSION,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -86,7 +86,7 @@ pub fn suspect_nodes(probes: &[ProbeRecord]) -> Vec<String> {
     for p in probes.iter().filter(|p| p.result.is_conclusive()) {
         let bad = matches!(p.result, ProbeResult::Slow | ProbeResult::Failed);
         // A programming wait names its own pod: the other end's node was fine.
-        let blamed = programming_slow_nodes(p);
+        let blamed = programming_blamed_nodes(p);
         let mut nodes = vec![p.source.node.as_str(), p.target.node.as_str()];
         nodes.dedup();
         for n in nodes {
@@ -101,11 +101,12 @@ pub fn suspect_nodes(probes: &[ProbeRecord]) -> Vec<String> {
         .collect()
 }
 
-/// For a `slow` / `endpoint_programming_slow` probe: the nodes whose pod's own
-/// programming wait was over the threshold (issue 29: the wait is measured in the pod,
-/// so it names its node alone); for a `failed` / `endpoint_never_programmed` probe, the
-/// source's node. `None` for every other probe (both nodes share the blame).
-pub fn programming_slow_nodes(p: &ProbeRecord) -> Option<Vec<&str>> {
+/// The nodes a probe's programming blames (issue 29: the wait is measured in the pod,
+/// so it names its node alone). For a `slow` / `endpoint_programming_slow` probe: the
+/// nodes whose pod's own programming wait was over the threshold; for a `failed` /
+/// `endpoint_never_programmed` probe, the source's node. `None` for every other probe
+/// (both nodes share the blame).
+pub fn programming_blamed_nodes(p: &ProbeRecord) -> Option<Vec<&str>> {
     if p.reason == Some(Reason::EndpointNeverProgrammed) {
         return Some(vec![p.source.node.as_str()]);
     }
@@ -503,10 +504,7 @@ pub fn conclusive_programming_waits(probes: &[ProbeRecord]) -> Vec<f64> {
         .iter()
         .filter(|p| p.result.is_conclusive())
         .filter_map(|p| p.programming.as_ref())
-        .flat_map(|g| [&g.source, &g.target])
-        .flatten()
-        .map(|w| w.wait_seconds)
-        .filter(|w| w.is_finite())
+        .flat_map(ProbeProgramming::waits)
         .collect();
     waits.sort_by(f64::total_cmp);
     waits
@@ -1055,7 +1053,7 @@ pub fn programming_lines(report: &GateReport) -> String {
             Some(false) => after += 1,
             None => {}
         }
-        if let Some(nodes) = programming_slow_nodes(p) {
+        if let Some(nodes) = programming_blamed_nodes(p) {
             for n in nodes {
                 *slow.entry(n).or_default() += 1;
             }

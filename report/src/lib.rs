@@ -342,6 +342,17 @@ pub struct ProbeProgramming {
     pub readiness_gated: Option<bool>,
 }
 
+impl ProbeProgramming {
+    /// The measured waits, seconds: the source's, then the target's, finite ones only.
+    pub fn waits(&self) -> impl Iterator<Item = f64> + '_ {
+        [&self.source, &self.target]
+            .into_iter()
+            .flatten()
+            .map(|w| w.wait_seconds)
+            .filter(|w| w.is_finite())
+    }
+}
+
 /// Shortest delay `readiness_gated` takes a side on, seconds: the kubelet's 1 s probe
 /// period (a pod is normally Ready within about that anyway).
 pub const NOTABLE_DELAY_SECONDS: f64 = 1.0;
