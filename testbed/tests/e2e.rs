@@ -119,11 +119,7 @@ fn warning_like_lines_catch_the_shapes_a_healthy_run_must_not_print() {
 #[test]
 fn s1_healthy_cluster_passes_and_down_leaves_nothing() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let fault = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../testbed/faults/s1-healthy.yaml"
-    ))
-    .unwrap();
+    let fault = common::fault_file("s1-healthy.yaml");
     // Nodes whose `kubernetes.io/hostname` label is not their name (kubelet
     // --hostname-override, cloud providers): probe pods are pinned by the node's name.
     let tb = Testbed::up(
@@ -697,11 +693,7 @@ fn repeated_s1_gates_have_no_false_failures() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let long = common::long_tests();
     let runs = if long { 100 } else { 10 };
-    let fault = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../testbed/faults/s1-healthy.yaml"
-    ))
-    .unwrap();
+    let fault = common::fault_file("s1-healthy.yaml");
     let tb = Testbed::up("s1rep", 3, &fault, &[]);
     let t0 = Instant::now();
     let mut false_failures = Vec::new();

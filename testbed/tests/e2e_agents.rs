@@ -6,8 +6,8 @@
 //! `dataplane_apply_slow` on exactly those), the same through the API-server pod proxy
 //! and on an agent that does not gate readiness (`faults/s2-apply-loop-ungated.yaml`),
 //! S5 (`faults/s5-slower-os.yaml`: `dataplane_apply_failures` on the `os=ubuntu2004`
-//! nodes only, gating readiness and not), a negative control (failures on one node, normal TTFP → a warning, exit
-//! 0), unreachable agents (a profile on a port nothing listens on → one
+//! nodes only, gating readiness and not), a negative control (failures on one node,
+//! normal TTFP → a warning, exit 0), unreachable agents (a profile on a port nothing listens on → one
 //! `agent_unreachable` warning per node, exit 0), kube-proxy bound to 127.0.0.1 (one
 //! `agent_unreachable` warning per node, direct and through the proxy), kube-proxy read
 //! on the node IP without warnings, agent restarts (`agent_restarted`,
@@ -170,11 +170,7 @@ fn check_s2(code: i32, report: &Value, text: &str) {
 #[test]
 fn s2_suspects_are_the_apply_loop_nodes_direct_and_through_the_proxy() {
     let _g = lock();
-    let fault = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/faults/s2-apply-loop.yaml"
-    ))
-    .unwrap();
+    let fault = common::fault_file("s2-apply-loop.yaml");
     let tb = Testbed::up(
         "agents-s2",
         4,
@@ -213,13 +209,7 @@ fn s2_suspects_are_the_apply_loop_nodes_direct_and_through_the_proxy() {
 
     // The same scenario on an agent that does not gate readiness (issue 29): the wait
     // lands after Ready, in TTFP, and the verdict is the same.
-    tb.set_fault(
-        &std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/faults/s2-apply-loop-ungated.yaml"
-        ))
-        .unwrap(),
-    );
+    tb.set_fault(&common::fault_file("s2-apply-loop-ungated.yaml"));
     let (code, report, text) = tb.gate(QUICK);
     check_s2(code, &report, &text);
     let reasons: BTreeSet<&str> = report["probes"]
@@ -237,11 +227,7 @@ fn s2_suspects_are_the_apply_loop_nodes_direct_and_through_the_proxy() {
 #[test]
 fn s5_apply_failures_are_blamed_on_the_ubuntu2004_nodes_only() {
     let _g = lock();
-    let fault = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/faults/s5-slower-os.yaml"
-    ))
-    .unwrap();
+    let fault = common::fault_file("s5-slower-os.yaml");
     let tb = Testbed::up(
         "agents-s5",
         4,

@@ -899,18 +899,17 @@ fn real_felix_s2_fires_the_node_programming_alert_for_its_nodes_only() {
         }
         std::thread::sleep(Duration::from_secs(2));
     }
-    let slow = prom_query(&tb, "firstpacket_node_programming_slow_total");
-    let waits = prom_query(&tb, "firstpacket_node_last_programming_wait_seconds");
+    let by_node = |metric: &str| -> Vec<String> {
+        prom_query(&tb, metric)
+            .iter()
+            .map(|v| format!("{}={}", v["metric"]["node"], v["value"][1]))
+            .collect()
+    };
     eprintln!(
         "real Felix S2: FirstPacketNodeProgrammingSlow firing for {now_firing:?} after {:.0} s; slow pods per node {:?}; last waits {:?}",
         start.elapsed().as_secs_f64(),
-        slow.iter()
-            .map(|v| format!("{}={}", v["metric"]["node"], v["value"][1]))
-            .collect::<Vec<_>>(),
-        waits
-            .iter()
-            .map(|v| format!("{}={}", v["metric"]["node"], v["value"][1]))
-            .collect::<Vec<_>>()
+        by_node("firstpacket_node_programming_slow_total"),
+        by_node("firstpacket_node_last_programming_wait_seconds")
     );
     assert!(
         want.is_subset(&now_firing),

@@ -34,11 +34,7 @@ fn of_kind<'a>(report: &'a Value, kind: &str) -> Vec<&'a Value> {
 #[test]
 fn s4_cross_node_broken_is_diagnosed_against_same_node_and_the_gate_stops_early() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let fault = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/faults/s4-cross-node.yaml"
-    ))
-    .unwrap();
+    let fault = common::fault_file("s4-cross-node.yaml");
     let tb = Testbed::up("s4kinds", 6, &fault, &[]);
     let give_up = 20.0;
     let (code, report, out) = tb.gate(&[
@@ -278,7 +274,7 @@ const S1_PLUS_FCD_ON_NODE_1: &str = "rules:
 #[test]
 fn first_attempt_failures_count_from_ready_and_first_connections_dropped_show_after_it() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let s1 = std::fs::read_to_string(common::repo_file("testbed/faults/s1-healthy.yaml")).unwrap();
+    let s1 = common::fault_file("s1-healthy.yaml");
     let tb = Testbed::up("fcd", 3, &s1, &[]);
     let args = ["--kinds", "same_node,cross_node", "--hold", "1s"];
     // S1 on an agent that gates readiness (as Calico does): every pod is Ready only once
@@ -397,7 +393,7 @@ fn span(p: &Value) -> (f64, f64) {
 #[test]
 fn burst_backlog_is_its_own_and_the_plain_probes_beside_it_stay_at_their_s1_values() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let s1 = std::fs::read_to_string(common::repo_file("testbed/faults/s1-healthy.yaml")).unwrap();
+    let s1 = common::fault_file("s1-healthy.yaml");
     let tb = Testbed::up("burstiso", 3, &s1, &[]);
     let common_args = ["--hold", "1s", "--concurrency", "3", "--max-ttfp", "60s"];
     let mut args = vec!["--kinds", "cross_node"];
@@ -564,11 +560,7 @@ fn revoke_during_the_hold_is_lost_after_success_and_a_short_hold_misses_it() {
 #[test]
 fn s3_only_recreate_on_the_racing_node_fails_and_keeps_the_interface_name() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let fault = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/faults/s3-name-reuse.yaml"
-    ))
-    .unwrap();
+    let fault = common::fault_file("s3-name-reuse.yaml");
     let tb = Testbed::up("s3kinds", 3, &fault, &[]);
     let (code, report, out) = tb.gate(&[
         "--kinds",
@@ -927,13 +919,7 @@ fn unprobed_targets_carry_the_gated_delay_into_ttfp_and_probed_pods_show_it_as_p
 
     // S2 on the gating agent: the unprobed target's darkness after Ready is the apply
     // loop's 15–42 s, as the XDP incident's operator measured it with a wget loop.
-    tb.set_fault(
-        &std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/faults/s2-apply-loop.yaml"
-        ))
-        .unwrap(),
-    );
+    tb.set_fault(&common::fault_file("s2-apply-loop.yaml"));
     let (_, report, out) = tb.gate(&[
         "--kinds",
         "unprobed",

@@ -456,21 +456,8 @@ fn measure_run(
     pairs: usize,
     give_up: Duration,
 ) -> Run {
-    let args: Vec<String> = [
-        "--kinds",
-        "cross_node",
-        "--pairs",
-        &pairs.to_string(),
-        "--concurrency",
-        "5",
-        "--give-up",
-        &humantime::format_duration(give_up).to_string(),
-        "--max-ttfp",
-        "10m",
-    ]
-    .iter()
-    .map(|s| (*s).to_owned())
-    .collect();
+    let give_up_arg = humantime::format_duration(give_up).to_string();
+    let args = cross_node_gate_args(pairs, &["--give-up", &give_up_arg, "--max-ttfp", "10m"]);
     let ((code, report, text), others) = gate_with_others(tb, ll, &args, give_up);
     assert!(code == 0 || code == 1, "gate exit {code}:\n{text}");
     let truth = tb.truth();
@@ -539,6 +526,24 @@ fn measure_run(
         lost: [0, lost_b, lost_c],
         programming: [a_prog, b_prog, c_prog],
     }
+}
+
+/// `prober gate` arguments for `pairs` `cross_node` probes, 5 at a time, then `extra`
+/// (the accuracy, programming and resolution runs all probe this way).
+fn cross_node_gate_args(pairs: usize, extra: &[&str]) -> Vec<String> {
+    let pairs = pairs.to_string();
+    [
+        "--kinds",
+        "cross_node",
+        "--pairs",
+        &pairs,
+        "--concurrency",
+        "5",
+    ]
+    .iter()
+    .chain(extra)
+    .map(|s| (*s).to_owned())
+    .collect()
 }
 
 const METHODS: [&str; 3] = [
@@ -830,16 +835,8 @@ fn resolution(tb: &Testbed, opts: &Opts) -> Table {
     tb.set_fault(&fault_around(delay, false));
     for interval in ["20ms", "50ms", "100ms"] {
         eprintln!("resolution: --dial-interval {interval}");
-        let (code, report, text) = tb.gate(&[
-            "--kinds",
-            "cross_node",
-            "--pairs",
-            &pairs.to_string(),
-            "--concurrency",
-            "5",
-            "--dial-interval",
-            interval,
-        ]);
+        let args = cross_node_gate_args(pairs, &["--dial-interval", interval]);
+        let (code, report, text) = tb.gate(&args.iter().map(String::as_str).collect::<Vec<_>>());
         assert!(code == 0 || code == 1, "gate exit {code}:\n{text}");
         let truth = tb.truth();
         let errs: Vec<f64> = probes(&report)

@@ -23,6 +23,13 @@ pub fn long_tests() -> bool {
     std::env::var("FIRSTPACKET_LONG_TESTS").is_ok_and(|v| v.trim() == "1")
 }
 
+/// A scenario's fault file (`testbed/faults/NAME`, docs/scenarios.md), as text; panics
+/// naming the file when it cannot be read.
+pub fn fault_file(name: &str) -> String {
+    let path = repo_file("testbed/faults").join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
 /// A file of the repository (the workspace root is this crate's parent directory), e.g.
 /// `repo_file("manifests/base/rbac.yaml")`.
 pub fn repo_file(rel: &str) -> PathBuf {
