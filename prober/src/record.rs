@@ -157,29 +157,38 @@ pub fn classify_report(
     classify_with(r, &prog, slow_threshold)
 }
 
-/// The detail of a source whose own path to its node never worked (issue 29): it dialed
-/// its node and no dial was answered, no kubelet request reached it, and it never found
-/// the target either (a source that reached its target had a working path, whatever its
-/// node said). `None` otherwise, and for a report without the measurement (an older
-/// target-server, or no node address given).
+/// The detail of a source whose own path to its node never worked within its give-up
+/// (issue 29): it dialed its node and no dial was answered, no kubelet request reached
+/// it, and it never found the target either (a source that reached its target had a
+/// working path, whatever its node said). "Within" is up to the moment the source
+/// stopped dialing its node (`node_dial_gave_up`, else `give_up_seconds`): a source
+/// whose node first reached it after that (its agent programmed it late, as a CI run
+/// of S2 showed at 19 s against a 10 s give-up) spent its whole measurement unprogrammed
+/// and is classified the same. `None` otherwise, and for a report without the
+/// measurement (an older target-server, or no node address given).
 pub fn never_programmed(r: &SourceReport) -> Option<String> {
     let p = r.programming.as_ref()?;
-    let never = p.wait_seconds.is_none()
-        && p.node_dial_attempts > 0
-        && p.first_kubelet_request.is_none()
-        && r.ready_at.is_none()
+    let limit = p.node_dial_gave_up.unwrap_or(r.give_up_seconds);
+    let within = |t: Option<f64>| t.is_some_and(|t| t <= limit);
+    let never = p.node_dial_attempts > 0
+        && !within(p.node_dial_first_success_sent)
+        && !within(p.first_kubelet_request)
+        && !within(r.ready_at)
         && r.first_success_sent.is_none();
     never.then(|| {
+        let late = p
+            .first_kubelet_request
+            .map(|k| format!(" (the first came at {k:.1}s, after it gave up)"))
+            .unwrap_or_default();
         format!(
             "the source pod's own path to its node never worked: {} dials of {} unanswered{}, \
-             no kubelet request reached it in {:.1}s; its CNI never programmed its endpoint \
-             (it was never Ready)",
+             no kubelet request reached it in {limit:.1}s{late}; its CNI did not program its \
+             endpoint in time (it was not Ready)",
             p.node_dial_attempts,
             p.node_addr.as_deref().unwrap_or("its node"),
             p.node_dial_last_error
                 .map(|e| format!(" (last {})", e.as_str()))
                 .unwrap_or_default(),
-            r.give_up_seconds
         )
     })
 }
@@ -847,6 +856,17 @@ mod tests {
         assert_eq!(
             record_for(Some(&reached), None).reason,
             Some(Reason::SourceNeverReady)
+        );
+        // The kubelet first reached it only after it gave up (its node programmed it
+        // late): its whole measurement was spent unprogrammed.
+        let mut late = reached.clone();
+        late.programming.as_mut().unwrap().first_kubelet_request = Some(19.0);
+        late.ready_at = Some(19.0);
+        let rec = record_for(Some(&late), None);
+        assert_eq!(rec.reason, Some(Reason::EndpointNeverProgrammed));
+        assert!(
+            rec.detail.as_deref().unwrap().contains("at 19.0s, after"),
+            "{rec:?}"
         );
         let mut unmeasured = r.clone();
         unmeasured.programming = None;
