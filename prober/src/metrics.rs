@@ -4,6 +4,18 @@
 //! page). Known label sets are pre-initialised ([`Metrics::new`] for kinds × results ×
 //! reasons, [`Metrics::node_added`] per node), so series exist before the first event.
 //! Per-node series are removed when their node leaves ([`Metrics::node_removed`]).
+//! The process's own `process_*` metrics (CPU seconds, resident memory, open file
+//! descriptors, start time; the `prometheus` crate's process collector, read from
+//! `/proc/self`) are on the same page, on a standby too.
+//!
+//! Whether the prober can measure at all (issue 31, "the monitor monitored"):
+//! `firstpacket_probes_total{result="inconclusive", reason}` (a bounded `reason`: the
+//! closed set [`Reason::ALL`]), `firstpacket_engine_faults_total{fault}` (probe objects
+//! refused by RBAC or admission), `firstpacket_agent_scrapes_total{profile, result}`
+//! and `firstpacket_last_conclusive_probe_timestamp_seconds` (the last probe that said
+//! something about the network: `firstpacket_last_probe_timestamp_seconds` is refreshed
+//! by inconclusive probes too). The alerts reading them are in
+//! `alerts/firstpacket.rules.yaml`.
 //!
 //! [`Metrics::observe`] turns one finished probe record into every metric at once; the
 //! continuous mode calls it under the same lock that appends the record to the recent
@@ -13,7 +25,7 @@
 
 use crate::kind::ProbeKind;
 use crate::sync::lock;
-use firstpacket_report::{ProbeRecord, ProbeResult, Reason};
+use firstpacket_report::{ProbeRecord, ProbeResult, Reason, Signal};
 use prometheus::{
     Counter, Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
     IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
@@ -57,6 +69,9 @@ pub struct Metrics {
     /// `firstpacket_probes_in_flight`.
     pub in_flight: IntGauge,
     last_probe: Gauge,
+    /// `firstpacket_last_conclusive_probe_timestamp_seconds`: Unix time the last
+    /// conclusive probe (success, slow, failed) finished; 0 until the first.
+    last_conclusive_probe: Gauge,
     /// `firstpacket_lap_seconds`: how long the last complete lap took.
     pub lap_seconds: Gauge,
     /// `firstpacket_lap_expected_seconds`: eligible nodes × --probe-interval (the lap
@@ -191,7 +206,8 @@ impl Metrics {
             )),
             agent_seen: Default::default(),
             in_flight: reg(&r, IntGauge::new("firstpacket_probes_in_flight", "Probes running now.").expect("gauge")),
-            last_probe: reg(&r, Gauge::new("firstpacket_last_probe_timestamp_seconds", "Unix time the last probe finished.").expect("gauge")),
+            last_probe: reg(&r, Gauge::new("firstpacket_last_probe_timestamp_seconds", "Unix time the last probe finished (any result, inconclusive included).").expect("gauge")),
+            last_conclusive_probe: reg(&r, Gauge::new("firstpacket_last_conclusive_probe_timestamp_seconds", "Unix time the last conclusive probe (success, slow or failed) finished; 0 until the first.").expect("gauge")),
             lap_seconds: reg(&r, Gauge::new("firstpacket_lap_seconds", "Duration of the last complete lap (every eligible node source and target once), seconds.").expect("gauge")),
             lap_expected_seconds: reg(&r, Gauge::new("firstpacket_lap_expected_seconds", "Eligible nodes x --probe-interval: the lap time of the settings, seconds.").expect("gauge")),
             eligible_nodes: reg(&r, IntGauge::new("firstpacket_eligible_nodes", "Nodes probes can go to now (Ready, not cordoned, matching, tolerated).").expect("gauge")),
@@ -263,6 +279,15 @@ impl Metrics {
             .expect("gauge"),
         );
         build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        // process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds,
+        // process_max_fds, process_virtual_memory_bytes, process_start_time_seconds,
+        // process_threads (read from /proc/self at each scrape).
+        #[cfg(target_os = "linux")]
+        if let Err(e) = m.registry.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        )) {
+            tracing::error!(error = %e, "process metrics registration failed");
+        }
         m.initialise_series(kinds);
         m
     }
@@ -357,7 +382,10 @@ impl Metrics {
         }
     }
 
-    /// Pre-initialises the per-node series of `node` (probes by role × result).
+    /// Pre-initialises the per-node series of `node`: probes by role × result, the
+    /// programming and drift series, and `firstpacket_suspects_total` for every agent
+    /// signal ([`Signal::ALL`], 8), so a dashboard or alert sees 0 before the first
+    /// suspect (2 × 4 + 8 + 3 = 19 series a node).
     pub fn node_added(&self, node: &str) {
         self.node_drift_ratio
             .with_label_values(&[node])
@@ -370,6 +398,9 @@ impl Metrics {
                 self.node_probes
                     .with_label_values(&[node, role, result.as_str()]);
             }
+        }
+        for signal in Signal::ALL {
+            self.suspects.with_label_values(&[node, signal.as_str()]);
         }
     }
 
@@ -388,17 +419,8 @@ impl Metrics {
                     .remove_label_values(&[node, role, result.as_str()]);
             }
         }
-        for signal in [
-            "dataplane_apply_slow",
-            "dataplane_apply_failures",
-            "datastore_resync",
-            "route_resync_slow",
-            "agent_restarted",
-            "agent_not_ready",
-            "agent_unreachable",
-            "agent_bad_metrics",
-        ] {
-            let _ = self.suspects.remove_label_values(&[node, signal]);
+        for signal in Signal::ALL {
+            let _ = self.suspects.remove_label_values(&[node, signal.as_str()]);
         }
     }
 
@@ -466,6 +488,9 @@ impl Metrics {
                 .inc();
         }
         self.last_probe.set(now_unix);
+        if rec.result.is_conclusive() {
+            self.last_conclusive_probe.set(now_unix);
+        }
     }
 
     /// Brings `firstpacket_agent_scrapes_total` up to the watcher's absolute counts.
@@ -500,7 +525,7 @@ impl Metrics {
 }
 
 /// The metric families a standby serves (allow-list): what describes the process, not
-/// the probes.
+/// the probes (the process collector's families included).
 pub const STANDBY_FAMILIES: &[&str] = &[
     "firstpacket_build_info",
     "firstpacket_leader",
@@ -508,6 +533,13 @@ pub const STANDBY_FAMILIES: &[&str] = &[
     "firstpacket_state_bound",
     "firstpacket_api_outages_total",
     "firstpacket_api_outage_seconds_total",
+    "process_cpu_seconds_total",
+    "process_open_fds",
+    "process_max_fds",
+    "process_virtual_memory_bytes",
+    "process_resident_memory_bytes",
+    "process_start_time_seconds",
+    "process_threads",
 ];
 
 #[cfg(test)]
@@ -588,5 +620,61 @@ mod tests {
         m.node_removed("node-2");
         let text = m.render();
         assert!(!text.contains(r#"node="node-2""#), "{text}");
+    }
+
+    #[test]
+    fn inconclusive_probes_leave_the_last_conclusive_timestamp_alone() {
+        let m = Metrics::new(&[ProbeKind::CrossNode]);
+        let conclusive = "firstpacket_last_conclusive_probe_timestamp_seconds ";
+        let any = "firstpacket_last_probe_timestamp_seconds ";
+        assert_eq!(value(&m.render(), conclusive), Some(0.0));
+        let ok = crate::record::test_record("a", "node-1", "node-2", ProbeResult::Success);
+        m.observe(&ok, 100.0);
+        let mut blind =
+            crate::record::test_record("b", "node-1", "node-2", ProbeResult::Inconclusive);
+        blind.reason = Some(Reason::ApiError);
+        m.observe(&blind, 160.0);
+        let text = m.render();
+        assert_eq!(value(&text, conclusive), Some(100.0));
+        assert_eq!(value(&text, any), Some(160.0));
+        assert_eq!(
+            value(
+                &text,
+                r#"firstpacket_probes_total{kind="cross_node",reason="api_error",result="inconclusive"}"#
+            ),
+            Some(1.0)
+        );
+        let failed = crate::record::test_record("c", "node-1", "node-2", ProbeResult::Failed);
+        m.observe(&failed, 170.0);
+        assert_eq!(value(&m.render(), conclusive), Some(170.0));
+    }
+
+    #[test]
+    fn suspects_and_engine_faults_exist_at_zero_and_process_metrics_are_served_on_a_standby() {
+        let m = Metrics::new(&[ProbeKind::CrossNode]);
+        m.node_added("node-1");
+        let text = m.render();
+        for s in Signal::ALL {
+            let series = format!(
+                r#"firstpacket_suspects_total{{node="node-1",signal="{}"}}"#,
+                s.as_str()
+            );
+            assert_eq!(value(&text, &series), Some(0.0), "{series}");
+        }
+        for f in ["create_forbidden", "delete_forbidden", "admission_rejected"] {
+            let series = format!(r#"firstpacket_engine_faults_total{{fault="{f}"}}"#);
+            assert_eq!(value(&text, &series), Some(0.0), "{series}");
+        }
+        let started = value(&text, "process_start_time_seconds ").expect("process metrics");
+        assert!(started > 1.0e9, "{started}");
+        assert!(value(&text, "process_resident_memory_bytes ").is_some_and(|b| b > 0.0));
+        m.leader.set(0);
+        let standby = m.render();
+        assert!(standby.contains("process_cpu_seconds_total "), "{standby}");
+        assert!(standby.contains("firstpacket_build_info"), "{standby}");
+        assert!(!standby.contains("firstpacket_suspects_total"), "{standby}");
+        m.leader.set(1);
+        m.node_removed("node-1");
+        assert!(!m.render().contains("firstpacket_suspects_total{"));
     }
 }
