@@ -35,10 +35,24 @@ fn tool(name: &str, args: &[&str]) -> String {
     text
 }
 
+/// `promtool check rules alerts/*.yaml`, as a user would run it: every YAML file
+/// directly in `alerts/` is a rule file (the Alertmanager example lives in
+/// `alerts/examples/`), and the rule file is among them.
 #[test]
 fn rules_pass_promtool_check_rules() {
-    let out = tool("promtool", &["check", "rules", mon::RULES]);
-    assert!(out.contains("SUCCESS"), "{out}");
+    let mut files: Vec<String> = std::fs::read_dir(mon::path("alerts"))
+        .expect("alerts/")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "yaml"))
+        .map(|p| format!("alerts/{}", p.file_name().unwrap().to_string_lossy()))
+        .collect();
+    files.sort();
+    assert!(files.iter().any(|f| f == mon::RULES), "{files:?}");
+    let mut args = vec!["check", "rules"];
+    args.extend(files.iter().map(String::as_str));
+    let out = tool("promtool", &args);
+    assert_eq!(out.matches("SUCCESS").count(), files.len(), "{out}");
 }
 
 #[test]
@@ -78,8 +92,13 @@ const REQUIRED_ALERTS: &[&str] = &[
     "FirstPacketNodeTTFPDrift",     // a node whose probes drift while others are fine
     "FirstPacketNodeAgentSuspects", // a node with active agent suspects (warning)
     "FirstPacketNoRecentProbe",     // no probe completed recently
-    "FirstPacketProberAbsent",      // prober absent
-    "FirstPacketNoLeader",          // no leader
+    // The prober cannot measure (issue 31): probes finish but say nothing.
+    "FirstPacketNoConclusiveProbe",   // no conclusive probe recently
+    "FirstPacketProbesInconclusive",  // inconclusive share, per reason
+    "FirstPacketProbeObjectsRefused", // engine faults: RBAC, admission
+    "FirstPacketAgentScrapesFailing", // agent scrapes failing
+    "FirstPacketProberAbsent",        // prober absent
+    "FirstPacketNoLeader",            // no leader
 ];
 
 /// GitHub's anchor of a Markdown heading: lower case, spaces to `-`, punctuation
@@ -354,6 +373,9 @@ fn dashboard_has_a_stable_uid_a_datasource_variable_rate_interval_and_utc() {
         "Agent suspects",
         "Probe pod start-up phases (p90)",
         "Lap time",
+        "Inconclusive share by reason (10 m)",
+        "Refused probe objects",
+        "Since the last conclusive probe",
     ] {
         assert!(titles.contains(&want), "no panel {want:?}: {titles:?}");
     }
@@ -422,4 +444,32 @@ fn metric_names_are_read_from_expressions_not_recording_rules() {
         names.into_iter().collect::<Vec<_>>(),
         vec!["firstpacket_probes_total"]
     );
+}
+
+/// The Helm chart's `alerts.runbookURL` default is the document every `runbook_url` of
+/// the rule file points into (the template replaces that document, keeping each
+/// alert's `#anchor`), so the chart's default output equals the kustomize
+/// PrometheusRule's URLs.
+#[test]
+fn helm_runbook_url_default_is_the_rule_files_runbooks_document() {
+    let values: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&mon::read("manifests/helm/firstpacket/values.yaml"))
+            .expect("values.yaml");
+    let base = values["alerts"]["runbookURL"]
+        .as_str()
+        .expect("alerts.runbookURL in values.yaml");
+    assert!(
+        base.ends_with(mon::RUNBOOKS) && !base.contains('#'),
+        "{base}"
+    );
+    let mut alerts = 0;
+    for (_, r) in mon::rules(&mon::read(mon::RULES)) {
+        let Some(name) = field(&r, "alert") else {
+            continue;
+        };
+        let url = r["annotations"]["runbook_url"].as_str().unwrap_or_default();
+        assert_eq!(url, format!("{base}#{}", anchor(name)), "{name}");
+        alerts += 1;
+    }
+    assert!(alerts >= REQUIRED_ALERTS.len());
 }

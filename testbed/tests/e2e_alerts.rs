@@ -3,9 +3,9 @@
 //! (4 nodes; node-1 and node-4 labelled `os=ubuntu2004`), one `prober run` on a
 //! non-default admin port, Prometheus scraping it every second and evaluating
 //! `alerts/firstpacket.rules.yaml` every second, Alertmanager with the example routing
-//! and inhibition of `alerts/alertmanager.example.yaml`, and a webhook receiver (a tiny
-//! test server, `tests/monitoring/webhook.py`) — all in the testbed's host network
-//! namespace. The phases, by fault:
+//! and inhibition of `alerts/examples/alertmanager.example.yaml`, and a webhook receiver
+//! (a tiny test server, `tests/monitoring/webhook.py`) — all in the testbed's host
+//! network namespace. The phases, by fault:
 //!
 //! - **S1** (healthy): no alert reaches the webhook and none fires in Prometheus.
 //! - **S5** (node-1 and node-4 slower, their agents counting failures): every metric name

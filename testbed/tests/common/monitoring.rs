@@ -1,9 +1,10 @@
 //! The monitoring files of the repository — `alerts/firstpacket.rules.yaml`,
-//! `alerts/alertmanager.example.yaml`, `dashboards/firstpacket.json` — as the tests read
-//! them: the metric names their expressions use, the generated copies (PrometheusRule,
-//! the Helm chart's rules file, the dashboard ConfigMap), the time-scaled rule file the
-//! end-to-end test loads into a real Prometheus, and the dashboard's queries with
-//! Grafana's variables substituted.
+//! `alerts/examples/alertmanager.example.yaml` (kept out of `alerts/*.yaml`, so
+//! `promtool check rules alerts/*.yaml` reads rule files only),
+//! `dashboards/firstpacket.json` — as the tests read them: the metric names their
+//! expressions use, the generated copies (PrometheusRule, the Helm chart's rules file,
+//! the dashboard ConfigMap), the time-scaled rule file the end-to-end test loads into a
+//! real Prometheus, and the dashboard's queries with Grafana's variables substituted.
 
 use super::repo_file;
 use serde_json::Value as Json;
@@ -17,7 +18,7 @@ pub const RULE_TESTS: &str = "alerts/tests";
 /// The runbooks the alerts' `runbook_url` point into.
 pub const RUNBOOKS: &str = "alerts/runbooks.md";
 /// The example Alertmanager configuration.
-pub const ALERTMANAGER_EXAMPLE: &str = "alerts/alertmanager.example.yaml";
+pub const ALERTMANAGER_EXAMPLE: &str = "alerts/examples/alertmanager.example.yaml";
 /// The Grafana dashboard.
 pub const DASHBOARD: &str = "dashboards/firstpacket.json";
 
