@@ -701,12 +701,18 @@ pub type BestPeers = BTreeMap<String, (f64, String, usize)>;
 /// docs, "Per-node attribution": per role the lowest per-peer quantile, the higher of
 /// the two roles): node → (that value, its peer, the node's samples). Nodes without
 /// such a probe are absent.
+///
+/// Peers in `exclude` (nodes named by their own evidence, crate `blame`) are left out
+/// when another node is judged: a node that met only such peers cannot be told apart
+/// from them and is absent (issue 31: under S2 a healthy node whose peers were all
+/// the slow ones was reported slow with every peer).
 pub fn best_peers(
     probes: &[ProbeRecord],
     kind: &str,
     q: f64,
+    exclude: &BTreeSet<String>,
 ) -> BTreeMap<String, (f64, String, usize)> {
-    by_node_and_peer(probes, kind)
+    by_node_and_peer(probes, kind, exclude)
         .into_iter()
         .filter_map(|(n, groups)| {
             let count: usize = groups.values().map(Vec::len).sum();
@@ -719,9 +725,12 @@ pub fn best_peers(
 /// node (itself for same-node probes). TTFPs of `success`/`slow` probes of `kind`.
 type PeerGroups<'a> = BTreeMap<(bool, &'a str), Vec<f64>>;
 
+/// [`PeerGroups`] per node, leaving out of each node's groups the peers in `exclude`
+/// (never the node itself).
 fn by_node_and_peer<'a>(
     probes: &'a [ProbeRecord],
     kind: &str,
+    exclude: &BTreeSet<String>,
 ) -> BTreeMap<&'a str, PeerGroups<'a>> {
     let mut out: BTreeMap<&str, PeerGroups<'a>> = BTreeMap::new();
     for p in probes.iter().filter(|p| p.kind == kind) {
@@ -730,12 +739,14 @@ fn by_node_and_peer<'a>(
         }
         let Some(t) = p.ttfp_seconds else { continue };
         let (s, d) = (p.source.node.as_str(), p.target.node.as_str());
-        out.entry(s)
-            .or_default()
-            .entry((true, d))
-            .or_default()
-            .push(t);
-        if s != d {
+        if s == d || !exclude.contains(d) {
+            out.entry(s)
+                .or_default()
+                .entry((true, d))
+                .or_default()
+                .push(t);
+        }
+        if s != d && !exclude.contains(s) {
             out.entry(d)
                 .or_default()
                 .entry((false, s))
@@ -834,7 +845,7 @@ pub fn save(
     let mut out = BTreeMap::new();
     for k in kinds {
         let all: Vec<f64> = passed_ttfps(probes, k).collect();
-        let nodes = by_node_and_peer(probes, k)
+        let nodes = by_node_and_peer(probes, k, &BTreeSet::new())
             .into_iter()
             .map(|(n, groups)| {
                 let role = |r: bool| -> Vec<f64> {
@@ -930,7 +941,7 @@ fn entry(
 /// Per node: the programming waits (seconds) of the kind's `success`/`slow` probes'
 /// pods on it, either role (issue 29: a pod's wait is its own node's, so no peer
 /// grouping is needed).
-fn node_programming_waits<'a>(
+pub fn node_programming_waits<'a>(
     probes: &'a [ProbeRecord],
     kind: &str,
 ) -> BTreeMap<&'a str, Vec<f64>> {
@@ -1037,6 +1048,8 @@ pub fn compare(
     let mut warnings = Vec::new();
     let mut entries = Vec::new();
     let mut few = Vec::new();
+    // Nodes named by their own evidence are left out as peers (crate `blame`).
+    let evidenced: BTreeSet<String> = crate::blame::evidenced_nodes(probes).into_keys().collect();
     for k in kinds {
         let Some(base) = saved.kinds.get(*k) else {
             warnings.push(format!(
@@ -1052,7 +1065,7 @@ pub fn compare(
             few.push(format!("{k} ({})", base.all.n));
         }
         entries.push(e);
-        let groups = by_node_and_peer(probes, k);
+        let groups = by_node_and_peer(probes, k, &evidenced);
         let q = q_value(&c.quantile);
         let mut nodes: BTreeSet<&str> = groups.keys().copied().collect();
         nodes.extend(base.nodes.keys().map(String::as_str));

@@ -80,50 +80,36 @@ fn count(probes: &[ProbeRecord], r: ProbeResult) -> u64 {
 
 /// Nodes where every conclusive probe touching them (as source or target) was slow or
 /// failed, at least 2 of them (one probe says nothing about a node: its other end may
-/// be the cause). Sorted by name.
+/// be the cause), on the node's own evidence (crate `blame`, issue 31): a bad probe
+/// does not count against a node when its own-pod evidence names the other end only,
+/// or when it names neither and the other end, not this node, is named by its own
+/// evidence in the run. Sorted by name.
 pub fn suspect_nodes(probes: &[ProbeRecord]) -> Vec<String> {
+    let evidenced = crate::blame::evidenced_nodes(probes);
     let mut seen: BTreeMap<&str, (u64, u64)> = BTreeMap::new(); // (conclusive, bad)
     for p in probes.iter().filter(|p| p.result.is_conclusive()) {
         let bad = matches!(p.result, ProbeResult::Slow | ProbeResult::Failed);
-        // A programming wait names its own pod: the other end's node was fine.
-        let blamed = programming_blamed_nodes(p);
-        let mut nodes = vec![p.source.node.as_str(), p.target.node.as_str()];
+        // Own-pod evidence (a pod never Ready, a programming wait) names its own node:
+        // the other end's node was fine.
+        let blamed = crate::blame::own_blame(p);
+        let (s, t) = (p.source.node.as_str(), p.target.node.as_str());
+        let mut nodes = vec![s, t];
         nodes.dedup();
         for n in nodes {
+            let other = if n == s { t } else { s };
+            let counts = match &blamed {
+                Some(b) => b.contains(&n),
+                None => evidenced.contains_key(n) || !evidenced.contains_key(other),
+            };
             let e = seen.entry(n).or_default();
             e.0 += 1;
-            e.1 += u64::from(bad && blamed.as_ref().is_none_or(|b| b.contains(&n)));
+            e.1 += u64::from(bad && counts);
         }
     }
     seen.into_iter()
         .filter(|(_, (c, b))| *c >= 2 && b == c)
         .map(|(n, _)| n.to_string())
         .collect()
-}
-
-/// The nodes a probe's programming blames (issue 29: the wait is measured in the pod,
-/// so it names its node alone). For a `slow` / `endpoint_programming_slow` probe: the
-/// nodes whose pod's own programming wait was over the threshold; for a `failed` /
-/// `endpoint_never_programmed` probe, the source's node. `None` for every other probe
-/// (both nodes share the blame).
-pub fn programming_blamed_nodes(p: &ProbeRecord) -> Option<Vec<&str>> {
-    if p.reason == Some(Reason::EndpointNeverProgrammed) {
-        return Some(vec![p.source.node.as_str()]);
-    }
-    if p.reason != Some(Reason::EndpointProgrammingSlow) {
-        return None;
-    }
-    let prog = p.programming.as_ref()?;
-    let mut nodes = Vec::new();
-    for (w, node) in [
-        (&prog.source, &p.source.node),
-        (&prog.target, &p.target.node),
-    ] {
-        if w.as_ref().is_some_and(|w| w.over_threshold) {
-            nodes.push(node.as_str());
-        }
-    }
-    Some(nodes)
 }
 
 fn passed(p: &ProbeRecord) -> bool {
@@ -1053,7 +1039,11 @@ pub fn programming_lines(report: &GateReport) -> String {
             Some(false) => after += 1,
             None => {}
         }
-        if let Some(nodes) = programming_blamed_nodes(p) {
+        let programming = matches!(
+            p.reason,
+            Some(Reason::EndpointProgrammingSlow | Reason::EndpointNeverProgrammed)
+        );
+        if let Some(nodes) = crate::blame::own_blame(p).filter(|_| programming) {
             for n in nodes {
                 *slow.entry(n).or_default() += 1;
             }

@@ -28,6 +28,7 @@
 
 use crate::baseline::{best_peers, regression_lines};
 use firstpacket_report::{GateReport, ProbeRecord, ProbeResult};
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 /// Escapes text for XML attributes and content; drops characters XML 1.0 forbids.
@@ -168,20 +169,41 @@ fn kind_cases(report: &GateReport, kinds: &[String]) -> Vec<Case> {
     cases
 }
 
-/// One case per node: failed when it is slow with every peer, every probe touching it
-/// was bad, or it regressed against the baseline.
+/// One case per node, failed only on the node's own evidence (issue 31: the cases
+/// follow the text diagnosis, crate `blame`): its own pods failed (never Ready, never
+/// programmed), its own pods' programming wait p95 is over `--max-ttfp`, it is slow
+/// with every peer not itself named by its own evidence, every probe touching it was
+/// bad (the gate's `slow_nodes` rule), or it regressed against the baseline.
 fn node_cases(report: &GateReport, kinds: &[String]) -> Vec<Case> {
     let max = report.thresholds.max_ttfp_seconds;
     let cmp = report.baseline.as_ref();
     let mut cases = Vec::new();
     let suspects = crate::gate::suspect_nodes(&report.probes);
+    let evidenced = crate::blame::evidenced_nodes(&report.probes);
+    let exclude: BTreeSet<String> = evidenced.keys().cloned().collect();
     let best: Vec<(String, crate::baseline::BestPeers)> = kinds
         .iter()
-        .map(|k| (k.clone(), best_peers(&report.probes, k, 0.95)))
+        .map(|k| (k.clone(), best_peers(&report.probes, k, 0.95, &exclude)))
         .collect();
+    let own_failed = own_failures(&report.probes);
     for n in &report.nodes {
         let node = &n.node;
         let mut why = Vec::new();
+        if let Some(rs) = own_failed.get(node.as_str()) {
+            let list: Vec<String> = rs.iter().map(|(r, c)| format!("{r} ×{c}")).collect();
+            why.push(format!("its own pods failed: {}", list.join(", ")));
+        }
+        for k in kinds {
+            let waits = crate::baseline::node_programming_waits(&report.probes, k);
+            let w = waits
+                .get(node.as_str())
+                .and_then(|v| crate::stats::nearest_rank(v, 0.95));
+            if let Some(w) = w.filter(|w| *w > max) {
+                why.push(format!(
+                    "{k}: its pods' programming wait p95 {w:.3}s > --max-ttfp {max:.3}s"
+                ));
+            }
+        }
         for (k, b) in &best {
             if let Some((x, peer, count)) = b.get(node).filter(|b| b.0 > max) {
                 why.push(format!(
@@ -193,22 +215,16 @@ fn node_cases(report: &GateReport, kinds: &[String]) -> Vec<Case> {
             why.push("every conclusive probe touching it was slow or failed".into());
         }
         if let Some(c) = cmp {
-            for e in c
-                .entries
-                .iter()
-                .filter(|e| e.node.as_deref() == Some(node) && e.regressed)
-            {
-                why.push(format!(
-                    "{}: baseline {} {:.3}s vs {:.3}s (x{:.1}, +{:.3}s; best peer {})",
-                    e.kind,
-                    c.quantile,
-                    e.current_seconds.unwrap_or(f64::NAN),
-                    e.baseline_seconds.unwrap_or(f64::NAN),
-                    e.ratio.unwrap_or(f64::NAN),
-                    e.current_seconds.unwrap_or(f64::NAN) - e.baseline_seconds.unwrap_or(f64::NAN),
-                    e.best_peer.as_deref().unwrap_or("-")
-                ));
-            }
+            why.extend(baseline_why(c, node));
+        }
+        let agent: Vec<&str> = evidenced
+            .get(node)
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.strip_prefix("agent "))
+            .collect();
+        if !why.is_empty() && !agent.is_empty() {
+            why.push(format!("its agent: {}", agent.join(", ")));
         }
         let body: Vec<String> = report
             .probes
@@ -238,6 +254,44 @@ fn node_cases(report: &GateReport, kinds: &[String]) -> Vec<Case> {
         });
     }
     cases
+}
+
+/// Per node, its own pods' failures by reason (crate `blame`: never Ready, never
+/// programmed), counted over `failed` probes.
+fn own_failures(probes: &[ProbeRecord]) -> BTreeMap<&str, BTreeMap<&'static str, u64>> {
+    let mut out: BTreeMap<&str, BTreeMap<&'static str, u64>> = BTreeMap::new();
+    for p in probes.iter().filter(|p| p.result == ProbeResult::Failed) {
+        if let (Some(nodes), Some(r)) = (crate::blame::own_blame(p), p.reason) {
+            for n in nodes {
+                *out.entry(n).or_default().entry(r.as_str()).or_default() += 1;
+            }
+        }
+    }
+    out
+}
+
+/// One line per baseline entry of `node` that regressed.
+fn baseline_why(c: &firstpacket_report::BaselineComparison, node: &str) -> Vec<String> {
+    c.entries
+        .iter()
+        .filter(|e| e.node.as_deref() == Some(node) && e.regressed)
+        .map(|e| {
+            let what = match e.metric {
+                firstpacket_report::BaselineMetric::ProgrammingWait => " programming wait",
+                _ => "",
+            };
+            format!(
+                "{}{what}: baseline {} {:.3}s vs {:.3}s (x{:.1}, +{:.3}s; best peer {})",
+                e.kind,
+                c.quantile,
+                e.current_seconds.unwrap_or(f64::NAN),
+                e.baseline_seconds.unwrap_or(f64::NAN),
+                e.ratio.unwrap_or(f64::NAN),
+                e.current_seconds.unwrap_or(f64::NAN) - e.baseline_seconds.unwrap_or(f64::NAN),
+                e.best_peer.as_deref().unwrap_or("-")
+            )
+        })
+        .collect()
 }
 
 /// The baseline comparison's case: skipped without `--baseline` (or after a run error),
@@ -364,6 +418,15 @@ mod tests {
                 probes.push(r);
             }
         }
+        report_of(probes, baseline)
+    }
+
+    /// The gate report of `probes` (thresholds 60 s, no failure allowed), compared with
+    /// `baseline` when given.
+    fn report_of(
+        probes: Vec<ProbeRecord>,
+        baseline: Option<&crate::baseline::SavedBaseline>,
+    ) -> GateReport {
         let mut rep = crate::gate::build_report(
             probes,
             &[],
@@ -471,6 +534,123 @@ mod tests {
         let again = report(&[], Some(&saved));
         assert_eq!(again.exit_code, 0);
         assert!(!render(&again).contains("<failure"));
+    }
+
+    /// The names of the failing testcases, in document order.
+    fn failing(xml: &str) -> Vec<&str> {
+        xml.lines()
+            .filter(|l| l.contains("<failure"))
+            .filter_map(|l| l.split(" name=\"").nth(1)?.split('"').next())
+            .collect()
+    }
+
+    /// A 4-probe ring under S2 (n2, n3 slow): n1 and n4 met only n2 and n3, so their
+    /// TTFPs alone look as bad as the slow nodes'.
+    fn s2_ring(gated: bool) -> Vec<ProbeRecord> {
+        use firstpacket_report::{
+            ProbeProgramming, ProgrammingMethod, ProgrammingWait, Reason, Role, Signal, Suspect,
+        };
+        let slow = ["n2", "n3"];
+        [("n1", "n2"), ("n2", "n4"), ("n3", "n1"), ("n4", "n3")]
+            .into_iter()
+            .enumerate()
+            .map(|(i, (src, dst))| {
+                let mut r =
+                    crate::record::test_record(&format!("p{i}"), src, dst, ProbeResult::Slow);
+                let wait = |n: &str| ProgrammingWait {
+                    method: ProgrammingMethod::NodeDial,
+                    wait_seconds: if slow.contains(&n) { 20.0 } else { 0.2 },
+                    resolution_seconds: 0.1,
+                    over_threshold: slow.contains(&n),
+                };
+                if gated {
+                    // The wait is before Ready, in the slow node's own pod; TTFP ≈ 0.
+                    r.reason = Some(Reason::EndpointProgrammingSlow);
+                    r.ttfp_seconds = Some(0.05);
+                    r.programming = Some(ProbeProgramming {
+                        source: Some(wait(src)),
+                        target: Some(wait(dst)),
+                        readiness_gated: Some(true),
+                    });
+                } else {
+                    r.reason = Some(Reason::TtfpOverThreshold);
+                    r.ttfp_seconds = Some(70.0);
+                }
+                let (node, role) = if slow.contains(&src) {
+                    (src, Role::Source)
+                } else {
+                    (dst, Role::Target)
+                };
+                r.suspects = vec![Suspect {
+                    node: node.into(),
+                    role,
+                    signal: Signal::DataplaneApplySlow,
+                    evidence: serde_json::json!({"apply_mean_seconds": 1.0}),
+                }];
+                r
+            })
+            .collect()
+    }
+
+    /// Issue 31: under S2 the baseline comparison and the JUnit node cases blame exactly
+    /// the slow nodes, also when the healthy ones met only slow peers — the delay after
+    /// Ready (TTFP) or before it (programming waits).
+    #[test]
+    fn s2_blames_exactly_the_slow_nodes_when_the_healthy_ones_met_only_slow_peers() {
+        let healthy = report(&[], None);
+        let mut saved = crate::baseline::save(
+            &healthy.probes,
+            &["cross_node"],
+            Default::default(),
+            "gate-x",
+            "t0",
+        );
+        // The healthy baseline's programming waits: 0.2 s on every node.
+        for n in ["n1", "n2", "n3", "n4"] {
+            saved
+                .kinds
+                .get_mut("cross_node")
+                .unwrap()
+                .programming_wait
+                .insert(n.into(), crate::baseline::Quantiles::of(&[0.2, 0.2, 0.2]));
+        }
+        for gated in [false, true] {
+            let rep = report_of(s2_ring(gated), Some(&saved));
+            let regressed: BTreeSet<&str> = rep
+                .baseline
+                .as_ref()
+                .unwrap()
+                .entries
+                .iter()
+                .filter(|e| e.regressed)
+                .filter_map(|e| e.node.as_deref())
+                .collect();
+            assert_eq!(
+                regressed,
+                BTreeSet::from(["n2", "n3"]),
+                "gated {gated}: {:#?}",
+                rep.baseline
+            );
+            let xml = render(&rep);
+            let nodes: Vec<&str> = failing(&xml)
+                .into_iter()
+                .filter(|n| n.starts_with('n'))
+                .collect();
+            assert_eq!(nodes, ["n2", "n3"], "gated {gated}: {xml}");
+            assert!(xml.contains("its agent: dataplane_apply_slow"), "{xml}");
+            assert_eq!(
+                crate::gate::suspect_nodes(&rep.probes),
+                ["n2", "n3"],
+                "gated {gated}"
+            );
+        }
+        // Without the agents' word (no suspects) and with the delay in TTFP, n1 and n4
+        // cannot be told apart from their slow peers: every node is named, as before.
+        let mut blind = s2_ring(false);
+        for p in &mut blind {
+            p.suspects.clear();
+        }
+        assert_eq!(crate::gate::suspect_nodes(&blind), ["n1", "n2", "n3", "n4"]);
     }
 
     #[test]

@@ -41,6 +41,7 @@ pub mod api;
 pub mod apihealth;
 pub mod baseline;
 pub mod baseline_store;
+pub mod blame;
 pub mod bounds;
 pub mod cleanup;
 pub mod config;

@@ -167,20 +167,72 @@ fn check_s2(code: i32, report: &Value, text: &str) {
     assert!(text.contains("apply_mean_seconds"), "{text}");
 }
 
+/// Issue 31: the baseline comparison and the JUnit node cases of an S2 gate blame the
+/// apply-loop nodes only — every failing node case is node-2 or node-3, both fail, and
+/// no healthy node is a regressed baseline entry or in "nodes with only slow/failed
+/// probes".
+fn check_s2_blame(report: &Value, text: &str, junit: &std::path::Path) {
+    let slow = BTreeSet::from(["node-2".to_string(), "node-3".to_string()]);
+    let xml = std::fs::read_to_string(junit).expect("junit file");
+    let failing: BTreeSet<String> = xml
+        .lines()
+        .filter(|l| l.contains("classname=\"firstpacket.node\"") && l.contains("<failure"))
+        .filter_map(|l| l.split(" name=\"").nth(1)?.split('"').next())
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(failing, slow, "JUnit node cases\n{xml}\n{text}");
+    let regressed: BTreeSet<String> = report["baseline"]["entries"]
+        .as_array()
+        .expect("baseline entries")
+        .iter()
+        .filter(|e| e["regressed"] == true)
+        .filter_map(|e| e["node"].as_str().map(str::to_owned))
+        .collect();
+    assert!(
+        regressed.is_subset(&slow),
+        "regressed {regressed:?}\n{:#}\n{text}",
+        report["baseline"]
+    );
+    if let Some(line) = text
+        .lines()
+        .find(|l| l.starts_with("nodes with only slow/failed probes:"))
+    {
+        assert!(
+            !line.contains("node-1") && !line.contains("node-4"),
+            "{line}\n{text}"
+        );
+    }
+}
+
 #[test]
 fn s2_suspects_are_the_apply_loop_nodes_direct_and_through_the_proxy() {
     let _g = lock();
-    let fault = common::fault_file("s2-apply-loop.yaml");
     let tb = Testbed::up(
         "agents-s2",
         4,
-        &fault,
+        &common::fault_file("s1-healthy.yaml"),
         &["--node-labels", "node-2=os=debian13,node-3=os=debian13"],
     );
+    // A healthy baseline first, then S2 against it.
+    let baseline = tb.state.join("baseline.json");
+    let junit = tb.state.join("junit.xml");
+    let mut args = vec!["--save-baseline", baseline.to_str().unwrap()];
+    args.extend_from_slice(QUICK);
+    let (code, _, text) = tb.gate(&args);
+    assert_eq!(code, 0, "healthy baseline gate\n{text}");
+    tb.set_fault(&common::fault_file("s2-apply-loop.yaml"));
     let mut args = vec!["--group-by-label", "os", "--agent-scrape", "direct"];
     args.extend_from_slice(QUICK);
+    let with_baseline = [
+        "--baseline",
+        baseline.to_str().unwrap(),
+        "--junit",
+        junit.to_str().unwrap(),
+    ];
+    args.extend_from_slice(&with_baseline);
     let (code, report, text) = gate_logged(&tb, "info,prober::agents=debug", &args);
     check_s2(code, &report, &text);
+    check_s2_blame(&report, &text, &junit);
     // The simulated agent gates readiness by default, as Calico does: the debian13 pods
     // are not Ready before their endpoints are programmed, so no probe got as far as a
     // slow TTFP.
@@ -210,8 +262,11 @@ fn s2_suspects_are_the_apply_loop_nodes_direct_and_through_the_proxy() {
     // The same scenario on an agent that does not gate readiness (issue 29): the wait
     // lands after Ready, in TTFP, and the verdict is the same.
     tb.set_fault(&common::fault_file("s2-apply-loop-ungated.yaml"));
-    let (code, report, text) = tb.gate(QUICK);
+    let mut args = QUICK.to_vec();
+    args.extend_from_slice(&with_baseline);
+    let (code, report, text) = tb.gate(&args);
     check_s2(code, &report, &text);
+    check_s2_blame(&report, &text, &junit);
     let reasons: BTreeSet<&str> = report["probes"]
         .as_array()
         .unwrap()
