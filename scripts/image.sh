@@ -21,7 +21,7 @@
 #                     `podman load` and `ctr images import` read)
 #   NAME.digest       the manifest digest (sha256:…)
 # `testbed up` runs these images by default (its --image-dir defaults to this directory).
-# Publishing: `crane push target/images/NAME ghcr.io/firstpacket/NAME:VERSION` (README).
+# Publishing: `crane push target/images/NAME ghcr.io/firstpacket/NAME:VERSION` (docs/src/install.md).
 #
 # The binaries are built with the release profile into their own target directory,
 # outside the checkout like crane (FIRSTPACKET_IMAGE_TARGET_DIR, default

@@ -361,8 +361,8 @@ pub struct ProbeArgs {
 
     /// Node-agent profiles file (YAML or JSON: `profiles:` adds or replaces, `disable:`
     /// drops the built-in calico-felix, cilium-agent, kube-proxy and aws-node profiles;
-    /// schema in prober/src/agents/profiles.rs and the README section "Node-agent
-    /// metrics"). Without it the built-ins are used.
+    /// schema in docs/agent-config.md and prober/src/agents/profiles.rs; the book's
+    /// chapter docs/src/node-agents.md). Without it the built-ins are used.
     #[arg(long, env = "FIRSTPACKET_AGENT_CONFIG")]
     pub agent_config: Option<std::path::PathBuf>,
 

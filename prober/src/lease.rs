@@ -93,7 +93,7 @@ impl InstanceLease {
     ///
     /// Errors: the API's answer to the create (or, when the Lease exists, the renewal),
     /// e.g. 403 when RBAC does not grant `create leases` (the caller decides whether
-    /// that is fatal: see README "RBAC").
+    /// that is fatal: see the RBAC table in docs/src/install.md).
     pub async fn acquire(
         client: kube::Client,
         namespace: &str,

@@ -1,4 +1,4 @@
-//! The middle tier (README "Quick start": the three test tiers): the prober's engine —
+//! The middle tier (docs/src/architecture.md: the three test tiers): the prober's engine —
 //! `prober gate`, `prober run`, `prober cleanup`, in-process — against the in-process
 //! cluster of [`cluster`], one file per area, all in this one test binary (one link, and
 //! the tests of every file run side by side: most of their time is waiting, so run them

@@ -1,7 +1,7 @@
-//! Middle tier: the prober's RBAC, `manifests/base/rbac.yaml`, against README's "RBAC"
+//! Middle tier: the prober's RBAC, `manifests/base/rbac.yaml`, against the book's "RBAC"
 //! table.
 //!
-//! - README's table lists exactly what `rbac.yaml` grants (no cluster needed);
+//! - the table lists exactly what `rbac.yaml` grants (no cluster needed);
 //! - for each row of that table, one test takes that (verb, resource) away — the testbed
 //!   Store's [`Store::deny`](testbed::api::Store::deny) / `deny_in`, the refusal `testbed
 //!   api deny` makes, worded as kube-apiserver's RBAC authorizer words it — and checks
@@ -130,7 +130,7 @@ fn granted(yaml: &str) -> BTreeSet<Grant> {
     out
 }
 
-/// One row of README's RBAC table.
+/// One row of the book's RBAC table.
 #[derive(Debug, Clone)]
 struct Row {
     resource: String,
@@ -149,12 +149,12 @@ impl Row {
     }
 }
 
-/// README's RBAC table, row by row.
+/// the book's RBAC table (the book's `docs/src/install.md`), row by row.
 fn readme_rbac_rows() -> Vec<Row> {
-    let readme = read("README.md");
+    let readme = read("docs/src/install.md");
     let start = readme
         .find("\n## RBAC")
-        .expect("README has a `## RBAC` section");
+        .expect("docs/src/install.md has a `## RBAC` section");
     let section = &readme[start + 1..];
     let end = section[3..].find("\n## ").map_or(section.len(), |i| i + 3);
     section[..end]
@@ -166,7 +166,7 @@ fn readme_rbac_rows() -> Vec<Row> {
                 .split('|')
                 .map(|c| c.trim().trim_matches('`').to_owned())
                 .collect();
-            assert_eq!(cells.len(), 4, "README RBAC row {l:?}");
+            assert_eq!(cells.len(), 4, "RBAC table row {l:?}");
             Row {
                 resource: cells[0].clone(),
                 verb: cells[1].clone(),
@@ -177,7 +177,7 @@ fn readme_rbac_rows() -> Vec<Row> {
         .collect()
 }
 
-/// README's "where" cell as a scope: `every namespace` or `cluster` (a ClusterRole
+/// The RBAC table's "where" cell as a scope: `every namespace` or `cluster` (a ClusterRole
 /// bound cluster-wide), or `namespace NAME`.
 fn readme_scope(cell: &str) -> Scope {
     if cell == "every namespace" || cell == "cluster" {
@@ -185,40 +185,36 @@ fn readme_scope(cell: &str) -> Scope {
     } else if let Some(ns) = cell.strip_prefix("namespace ") {
         Scope::Namespace(ns.trim_matches('`').to_owned())
     } else {
-        panic!("README RBAC where-cell {cell:?}: want `every namespace` or `namespace NAME`")
+        panic!("RBAC table where-cell {cell:?}: want `every namespace` or `namespace NAME`")
     }
 }
 
-/// The README row of `verb` `resource`.
+/// The RBAC table's row of `verb` `resource`.
 fn row(resource: &str, verb: &str) -> Row {
     readme_rbac_rows()
         .into_iter()
         .find(|r| r.resource == resource && r.verb == verb)
-        .unwrap_or_else(|| panic!("README's RBAC table has no row {verb} {resource}"))
+        .unwrap_or_else(|| panic!("the book's RBAC table has no row {verb} {resource}"))
 }
 
 #[test]
 fn readme_rbac_table_lists_exactly_what_rbac_yaml_grants() {
     let rows = readme_rbac_rows();
-    assert!(!rows.is_empty(), "README's RBAC table has no rows");
+    assert!(!rows.is_empty(), "the book's RBAC table has no rows");
     let documented: BTreeSet<Grant> = rows
         .iter()
         .map(|r| (r.verb.clone(), r.resource.clone(), r.scope.clone()))
         .collect();
-    assert_eq!(
-        documented.len(),
-        rows.len(),
-        "a README RBAC row is repeated"
-    );
+    assert_eq!(documented.len(), rows.len(), "a RBAC table row is repeated");
     assert_eq!(
         documented,
         granted(&read("manifests/base/rbac.yaml")),
-        "README RBAC table vs rbac.yaml"
+        "RBAC table table vs rbac.yaml"
     );
     for r in &rows {
         assert!(
             r.fatal() || r.without.starts_with("**warning**"),
-            "README RBAC row {} {}: the without-it cell starts with **exit 2** or **warning**: {:?}",
+            "RBAC table row {} {}: the without-it cell starts with **exit 2** or **warning**: {:?}",
             r.verb,
             r.resource,
             r.without
@@ -226,7 +222,7 @@ fn readme_rbac_table_lists_exactly_what_rbac_yaml_grants() {
     }
 }
 
-/// Every README row has its test below (a row added to README and `rbac.yaml` without
+/// Every RBAC table row has its test below (a row added to the table and `rbac.yaml` without
 /// one fails here).
 #[test]
 fn every_readme_rbac_row_has_a_take_away_test() {
@@ -235,7 +231,7 @@ fn every_readme_rbac_row_has_a_take_away_test() {
         let name = format!("fn without_{}_{}", r.verb, r.resource.replace('/', "_"));
         assert!(
             src.contains(&name),
-            "no test `{name}…` for README's RBAC row {} {}",
+            "no test `{name}…` for the RBAC table's row {} {}",
             r.verb,
             r.resource
         );
@@ -310,7 +306,7 @@ struct Gated {
     log: String,
 }
 
-/// Takes README's row `verb` `resource` away, runs `prober gate --pairs 1` (+ `flags`),
+/// Takes the RBAC table's row `verb` `resource` away, runs `prober gate --pairs 1` (+ `flags`),
 /// and checks what the row's cell says: **exit 2** with the verb and resource named in
 /// `errors[]` or a probe's detail; or a **warning** naming them (report `warnings`, or a
 /// WARN log line) and a passing gate (this cluster is healthy: exit 0).
@@ -341,7 +337,7 @@ async fn gate_without(
     if row.fatal() {
         assert_eq!(
             code, 2,
-            "{label}: README says exit 2 ({})\n{report:#}\n{log}",
+            "{label}: the RBAC table says exit 2 ({})\n{report:#}\n{log}",
             row.without
         );
         let details = details(&report);
@@ -353,7 +349,7 @@ async fn gate_without(
     } else {
         assert_eq!(
             code, 0,
-            "{label}: README says a warning ({}); a healthy cluster passes\n{report:#}\n{log}",
+            "{label}: the RBAC table says a warning ({}); a healthy cluster passes\n{report:#}\n{log}",
             row.without
         );
         let logged = logs.warnings().iter().any(|l| names(l, &row));
@@ -401,7 +397,7 @@ fn spawn_run(c: &Cluster, extra: &[&str]) -> JoinHandle<Result<i32, prober::Erro
     tokio::spawn(prober::run_mode::run_continuous(args))
 }
 
-/// Takes README's `prober run` only row `verb` `resource` away, starts [`spawn_run`]
+/// Takes the RBAC table's `prober run` only row `verb` `resource` away, starts [`spawn_run`]
 /// with `extra`, and waits (at most `within`) for a WARN line naming the verb and the
 /// resource; checks the run is still going. Returns the run (abort it at the end).
 async fn run_without(
@@ -680,7 +676,7 @@ fn assert_proxy_refusal_warned(g: &Gated) {
     let warnings = g.report["warnings"].to_string();
     assert!(
         warnings.contains("agent_unreachable") && names(&warnings, &g.row),
-        "README: agent_unreachable, naming get pods/proxy: {warnings}\n{}",
+        "RBAC table: agent_unreachable, naming get pods/proxy: {warnings}\n{}",
         g.log
     );
 }

@@ -603,8 +603,8 @@ fn syntaxy_text() -> impl Strategy<Value = String> {
     .prop_map(|parts| parts.concat())
 }
 
-/// Cases per property: `FIRSTPACKET_FUZZ_CASES` (the long fuzz run, README "Hostile
-/// input"), else `PROPTEST_CASES`, else 200.
+/// Cases per property: `FIRSTPACKET_FUZZ_CASES` (the long fuzz run,
+/// docs/src/hostile-input.md), else `PROPTEST_CASES`, else 200.
 fn soak_cases() -> u32 {
     ["FIRSTPACKET_FUZZ_CASES", "PROPTEST_CASES"]
         .iter()

@@ -8,7 +8,7 @@
 //! requests get the routed answer; heads over the caps get 431.
 //!
 //! Cases per property: `FIRSTPACKET_FUZZ_CASES` (default 256, the smoke run of the
-//! default suite; the long run in README "Hostile input" sets e.g. 200000).
+//! default suite; the long run in docs/src/hostile-input.md sets e.g. 200000).
 
 use proptest::prelude::*;
 use std::sync::Arc;

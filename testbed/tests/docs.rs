@@ -2,8 +2,13 @@
 //! files, the manifests, every `--help` of the three binaries — and the code cite no file
 //! outside the repository (the team's design notes are not shipped), every repository
 //! path they cite exists, every fault file in `testbed/faults/` parses, and the
-//! `--agent-config` example in `docs/agent-config.md` is a valid profiles file. No
-//! testbed is started (the `--help` texts come from the built binaries).
+//! `--agent-config` example in `docs/agent-config.md` is a valid profiles file. README is
+//! the front door (at most [`README_MAX_LINES`] lines, the two set-up commands); the docs
+//! book (`docs/book.toml`, `docs/src/SUMMARY.md`) lists every chapter, every relative
+//! link and `#anchor` of README and the book resolves, and the reference tables (results
+//! and reasons, alerts) list everything the code has. No testbed is started (the `--help`
+//! texts come from the built binaries). `bash scripts/book.sh` builds the book and checks
+//! the built HTML's links as well.
 //!
 //! Needs the workspace binaries (`cargo build --workspace --bins`).
 
@@ -319,4 +324,349 @@ fn the_agent_config_example_in_the_docs_is_a_valid_profiles_file() {
             b.selector
         );
     }
+}
+
+/// README is the front door: at most this many lines (issue 31), everything else in the
+/// book.
+const README_MAX_LINES: usize = 250;
+
+/// The two set-up commands a new user runs on a fresh Linux machine, each alone in a
+/// ```` ```sh ```` block of README: the demo and the tests (`.ci/run` is what CI runs).
+const SETUP_COMMANDS: [&str; 2] = ["bash scripts/demo.sh", "bash .ci/run"];
+
+/// The book's chapters that must exist (issue 31): file name under `docs/src/`.
+const REQUIRED_CHAPTERS: [&str; 11] = [
+    "measurement.md",
+    "probe-kinds.md",
+    "results.md",
+    "metrics-alerts.md",
+    "testbed.md",
+    "faults.md",
+    "benchmarks.md",
+    "troubleshooting.md",
+    "architecture.md",
+    "design.md",
+    "scenarios.md",
+];
+
+#[test]
+fn readme_is_a_front_door_with_the_two_set_up_commands() {
+    let readme = std::fs::read_to_string(repo_file("README.md")).expect("README.md");
+    let lines = readme.lines().count();
+    assert!(
+        lines <= README_MAX_LINES,
+        "README.md has {lines} lines, more than {README_MAX_LINES}: move the details into the book (docs/src/)"
+    );
+    for cmd in SETUP_COMMANDS {
+        assert!(
+            readme.contains(&format!("```sh\n{cmd}\n```")),
+            "README.md has no ```sh block holding exactly `{cmd}`"
+        );
+    }
+    assert!(repo_file(".ci/run").exists(), ".ci/run is missing");
+    assert!(
+        repo_file("scripts/demo.sh").exists(),
+        "scripts/demo.sh is missing"
+    );
+}
+
+/// The chapters `docs/src/SUMMARY.md` links to, in order.
+fn summary_chapters() -> Vec<String> {
+    let summary = std::fs::read_to_string(repo_file("docs/src/SUMMARY.md")).expect("SUMMARY.md");
+    summary
+        .split("](")
+        .skip(1)
+        .filter_map(|p| p.find(')').map(|e| p[..e].to_owned()))
+        .collect()
+}
+
+#[test]
+fn the_book_lists_every_chapter_and_its_includes_exist() {
+    assert!(
+        repo_file("docs/book.toml").exists(),
+        "docs/book.toml is missing"
+    );
+    let chapters = summary_chapters();
+    for c in REQUIRED_CHAPTERS {
+        assert!(
+            chapters.iter().any(|x| x == c),
+            "docs/src/SUMMARY.md does not list the chapter {c}: {chapters:?}"
+        );
+    }
+    let mut files = Vec::new();
+    files_under(
+        &repo_file("docs/src"),
+        &|p: &Path| p.extension().is_some_and(|x| x == "md"),
+        &mut files,
+    );
+    for c in &chapters {
+        assert!(
+            repo_file("docs/src").join(c).exists(),
+            "docs/src/SUMMARY.md lists {c}, which does not exist"
+        );
+    }
+    for f in &files {
+        let name = rel(f);
+        let inner = name.strip_prefix("docs/src/").unwrap_or(&name);
+        assert!(
+            inner == "SUMMARY.md" || chapters.iter().any(|c| c == inner),
+            "{name} is not in docs/src/SUMMARY.md (mdBook would leave it out)"
+        );
+        // Every `{{#include PATH}}` names an existing file (mdBook fails on a missing one,
+        // but only when the book is built).
+        let text = std::fs::read_to_string(f).expect("read chapter");
+        for inc in includes(&text) {
+            assert!(
+                f.parent().expect("dir").join(&inc).exists(),
+                "{name}: {{{{#include {inc}}}}} names a file that does not exist"
+            );
+        }
+    }
+}
+
+/// The paths of the `{{#include PATH}}` directives in `text`.
+fn includes(text: &str) -> Vec<String> {
+    text.split("{{#include ")
+        .skip(1)
+        .filter_map(|p| p.find("}}").map(|e| p[..e].trim().to_owned()))
+        .collect()
+}
+
+/// `text` with its `{{#include PATH}}` directives replaced by the files' contents (`dir`:
+/// the directory PATH is relative to), as mdBook renders a chapter.
+fn expand_includes(text: &str, dir: &Path) -> String {
+    let mut out = text.to_owned();
+    for inc in includes(text) {
+        let body = std::fs::read_to_string(dir.join(&inc)).unwrap_or_default();
+        out = out.replace(&format!("{{{{#include {inc}}}}}"), &body);
+    }
+    out
+}
+
+/// The anchor mdBook and GitHub give a heading: lower case, letters, digits, `-` and `_`
+/// kept, spaces turned into `-`, everything else (backticks, punctuation) dropped.
+fn heading_anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .chars()
+        .filter_map(|c| {
+            if c.is_alphanumeric() || c == '_' || c == '-' {
+                Some(c.to_lowercase().next().unwrap_or(c))
+            } else if c == ' ' {
+                Some('-')
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+/// The anchors of the Markdown headings in `text` (outside code blocks).
+fn anchors(text: &str) -> Vec<String> {
+    let mut fence = false;
+    let mut out = Vec::new();
+    for l in text.lines() {
+        if l.starts_with("```") {
+            fence = !fence;
+        } else if !fence && l.starts_with('#') {
+            let h = l.trim_start_matches('#');
+            if h.starts_with(' ') {
+                out.push(heading_anchor(h));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_link_and_anchor_of_the_readme_and_the_book_resolves() {
+    assert_eq!(
+        heading_anchor(" RBAC (`manifests/base/rbac.yaml`)"),
+        "rbac-manifestsbaserbacyaml"
+    );
+    let mut docs = vec![repo_file("README.md")];
+    files_under(
+        &repo_file("docs"),
+        &|p: &Path| p.extension().is_some_and(|x| x == "md"),
+        &mut docs,
+    );
+    let mut bad = Vec::new();
+    let mut anchors_checked = 0;
+    for doc in &docs {
+        let dir = doc.parent().expect("dir").to_path_buf();
+        let text = std::fs::read_to_string(doc).expect("read");
+        let mut fence = false;
+        for line in text.lines() {
+            if line.starts_with("```") {
+                fence = !fence;
+            }
+            if fence {
+                continue;
+            }
+            for piece in line.split("](").skip(1) {
+                let Some(end) = piece.find(')') else { continue };
+                let link = &piece[..end];
+                if link.contains("://") || link.starts_with("mailto:") {
+                    continue;
+                }
+                let (path, anchor) = link.split_once('#').unwrap_or((link, ""));
+                let target = if path.is_empty() {
+                    doc.clone()
+                } else {
+                    dir.join(path)
+                };
+                if !target.exists() {
+                    bad.push(format!("{}: {link}: no such file", rel(doc)));
+                    continue;
+                }
+                if anchor.is_empty() || target.extension().is_none_or(|x| x != "md") {
+                    continue;
+                }
+                let body = std::fs::read_to_string(&target).expect("read link target");
+                let body = expand_includes(&body, target.parent().expect("dir"));
+                anchors_checked += 1;
+                if !anchors(&body).iter().any(|a| a == anchor) {
+                    bad.push(format!(
+                        "{}: {link}: no heading with the anchor #{anchor} in {}",
+                        rel(doc),
+                        rel(&target)
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        anchors_checked > 10,
+        "only {anchors_checked} anchors found: the extraction is broken"
+    );
+    assert!(bad.is_empty(), "broken links:\n{}", bad.join("\n"));
+}
+
+/// The rows of the first Markdown table in `text` whose first cell starts with a
+/// backticked name, as (first cell, whole row).
+fn table_rows(text: &str, header_starts: &str) -> Vec<(String, String)> {
+    let Some(start) = text.find(header_starts) else {
+        return Vec::new();
+    };
+    text[start..]
+        .lines()
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| {
+            let first = l.trim_matches('|').split('|').next().unwrap_or("").trim();
+            (first.to_owned(), l.to_owned())
+        })
+        .collect()
+}
+
+/// README's short table and the results reference's full one list every result with
+/// every reason of it (`firstpacket_report::Reason::result`), and no reason elsewhere.
+#[test]
+fn the_result_tables_list_every_reason_under_its_result() {
+    use firstpacket_report::{ProbeResult, Reason};
+    for (doc, header) in [
+        (
+            "README.md",
+            "| result | counts toward the verdict | reasons |",
+        ),
+        ("docs/src/results.md", "| result | reasons |"),
+    ] {
+        let text = std::fs::read_to_string(repo_file(doc)).expect("read");
+        let rows = table_rows(&text, header);
+        assert!(
+            !rows.is_empty(),
+            "{doc}: no results table starting {header:?}"
+        );
+        for class in ProbeResult::ALL {
+            let row = rows
+                .iter()
+                .find(|(first, _)| first.starts_with(&format!("`{}`", class.as_str())))
+                .unwrap_or_else(|| {
+                    panic!("{doc}: the results table has no row `{}`", class.as_str())
+                });
+            for r in Reason::ALL {
+                let named = row.1.contains(&format!("`{}`", r.as_str()));
+                assert_eq!(
+                    named,
+                    r.result() == class,
+                    "{doc}: reason `{}` (result `{}`) in the row of `{}`: {}",
+                    r.as_str(),
+                    r.result().as_str(),
+                    class.as_str(),
+                    if named {
+                        "listed in the wrong row"
+                    } else {
+                        "missing"
+                    }
+                );
+            }
+        }
+    }
+}
+
+/// The results reference's table of reasons has one row per reason, naming its result.
+#[test]
+fn the_reasons_table_has_a_row_per_reason_with_its_result() {
+    use firstpacket_report::Reason;
+    let text = std::fs::read_to_string(repo_file("docs/src/results.md")).expect("results.md");
+    let rows = table_rows(&text, "| reason | result | meaning |");
+    assert!(!rows.is_empty(), "docs/src/results.md: no reasons table");
+    for r in Reason::ALL {
+        let row = rows
+            .iter()
+            .find(|(first, _)| *first == format!("`{}`", r.as_str()))
+            .unwrap_or_else(|| {
+                panic!(
+                    "docs/src/results.md: no row for the reason `{}`",
+                    r.as_str()
+                )
+            });
+        let result = row.1.split('|').nth(2).unwrap_or("").trim();
+        assert_eq!(
+            result,
+            format!("`{}`", r.result().as_str()),
+            "docs/src/results.md: the reason `{}` names the wrong result",
+            r.as_str()
+        );
+    }
+    assert_eq!(
+        rows.len(),
+        Reason::ALL.len(),
+        "docs/src/results.md: reasons that do not exist: {:?}",
+        rows.iter().map(|(f, _)| f).collect::<Vec<_>>()
+    );
+}
+
+/// The alerts reference's table has a row for every alert of
+/// `alerts/firstpacket.rules.yaml`, and no other.
+#[test]
+fn the_alerts_reference_lists_every_alert_of_the_rule_file() {
+    let rules = std::fs::read_to_string(repo_file("alerts/firstpacket.rules.yaml")).expect("rules");
+    let alerts: Vec<&str> = rules
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- alert:").map(str::trim))
+        .collect();
+    assert!(alerts.len() >= 5, "alerts in the rule file: {alerts:?}");
+    let doc = std::fs::read_to_string(repo_file("docs/src/metrics-alerts.md")).expect("doc");
+    let rows = table_rows(&doc, "| alert | severity | fires when | for |");
+    assert!(
+        !rows.is_empty(),
+        "docs/src/metrics-alerts.md: no alerts table"
+    );
+    let documented: Vec<String> = rows
+        .iter()
+        .map(|(f, _)| f.trim_matches('`').to_owned())
+        .collect();
+    let missing: Vec<&&str> = alerts
+        .iter()
+        .filter(|a| !documented.iter().any(|d| d == **a))
+        .collect();
+    let extra: Vec<&String> = documented
+        .iter()
+        .filter(|d| !alerts.contains(&d.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "docs/src/metrics-alerts.md's alerts table: missing {missing:?}, not in the rule file {extra:?}"
+    );
 }

@@ -183,7 +183,7 @@ fn built_images_hold_one_static_binary_and_round_trip_through_a_loopback_registr
             );
         }
 
-        // Publish as README says (`crane push LAYOUT REF`), pull back: same digest.
+        // Publish as docs/src/install.md says (`crane push LAYOUT REF`), pull back: same digest.
         let pushed_ref = format!("{}/firstpacket/{name}:{VERSION}", reg.addr);
         let pushed = run(Command::new(&crane)
             .arg("push")

@@ -9,7 +9,7 @@
 //!   kubeconfig, read from kube-apiserver's audit log by that user — equals what
 //!   `rbac.yaml` grants: no verb more, none less, and no request refused.
 //!
-//! What taking each rule away does (README's RBAC table, row by row) and that README's
+//! What taking each rule away does (the RBAC table of docs/src/install.md, row by row) and that the
 //! table lists exactly what `rbac.yaml` grants are checked in the middle tier,
 //! `prober/tests/engine_rbac.rs` (the testbed's API Store in-process, its `deny`).
 //!

@@ -1,5 +1,5 @@
 //! End-to-end test of `prober run` (continuous mode) on the testbed, in-cluster: the
-//! prober as a Deployment with the README's RBAC, scraped from another pod (`/metrics`
+//! prober as a Deployment with the book's RBAC, scraped from another pod (`/metrics`
 //! and `/api/v1/probes` agree, every node source and target), its probe pods owned by
 //! its pod, SIGTERM to the container → exit 0 with its probe pods deleted by the prober
 //! itself, and after `kill -9` the restarted container removes its previous
@@ -198,7 +198,7 @@ fn assert_metrics_agree_with_records(
     }
 }
 
-/// ServiceAccount `firstpacket/prober` with the verbs README's "RBAC of `prober run`"
+/// ServiceAccount `firstpacket/prober` with the verbs docs/src/install.md's "RBAC"
 /// lists (cluster-wide here for brevity).
 const PROBER_DEPLOYMENT: &str = "apiVersion: apps/v1
 kind: Deployment

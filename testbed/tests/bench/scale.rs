@@ -42,7 +42,7 @@ const HEALTHY: &str = "rules:\n  - nodes: {all: true}\n    program_delay: 300ms\
 /// `userAgent`).
 const EXEC_USER: &str = "firstpacket-admin";
 const LEADER_LEASE: &str = "firstpacket-leader";
-/// Design budgets (docs/design.md, README).
+/// Design budgets (docs/design.md §7).
 const RSS_TARGET_MIB: f64 = 40.0;
 const WRITES_PER_PROBE_TARGET: f64 = 4.0;
 const STARTUP_TARGET_S: f64 = 10.0;
