@@ -5,7 +5,7 @@
 //!
 //! - `chart_lints_and_renders_the_continuous_overlay`: `helm lint`, and `helm template`
 //!   with default values renders the objects of `kubectl kustomize
-//!   manifests/overlays/continuous` after the normalisation README "Helm chart" documents
+//!   manifests/overlays/continuous` after the normalisation `docs/src/install.md` "Helm chart" documents
 //!   (no testbed).
 //! - `kustomize_helm_and_the_gate_job_on_the_real_control_plane`: one testbed running
 //!   the OCI images `scripts/image.sh` built (`--image-dir`), in steps:
@@ -14,7 +14,7 @@
 //!   leader, probes running and metrics served (through the API server's pod proxy and
 //!   the Service's named port); a server-side dry-run of every object each overlay and
 //!   the chart render (ServiceMonitor and PrometheusRule against the CRDs); `helm
-//!   install` in another namespace gives a Ready leader too; README's CI recipe (GitHub
+//!   install` in another namespace gives a Ready leader too; the book's CI recipe (GitHub
 //!   Actions and GitLab CI, the same commands) run against the testbed with a CNI agent
 //!   rollout as the upgrade; `scripts/gate-job.sh` on S4 exits 1 with the cross-node
 //!   failures, with a missing probe image exits 2, with a missing prober image exits 2.
@@ -99,7 +99,7 @@ fn helm_template(helm: &Path, release: &str, namespace: &str, sets: &[&str]) -> 
     run_ok(&mut c)
 }
 
-/// The documented normalisation (README "Helm chart"): the Namespace object left out
+/// The documented normalisation (`docs/src/install.md` "Helm chart"): the Namespace object left out
 /// (Helm does not create the release namespace), the labels of [`CHART_ONLY_LABELS`]
 /// dropped (an emptied `labels` map with them), objects sorted by kind, namespace, name.
 fn normalise(objects: Vec<Value>) -> Vec<Value> {
