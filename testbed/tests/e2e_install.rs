@@ -400,11 +400,11 @@ fn dry_run(tb: &Testbed, what: &str, text: &str) {
     eprintln!("dry-run {what}: {accepted} objects accepted");
 }
 
-/// The commands of README's worked CI examples, per step: from the GitHub Actions
+/// The commands of the worked CI examples (`docs/src/ci.md`), per step: from the GitHub Actions
 /// workflow (every `run:` of the job's steps, by step name) and the GitLab CI job
 /// (`before_script` + `script`). Both must list the same commands.
 fn readme_ci_commands() -> Vec<String> {
-    let readme = std::fs::read_to_string(repo_file("README.md")).expect("README.md");
+    let readme = std::fs::read_to_string(repo_file("docs/src/ci.md")).expect("docs/src/ci.md");
     let blocks: Vec<&str> = readme
         .split("```yaml\n")
         .skip(1)
