@@ -8,6 +8,13 @@
 //! network namespace. The phases, by fault:
 //!
 //! - **S1** (healthy): no alert reaches the webhook and none fires in Prometheus.
+//! - **Blind prober** (still S1; issue 31): `testbed api deny create pods -n firstpacket`
+//!   while `prober run` runs. Every probe now ends `inconclusive`/`api_error` and counts
+//!   a `create_forbidden` engine fault; `FirstPacketProbeObjectsRefused` and
+//!   `FirstPacketProbesInconclusive` reach the webhook within their `for:` + one
+//!   evaluation of the condition turning true (Prometheus' `activeAt`), plus
+//!   Alertmanager's group wait, and no network alert fires. `api allow` resolves both
+//!   ([`blind_prober_phase`]).
 //! - **S5** (node-1 and node-4 slower, their agents counting failures): every metric name
 //!   in the rules and the dashboard is on the prober's `/metrics` page; once the prober
 //!   exports the drift metrics, the webhook receives `FirstPacketTTFPDrift` with its
@@ -15,6 +22,12 @@
 //! - **S4** (cross-node traffic broken, same-node fine): the webhook receives
 //!   `FirstPacketCrossNodeBroken` with its `runbook_url`, and Alertmanager holds the
 //!   cross-node `FirstPacketProbeFailures` suppressed by it (the inhibition).
+//!
+//! Under S4 the status page is also read as a person reads it
+//! ([`status_page_under_s4`]): loaded in headless Chromium (`--dump-dom`), it shows a
+//! failed cross-node cell with its age, the chart's legend and UTC time axis, the cells
+//! from before the outage marked stale, and the warning that `--probe-interval` cannot be
+//! met; a screenshot is kept as `target/tmp/status-s4.png`.
 //!
 //! Then every dashboard query, with `$__rate_interval` and the variables substituted, is
 //! evaluated over the whole run and must return data; `scripts/render-panels.py` draws
@@ -37,13 +50,13 @@
 //! (1–2 s programming everywhere, learned as the baseline): nothing fires; doubling it
 //! fires `FirstPacketTTFPDrift`.
 //!
-//! Needs root, the workspace binaries, promtool/prometheus/amtool/prometheus-alertmanager
-//! and the render venv (`bash scripts/setup.sh`).
+//! Needs root, the workspace binaries, promtool/prometheus/amtool/prometheus-alertmanager,
+//! chromium and the render venv (`bash scripts/setup.sh`).
 
 mod common;
 
 use common::monitoring as mon;
-use common::{curl, Testbed, SERIAL};
+use common::{curl, testbed_ok, Testbed, SERIAL};
 use serde_json::Value as Json;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -522,10 +535,211 @@ fn start_stack_scaled(tb: &Testbed, run_flags: &[&str], scale: u64) -> Stack {
     }
 }
 
+/// The alerts a prober denied `create pods` must raise (the blind prober), with the
+/// label each must carry.
+const BLIND_ALERTS: &[(&str, &str, &str)] = &[
+    (
+        "FirstPacketProbeObjectsRefused",
+        "fault",
+        "create_forbidden",
+    ),
+    ("FirstPacketProbesInconclusive", "reason", "api_error"),
+];
+
+/// Network alerts a blind prober must not raise (its probes are inconclusive).
+const NETWORK_ALERTS: &[&str] = &[
+    "FirstPacketProbeFailures",
+    "FirstPacketCrossNodeBroken",
+    "FirstPacketNodeProbesFailing",
+    "FirstPacketTTFPHigh",
+];
+
+/// Prometheus' evaluation interval and Alertmanager's group wait in this test (the
+/// configurations [`start_stack_scaled`] writes).
+const EVALUATION: Duration = Duration::from_secs(1);
+const GROUP_WAIT: Duration = Duration::from_secs(1);
+
+/// An alert's `for:` in the rules divided by `scale` (as Prometheus has it here).
+fn scaled_for(alertname: &str, scale: u64) -> Duration {
+    let text = mon::read(mon::RULES);
+    let (_, rule) = mon::rules(&text)
+        .into_iter()
+        .find(|(_, r)| mon::field(r, "alert") == Some(alertname))
+        .unwrap_or_else(|| panic!("no alert {alertname} in {}", mon::RULES));
+    let ms = mon::field(&rule, "for")
+        .and_then(mon::parse_duration_ms)
+        .unwrap_or_else(|| panic!("{alertname}: no for:"));
+    Duration::from_millis(ms / scale)
+}
+
+/// An RFC 3339 time (Prometheus' `activeAt`, Alertmanager's `startsAt`) in Unix seconds.
+fn unix_of(rfc3339: &str) -> f64 {
+    let ts: k8s_openapi::jiff::Timestamp = rfc3339
+        .parse()
+        .unwrap_or_else(|e| panic!("time {rfc3339:?}: {e}"));
+    ts.as_millisecond() as f64 / 1000.0
+}
+
+/// Prometheus' alerts (`/api/v1/alerts`): (labels, state, activeAt in Unix seconds).
+fn prom_alerts(tb: &Testbed) -> Vec<(Json, String, f64)> {
+    let v: Json = curl(
+        tb,
+        &format!("http://127.0.0.1:{PROMETHEUS_PORT}/api/v1/alerts"),
+    )
+    .and_then(|t| serde_json::from_str(&t).ok())
+    .unwrap_or_default();
+    v["data"]["alerts"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|a| {
+            (
+                a["labels"].clone(),
+                a["state"].as_str().unwrap_or_default().to_owned(),
+                unix_of(a["activeAt"].as_str().unwrap_or("1970-01-01T00:00:00Z")),
+            )
+        })
+        .collect()
+}
+
+/// The notified alerts of `alertname` after the first `skip` notifications, as
+/// Alertmanager sent them (status, labels, startsAt…).
+fn notified_of(file: &Path, skip: usize, alertname: &str) -> Vec<Json> {
+    notifications(file)
+        .into_iter()
+        .skip(skip)
+        .flat_map(|(_, body)| body["alerts"].as_array().cloned().unwrap_or_default())
+        .filter(|a| a["labels"]["alertname"] == alertname)
+        .collect()
+}
+
+/// Issue 31's acceptance: `prober run`, denied `create pods` in its probe namespace,
+/// raises the blind-prober alerts ([`BLIND_ALERTS`]) in Prometheus, and they reach
+/// Alertmanager (the webhook) within their `for:` + one evaluation of the moment their
+/// condition held (Prometheus' `activeAt`) + Alertmanager's group wait; no network
+/// alert ([`NETWORK_ALERTS`]) fires meanwhile; allowing the verb again resolves them
+/// (the resolved notifications arrive within a window of the scaled rules + 30 s).
+fn blind_prober_phase(tb: &Testbed, stack: &mut Stack) {
+    let hooks = stack.hooks.clone();
+    let skip = notifications(&hooks).len();
+    let denied = Instant::now();
+    testbed_ok(tb, &["api", "deny", "create", "pods", "-n", "firstpacket"]);
+    let diag = || format!("ALERTS: {:#?}", alerts(tb));
+    for (name, key, want) in BLIND_ALERTS {
+        let for_ = scaled_for(name, TIME_SCALE);
+        // The condition needs a few refused creates (seconds at --probe-interval 1s),
+        // a scrape and an evaluation before its `for:` starts: 30 s is ample.
+        let (labels, ann) = stack.wait_notified(name, for_ + Duration::from_secs(30), &diag);
+        let arrived = now_unix();
+        assert_eq!(labels[*key], *want, "{name}: {labels}");
+        assert_eq!(labels["severity"], "warning", "{name}: {labels}");
+        assert_runbook(&ann, name);
+        let fired = notified_of(&hooks, skip, name);
+        let starts_at = fired
+            .iter()
+            .find(|a| a["status"] == "firing")
+            .and_then(|a| a["startsAt"].as_str())
+            .map(unix_of)
+            .expect("startsAt");
+        // Prometheus' own account of when the condition began to hold.
+        let active_at = prom_alerts(tb)
+            .into_iter()
+            .filter(|(l, st, _)| l["alertname"] == *name && l[*key] == *want && st == "firing")
+            .map(|(_, _, at)| at)
+            .fold(f64::INFINITY, f64::min);
+        assert!(
+            active_at.is_finite(),
+            "{name} not firing in Prometheus\n{}",
+            diag()
+        );
+        let budget = (for_ + EVALUATION).as_secs_f64();
+        let (to_fire, to_arrive) = (starts_at - active_at, arrived - active_at);
+        eprintln!(
+            "blind prober: {name} {{{key}={want}}} active {:.1} s after the deny, fired {to_fire:.1} s later (for: {:.0} s), at the webhook {to_arrive:.1} s after active",
+            active_at - (now_unix() - denied.elapsed().as_secs_f64()),
+            for_.as_secs_f64()
+        );
+        // Prometheus stamps startsAt when the alert fired.
+        assert!(
+            to_fire >= for_.as_secs_f64() - 0.1 && to_fire <= budget + 0.2,
+            "{name}: fired {to_fire:.2} s after its condition held (for: {for_:?} + one evaluation)"
+        );
+        // Arrival, as this test polls the webhook (every 0.5 s) and Alertmanager's group
+        // wait: within the budget plus those.
+        assert!(
+            to_arrive <= budget + (GROUP_WAIT + Duration::from_millis(1500)).as_secs_f64(),
+            "{name}: at the webhook {to_arrive:.2} s after its condition held (for: {for_:?} + one evaluation + group wait {GROUP_WAIT:?})"
+        );
+    }
+    let firing: BTreeSet<String> = prom_query(tb, "ALERTS{alertstate=\"firing\"}")
+        .iter()
+        .filter_map(|a| a["metric"]["alertname"].as_str().map(str::to_owned))
+        .collect();
+    for n in NETWORK_ALERTS {
+        assert!(
+            !firing.contains(*n),
+            "a blind prober raised the network alert {n}: {firing:?}"
+        );
+    }
+    let refused = prom_query(
+        tb,
+        "sum(firstpacket_engine_faults_total{fault=\"create_forbidden\"})",
+    );
+    eprintln!(
+        "blind prober: both alerts at the webhook {:.0} s after the deny; refused creates {:?}; firing {firing:?}",
+        denied.elapsed().as_secs_f64(),
+        refused.first().map(|r| r["value"][1].clone())
+    );
+
+    // Allowed again: every blind alert that fired is resolved.
+    testbed_ok(tb, &["api", "allow", "create", "pods", "-n", "firstpacket"]);
+    let allowed = Instant::now();
+    let within = Duration::from_millis(600_000 / TIME_SCALE) + Duration::from_secs(30);
+    loop {
+        stack.assert_running();
+        let unresolved: Vec<String> = BLIND_ALERTS
+            .iter()
+            .flat_map(|(name, _, _)| {
+                let all = notified_of(&hooks, skip, name);
+                let fired: BTreeSet<String> = all
+                    .iter()
+                    .filter(|a| a["status"] == "firing")
+                    .map(|a| a["labels"].to_string())
+                    .collect();
+                let resolved: BTreeSet<String> = all
+                    .iter()
+                    .filter(|a| a["status"] == "resolved")
+                    .map(|a| a["labels"].to_string())
+                    .collect();
+                fired.difference(&resolved).cloned().collect::<Vec<_>>()
+            })
+            .collect();
+        if unresolved.is_empty() {
+            break;
+        }
+        assert!(
+            allowed.elapsed() < within,
+            "not resolved within {within:?} of allowing create pods again: {unresolved:#?}\n{}",
+            diag()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    eprintln!(
+        "blind prober: resolved at the webhook {:.0} s after create pods was allowed again",
+        allowed.elapsed().as_secs_f64()
+    );
+}
+
 #[test]
 fn prometheus_and_alertmanager_alert_on_s5_drift_and_s4_cross_node_and_stay_silent_on_s1() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    for tool in ["prometheus", "prometheus-alertmanager", "python3"] {
+    for tool in [
+        "prometheus",
+        "prometheus-alertmanager",
+        "python3",
+        "chromium",
+    ] {
         assert!(
             std::process::Command::new("sh")
                 .args(["-c", &format!("command -v {tool}")])
@@ -568,6 +782,9 @@ fn prometheus_and_alertmanager_alert_on_s5_drift_and_s4_cross_node_and_stay_sile
             .unwrap_or_default(),
         alerts_s1
     );
+
+    // The blind prober (issue 31), on the healthy cluster.
+    blind_prober_phase(&tb, &mut stack);
 
     // S5: slower nodes with failing agents.
     tb.set_fault(&mon::read(S5));
@@ -624,6 +841,7 @@ fn prometheus_and_alertmanager_alert_on_s5_drift_and_s4_cross_node_and_stay_sile
     eprintln!("webhook under S5: {s5_seen:?}");
     tb.set_fault(&mon::read(S4));
     let s4_start = Instant::now();
+    let s4_start_unix = now_unix();
     let (labels, ann) = stack.wait_notified(
         "FirstPacketCrossNodeBroken",
         Duration::from_secs(120),
@@ -685,6 +903,7 @@ fn prometheus_and_alertmanager_alert_on_s5_drift_and_s4_cross_node_and_stay_sile
     );
     let prom_end = now_unix();
     eprintln!("webhook under S4: {:?}", names(s5_seen.len()));
+    status_page_under_s4(&tb, &mut stack, s4_start_unix);
 
     // Every dashboard query over the whole run; each panel drawn.
     let step = 2.0;
@@ -929,4 +1148,253 @@ fn real_felix_s2_fires_the_node_programming_alert_for_its_nodes_only() {
     .filter_map(|a| a["metric"]["node"].as_str().map(str::to_owned))
     .collect();
     assert_eq!(ever, want, "ALERTS: {:#?}", alerts(&tb));
+}
+
+/// A node-pair cell of the status page as the browser's DOM has it.
+#[derive(Debug)]
+struct PageCell {
+    class: String,
+    source: String,
+    target: String,
+    result: String,
+    /// `data-age-seconds`: whole seconds since its probe finished, when the page was
+    /// rendered.
+    age: f64,
+    /// What a person reads in it.
+    text: String,
+}
+
+/// The value of attribute `name` in the start tag `tag`.
+fn attr(tag: &str, name: &str) -> Option<String> {
+    let key = format!(" {name}=\"");
+    let at = tag.find(&key)? + key.len();
+    tag[at..].split('"').next().map(str::to_owned)
+}
+
+/// `html` without its tags, whitespace collapsed: the text a person reads.
+fn visible_text(html: &str) -> String {
+    let mut out = String::new();
+    let mut in_tag = false;
+    for c in html.chars() {
+        match c {
+            '<' => in_tag = true,
+            '>' => {
+                in_tag = false;
+                out.push(' ');
+            }
+            c if !in_tag => out.push(c),
+            _ => {}
+        }
+    }
+    out.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The matrix cells of a status page.
+fn page_cells(html: &str) -> Vec<PageCell> {
+    html.split("<td class=\"cell ")
+        .skip(1)
+        .filter_map(|rest| {
+            let tag = format!(" class=\"cell {}", &rest[..rest.find('>')?]);
+            let inner = &rest[rest.find('>')? + 1..rest.find("</td>")?];
+            Some(PageCell {
+                class: attr(&tag, "class")?,
+                source: attr(&tag, "data-source")?,
+                target: attr(&tag, "data-target")?,
+                result: attr(&tag, "data-result")?,
+                age: attr(&tag, "data-age-seconds")?.parse().ok()?,
+                text: visible_text(inner),
+            })
+        })
+        .collect()
+}
+
+/// The page's stale age (`#matrix`'s `data-stale-after-seconds`), seconds.
+fn stale_after(html: &str) -> Option<f64> {
+    let at = html.find("<table id=\"matrix\"")?;
+    attr(
+        &html[at..at + html[at..].find('>')?],
+        "data-stale-after-seconds",
+    )?
+    .parse()
+    .ok()
+}
+
+/// The visible text of the element `<tag … id="id" …>…</tag>` (no nested `tag` inside);
+/// empty when there is none.
+fn element_text(html: &str, tag: &str, id: &str) -> String {
+    let Some(at) = html.find(&format!("id=\"{id}\"")) else {
+        return String::new();
+    };
+    let end = html[at..]
+        .find(&format!("</{tag}>"))
+        .map_or(html.len(), |e| at + e);
+    visible_text(&html[at..end])
+}
+
+/// The status page under S4 (cross-node broken since `s4_start_unix`), read as a person
+/// reads it: once a cross-node probe failed and the outage is older than the page's
+/// stale age, the page is loaded in headless Chromium (`--dump-dom`) and must show a
+/// failed cross-node cell with its age (one the outage can explain), the chart's legend
+/// and UTC time axis, every cell older than the stale age marked `stale` (those from
+/// before the outage among them) and none younger, the warning that `--probe-interval`
+/// cannot be met (8 s give-ups, 3 at a time, every second), and the internals only on
+/// `/debug`. A screenshot is saved as `target/tmp/status-s4.png` (1400 × 1800).
+fn status_page_under_s4(tb: &Testbed, stack: &mut Stack, s4_start_unix: f64) {
+    let url = format!("{}/", stack.base);
+    let start = Instant::now();
+    loop {
+        stack.assert_running();
+        let html = curl(tb, &url).unwrap_or_default();
+        let failed_cross = page_cells(&html)
+            .iter()
+            .any(|c| c.result == "failed" && c.source != c.target);
+        let since = now_unix() - s4_start_unix;
+        if failed_cross && stale_after(&html).is_some_and(|s| since > s + 2.0) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "status page under S4: no failed cross-node cell, or the outage ({since:.0} s) not older than the stale age, in 120 s:\n{html}"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let profile = tb.state.join("chromium-profile");
+    let chromium = |extra: &[&str]| {
+        let profile = format!("--user-data-dir={}", profile.display());
+        let mut args = vec![
+            "chromium",
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            &profile,
+        ];
+        args.extend_from_slice(extra);
+        args.push(&url);
+        let out = tb.exec(&args);
+        assert!(
+            out.status.success(),
+            "chromium {extra:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    };
+    let read_at = now_unix();
+    let dom = String::from_utf8_lossy(&chromium(&["--dump-dom"]).stdout).into_owned();
+    let outage = read_at - s4_start_unix;
+
+    // The chart: a legend naming what its marks mean, a UTC time axis.
+    let legend = element_text(&dom, "div", "chart-legend");
+    for key in [
+        "success",
+        "slow",
+        "failed",
+        "inconclusive",
+        "no TTFP",
+        "programming wait",
+        "slow threshold (1.20s)",
+    ] {
+        assert!(
+            legend.contains(key),
+            "chart legend lacks {key:?}: {legend:?}"
+        );
+    }
+    let ticks: Vec<String> = dom
+        .split("class=\"time-tick\"")
+        .skip(1)
+        .filter_map(|t| Some(visible_text(&t[t.find('>')? + 1..t.find("</text>")?])))
+        .collect();
+    assert!(
+        ticks.len() >= 2
+            && ticks.iter().all(|t| {
+                let b = t.as_bytes();
+                (t.len() == 8 || t.len() == 5)
+                    && b[2] == b':'
+                    && b[..2].iter().all(u8::is_ascii_digit)
+            }),
+        "time axis ticks: {ticks:?}"
+    );
+    assert!(
+        dom.contains("probe finish time (UTC, "),
+        "no time axis title"
+    );
+
+    // A failed cross-node cell, with its age: one the outage explains.
+    let cells = page_cells(&dom);
+    let failed = cells
+        .iter()
+        .filter(|c| c.result == "failed" && c.source != c.target)
+        .min_by(|a, b| a.age.total_cmp(&b.age))
+        .unwrap_or_else(|| panic!("no failed cross-node cell: {cells:#?}"));
+    let ago = format!("{} ago", prober::admin::status::age_text(failed.age));
+    assert!(
+        failed.text.contains(&ago) && failed.age <= outage + 2.0,
+        "failed cell {}→{}: {:?} (age {} s, outage {outage:.0} s)",
+        failed.source,
+        failed.target,
+        failed.text,
+        failed.age
+    );
+
+    // Stale: exactly the cells older than the page's stale age, labelled so.
+    let stale_age = stale_after(&dom).expect("stale age on the page");
+    let mut stale = 0;
+    let mut before_outage = 0;
+    for c in &cells {
+        let marked = c.class.split(' ').any(|k| k == "stale");
+        if c.age > stale_age + 1.0 {
+            assert!(
+                marked && c.text.contains("stale") && c.text.contains(" ago"),
+                "{}→{} is {} s old (stale after {stale_age} s) but not marked stale: {c:?}",
+                c.source,
+                c.target,
+                c.age
+            );
+            stale += 1;
+        } else if c.age < stale_age - 1.0 {
+            assert!(
+                !marked,
+                "{}→{} marked stale at {} s: {c:?}",
+                c.source, c.target, c.age
+            );
+        }
+        if c.age > outage + 1.0 {
+            assert!(marked, "a cell from before the outage is not stale: {c:?}");
+            before_outage += 1;
+        }
+    }
+    assert!(
+        stale > 0,
+        "no stale cell {outage:.0} s into the outage (stale after {stale_age} s): {cells:#?}"
+    );
+    let warning = element_text(&dom, "p", "lap-warning");
+    assert!(
+        warning.contains("--probe-interval 1.0s cannot be met")
+            && warning.contains("--concurrency"),
+        "lap warning: {warning:?}"
+    );
+    assert!(!dom.contains("Bounded state") && dom.contains("href=\"/debug\""));
+    let debug = curl(tb, &format!("{}/debug", stack.base)).expect("/debug");
+    assert!(debug.contains("Bounded state") && debug.contains("recent_records"));
+
+    // The screenshot, for a person to look at.
+    let png = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("status-s4.png");
+    let _ = std::fs::remove_file(&png);
+    chromium(&[
+        &format!("--screenshot={}", png.display()),
+        "--window-size=1400,1800",
+    ]);
+    let bytes = std::fs::read(&png).expect("screenshot");
+    assert!(
+        bytes.starts_with(b"\x89PNG") && bytes.len() > 20_000,
+        "screenshot {} bytes",
+        bytes.len()
+    );
+    eprintln!(
+        "status page under S4 ({outage:.0} s in): {} cells, {stale} stale (after {stale_age} s), {before_outage} from before the outage; failed {}→{} {:?}; screenshot {}",
+        cells.len(),
+        failed.source,
+        failed.target,
+        failed.text,
+        png.display()
+    );
 }
