@@ -42,7 +42,8 @@ pub async fn run_cleanup(args: CleanupArgs) -> Result<i32, Error> {
             .await?
             .remove(instance)
             .unwrap_or_default();
-        return cleanup_instance(&pods, &leases, &url, instance, &objects, args.yes).await;
+        let again = yes_command(&args, Some(instance));
+        return cleanup_instance(&pods, &leases, &url, instance, &objects, args.yes, &again).await;
     }
 
     // Every instance with probe objects, and what the sweep rules say of it.
@@ -82,7 +83,8 @@ pub async fn run_cleanup(args: CleanupArgs) -> Result<i32, Error> {
     }
     if !args.yes {
         println!(
-            "dry run: nothing deleted; `prober cleanup --yes` deletes the probe objects of: {}",
+            "dry run: nothing deleted; `{}` deletes the probe objects of: {}",
+            yes_command(&args, None),
             dead.join(", ")
         );
         return Ok(0);
@@ -101,6 +103,35 @@ pub async fn run_cleanup(args: CleanupArgs) -> Result<i32, Error> {
     Ok(0)
 }
 
+/// The command that repeats this dry run with `--yes`: the connection and namespace
+/// flags given (issue 31: the hint dropped `--namespace`, so copying it cleaned the
+/// default namespace instead), each value shell-quoted when it needs it.
+fn yes_command(args: &CleanupArgs, instance: Option<&str>) -> String {
+    let quote = |v: &str| {
+        if !v.is_empty()
+            && v.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_./:=@%+,".contains(c))
+        {
+            v.to_string()
+        } else {
+            format!("'{}'", v.replace('\'', "'\\''"))
+        }
+    };
+    let mut out = String::from("prober cleanup");
+    if let Some(k) = &args.kubeconfig {
+        out.push_str(&format!(" --kubeconfig {}", quote(&k.to_string_lossy())));
+    }
+    if let Some(c) = &args.context {
+        out.push_str(&format!(" --context {}", quote(c)));
+    }
+    out.push_str(&format!(" --namespace {}", quote(&args.namespace)));
+    if let Some(i) = instance {
+        out.push_str(&format!(" --instance {}", quote(i)));
+    }
+    out.push_str(" --yes");
+    out
+}
+
 /// `prober cleanup --instance I`: lists `objects`, and with `yes` deletes them and the
 /// instance's Lease.
 async fn cleanup_instance(
@@ -110,13 +141,14 @@ async fn cleanup_instance(
     instance: &str,
     objects: &[String],
     yes: bool,
+    again: &str,
 ) -> Result<i32, Error> {
     println!("instance {instance}: {} probe object(s)", objects.len());
     for o in objects {
         println!("  {o}");
     }
     if !yes {
-        println!("dry run: nothing deleted (add --yes to delete them and the instance's Lease)");
+        println!("dry run: nothing deleted; `{again}` deletes them and the instance's Lease");
         return Ok(0);
     }
     let n = delete_instance_pods(pods, instance, url).await?;
@@ -194,4 +226,35 @@ async fn objects_by_instance(
         add("service", &svc.metadata);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn args(flags: &[&str]) -> CleanupArgs {
+        let mut argv = vec!["prober", "cleanup"];
+        argv.extend_from_slice(flags);
+        match crate::config::Cli::try_parse_from(argv)
+            .expect("parse")
+            .command
+        {
+            crate::config::Command::Cleanup(a) => a,
+            _ => panic!("not cleanup"),
+        }
+    }
+
+    #[test]
+    fn the_dry_run_hint_repeats_the_namespace_and_connection_flags() {
+        assert_eq!(
+            yes_command(&args(&[]), None),
+            "prober cleanup --namespace firstpacket --yes"
+        );
+        let a = args(&["--namespace", "net-probes", "--context", "prod eu"]);
+        assert_eq!(
+            yes_command(&a, Some("gate-ab12cd34")),
+            "prober cleanup --context 'prod eu' --namespace net-probes --instance gate-ab12cd34 --yes"
+        );
+    }
 }

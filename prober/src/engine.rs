@@ -149,6 +149,12 @@ pub async fn list_nodes(
             _ => break,
         }
     }
+    for tol in crate::schedule::unmatched_tolerations(&all_nodes, &p.toleration) {
+        tracing::warn!(
+            "--toleration {tol}: no selected node has a taint it tolerates, so it changes \
+             nothing (check the key, value and effect against `kubectl describe node`)"
+        );
+    }
     Ok(filter_nodes(&all_nodes, &p.node_selector, &p.toleration))
 }
 

@@ -972,7 +972,8 @@ fn quantiles(p50: Option<f64>, p95: Option<f64>, max: Option<f64>) -> String {
 /// its counts, how many of its probes have no TTFP, and its quantiles; then the other
 /// kinds (`same_node` marked as the control); then, with more than one kind, all probes
 /// together (the quantiles `--max-ttfp` is checked against); then how many probes
-/// retried before their first success.
+/// needed retries after Ready before their first success, and whether those were all
+/// `success` (a fact on a healthy run, not a warning).
 pub fn render_headline(report: &GateReport) -> String {
     let s = &report.summary;
     let mut out = String::new();
@@ -1011,9 +1012,25 @@ pub fn render_headline(report: &GateReport) -> String {
         );
     }
     if s.first_attempt_failures > 0 {
+        // Retries after Ready are part of every TTFP: a fact, a concern only when those
+        // probes were not `success` (issue 31: a healthy PASS read as a problem).
+        let retried = || {
+            report
+                .probes
+                .iter()
+                .filter(|p| p.first_attempt_failures > 0)
+        };
+        let bad = retried()
+            .filter(|p| p.result != ProbeResult::Success)
+            .count();
+        let tail = if bad == 0 {
+            "all of them success (their TTFP includes the retries)".to_string()
+        } else {
+            format!("{bad} of them slow or failed")
+        };
         let _ = writeln!(
             out,
-            "first connections: {} of {} probe(s) retried before their first success",
+            "first connections after Ready: {} of {} probe(s) needed retries before their first success; {tail}",
             s.first_attempt_failures, s.total
         );
     }
@@ -2083,9 +2100,18 @@ mod tests {
         let report = build_report(probes, &[], vec![], inputs());
         let text = render_text(&report, &[]);
         assert!(
-            text.contains("first connections: 3 of 12 probe(s) retried before their first success"),
+            text.contains(
+                "first connections after Ready: 3 of 12 probe(s) needed retries before \
+                 their first success; all of them success"
+            ),
             "{text}"
         );
+        let mut probes = mesh(&N4, false, |_, _| false);
+        probes[0].first_attempt_failures = 4;
+        probes[0].result = ProbeResult::Slow;
+        probes[0].reason = Some(Reason::TtfpOverThreshold);
+        let text = render_text(&build_report(probes, &[], vec![], inputs()), &[]);
+        assert!(text.contains("1 of them slow or failed"), "{text}");
         assert!(!text.contains("first-attempt failures"), "{text}");
     }
 

@@ -188,12 +188,83 @@ impl FromStr for TolerationSpec {
         if key.is_empty() {
             return Err(format!("'{s}': empty key (expected key[=value]:Effect)"));
         }
+        if let Err(why) = qualified_name(key) {
+            return Err(format!(
+                "'{s}': key '{key}' is not a valid taint key ({why}; expected key[=value]:Effect)"
+            ));
+        }
+        if let Some(v) = value.as_deref().filter(|v| !label_value_ok(v)) {
+            return Err(format!(
+                "'{s}': value '{v}' is not a valid taint value (up to 63 characters \
+                 [A-Za-z0-9._-], starting and ending alphanumeric)"
+            ));
+        }
         Ok(TolerationSpec {
             key: key.to_string(),
             value,
             effect,
         })
     }
+}
+
+/// A Kubernetes label value (`IsValidLabelValue`, k8s.io/apimachinery
+/// `pkg/util/validation`): empty, or up to 63 characters of `[A-Za-z0-9._-]` that start
+/// and end alphanumeric. Taint keys' name part and taint values follow it.
+fn label_value_ok(v: &str) -> bool {
+    v.is_empty()
+        || (v.len() <= 63
+            && v.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            && v.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && v.ends_with(|c: char| c.is_ascii_alphanumeric()))
+}
+
+/// A qualified name (`IsQualifiedName`, k8s.io/apimachinery `pkg/util/validation`,
+/// what a taint key must be): `[prefix/]name`, `name` a non-empty label value, `prefix`
+/// a DNS subdomain (lowercase alphanumerics, `-` and `.`, up to 253 characters).
+fn qualified_name(key: &str) -> Result<(), &'static str> {
+    let (prefix, name) = match key.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    if name.is_empty() || !label_value_ok(name) {
+        return Err(
+            "its name part must be 1–63 characters [A-Za-z0-9._-], alphanumeric at both ends",
+        );
+    }
+    if let Some(p) = prefix {
+        let ok = !p.is_empty()
+            && p.len() <= 253
+            && p.split('.').all(|l| {
+                !l.is_empty()
+                    && l.chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+            });
+        if !ok {
+            return Err("its prefix must be a DNS subdomain");
+        }
+    }
+    Ok(())
+}
+
+/// The tolerations that tolerate no taint of any of `nodes` (issue 31: a mistyped
+/// `--toleration foo` was accepted and silently did nothing). They are legal — a
+/// toleration may be given ahead of a taint — so the caller warns rather than refuses.
+pub fn unmatched_tolerations<'a>(
+    nodes: &[NodeInfo],
+    tolerations: &'a [TolerationSpec],
+) -> Vec<&'a TolerationSpec> {
+    tolerations
+        .iter()
+        .filter(|tol| {
+            !nodes
+                .iter()
+                .flat_map(|n| &n.taints)
+                .any(|t| tol.tolerates(t))
+        })
+        .collect()
 }
 
 impl fmt::Display for TolerationSpec {
@@ -728,6 +799,26 @@ mod tests {
             unschedulable: false,
             taints: vec![],
         }
+    }
+
+    #[test]
+    fn a_toleration_matching_no_taint_is_reported_unmatched() {
+        let mut tainted = node("n1");
+        tainted.taints = vec![NodeTaint {
+            key: "dedicated".into(),
+            value: Some("net".into()),
+            effect: "NoSchedule".into(),
+        }];
+        let nodes = [tainted, node("n2")];
+        let tols: Vec<TolerationSpec> = ["dedicated=net:NoSchedule", "foo", "dedicated=web"]
+            .iter()
+            .map(|t| t.parse().expect("toleration"))
+            .collect();
+        let unmatched: Vec<String> = unmatched_tolerations(&nodes, &tols)
+            .iter()
+            .map(|t| t.to_string())
+            .collect();
+        assert_eq!(unmatched, ["foo", "dedicated=web"]);
     }
 
     #[test]

@@ -1315,8 +1315,9 @@ impl<'de> Deserialize<'de> for Rule {
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FaultFile {
-    /// Rules in file order (later ones override earlier ones key by key).
-    #[serde(default)]
+    /// Rules in file order (later ones override earlier ones key by key). Required:
+    /// `rules: []` is the explicit no-fault file (issue 31: an empty file, or one whose
+    /// key was mistyped, was "applied" as no faults without a word).
     pub rules: Vec<Rule>,
 }
 
@@ -1379,18 +1380,35 @@ impl NodeFaults {
 }
 
 impl FaultFile {
-    /// Parses a fault file. An empty document is an empty file (no rules). Errors:
-    /// [`FaultError::Parse`] with serde_yaml_ng's message: syntax errors, unknown keys
-    /// ("unknown field `x`, expected one of …"), bad values and unimplemented primitives
+    /// Parses a fault file. Errors: [`FaultError::Parse`] for a document without the
+    /// top-level `rules:` key (an empty file included: `rules: []` says "no faults"),
+    /// and with serde_yaml_ng's message for syntax errors, unknown keys ("unknown field
+    /// `x`, expected one of …"), bad values and unimplemented primitives
     /// (`service_delay`), each followed by "at line L column C".
     pub fn parse(yaml: &str) -> Result<FaultFile, FaultError> {
         if yaml.lines().all(|l| {
             let l = l.trim();
             l.is_empty() || l.starts_with('#') || l == "---"
         }) {
-            return Ok(FaultFile::default());
+            return Err(FaultError::Parse {
+                message: "the file is empty: it has no `rules:` key (write `rules: []` for \
+                          no faults)"
+                    .into(),
+                line: None,
+            });
         }
-        serde_yaml_ng::from_str(yaml).map_err(|e| FaultError::from_yaml(e, yaml))
+        serde_yaml_ng::from_str(yaml).map_err(|e| {
+            let mut err = FaultError::from_yaml(e, yaml);
+            if let FaultError::Parse { message, .. } = &mut err {
+                if message.starts_with("missing field `rules`") {
+                    *message = format!(
+                        "{message}: a fault file is `rules:` and a list of rules (`rules: []` \
+                         for no faults)"
+                    );
+                }
+            }
+            err
+        })
     }
 
     /// Checks that every node a rule names (`nodes: {names}`, `cross_node.broken_peers`
@@ -2021,16 +2039,27 @@ mod tests {
         );
     }
 
+    /// Issue 31: `rules: []` is the explicit no-fault file; an empty file or one
+    /// without the `rules:` key is refused, not applied as nothing.
     #[test]
-    fn empty_file_has_no_rules() {
-        assert_eq!(FaultFile::parse("").unwrap(), FaultFile::default());
-        assert_eq!(
-            FaultFile::parse("# nothing\n").unwrap(),
-            FaultFile::default()
-        );
+    fn only_rules_empty_list_is_the_no_fault_file() {
         assert_eq!(
             FaultFile::parse("rules: []\n").unwrap(),
             FaultFile::default()
+        );
+        for text in ["", "# nothing\n", "---\n"] {
+            let e = err(text);
+            assert!(
+                e.contains("no `rules:` key") && e.contains("rules: []"),
+                "{e}"
+            );
+        }
+        let e = err("rule:\n  - nodes: {all: true}\n");
+        assert!(e.contains("rule"), "{e}");
+        let e = err("{}\n");
+        assert!(
+            e.contains("missing field `rules`") && e.contains("rules: []"),
+            "{e}"
         );
     }
 
@@ -2743,7 +2772,6 @@ mod tests {
     #[test]
     fn s1_style_files_pass_with_every_agent_and_proxy() {
         for yaml in [
-            "",
             "rules: []\n",
             "rules:\n  - nodes: {all: true}\n    cross_node: {broken_peers: all}\n",
             "rules:\n- nodes: {all: true}\n  cross_node: {broken_peers: [node-1]}\n  stale_routes: {k: 1, for: 5s}\n  \

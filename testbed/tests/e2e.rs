@@ -104,7 +104,7 @@ fn warning_like_lines(out: &str) -> Vec<String> {
 fn warning_like_lines_catch_the_shapes_a_healthy_run_must_not_print() {
     let healthy =
         "cross_node: 3 probe(s): success 3, slow 0, failed 0, inconclusive 0; 0 without a TTFP\n\
-                   first connections: 3 of 3 probe(s) retried before their first success\n\
+                   first connections after Ready: 3 of 3 probe(s) needed retries before their first success; all of them success (their TTFP includes the retries)\n\
                    NODE  AS SOURCE ok/bad/inc\ndiagnosis: healthy";
     assert!(warning_like_lines(healthy).is_empty());
     for bad in [
