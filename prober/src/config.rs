@@ -542,15 +542,18 @@ pub struct RunArgs {
 /// (the comparison with `--baseline`).
 #[derive(Debug, Clone, Args)]
 pub struct DriftArgs {
-    /// Drift when recent median / max(baseline median, --dial-interval) reaches this
-    /// (and --drift-floor holds). 1.5: healthy medians of 20 probes move well under
-    /// ±30 % between windows, while the shifts worth a look (an agent upgrade adding
-    /// 1–3 s) are ×2 and more.
+    /// Drift when the ratio reaches this (and --drift-floor holds). `run`: recent median
+    /// / max(baseline median, --dial-interval); `gate --baseline`: this run's
+    /// --baseline-quantile (p95 by default) / max(the saved one, --dial-interval), per
+    /// kind and per node. 1.5: healthy medians of 20 probes move well under ±30 %
+    /// between windows, while the shifts worth a look (an agent upgrade adding 1–3 s)
+    /// are ×2 and more.
     #[arg(long, env = "FIRSTPACKET_DRIFT_RATIO", default_value_t = 1.5,
           value_parser = parse_ratio)]
     pub drift_ratio: f64,
 
-    /// …and recent median − baseline median exceeds this. 500ms: on a healthy cluster
+    /// …and the difference exceeds this (`run`: recent median − baseline median; `gate
+    /// --baseline`: the two --baseline-quantile values). 500ms: on a healthy cluster
     /// (medians near 0 s on the testbed, 0.2–0.6 s on fast real ones) the ratio alone
     /// fires on noise; half a second is what an application starting at Ready notices.
     #[arg(long, env = "FIRSTPACKET_DRIFT_FLOOR", default_value = "500ms", value_parser = parse_duration)]
@@ -794,6 +797,12 @@ mod tests {
     #[test]
     fn bad_values_are_rejected() {
         assert!(gate(&["--toleration", "k:Never"]).is_err());
+        // Keys and values as Kubernetes validates them (IsQualifiedName, label values).
+        assert!(gate(&["--toleration", "dedicated web:NoSchedule"]).is_err());
+        assert!(gate(&["--toleration", "-k"]).is_err());
+        assert!(gate(&["--toleration", "Example.COM/k"]).is_err());
+        assert!(gate(&["--toleration", "k=a b"]).is_err());
+        assert!(gate(&["--toleration", "example.com/k=v_1:NoExecute"]).is_ok());
         assert!(gate(&["--give-up", "soon"]).is_err());
         assert!(gate(&["--kinds", "mesh"]).is_err());
         assert!(gate(&["--concurrency", "0"]).is_err());
