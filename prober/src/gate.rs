@@ -1099,7 +1099,7 @@ pub fn programming_lines(report: &GateReport) -> String {
 /// early stop, skipped nodes, agent findings ([`render_agent_findings`]), per-node
 /// table, verdict and its reasons.
 pub fn render_text(report: &GateReport, group_by: &[String]) -> String {
-    let mut out = probes_table(&report.probes);
+    let mut out = probes_table(&report.probes, report.stopped_early.is_some());
     let s = &report.summary;
     out.push('\n');
     out.push_str(&render_headline(report));
@@ -1145,7 +1145,30 @@ pub fn render_text(report: &GateReport, group_by: &[String]) -> String {
 
 /// One row per probe (kind, source → target, TTFP, result, reason), sorted by kind and
 /// nodes.
-fn probes_table(probes: &[ProbeRecord]) -> String {
+/// One row per probe, sorted by kind, source and target. After an early stop
+/// (`stopped_early`), the probes it interrupted are one line under the table rather than
+/// rows (issue 31: S4's table had 11 of 16 rows `inconclusive interrupted` around the
+/// failures that mattered); the report keeps every probe.
+fn probes_table(probes: &[ProbeRecord], stopped_early: bool) -> String {
+    let cut = |p: &&ProbeRecord| stopped_early && p.reason == Some(Reason::Interrupted);
+    let hidden = probes.iter().filter(cut).count();
+    let shown: Vec<ProbeRecord> = if hidden > 0 && hidden < probes.len() {
+        probes.iter().filter(|p| !cut(p)).cloned().collect()
+    } else {
+        probes.to_vec()
+    };
+    let mut out = probe_rows(&shown);
+    if shown.len() < probes.len() {
+        let _ = writeln!(
+            out,
+            "… and {hidden} probe(s) interrupted by the early stop (inconclusive/interrupted; \
+             listed in the report)"
+        );
+    }
+    out
+}
+
+fn probe_rows(probes: &[ProbeRecord]) -> String {
     let mut rows = vec![vec![
         "KIND".to_string(),
         "SOURCE NODE".to_string(),
@@ -2089,6 +2112,29 @@ mod tests {
             "no probe ids: {l}"
         );
         assert!(!text.contains("DESIGN"), "{text}");
+    }
+
+    #[test]
+    fn probes_interrupted_by_an_early_stop_are_one_line_not_rows() {
+        let mut probes = mesh(&N4, false, |_, _| false);
+        for p in probes.iter_mut().skip(2) {
+            p.result = ProbeResult::Inconclusive;
+            p.reason = Some(Reason::Interrupted);
+            p.ttfp_seconds = None;
+        }
+        let mut inp = inputs();
+        inp.stopped_early = Some("cross-node pairs got no answer".into());
+        let text = render_text(&build_report(probes.clone(), &[], vec![], inp), &[]);
+        let rows = text.lines().filter(|l| l.ends_with(" interrupted")).count();
+        assert_eq!(rows, 0, "{text}");
+        assert!(
+            text.contains("… and 10 probe(s) interrupted by the early stop"),
+            "{text}"
+        );
+        // Without an early stop every probe is a row.
+        let text = render_text(&build_report(probes, &[], vec![], inputs()), &[]);
+        let rows = text.lines().filter(|l| l.ends_with(" interrupted")).count();
+        assert_eq!(rows, 10, "{text}");
     }
 
     #[test]
