@@ -87,6 +87,33 @@ fn render_overlay(name: &str) -> String {
     )
 }
 
+/// `kubectl kustomize` of a kustomization in a temporary directory: the overlay
+/// `manifests/overlays/OVERLAY` with the component `manifests/components/COMPONENT`.
+fn render_with_component(overlay: &str, component: &str) -> String {
+    let dir = std::env::temp_dir().join(format!(
+        "fp-render-{}-{}",
+        std::process::id(),
+        common::rand_suffix()
+    ));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let manifests = repo_file("manifests").canonicalize().expect("manifests");
+    let up = "../".repeat(dir.canonicalize().expect("temp dir").components().count() - 1);
+    let m = format!(
+        "{up}{}",
+        manifests.display().to_string().trim_start_matches('/')
+    );
+    std::fs::write(
+        dir.join("kustomization.yaml"),
+        format!(
+            "resources:\n- {m}/overlays/{overlay}\ncomponents:\n- {m}/components/{component}\n"
+        ),
+    )
+    .expect("kustomization");
+    let out = run_ok(Command::new("kubectl").arg("kustomize").arg(&dir));
+    let _ = std::fs::remove_dir_all(&dir);
+    out
+}
+
 /// `helm template RELEASE manifests/helm/firstpacket -n NAMESPACE --set …`.
 fn helm_template(helm: &Path, release: &str, namespace: &str, sets: &[&str]) -> String {
     let mut c = Command::new(helm);
@@ -201,6 +228,56 @@ fn chart_lints_and_renders_the_continuous_overlay() {
         &["replicas=3"],
     )));
     assert!(three != overlay, "replicas=3 rendered the same objects");
+
+    // rbac.leastPrivilege renders the continuous overlay with the least-privilege
+    // component (no pods/proxy, pods read in the release namespace only), and
+    // rbac.agentNamespaces adds the same RoleBinding in each agent namespace.
+    let least = normalise(yaml_docs(&render_with_component(
+        "continuous",
+        "least-privilege",
+    )));
+    let chart_least = normalise(yaml_docs(&helm_template(
+        &helm,
+        "firstpacket",
+        "firstpacket",
+        &["rbac.leastPrivilege=true"],
+    )));
+    assert!(
+        least == chart_least,
+        "helm template --set rbac.leastPrivilege=true and the continuous overlay with components/least-privilege differ:\n{}",
+        first_difference(&least, &chart_least)
+    );
+    assert!(
+        !names(&least)
+            .iter()
+            .any(|n| n.starts_with("ClusterRoleBinding/-/firstpacket-pods-read"))
+            && !serde_json::to_string(&least)
+                .expect("json")
+                .contains("pods/proxy"),
+        "least privilege still binds pods cluster-wide or grants pods/proxy: {:?}",
+        names(&least)
+    );
+    let with_agents = yaml_docs(&helm_template(
+        &helm,
+        "firstpacket",
+        "firstpacket",
+        &[
+            "rbac.leastPrivilege=true",
+            "rbac.agentNamespaces={kube-system}",
+        ],
+    ));
+    let bindings: Vec<String> = names(&with_agents)
+        .into_iter()
+        .filter(|n| n.starts_with("RoleBinding/") && n.ends_with("/firstpacket-pods-read"))
+        .collect();
+    assert_eq!(
+        bindings,
+        [
+            "RoleBinding/firstpacket/firstpacket-pods-read",
+            "RoleBinding/kube-system/firstpacket-pods-read"
+        ],
+        "rbac.agentNamespaces"
+    );
 
     // The ServiceMonitor toggle renders the prometheus-operator overlay's ServiceMonitor.
     let monitor = |objects: Vec<Value>| {
@@ -400,25 +477,17 @@ fn dry_run(tb: &Testbed, what: &str, text: &str) {
     eprintln!("dry-run {what}: {accepted} objects accepted");
 }
 
-/// The commands of the worked CI examples (`docs/src/ci.md`), per step: from the GitHub Actions
-/// workflow (every `run:` of the job's steps, by step name) and the GitLab CI job
-/// (`before_script` + `script`). Both must list the same commands.
-fn readme_ci_commands() -> Vec<String> {
-    let readme = std::fs::read_to_string(repo_file("docs/src/ci.md")).expect("docs/src/ci.md");
-    let blocks: Vec<&str> = readme
-        .split("```yaml\n")
-        .skip(1)
-        .filter_map(|b| b.split("\n```").next())
-        .collect();
-    let github = blocks
-        .iter()
-        .find(|b| b.contains("runs-on:") && b.contains("prober gate"))
-        .expect("README: a GitHub Actions example running prober gate");
-    let gitlab = blocks
-        .iter()
-        .find(|b| b.contains("script:") && b.contains("prober gate") && !b.contains("runs-on:"))
-        .expect("README: a GitLab CI example running prober gate");
-    let gh: Value = serde_yaml_ng::from_str(github).expect("GitHub Actions YAML");
+/// The commands of the CI recipes, per step: from the GitHub Actions workflow
+/// `ci-examples/github-actions.yml` (every `run:` of the job's steps) and the GitLab CI
+/// job `ci-examples/gitlab-ci.yml` (`before_script` + `script`). Both must list the same
+/// commands but the GitHub one that writes the kubeconfig from a secret.
+fn ci_example_commands() -> Vec<String> {
+    let read = |f: &str| -> Value {
+        let text = std::fs::read_to_string(repo_file(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
+        serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{f}: {e}"))
+    };
+    let gh = read("ci-examples/github-actions.yml");
+    let gl = read("ci-examples/gitlab-ci.yml");
     let gh_cmds: Vec<String> = gh["jobs"]
         .as_object()
         .and_then(|j| j.values().next())
@@ -427,7 +496,6 @@ fn readme_ci_commands() -> Vec<String> {
         .iter()
         .filter_map(|s| s["run"].as_str().map(|r| r.trim().to_owned()))
         .collect();
-    let gl: Value = serde_yaml_ng::from_str(gitlab).expect("GitLab CI YAML");
     let job = gl
         .as_object()
         .and_then(|o| o.values().find(|j| j["script"].is_array()))
@@ -444,23 +512,94 @@ fn readme_ci_commands() -> Vec<String> {
         .collect();
     assert_eq!(
         gh_cmds, gl_cmds,
-        "README's GitHub Actions and GitLab CI examples run different commands"
+        "ci-examples/github-actions.yml and gitlab-ci.yml run different commands"
     );
     gh_cmds
 }
 
+/// `crane registry serve` on the machine's loopback (where the testbed's kubelets pull
+/// `127.0.0.1:PORT/…` images from; a free port) with both built images pushed as
+/// `127.0.0.1:PORT/firstpacket/NAME:VERSION` (what a user does with `crane push`),
+/// killed on drop; as `testbed/tests/e2e_images.rs` serves one.
+struct Registry {
+    child: std::process::Child,
+    /// `127.0.0.1:PORT/firstpacket`: what `FIRSTPACKET_IMAGE_REGISTRY` names.
+    prefix: String,
+    log: PathBuf,
+}
+
+impl Registry {
+    fn start(crane: &Path, images: &Path) -> Registry {
+        let log = std::env::temp_dir().join(format!(
+            "fp-install-registry-{}-{}.log",
+            std::process::id(),
+            common::rand_suffix()
+        ));
+        let child = Command::new(crane)
+            .args(["registry", "serve", "--address", "127.0.0.1:0"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("registry log"))
+            .spawn()
+            .expect("start crane registry serve");
+        let mut reg = Registry {
+            child,
+            prefix: String::new(),
+            log,
+        };
+        let port = poll_until(
+            Duration::from_secs(10),
+            || {
+                std::fs::read_to_string(&reg.log)
+                    .unwrap_or_default()
+                    .split("serving on port ")
+                    .nth(1)
+                    .and_then(|r| r.split_whitespace().next())
+                    .map(str::to_owned)
+            },
+            Option::is_some,
+        )
+        .expect("crane registry serve did not report its port");
+        reg.prefix = format!("127.0.0.1:{port}/firstpacket");
+        for name in ["prober", "target-server"] {
+            run_ok(
+                Command::new(crane)
+                    .arg("push")
+                    .arg(images.join(name))
+                    .arg(format!(
+                        "{}/{name}:{}",
+                        reg.prefix,
+                        env!("CARGO_PKG_VERSION")
+                    )),
+            );
+        }
+        reg
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
 /// A kustomization in the state dir on top of manifests/overlays/gate (kustomize wants a
 /// relative path to it) with `config` added to the ConfigMap `firstpacket-gate` and
-/// `extra` appended (e.g. an `images:` entry). Returns its directory.
+/// `extra` appended (e.g. an `images:` entry), `MANIFESTS` in it replaced by the
+/// relative path to manifests/ (e.g. for a component). Returns its directory.
 fn gate_overlay(tb: &Testbed, name: &str, config: &[(&str, &str)], extra: &str) -> PathBuf {
     let dir = tb.state.join(format!("overlay-{name}"));
     std::fs::create_dir_all(&dir).expect("overlay dir");
-    let gate = repo_file("manifests/overlays/gate")
-        .canonicalize()
-        .expect("gate overlay");
+    let manifests = repo_file("manifests").canonicalize().expect("manifests");
     let dir_abs = dir.canonicalize().expect("overlay dir");
     let up = "../".repeat(dir_abs.components().count() - 1);
-    let rel = format!("{up}{}", gate.display().to_string().trim_start_matches('/'));
+    let manifests = format!(
+        "{up}{}",
+        manifests.display().to_string().trim_start_matches('/')
+    );
+    let rel = format!("{manifests}/overlays/gate");
+    let extra = extra.replace("MANIFESTS", &manifests);
     let data: String = config
         .iter()
         .map(|(k, v)| format!("      {k}: \"{v}\"\n"))
@@ -510,6 +649,22 @@ fn job_outcome(tb: &Testbed) -> String {
     .lines()
     .find(|t| *t == "Complete" || *t == "Failed")
     .unwrap_or_default()
+    .to_owned()
+}
+
+/// `spec.suspend` of Job `firstpacket/firstpacket-gate` (`true` once gate-job.sh gave up
+/// on a pod that never started).
+fn job_suspended(tb: &Testbed) -> String {
+    tb.kubectl(&[
+        "get",
+        "job",
+        "firstpacket-gate",
+        "-n",
+        "firstpacket",
+        "-o",
+        "jsonpath={.spec.suspend}",
+    ])
+    .trim()
     .to_owned()
 }
 
@@ -699,18 +854,37 @@ fn kustomize_helm_and_the_gate_job_on_the_real_control_plane() {
     let left = tb.wait_no_probe_pods(Duration::from_secs(60));
     assert!(left.is_empty(), "probe pods left: {left:?}");
 
-    // 4. README's CI recipe (runner with a kubeconfig, then the in-cluster Job).
-    step("README CI recipe");
+    // 4. The CI recipe (ci-examples/; runner with a kubeconfig, then the in-cluster Job)
+    // with the images from a registry the user names: both pushed to one on loopback,
+    // FIRSTPACKET_IMAGE_REGISTRY set, the runner's prober taken out of the prober image.
+    step("CI recipe with FIRSTPACKET_IMAGE_REGISTRY");
+    let crane = PathBuf::from(
+        run_ok(
+            Command::new("bash")
+                .arg(repo_file("scripts/image.sh"))
+                .arg("--crane"),
+        )
+        .trim(),
+    );
+    let registry = Registry::start(&crane, Path::new(images));
     let work = tb.state.join("ci");
-    std::fs::create_dir_all(&work).expect("ci dir");
+    let cargo_home = work.join("cargo");
+    std::fs::create_dir_all(&cargo_home).expect("ci dir");
     std::os::unix::fs::symlink(
         repo_file("").canonicalize().expect("repo"),
         work.join("firstpacket"),
     )
     .expect("symlink firstpacket");
-    for cmd in readme_ci_commands() {
-        if cmd.starts_with("git clone") || cmd.starts_with("cargo install") {
-            // This checkout is the clone (symlinked) and its prober is built.
+    let env = format!(
+        "export FIRSTPACKET_IMAGE_REGISTRY='{}' CARGO_HOME='{}' PATH='{}/bin:{}':\"$PATH\"",
+        registry.prefix,
+        cargo_home.display(),
+        cargo_home.display(),
+        crane.parent().expect("crane dir").display()
+    );
+    for cmd in ci_example_commands() {
+        if cmd.starts_with("git clone") {
+            // This checkout is the clone (symlinked).
             eprintln!("recipe: skipped here: {cmd}");
             continue;
         }
@@ -730,7 +904,18 @@ fn kustomize_helm_and_the_gate_job_on_the_real_control_plane() {
             continue;
         }
         eprintln!("recipe: {cmd}");
-        let out = tb.exec(&["bash", "-ec", &format!("cd '{}'\n{cmd}", work.display())]);
+        let script = format!("cd '{}'\n{env}\n{cmd}", work.display());
+        // The runner reaches the registry on the machine's loopback, where the kubelets
+        // pull from, and the API in the testbed's host namespace (`testbed exec`):
+        // getting the prober needs only the former.
+        let out = if cmd.contains("get-prober.sh") {
+            Command::new("bash")
+                .args(["-ec", &script])
+                .output()
+                .expect("bash")
+        } else {
+            tb.exec(&["bash", "-ec", &script])
+        };
         assert!(
             out.status.success(),
             "recipe step {cmd:?} exited {:?}:\n{}\n{}",
@@ -739,6 +924,49 @@ fn kustomize_helm_and_the_gate_job_on_the_real_control_plane() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    // The runner ran the prober out of the image (get-prober.sh), the Job the image
+    // pulled from the registry, its probe pods the registry's target-server.
+    assert!(
+        cargo_home.join("bin/prober").is_file(),
+        "get-prober.sh installed no prober in {}",
+        cargo_home.display()
+    );
+    let job_pod = json(
+        &tb,
+        &[
+            "get",
+            "pods",
+            "-n",
+            "firstpacket",
+            "-l",
+            "job-name=firstpacket-gate",
+        ],
+    );
+    let job_pod = &job_pod["items"][0];
+    let prober_digest = common::built_image_digest(Path::new(images), "prober");
+    let id = job_pod["status"]["containerStatuses"][0]["imageID"]
+        .as_str()
+        .unwrap_or_default();
+    assert_eq!(
+        id,
+        format!("{}/prober@{prober_digest}", registry.prefix),
+        "the gate Job's imageID"
+    );
+    let probe_image = job_pod["spec"]["containers"][0]["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["name"] == "FIRSTPACKET_IMAGE")
+        .map(|e| e["value"].clone());
+    assert_eq!(
+        probe_image,
+        Some(Value::from(format!(
+            "{}/target-server:{}",
+            registry.prefix,
+            env!("CARGO_PKG_VERSION")
+        ))),
+        "the gate Job's probe image: {job_pod:#}"
+    );
     assert_eq!(job_outcome(&tb), "Complete", "the S1 gate Job");
     for name in ["before.json", "after.json", "in-cluster.json"] {
         let r = read_report(&work.join(name), "recipe");
@@ -856,6 +1084,161 @@ fn kustomize_helm_and_the_gate_job_on_the_real_control_plane() {
     );
     assert_eq!(code, 2, "missing prober image: exit {code}\n{stderr}");
     assert!(stderr.contains("cannot pull"), "{stderr}");
+
+    // 8. The Job's pod refused by admission (the namespace's Pod Security `restricted`
+    // and a container allowing privilege escalation): exit 2 within 30 s quoting the
+    // Job controller's FailedCreate Event, the Job suspended.
+    step("gate Job whose pod admission refuses");
+    let refused = gate_overlay(
+        &tb,
+        "refused",
+        &[],
+        "patches:\n- target: {kind: Job, name: firstpacket-gate}\n  patch: |-\n    - op: replace\n      path: /spec/template/spec/containers/0/securityContext/allowPrivilegeEscalation\n      value: true\n",
+    );
+    let t = Instant::now();
+    let (code, _, stderr) = gate_job(
+        &tb,
+        &tb.state,
+        &[
+            "-k",
+            refused.to_str().expect("path"),
+            "--report",
+            "refused.json",
+        ],
+    );
+    let took = t.elapsed();
+    assert_eq!(code, 2, "admission-refused Job pod: exit {code}\n{stderr}");
+    assert!(
+        took < Duration::from_secs(30),
+        "admission-refused Job pod: exit 2 after {took:?}"
+    );
+    assert!(
+        stderr.contains("is forbidden")
+            && stderr.contains("PodSecurity")
+            && stderr.contains("allowPrivilegeEscalation"),
+        "the refusal is not quoted:\n{stderr}"
+    );
+    assert_eq!(
+        job_suspended(&tb),
+        "true",
+        "the refused Job is not suspended"
+    );
+    eprintln!("refused: exit 2 after {:.1}s", took.as_secs_f64());
+
+    // 9. The Job's pod unschedulable (a node selector no node has): exit 2 with the
+    // scheduler's message (--start-grace 2: the default's 10 s is step 8's).
+    step("gate Job whose pod is unschedulable");
+    let unschedulable = gate_overlay(
+        &tb,
+        "unschedulable",
+        &[],
+        "patches:\n- target: {kind: Job, name: firstpacket-gate}\n  patch: |-\n    - op: add\n      path: /spec/template/spec/nodeSelector\n      value: {firstpacket.example/no-such-node: \"true\"}\n",
+    );
+    let t = Instant::now();
+    let (code, _, stderr) = gate_job(
+        &tb,
+        &tb.state,
+        &[
+            "-k",
+            unschedulable.to_str().expect("path"),
+            "--report",
+            "unschedulable.json",
+            "--start-grace",
+            "2",
+        ],
+    );
+    let took = t.elapsed();
+    assert_eq!(code, 2, "unschedulable Job pod: exit {code}\n{stderr}");
+    assert!(
+        took < Duration::from_secs(20),
+        "unschedulable Job pod: exit 2 after {took:?}"
+    );
+    assert!(
+        stderr.contains("is unschedulable: 0/3 nodes are available"),
+        "no scheduler message:\n{stderr}"
+    );
+    assert_eq!(
+        job_suspended(&tb),
+        "true",
+        "the unschedulable Job is not suspended"
+    );
+    eprintln!("unschedulable: exit 2 after {:.1}s", took.as_secs_f64());
+
+    // 10. Least-privilege RBAC (manifests/components/least-privilege) on the gate Job:
+    // the ServiceAccount can list pods in its namespace only, no pods/proxy; the gate
+    // still passes, with agent discovery (what it gives up) blind.
+    step("gate Job with the least-privilege component");
+    // kubectl apply does not prune: the base's cluster-wide binding goes by hand.
+    tb.kubectl(&[
+        "delete",
+        "clusterrolebinding",
+        "firstpacket-pods-read",
+        "--ignore-not-found",
+    ]);
+    let lp = gate_overlay(
+        &tb,
+        "least-privilege",
+        &[],
+        "components:\n- MANIFESTS/components/least-privilege\n",
+    );
+    let sa = "system:serviceaccount:firstpacket:firstpacket";
+    let can_i = |args: &[&str]| -> String {
+        let mut a = vec!["kubectl", "auth", "can-i"];
+        a.extend(args);
+        a.extend(["--as", sa]);
+        String::from_utf8_lossy(&tb.exec(&a).stdout)
+            .trim()
+            .to_owned()
+    };
+    let want: [(&[&str], &str); 6] = [
+        (&["list", "pods", "-n", "firstpacket"], "yes"),
+        (&["watch", "pods", "-n", "firstpacket"], "yes"),
+        (&["create", "pods", "-n", "firstpacket"], "yes"),
+        (&["list", "pods", "-n", "kube-system"], "no"),
+        (&["watch", "pods", "--all-namespaces"], "no"),
+        (
+            &["get", "pods", "--subresource=proxy", "-n", "firstpacket"],
+            "no",
+        ),
+    ];
+    // Applied by gate-job.sh below; the authorizer follows RBAC writes within moments.
+    let (code, _, stderr) = gate_job(
+        &tb,
+        &tb.state,
+        &["-k", lp.to_str().expect("path"), "--report", "least.json"],
+    );
+    let answers = poll_until(
+        Duration::from_secs(20),
+        || want.iter().map(|(a, _)| can_i(a)).collect::<Vec<_>>(),
+        |got| got.iter().zip(&want).all(|(g, (_, w))| g == w),
+    );
+    for (got, (args, w)) in answers.iter().zip(&want) {
+        assert_eq!(got, w, "kubectl auth can-i {} --as {sa}", args.join(" "));
+    }
+    let r = read_report(&tb.state.join("least.json"), "least privilege");
+    assert_eq!(
+        code, 0,
+        "least-privilege gate: exit {code}\n{stderr}\n{r:#}"
+    );
+    assert_eq!(r["verdict"], "pass", "{r:#}");
+    assert_eq!(r["agents"]["scrape_mode"], "direct", "{:#}", r["agents"]);
+    let agents_found = |r: &Value| -> u64 {
+        r["agents"]["profiles"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(_, p)| p["nodes_with_agent"].as_u64().unwrap_or(0))
+            .sum()
+    };
+    let full = read_report(&work.join("in-cluster.json"), "recipe");
+    assert!(
+        agents_found(&full) > 0 && agents_found(&r) == 0,
+        "agent pods found: {} with the default RBAC, {} with least privilege (want some, none):\n{:#}\n{:#}",
+        agents_found(&full),
+        agents_found(&r),
+        full["agents"],
+        r["agents"]
+    );
     step("done");
 }
 
