@@ -5,19 +5,25 @@
 //!
 //! - `chart_lints_and_renders_the_continuous_overlay`: `helm lint`, and `helm template`
 //!   with default values renders the objects of `kubectl kustomize
-//!   manifests/overlays/continuous` after the normalisation `docs/src/install.md` "Helm chart" documents
-//!   (no testbed).
+//!   manifests/overlays/continuous` after the normalisation `docs/src/install.md` "Helm
+//!   chart" documents, and with `rbac.leastPrivilege=true` those of the overlay with
+//!   `manifests/components/least-privilege` (no testbed).
 //! - `kustomize_helm_and_the_gate_job_on_the_real_control_plane`: one testbed running
 //!   the OCI images `scripts/image.sh` built (`--image-dir`), in steps:
 //!   `kubectl apply -k manifests/overlays/continuous` gives two Ready replicas of the
-//!   built prober image, one
-//!   leader, probes running and metrics served (through the API server's pod proxy and
-//!   the Service's named port); a server-side dry-run of every object each overlay and
-//!   the chart render (ServiceMonitor and PrometheusRule against the CRDs); `helm
-//!   install` in another namespace gives a Ready leader too; the book's CI recipe (GitHub
-//!   Actions and GitLab CI, the same commands) run against the testbed with a CNI agent
-//!   rollout as the upgrade; `scripts/gate-job.sh` on S4 exits 1 with the cross-node
-//!   failures, with a missing probe image exits 2, with a missing prober image exits 2.
+//!   built prober image, one leader, probes running and metrics served (through the API
+//!   server's pod proxy and the Service's named port); a server-side dry-run of every
+//!   object each overlay and the chart render (ServiceMonitor and PrometheusRule against
+//!   the CRDs); `helm install` in another namespace gives a Ready leader too; the CI
+//!   recipe (`ci-examples/`: GitHub Actions and GitLab CI, the same commands) run
+//!   against the testbed with a CNI agent rollout as the upgrade and
+//!   `FIRSTPACKET_IMAGE_REGISTRY` naming a registry on loopback holding both images (the
+//!   runner's prober taken out of the prober image, the Job and the probe pods pulled
+//!   from it); `scripts/gate-job.sh` on S4 exits 1 with the cross-node failures, with a
+//!   missing probe image exits 2, with a missing prober image exits 2, with its pod
+//!   refused by Pod Security admission or unschedulable exits 2 within seconds quoting
+//!   why; the gate Job with the least-privilege component passes, `kubectl auth can-i`
+//!   saying what that RBAC no longer allows.
 //! - `config_map_env_reaches_the_container_as_the_kubelet_gives_it`: the testbed
 //!   kubelet's env from ConfigMaps (what the gate Job's thresholds use), on either control plane.
 mod common;
