@@ -660,15 +660,16 @@ fn blind_prober_phase(tb: &Testbed, stack: &mut Stack) {
             active_at - (now_unix() - denied.elapsed().as_secs_f64()),
             for_.as_secs_f64()
         );
-        // Prometheus stamps startsAt when the alert fired.
+        // Prometheus stamps startsAt when the alert fired (0.5 s for an evaluation that
+        // starts late on a loaded machine).
         assert!(
-            to_fire >= for_.as_secs_f64() - 0.1 && to_fire <= budget + 0.2,
+            to_fire >= for_.as_secs_f64() - 0.1 && to_fire <= budget + 0.5,
             "{name}: fired {to_fire:.2} s after its condition held (for: {for_:?} + one evaluation)"
         );
-        // Arrival, as this test polls the webhook (every 0.5 s) and Alertmanager's group
-        // wait: within the budget plus those.
+        // Arrival, with Alertmanager's group wait and 3 s for delivery and this test's
+        // polling of the webhook (every 0.5 s; 16.0–16.5 s measured against 20 s).
         assert!(
-            to_arrive <= budget + (GROUP_WAIT + Duration::from_millis(1500)).as_secs_f64(),
+            to_arrive <= budget + (GROUP_WAIT + Duration::from_secs(3)).as_secs_f64(),
             "{name}: at the webhook {to_arrive:.2} s after its condition held (for: {for_:?} + one evaluation + group wait {GROUP_WAIT:?})"
         );
     }
@@ -790,15 +791,9 @@ fn prometheus_and_alertmanager_alert_on_s5_drift_and_s4_cross_node_and_stay_sile
     tb.set_fault(&mon::read(S5));
     let s5_start = Instant::now();
     let page = curl(&tb, &format!("{base}/metrics")).expect("/metrics");
-    // Wait for a suspect (its counter appears at the first one), then check the names.
-    let mut names_on_page = page_names(&page);
-    while !names_on_page.contains("firstpacket_suspects_total")
-        && s5_start.elapsed() < Duration::from_secs(60)
-    {
-        stack.prober.assert_running();
-        std::thread::sleep(Duration::from_secs(1));
-        names_on_page = page_names(&curl(&tb, &format!("{base}/metrics")).unwrap_or_default());
-    }
+    // Every series a rule or panel reads exists from the start (the suspects' at 0 per
+    // node and signal, the engine faults' per fault), before its first event.
+    let names_on_page = page_names(&page);
     let dash: Json = serde_json::from_str(&mon::read(mon::DASHBOARD)).expect("dashboard");
     let mut used = BTreeSet::new();
     for e in mon::rule_exprs(&mon::read(mon::RULES))
@@ -838,7 +833,7 @@ fn prometheus_and_alertmanager_alert_on_s5_drift_and_s4_cross_node_and_stay_sile
             .collect()
     };
     let s5_seen = names(0);
-    eprintln!("webhook under S5: {s5_seen:?}");
+    eprintln!("webhook up to the end of S5: {s5_seen:?}");
     tb.set_fault(&mon::read(S4));
     let s4_start = Instant::now();
     let s4_start_unix = now_unix();
