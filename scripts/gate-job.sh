@@ -118,11 +118,12 @@ uid=$(kubectl -n "$ns" get job "$job" -o 'jsonpath={.metadata.uid}')
 log "Job $ns/$job (uid $uid) applied; waiting for its pod to finish"
 
 # The newest message of the Job's FailedCreate Events (the Job controller's "Error
-# creating: pods … is forbidden: …" when admission refuses its pod), "" when none.
+# creating: pods … is forbidden: …" when admission refuses its pod), "" when none or
+# when Events cannot be read.
 refusal() {
   kubectl -n "$ns" get events --field-selector "involvedObject.uid=$uid,reason=FailedCreate" -o \
     'jsonpath={range .items[*]}{.lastTimestamp}{.eventTime}{" "}{.message}{"\n"}{end}' 2>/dev/null \
-    | sort | tail -n 1 | cut -d' ' -f2-
+    | sort | tail -n 1 | cut -d' ' -f2- || true
 }
 
 # One field of the current pod (a jsonpath), "" when it cannot be read.
