@@ -21,6 +21,9 @@ command -v conntrack >/dev/null 2>&1 || need+=(conntrack)
 # (testbed/tests/e2e_alerts.rs). The packages' services are not started (no systemd).
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v amtool >/dev/null 2>&1 || need+=(prometheus-alertmanager)
+# Chromium (Debian's package, headless): the end-to-end alerting test loads `prober run`'s
+# status page under S4 with `chromium --headless --dump-dom` and saves a screenshot of it.
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
 # A venv for scripts/render-panels.py (Debian's python3 needs python3-venv for it).
 python3 -c 'import ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
