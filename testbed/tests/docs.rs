@@ -29,7 +29,8 @@ const OUTSIDE: [&str; 6] = [
 ];
 
 /// Top-level entries of the repository a cited path may start with.
-const TOP: [&str; 11] = [
+const TOP: [&str; 12] = [
+    "ci-examples/",
     "prober/",
     "target-server/",
     "testbed/",
