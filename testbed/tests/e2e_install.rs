@@ -14,7 +14,8 @@
 //!   built prober image, one leader, probes running and metrics served (through the API
 //!   server's pod proxy and the Service's named port); a server-side dry-run of every
 //!   object each overlay and the chart render (ServiceMonitor and PrometheusRule against
-//!   the CRDs); `helm install` in another namespace gives a Ready leader too; the CI
+//!   the CRDs); `helm install --set rbac.leastPrivilege=true` in another namespace gives
+//!   a Ready, probing leader too (`kubectl auth can-i` checked); the CI
 //!   recipe (`ci-examples/`: GitHub Actions and GitLab CI, the same commands) run
 //!   against the testbed with a CNI agent rollout as the upgrade and
 //!   `FIRSTPACKET_IMAGE_REGISTRY` naming a registry on loopback holding both images (the
@@ -818,7 +819,10 @@ fn kustomize_helm_and_the_gate_job_on_the_real_control_plane() {
     dry_run(&tb, "helm", &helm_template(&helm, "fph", "fp-helm", &sets));
 
     // 3. helm install into another namespace: a Ready leader there too.
-    step("helm install -n fp-helm");
+    // With rbac.leastPrivilege (the defaults are the continuous overlay of step 1, which
+    // chart_lints_and_renders_the_continuous_overlay compares): `prober run` leads and
+    // probes with pods read in its namespace only and no pods/proxy.
+    step("helm install -n fp-helm --set rbac.leastPrivilege=true");
     let chart = repo_file("manifests/helm/firstpacket");
     let out = tb.exec(&[
         helm.to_str().expect("path"),
@@ -827,6 +831,8 @@ fn kustomize_helm_and_the_gate_job_on_the_real_control_plane() {
         chart.to_str().expect("path"),
         "-n",
         "fp-helm",
+        "--set",
+        "rbac.leastPrivilege=true",
     ]);
     assert!(
         out.status.success(),
@@ -835,6 +841,29 @@ fn kustomize_helm_and_the_gate_job_on_the_real_control_plane() {
     );
     let helm_leader = assert_ready_leader_probing(&tb, "fp-helm", selector);
     eprintln!("helm install's leader {helm_leader}");
+    let fph = "system:serviceaccount:fp-helm:fph-firstpacket";
+    let want: [(&[&str], &str); 3] = [
+        (&["list", "pods", "-n", "fp-helm"], "yes"),
+        (&["list", "pods", "-n", "kube-system"], "no"),
+        (
+            &["get", "pods", "--subresource=proxy", "-n", "fp-helm"],
+            "no",
+        ),
+    ];
+    for (args, want) in want {
+        let mut a = vec!["kubectl", "auth", "can-i"];
+        a.extend(args);
+        a.extend(["--as", fph]);
+        let got = String::from_utf8_lossy(&tb.exec(&a).stdout)
+            .trim()
+            .to_owned();
+        assert_eq!(
+            got,
+            want,
+            "kubectl auth can-i {} --as {fph}",
+            args.join(" ")
+        );
+    }
     let out = tb.exec(&[
         helm.to_str().expect("path"),
         "uninstall",
