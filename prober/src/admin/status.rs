@@ -705,7 +705,7 @@ fn lap_html(out: &mut String, lap: &LapCheck, info: &RunInfo) {
     if let (Some(a), Some(d)) = (lap.allowed, lap.mean_probe) {
         let _ = write!(
             out,
-            "<span>the probes allow <b id=\"lap-allowed\">{}</b> (a probe takes {d:.1}s on average, --concurrency {})</span>",
+            "<span>a lap takes at least <b id=\"lap-allowed\">{}</b> at the probes' pace ({d:.1}s each on average, --concurrency {})</span>",
             secs(Some(a)),
             lap.concurrency
         );
