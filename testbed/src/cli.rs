@@ -17,10 +17,6 @@ use std::time::{Duration, Instant};
 /// Default state directory.
 pub const DEFAULT_STATE_DIR: &str = "/tmp/firstpacket-testbed";
 
-/// The healthy-cluster fault profile `testbed demo` applies (docs/scenarios.md S1).
-pub const DEMO_FAULT: &str =
-    "rules:\n  - nodes: {all: true}\n    program_delay: {uniform: [200ms, 600ms]}\n";
-
 #[derive(Parser, Debug)]
 #[command(
     name = "testbed",
@@ -128,8 +124,11 @@ pub enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         rest: Vec<String>,
     },
-    /// Up (3 nodes, healthy profile) → `prober gate` → report → down.
-    Demo(DemoArgs),
+    /// The problem firstpacket exists for, in under a minute: a gate on a healthy 4-node
+    /// cluster, then on one whose node-2 and node-3 are stuck in a dataplane apply loop
+    /// (S2), beside a long-lived mesh that stays green; or, with `--fault FILE|SCENARIO`,
+    /// one gate on that fault. Tears the testbed down in every case.
+    Demo(crate::demo::DemoArgs),
     /// (internal) the daemon `up` starts.
     #[command(hide = true)]
     Daemon(UpArgs),
@@ -261,19 +260,6 @@ fn parse_agent(s: &str) -> Result<crate::calico::AgentChoice, String> {
     s.parse()
 }
 
-#[derive(clap::Args, Debug, Clone)]
-pub struct DemoArgs {
-    /// Number of nodes.
-    #[arg(long, default_value_t = 3)]
-    pub nodes: usize,
-    /// Where to copy the gate report (JSON).
-    #[arg(long, default_value = "firstpacket-report.json")]
-    pub report: PathBuf,
-    /// Extra arguments passed to `prober gate`.
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-    pub gate_args: Vec<String>,
-}
-
 /// Parses `NODE=KEY=VALUE` items into node → labels.
 pub fn parse_node_labels(items: &[String]) -> Result<BTreeMap<String, BTreeMap<String, String>>> {
     let mut out: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
@@ -350,6 +336,12 @@ pub fn ready_info(state: &Path) -> Result<ReadyInfo> {
 
 /// `testbed up`: starts the daemon and waits for Ready.
 pub fn up(state: &Path, args: &UpArgs) -> Result<()> {
+    up_with(state, args, true)
+}
+
+/// [`up`], printing the `kubectl` hint only with `hints` (the demo tears the cluster down
+/// before anyone could use it).
+pub fn up_with(state: &Path, args: &UpArgs, hints: bool) -> Result<()> {
     if args.nodes < 1 {
         bail!("--nodes must be at least 1");
     }
@@ -514,15 +506,17 @@ pub fn up(state: &Path, args: &UpArgs) -> Result<()> {
                 start.elapsed().as_secs_f64(),
                 info.nodes.join(", ")
             );
-            eprintln!(
-                "  API (this machine): {}   kubeconfig: {}",
-                info.api_local,
-                info.kubeconfig.display()
-            );
-            eprintln!(
-                "  try: testbed --state-dir {} exec -- kubectl get nodes -o wide",
-                state.display()
-            );
+            if hints {
+                eprintln!(
+                    "  API (this machine): {}   kubeconfig: {}",
+                    info.api_local,
+                    info.kubeconfig.display()
+                );
+                eprintln!(
+                    "  try: testbed --state-dir {} exec -- kubectl get nodes -o wide",
+                    state.display()
+                );
+            }
             if info.control_plane == crate::control_plane::Mode::Real.as_arg() {
                 eprintln!(
                     "  real control plane: logs and audit log in {}",
@@ -694,12 +688,19 @@ fn control(state: &Path, line: &str) -> Result<String> {
 
 /// `testbed fault set FILE`.
 pub fn fault_set(state: &Path, file: &Path) -> Result<()> {
+    let abs = fault_set_quiet(state, file)?;
+    eprintln!("testbed: fault file {} applied", abs.display());
+    Ok(())
+}
+
+/// [`fault_set`] without its line (the demo's file lives in a state dir it deletes);
+/// returns the file's absolute path.
+pub fn fault_set_quiet(state: &Path, file: &Path) -> Result<PathBuf> {
     let abs = file
         .canonicalize()
         .with_context(|| format!("fault file {}", file.display()))?;
     control(state, &format!("fault-set {}", abs.display()))?;
-    eprintln!("testbed: fault file {} applied", abs.display());
-    Ok(())
+    Ok(abs)
 }
 
 /// `testbed node cordon|uncordon NODE` through the API (as `kubectl cordon` does: a
@@ -800,53 +801,6 @@ fn check_verb(verb: &str) -> Result<()> {
             API_VERBS.join(", ")
         )
     }
-}
-
-/// `testbed demo`: up → `prober gate` → report → down. Returns the gate's exit code.
-pub fn demo(state: &Path, args: &DemoArgs) -> Result<i32> {
-    std::fs::create_dir_all(state)?;
-    let fault = state.join("demo-fault.yaml");
-    std::fs::write(&fault, DEMO_FAULT)?;
-    let up_args = UpArgs {
-        nodes: args.nodes,
-        fault: Some(fault),
-        node_labels: vec![],
-        hostname_label_suffix: None,
-        bin_dir: None,
-        image_dir: None,
-        kube_proxy_metrics: Default::default(),
-        timeout: None,
-        control_plane: Default::default(),
-        control_plane_bin: None,
-        hollow_nodes: 0,
-        hollow_ttfp: crate::hollow::DEFAULT_TTFP,
-        hollow_direct_scrapes: Default::default(),
-        agent: Default::default(),
-        kube_proxy: Default::default(),
-    };
-    up(state, &up_args)?;
-    let report = state.join("report.json");
-    let mut cmd: Vec<String> = vec![
-        "prober".into(),
-        "gate".into(),
-        "--report".into(),
-        report.display().to_string(),
-    ];
-    cmd.extend(args.gate_args.iter().cloned());
-    eprintln!("testbed: running {}", cmd.join(" "));
-    let code = exec_child(state, &cmd);
-    if report.is_file() {
-        if let Err(e) = std::fs::copy(&report, &args.report) {
-            eprintln!(
-                "testbed: could not copy the report to {}: {e}",
-                args.report.display()
-            );
-        } else {
-            eprintln!("testbed: gate report written to {}", args.report.display());
-        }
-    }
-    down(state)?;
-    code
 }
 
 fn parse_hex_caps(s: &str) -> Result<u64, String> {
@@ -1067,7 +1021,7 @@ pub fn main_with(cli: Cli) -> Result<i32> {
             }
             (other, rest) => bail!("`testbed api {other}` takes no arguments (got {rest:?})"),
         },
-        Cmd::Demo(a) => demo(&state, &a),
+        Cmd::Demo(a) => crate::demo::demo(&state, &a),
     }
 }
 

@@ -14,6 +14,7 @@ pub mod control_plane;
 pub mod controllers;
 pub mod daemon;
 pub mod dataplane;
+pub mod demo;
 pub mod fault;
 pub mod felix;
 pub mod hollow;

@@ -1334,3 +1334,137 @@ fn kubelet_registers_node_renews_lease_and_writes_status_through_pods_status() {
     ]);
     assert!(slices.contains("kubernetes"), "{slices}");
 }
+
+/// Issue 31 point 8: `testbed demo` shows the problem — a healthy gate passes, the S2
+/// apply-loop gate fails naming node-2/node-3 with `dataplane_apply_slow`, the long-lived
+/// mesh beside it made checks and none failed — exits 0, and leaves no netns, no state
+/// and no hint pointing at the deleted cluster; `--fault` runs one gate on a scenario.
+#[test]
+fn the_demo_shows_the_apply_loop_caught_beside_a_green_mesh_and_leaves_nothing() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    common::bin("prober");
+    common::bin("target-server");
+    let dir = std::env::temp_dir().join(format!("fp-e2e-demo-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let state = dir.join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    // The testbed's netns prefix for this state dir (testbed/src/plan.rs: `fp` + the
+    // first 3 bytes of the SHA-1 of its canonical path); other lanes' testbeds may come
+    // and go meanwhile.
+    let prefix = {
+        use sha1::Digest;
+        let d = sha1::Sha1::digest(state.canonicalize().unwrap().as_os_str().as_encoded_bytes());
+        format!("fp{:02x}{:02x}{:02x}", d[0], d[1], d[2])
+    };
+    let left = || {
+        netns_list()
+            .lines()
+            .filter(|l| l.starts_with(&prefix))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let t0 = Instant::now();
+    let child = Command::new(env!("CARGO_BIN_EXE_testbed"))
+        .current_dir(&dir)
+        .args(["--state-dir", state.to_str().unwrap(), "demo"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run testbed demo");
+    // The prefix is the demo's: its netns exist while it runs (so the check after it
+    // is not vacuous).
+    let mut seen = false;
+    while !seen && t0.elapsed() < Duration::from_secs(20) {
+        seen = !left().is_empty();
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let out = child.wait_with_output().expect("demo output");
+    let took = t0.elapsed();
+    assert!(seen, "no netns with the demo's prefix {prefix} appeared");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let all = format!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    eprintln!("demo took {:.1}s", took.as_secs_f64());
+    let row = |label: &str| {
+        stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{label:<22}  ")))
+            .unwrap_or_else(|| panic!("no {label} row:\n{all}"))
+            .to_owned()
+    };
+    let gate = row("firstpacket gate");
+    assert!(
+        gate.contains("PASS (exit 0)") && gate.contains("FAIL (exit 1)"),
+        "{gate}"
+    );
+    let suspects = row("suspects");
+    assert!(
+        suspects.contains("node-2 dataplane_apply_slow")
+            && suspects.contains("node-3 dataplane_apply_slow")
+            && !suspects.contains("node-1")
+            && !suspects.contains("node-4"),
+        "{suspects}"
+    );
+    // The mesh: "N checks, 0 failed" in both acts, with checks made.
+    let mesh = row("long-lived mesh");
+    let counts: Vec<(u64, u64)> = mesh
+        .split("checks, ")
+        .zip(mesh.split("checks, ").skip(1))
+        .filter_map(|(a, b)| {
+            let n = a.split_whitespace().last()?.parse().ok()?;
+            let f = b.split_whitespace().next()?.parse().ok()?;
+            Some((n, f))
+        })
+        .collect();
+    assert_eq!(counts.len(), 2, "{mesh}");
+    assert!(counts.iter().all(|(n, f)| *n > 0 && *f == 0), "{mesh}");
+    assert!(
+        stdout.contains("What firstpacket saw that a long-lived mesh would not"),
+        "{all}"
+    );
+    // Both reports kept where the demo said; nothing points at the deleted cluster.
+    for r in [
+        "firstpacket-report-healthy.json",
+        "firstpacket-report-apply-loop.json",
+    ] {
+        let text = std::fs::read_to_string(dir.join(r)).unwrap_or_else(|e| panic!("{r}: {e}"));
+        validate(&serde_json::from_str(&text).unwrap());
+    }
+    assert!(!all.contains("kubectl get"), "{all}");
+    assert!(!all.contains("kubeconfig:"), "{all}");
+    assert_eq!(left(), Vec::<String>::new(), "netns left behind");
+
+    // One gate on a shipped scenario by number: S4, cross-node broken, exits 1.
+    let out = Command::new(env!("CARGO_BIN_EXE_testbed"))
+        .current_dir(&dir)
+        .args([
+            "--state-dir",
+            state.to_str().unwrap(),
+            "demo",
+            "--nodes",
+            "3",
+            "--fault",
+            "s4",
+        ])
+        .args([
+            "--",
+            "--kinds",
+            "cross_node,same_node",
+            "--give-up",
+            "5s",
+            "--hold",
+            "1s",
+        ])
+        .output()
+        .expect("run testbed demo --fault s4");
+    let all = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(all.contains("cross_node_broken"), "{all}");
+    assert_eq!(left(), Vec::<String>::new(), "netns left behind");
+    let _ = std::fs::remove_dir_all(&dir);
+}
