@@ -857,7 +857,7 @@ mod tests {
         assert!(help.contains("Probes per kind"), "{help}");
         assert!(help.contains("2N probes"), "{help}");
         assert!(help.contains("prober/src/agents/profiles.rs"), "{help}");
-        assert!(help.contains("Node-agent metrics"), "{help}");
+        assert!(help.contains("docs/src/node-agents.md"), "{help}");
         assert!(!help.contains("prober::agents::profiles"), "{help}");
         assert!(help.contains("Node-agent correlation"), "{help}");
         assert!(help.contains("suspects on slow/failed probes"), "{help}");
