@@ -103,14 +103,15 @@ pub fn scenario(name: &str) -> Option<&'static str> {
         .map(|(_, text)| *text)
 }
 
-/// The fault text for `--fault`: an existing file's content, else a scenario. Errors
-/// name both choices.
-fn resolve_fault(arg: &str) -> Result<String> {
+/// The fault for `--fault`: an existing file (its text and path, so errors name it), else
+/// a scenario (its text). Errors name both choices.
+fn resolve_fault(arg: &str) -> Result<(String, Option<PathBuf>)> {
     let p = Path::new(arg);
     if p.is_file() {
-        return std::fs::read_to_string(p).with_context(|| format!("read {arg}"));
+        let text = std::fs::read_to_string(p).with_context(|| format!("read {arg}"))?;
+        return Ok((text, Some(p.to_path_buf())));
     }
-    scenario(arg).map(str::to_owned).ok_or_else(|| {
+    scenario(arg).map(|t| (t.to_owned(), None)).ok_or_else(|| {
         anyhow!(
             "--fault {arg}: no such file, and not a scenario (one of {}, or s1…s9)",
             SCENARIOS
@@ -120,6 +121,20 @@ fn resolve_fault(arg: &str) -> Result<String> {
                 .join(", ")
         )
     })
+}
+
+/// The node labels a scenario's header asks for: the `--node-labels` value of its
+/// `# testbed up …` comment line (S2's `node-2=os=debian13,node-3=os=debian13`: its
+/// rules select nodes by label, so without them they select none). `None` without one.
+pub fn header_labels(text: &str) -> Option<String> {
+    text.lines()
+        .take_while(|l| l.starts_with('#'))
+        .filter(|l| l.contains("testbed up"))
+        .find_map(|l| {
+            let mut words = l.split_whitespace();
+            words.find(|w| *w == "--node-labels")?;
+            words.next().map(str::to_owned)
+        })
 }
 
 /// `firstpacket-report.json` + `healthy` → `firstpacket-report-healthy.json`.
@@ -143,23 +158,44 @@ pub fn demo(state: &Path, args: &DemoArgs) -> Result<i32> {
     if single.is_none() && args.nodes < 3 {
         bail!("--nodes {}: the two-act demo needs at least 3 (node-2 and node-3 are the apply-loop nodes)", args.nodes);
     }
-    let first = single
+    // The two acts start healthy; node-2/node-3 carry S2's label from the start.
+    let (text, user_file) = single
         .clone()
-        .unwrap_or_else(|| scenario("s1-healthy").unwrap_or_default().to_owned());
-    let fault = state.join("demo-fault.yaml");
-    std::fs::write(&fault, &first)?;
-    let labels = (2..=args.nodes.min(3))
-        .map(|i| format!("node-{i}=os=debian13"))
-        .collect::<Vec<_>>()
-        .join(",");
+        .unwrap_or_else(|| (scenario("s1-healthy").unwrap_or_default().to_owned(), None));
+    let labels = match &single {
+        None => Some("node-2=os=debian13,node-3=os=debian13".to_string()),
+        Some(_) => header_labels(&text),
+    };
+    if let Some(l) = &labels {
+        let named = crate::cli::parse_node_labels(std::slice::from_ref(l))?;
+        if let Some(n) = named.keys().find(|n| {
+            n.strip_prefix("node-")
+                .and_then(|i| i.parse::<usize>().ok())
+                .is_none_or(|i| i > args.nodes)
+        }) {
+            bail!(
+                "--nodes {}: the fault's rules select nodes by the labels {l}, which name {n}; \
+                 give --nodes {} or more",
+                args.nodes,
+                n.trim_start_matches("node-")
+            );
+        }
+    }
+    let fault = match user_file {
+        Some(f) => f,
+        None => {
+            let f = state.join("demo-fault.yaml");
+            std::fs::write(&f, &text)?;
+            f
+        }
+    };
+    if let (Some(name), Some(l)) = (&args.fault, &labels) {
+        eprintln!("testbed: {name}: node labels {l} (its rules select nodes by them)");
+    }
     let up_args = UpArgs {
         nodes: args.nodes,
         fault: Some(fault),
-        node_labels: if single.is_some() {
-            vec![]
-        } else {
-            vec![labels]
-        },
+        node_labels: labels.into_iter().collect(),
         hostname_label_suffix: None,
         bin_dir: None,
         image_dir: None,
@@ -179,6 +215,9 @@ pub fn demo(state: &Path, args: &DemoArgs) -> Result<i32> {
         None => two_acts(state, args),
     };
     let down_result = down(state);
+    for f in ["demo-fault.yaml", "demo-s2.yaml"] {
+        let _ = std::fs::remove_file(state.join(f));
+    }
     let code = result?;
     down_result?;
     Ok(code)
@@ -537,6 +576,24 @@ mod tests {
         assert!(scenario("s10").is_none() && scenario("").is_none());
         for (stem, text) in SCENARIOS {
             crate::fault::FaultFile::parse(text).unwrap_or_else(|e| panic!("{stem}: {e}"));
+        }
+        assert_eq!(
+            header_labels(scenario("s2").unwrap()).as_deref(),
+            Some("node-2=os=debian13,node-3=os=debian13")
+        );
+        assert_eq!(
+            header_labels(scenario("s5").unwrap()).as_deref(),
+            Some("node-1=os=ubuntu2004,node-4=os=ubuntu2004")
+        );
+        assert_eq!(header_labels(scenario("s4").unwrap()), None);
+        // Every scenario whose rules select by label says which labels in its header.
+        for (stem, text) in SCENARIOS {
+            if text.contains("labels: {") {
+                assert!(
+                    header_labels(text).is_some(),
+                    "{stem}: no --node-labels in its header"
+                );
+            }
         }
         let e = resolve_fault("no-such").unwrap_err().to_string();
         assert!(

@@ -1338,7 +1338,8 @@ fn kubelet_registers_node_renews_lease_and_writes_status_through_pods_status() {
 /// Issue 31 point 8: `testbed demo` shows the problem — a healthy gate passes, the S2
 /// apply-loop gate fails naming node-2/node-3 with `dataplane_apply_slow`, the long-lived
 /// mesh beside it made checks and none failed — exits 0, and leaves no netns, no state
-/// and no hint pointing at the deleted cluster; `--fault` runs one gate on a scenario.
+/// and no hint pointing at the deleted cluster; `--fault s2` runs one gate on the
+/// scenario with the node labels its rules select by.
 #[test]
 fn the_demo_shows_the_apply_loop_caught_beside_a_green_mesh_and_leaves_nothing() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
@@ -1435,36 +1436,39 @@ fn the_demo_shows_the_apply_loop_caught_beside_a_green_mesh_and_leaves_nothing()
     assert!(!all.contains("kubeconfig:"), "{all}");
     assert_eq!(left(), Vec::<String>::new(), "netns left behind");
 
-    // One gate on a shipped scenario by number: S4, cross-node broken, exits 1.
+    // One gate on a shipped scenario by number: S2, whose rules select nodes by the
+    // label its header gives (node-2/node-3 os=debian13): exit 1, those nodes named.
     let out = Command::new(env!("CARGO_BIN_EXE_testbed"))
         .current_dir(&dir)
         .args([
             "--state-dir",
             state.to_str().unwrap(),
             "demo",
-            "--nodes",
-            "3",
             "--fault",
-            "s4",
+            "s2",
         ])
-        .args([
-            "--",
-            "--kinds",
-            "cross_node,same_node",
-            "--give-up",
-            "5s",
-            "--hold",
-            "1s",
-        ])
+        .args(["--", "--give-up", "5s", "--hold", "1s"])
         .output()
-        .expect("run testbed demo --fault s4");
+        .expect("run testbed demo --fault s2");
     let all = format!(
         "{}\n{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(out.status.code(), Some(1), "{all}");
-    assert!(all.contains("cross_node_broken"), "{all}");
+    assert!(
+        all.contains("node labels node-2=os=debian13,node-3=os=debian13"),
+        "{all}"
+    );
+    let named: Vec<&str> = all
+        .lines()
+        .filter(|l| l.contains("dataplane_apply_slow") && l.trim_start().starts_with("node-"))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert!(
+        !named.is_empty() && named.iter().all(|n| *n == "node-2" || *n == "node-3"),
+        "{named:?}\n{all}"
+    );
     assert_eq!(left(), Vec::<String>::new(), "netns left behind");
     let _ = std::fs::remove_dir_all(&dir);
 }
