@@ -180,13 +180,15 @@ Kinds (--kinds, --pairs probes of each): cross_node (default); same_node, a cont
 pair on one node; recreate, a stable-name target per node deleted and recreated on the
 same node (the CNI reuses the interface name, calico#11016); service, through a
 per-probe ClusterIP Service selecting the fresh target (late Service rules); burst, the
-target created right after --burst-size filler pods on its node. With same_node in --kinds, the gate
+target created right after --burst-size filler pods on its node; unprobed, as cross_node
+with a target without a readiness probe. With same_node in --kinds, the gate
 stops its cross-node pairs early once the verdict is fail and every cross-node pair so
 far got no answer while the same_node controls passed (diagnosis cross_node_broken).
 
-Results: success (TTFP <= --slow-threshold), slow, failed (network: no success, lost
-after success, never Ready, wrong peer) and inconclusive (not the network's fault:
-unschedulable, image pull, container failed, API error, interrupted).
+Results: success (TTFP and the pods' programming waits <= --slow-threshold), slow,
+failed (network: no success, lost after success, never Ready, never programmed, wrong
+peer) and inconclusive (not the network's fault: unschedulable, image pull, container
+failed, node not Ready, API error, admission rejected, interrupted).
 
 Node-agent correlation: the metrics of the node agents (Calico Felix, Cilium,
 kube-proxy, aws-node; --agent-config, --agent-scrape) on the probes' nodes are scraped
@@ -198,8 +200,9 @@ scraped (or that correlation is off).";
 const GATE_AFTER_HELP: &str = "\
 Exit codes:
   0  pass: every threshold held
-  1  fail: conclusive probes breached a threshold (TTFP p95 > --max-ttfp, or more
-     failed probes than --max-failures), or a kind or node regressed against
+  1  fail: conclusive probes breached a threshold (TTFP p95 or the new pods'
+     programming-wait p95 > --max-ttfp, or more failed probes than --max-failures),
+     or a kind or node regressed against
      --baseline (ratio >= --drift-ratio and difference > --drift-floor)
   2  inconclusive: too many inconclusive probes (> --max-inconclusive), the run was
      interrupted or hit --timeout, or an error (API unreachable/forbidden, < 2 nodes);
@@ -406,7 +409,9 @@ pub struct GateArgs {
     #[arg(long, env = "FIRSTPACKET_SEED")]
     pub seed: Option<u64>,
 
-    /// Fail when the TTFP p95 of conclusive probes exceeds this.
+    /// Fail when the TTFP p95 of conclusive probes, or the p95 of their pods' programming
+    /// waits (a new pod's own path to its node, before Ready: where a CNI that gates
+    /// readiness puts the delay), exceeds this.
     #[arg(long, env = "FIRSTPACKET_MAX_TTFP", default_value = "5s", value_parser = parse_duration)]
     pub max_ttfp: Duration,
 

@@ -1041,7 +1041,9 @@ pub fn render_headline(report: &GateReport) -> String {
 /// Where the new pods' delay was (issue 29): the programming wait's quantiles (the pods'
 /// own path to their node, measured in the pods, before Ready), how many probes had
 /// their delay before Ready (the CNI gated readiness) and how many after (in TTFP), and
-/// the nodes whose pods waited over `--slow-threshold`. Empty when no wait was measured.
+/// the nodes whose own pods waited over `--slow-threshold`, were never programmed or
+/// never Ready (crate `blame`: the same evidence the JUnit node cases and `--baseline`
+/// read). Empty when no wait was measured.
 pub fn programming_lines(report: &GateReport) -> String {
     let s = &report.summary;
     let mut out = String::new();
@@ -1056,11 +1058,9 @@ pub fn programming_lines(report: &GateReport) -> String {
             Some(false) => after += 1,
             None => {}
         }
-        let programming = matches!(
-            p.reason,
-            Some(Reason::EndpointProgrammingSlow | Reason::EndpointNeverProgrammed)
-        );
-        if let Some(nodes) = crate::blame::own_blame(p).filter(|_| programming) {
+        // Every own-pod reason (crate `blame`): a pod never Ready is one its node never
+        // let the kubelet reach, on a gating CNI one it never programmed.
+        if let Some(nodes) = crate::blame::own_blame(p) {
             for n in nodes {
                 *slow.entry(n).or_default() += 1;
             }
@@ -1084,7 +1084,7 @@ pub fn programming_lines(report: &GateReport) -> String {
         let list: Vec<String> = slow.iter().map(|(n, c)| format!("{n} ({c})")).collect();
         let _ = writeln!(
             out,
-            "pods waiting over --slow-threshold (or never programmed) for their node's dataplane: {}",
+            "pods waiting over --slow-threshold (or never programmed, or never Ready) for their node's dataplane: {}",
             list.join(", ")
         );
     }
