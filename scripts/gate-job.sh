@@ -53,7 +53,9 @@ pull_grace="${FIRSTPACKET_GATE_PULL_GRACE:-60}"
 start_grace="${FIRSTPACKET_GATE_START_GRACE:-10}"
 registry="${FIRSTPACKET_IMAGE_REGISTRY:-}"
 
-usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2; exit 2; }
+# Usage on stdout, exit 0 for --help; on stderr, exit 2 after a bad argument.
+help_text() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
+usage() { help_text >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
     -k) dir=$2; shift 2 ;;
@@ -65,7 +67,7 @@ while [ $# -gt 0 ]; do
     --timeout) wait_secs=$2; shift 2 ;;
     --pull-grace) pull_grace=$2; shift 2 ;;
     --start-grace) start_grace=$2; shift 2 ;;
-    -h|--help) usage ;;
+    -h|--help) help_text; exit 0 ;;
     *) echo "gate-job: unknown argument $1" >&2; usage ;;
   esac
 done
