@@ -1348,6 +1348,14 @@ fn the_demo_shows_the_apply_loop_caught_beside_a_green_mesh_and_leaves_nothing()
     let dir = std::env::temp_dir().join(format!("fp-e2e-demo-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
+    // Removed however the test ends (the demo tears its testbed down itself).
+    struct RemoveDir(std::path::PathBuf);
+    impl Drop for RemoveDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _cleanup = RemoveDir(dir.clone());
     let state = dir.join("state");
     std::fs::create_dir_all(&state).unwrap();
     // The testbed's netns prefix for this state dir (testbed/src/plan.rs: `fp` + the
@@ -1470,5 +1478,4 @@ fn the_demo_shows_the_apply_loop_caught_beside_a_green_mesh_and_leaves_nothing()
         "{named:?}\n{all}"
     );
     assert_eq!(left(), Vec::<String>::new(), "netns left behind");
-    let _ = std::fs::remove_dir_all(&dir);
 }
