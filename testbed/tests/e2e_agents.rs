@@ -183,8 +183,8 @@ fn check_s2_blame(report: &Value, text: &str, junit: &std::path::Path) {
     assert_eq!(failing, slow, "JUnit node cases\n{xml}\n{text}");
     let regressed: BTreeSet<String> = report["baseline"]["entries"]
         .as_array()
-        .expect("baseline entries")
-        .iter()
+        .into_iter()
+        .flatten()
         .filter(|e| e["regressed"] == true)
         .filter_map(|e| e["node"].as_str().map(str::to_owned))
         .collect();
@@ -261,9 +261,12 @@ fn s2_suspects_are_the_apply_loop_nodes_direct_and_through_the_proxy() {
 
     // The same scenario on an agent that does not gate readiness (issue 29): the wait
     // lands after Ready, in TTFP, and the verdict is the same.
+    // JUnit only: the baseline was saved on the gating agent (TTFP ≈ 0 at S1), and on an
+    // agent that does not gate, S1's own 0.2–0.6 s program delay lands in TTFP — not like
+    // for like (a CI run saw node-1 "regress" from 0.0 s to 0.6 s).
     tb.set_fault(&common::fault_file("s2-apply-loop-ungated.yaml"));
     let mut args = QUICK.to_vec();
-    args.extend_from_slice(&with_baseline);
+    args.extend_from_slice(&with_baseline[2..]);
     let (code, report, text) = tb.gate(&args);
     check_s2(code, &report, &text);
     check_s2_blame(&report, &text, &junit);
