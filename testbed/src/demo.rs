@@ -439,7 +439,7 @@ impl Mesh {
                 while !stop.load(Ordering::Relaxed) {
                     for ip in &peers {
                         checks.fetch_add(1, Ordering::Relaxed);
-                        if !http_ok(ip, Duration::from_secs(1)) {
+                        if !http_ok(ip, MESH_PORT, Duration::from_secs(1)) {
                             failed.fetch_add(1, Ordering::Relaxed);
                         }
                     }
@@ -542,24 +542,36 @@ async fn create_pods(kubeconfig: &Path, nodes: &[String]) -> Result<Vec<(String,
     Ok(out)
 }
 
-/// `GET /` to `ip`:[`MESH_PORT`] from the calling thread's netns within `timeout`;
-/// whether a `200` came back.
-fn http_ok(ip: &str, timeout: Duration) -> bool {
-    let Ok(addr) = format!("{ip}:{MESH_PORT}").parse::<SocketAddr>() else {
+/// `GET /` to `ip:port` from the calling thread's network namespace, connect and answer
+/// together within `timeout`; whether an HTTP `200` came back. Blocking (the mesh's
+/// threads and the benchmark's clients each sit in a pod's netns).
+pub fn http_ok(ip: &str, port: u16, timeout: Duration) -> bool {
+    let Ok(addr) = format!("{ip}:{port}").parse::<SocketAddr>() else {
         return false;
     };
+    let deadline = Instant::now() + timeout;
     let Ok(mut s) = TcpStream::connect_timeout(&addr, timeout) else {
         return false;
     };
-    let _ = s.set_read_timeout(Some(timeout));
-    let _ = s.set_write_timeout(Some(timeout));
-    if s.write_all(b"GET / HTTP/1.0\r\nHost: mesh\r\n\r\n")
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
+    let _ = s.set_read_timeout(Some(left));
+    let _ = s.set_write_timeout(Some(left));
+    if s.write_all(b"GET / HTTP/1.0\r\nHost: testbed\r\n\r\n")
         .is_err()
     {
         return false;
     }
-    let mut buf = [0u8; 12];
-    s.read_exact(&mut buf).is_ok() && buf.starts_with(b"HTTP/1.") && &buf[9..12] == b"200"
+    let mut buf = [0u8; 16];
+    let mut n = 0;
+    while n < 12 {
+        match s.read(&mut buf[n..]) {
+            Ok(0) | Err(_) => break,
+            Ok(k) => n += k,
+        }
+    }
+    buf[..n].starts_with(b"HTTP/1.1 200") || buf[..n].starts_with(b"HTTP/1.0 200")
 }
 
 #[cfg(test)]

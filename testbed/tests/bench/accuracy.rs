@@ -29,8 +29,6 @@ use super::{ms, quantile, Opts, Table};
 use crate::common::Testbed;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -160,35 +158,10 @@ fn long_lived_pods(tb: &Testbed) -> Vec<LongLived> {
     out
 }
 
-/// `GET /` to `ip:8080` from the calling thread's netns, all within `timeout`; whether a
-/// 200 came back.
+/// `GET /` to `ip:8080` from the calling thread's netns within `timeout`: the demo's mesh
+/// check ([`testbed::demo::http_ok`]).
 fn http_ok(ip: &str, timeout: Duration) -> bool {
-    let Ok(addr) = format!("{ip}:{PORT}").parse::<SocketAddr>() else {
-        return false;
-    };
-    let deadline = Instant::now() + timeout;
-    let Ok(mut s) = TcpStream::connect_timeout(&addr, timeout) else {
-        return false;
-    };
-    let left = deadline
-        .saturating_duration_since(Instant::now())
-        .max(Duration::from_millis(1));
-    let _ = s.set_read_timeout(Some(left));
-    let _ = s.set_write_timeout(Some(left));
-    if s.write_all(b"GET / HTTP/1.0\r\nHost: bench\r\n\r\n")
-        .is_err()
-    {
-        return false;
-    }
-    let mut buf = [0u8; 16];
-    let mut n = 0;
-    while n < 12 {
-        match s.read(&mut buf[n..]) {
-            Ok(0) | Err(_) => break,
-            Ok(k) => n += k,
-        }
-    }
-    buf[..n].starts_with(b"HTTP/1.1 200") || buf[..n].starts_with(b"HTTP/1.0 200")
+    testbed::demo::http_ok(ip, PORT, timeout)
 }
 
 /// Moves the calling thread into the network namespace of process `pid`.
