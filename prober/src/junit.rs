@@ -186,6 +186,15 @@ fn node_cases(report: &GateReport, kinds: &[String]) -> Vec<Case> {
         .map(|k| (k.clone(), best_peers(&report.probes, k, 0.95, &exclude)))
         .collect();
     let own_failed = own_failures(&report.probes);
+    let waits: Vec<(&String, BTreeMap<&str, Vec<f64>>)> = kinds
+        .iter()
+        .map(|k| {
+            (
+                k,
+                crate::baseline::node_programming_waits(&report.probes, k),
+            )
+        })
+        .collect();
     for n in &report.nodes {
         let node = &n.node;
         let mut why = Vec::new();
@@ -193,8 +202,7 @@ fn node_cases(report: &GateReport, kinds: &[String]) -> Vec<Case> {
             let list: Vec<String> = rs.iter().map(|(r, c)| format!("{r} ×{c}")).collect();
             why.push(format!("its own pods failed: {}", list.join(", ")));
         }
-        for k in kinds {
-            let waits = crate::baseline::node_programming_waits(&report.probes, k);
+        for (k, waits) in &waits {
             let w = waits
                 .get(node.as_str())
                 .and_then(|v| crate::stats::nearest_rank(v, 0.95));
