@@ -13,7 +13,10 @@
 //!   fails with 503 while its storage is not ready — Kubernetes' "API server health"
 //!   docs) — an outage starts at the first such result;
 //! - **answered**: any other HTTP response (200, 404, 403, 409, 410 …: the server is up
-//!   and decided) — an ongoing outage ends at the first such result.
+//!   and decided) — an ongoing outage ends at the first such result **to a request sent
+//!   after the outage began**. An answer to a request sent earlier (in flight when the
+//!   server went away, served just before its listener closed and read just after the
+//!   first refusal) says nothing about the server now, and would split one outage in two.
 //!
 //! The start is the first failure seen, the end the first answer after it: both are
 //! observations, so an outage is known to within the gap between the prober's requests
@@ -118,18 +121,24 @@ impl ApiHealth {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Records one request's final result: `Err(message)` unanswered, `Ok(())`
-    /// answered. Returns the transition it caused, if any, after telling the sink of the
-    /// outage a [`Transition::Ended`] finished.
-    pub fn observe(&self, result: Result<(), String>) -> Option<Transition> {
-        let t = self.observe_at(result, Instant::now());
+    /// Records the final result of one request sent at `sent`: `Err(message)`
+    /// unanswered, `Ok(())` answered (an answer ends an ongoing outage only when `sent`
+    /// is not before the outage's start: module docs). Returns the transition it caused,
+    /// if any, after telling the sink of the outage a [`Transition::Ended`] finished.
+    pub fn observe(&self, result: Result<(), String>, sent: Instant) -> Option<Transition> {
+        let t = self.observe_at(result, sent, Instant::now());
         if let (Some(Transition::Ended(o)), Some(sink)) = (&t, &self.sink) {
             (sink.0)(o, false);
         }
         t
     }
 
-    fn observe_at(&self, result: Result<(), String>, now: Instant) -> Option<Transition> {
+    fn observe_at(
+        &self,
+        result: Result<(), String>,
+        sent: Instant,
+        now: Instant,
+    ) -> Option<Transition> {
         let mut s = self.lock();
         match result {
             Err(message) => match &mut s.ongoing {
@@ -151,6 +160,9 @@ impl ApiHealth {
                 }
             },
             Ok(()) => {
+                if s.ongoing.as_ref().is_some_and(|o| sent < o.since) {
+                    return None;
+                }
                 let o = s.ongoing.take()?;
                 let mut outage = o.outage;
                 let secs = now.saturating_duration_since(o.since).as_secs_f64();
@@ -369,13 +381,14 @@ where
     }
 
     fn call(&mut self, req: Req) -> Self::Future {
+        let sent = Instant::now();
         let fut = self.inner.call(req);
         let health = self.health.clone();
         Box::pin(async move {
             let r = fut.await;
             match &r {
                 Ok(resp) if unanswered_status(resp.status().as_u16()) => {
-                    health.observe(Err(format!("HTTP {}", resp.status())));
+                    health.observe(Err(format!("HTTP {}", resp.status())), sent);
                 }
                 Ok(resp) => {
                     if let Some(d) = resp
@@ -385,10 +398,10 @@ where
                     {
                         health.observe_date(d, Timestamp::now());
                     }
-                    health.observe(Ok(()));
+                    health.observe(Ok(()), sent);
                 }
                 Err(e) => {
-                    health.observe(Err(error_text(&**e)));
+                    health.observe(Err(error_text(&**e)), sent);
                 }
             }
             r
@@ -416,24 +429,19 @@ mod tests {
         let h = ApiHealth::new(None);
         let t0 = Instant::now();
         assert_eq!(
-            h.observe_at(Ok(()), t0),
+            h.observe_at(Ok(()), t0, t0),
             None,
             "answers alone are no outage"
         );
         assert_eq!(
-            h.observe_at(Err("connection refused".into()), t0),
+            h.observe_at(Err("connection refused".into()), t0, t0),
             Some(Transition::Started)
         );
         assert!(h.ongoing());
-        assert_eq!(
-            h.observe_at(
-                Err("connection refused".into()),
-                t0 + Duration::from_secs(1)
-            ),
-            None
-        );
-        let Some(Transition::Ended(o)) = h.observe_at(Ok(()), t0 + Duration::from_millis(4500))
-        else {
+        let t1 = t0 + Duration::from_secs(1);
+        assert_eq!(h.observe_at(Err("connection refused".into()), t1, t1), None);
+        let t = t0 + Duration::from_millis(4500);
+        let Some(Transition::Ended(o)) = h.observe_at(Ok(()), t, t) else {
             panic!("the first answer ends the outage")
         };
         assert!((o.seconds.unwrap() - 4.5).abs() < 1e-9);
@@ -444,13 +452,32 @@ mod tests {
         assert_eq!(h.totals().0, 1);
     }
 
+    /// A CI run saw one 3.2 s API stop reported as two outages: a request in flight when
+    /// the listener closed was answered 0.2 ms after the first refusal and "ended" it.
+    #[test]
+    fn an_answer_to_a_request_sent_before_the_outage_does_not_end_it() {
+        let h = ApiHealth::new(None);
+        let sent_before = Instant::now();
+        let t0 = sent_before + Duration::from_millis(300);
+        h.observe_at(Err("connection refused".into()), t0, t0);
+        let read = t0 + Duration::from_micros(200);
+        assert_eq!(h.observe_at(Ok(()), sent_before, read), None);
+        assert!(h.ongoing(), "still down: that answer was from before");
+        let t = t0 + Duration::from_millis(3200);
+        let Some(Transition::Ended(o)) = h.observe_at(Ok(()), t0, t) else {
+            panic!("an answer to a request sent at the outage's start ends it")
+        };
+        assert!((o.seconds.unwrap() - 3.2).abs() < 1e-9);
+        assert_eq!(h.outages().len(), 1);
+    }
+
     #[test]
     fn kept_outages_are_bounded_and_the_dropped_counted() {
         let h = ApiHealth::new(None);
         let t = Instant::now();
         for _ in 0..MAX_OUTAGES + 7 {
-            h.observe_at(Err("x".into()), t);
-            h.observe_at(Ok(()), t);
+            h.observe_at(Err("x".into()), t, t);
+            h.observe_at(Ok(()), t, t);
         }
         assert_eq!(h.len(), MAX_OUTAGES);
         assert_eq!(h.dropped(), 7);
