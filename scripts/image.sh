@@ -5,7 +5,10 @@
 # real OCI image: one layer holding the binary at /NAME, numeric non-root user
 # 65532:65532, entrypoint = the binary, no shell, platform linux/amd64. The result is
 # equivalent to building the `FROM scratch` Dockerfiles beside the crates
-# (target-server/Dockerfile, prober/Dockerfile) with docker.
+# (target-server/Dockerfile, prober/Dockerfile) with docker. With target-server comes a
+# third image, `pause`: the same binary as user 65535 with entrypoint
+# `/target-server pause`, the pod sandbox image of the testbed's real nodes
+# (`testbed up --kubelet real`, containerd's `sandbox_image`).
 #
 #   bash scripts/image.sh            # build both images; prints the image directory
 #   bash scripts/image.sh NAME…      # only these (target-server, prober)
@@ -143,25 +146,26 @@ done
 reg="127.0.0.1:$port"
 
 mkdir -p "$out"
-for n in "${NAMES[@]}"; do
+# pack IMAGE BINARY USER ENTRYPOINT…: one image of one static binary at /BINARY.
+pack() {
+  local n=$1 bin=$2 user=$3 entrypoint ref digest
+  shift 3
+  entrypoint=$(IFS=,; echo "$*")
   ref="$REGISTRY_PREFIX/$n:$version"
-  # One layer, reproducible: the binary at /NAME, root-owned 0755, mtime 0.
   mkdir -p "$work/$n"
-  install -m 0755 "$bindir/$n" "$work/$n/$n"
+  install -m 0755 "$bindir/$bin" "$work/$n/$bin"
   tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 --format=posix \
     --pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime \
-    -C "$work/$n" -cf "$work/$n.layer.tar" "$n"
+    -C "$work/$n" -cf "$work/$n.layer.tar" "$bin"
   "$crane" append --oci-empty-base -f "$work/$n.layer.tar" -t "$reg/firstpacket/$n:stage" >/dev/null
   "$crane" mutate "$reg/firstpacket/$n:stage" \
-    --entrypoint "/$n" --user "$USER_ID:$USER_ID" --set-platform linux/amd64 \
+    --entrypoint "$entrypoint" --user "$user:$user" --set-platform linux/amd64 \
     -l "org.opencontainers.image.title=$n" -l "org.opencontainers.image.version=$version" \
     -l "org.opencontainers.image.licenses=Apache-2.0" \
     -t "$reg/firstpacket/$n:$version" >/dev/null
   rm -rf "$out/$n" "$out/$n.oci.tar" "$out/$n.digest"
   "$crane" pull --format oci "$reg/firstpacket/$n:$version" "$work/layout-$n"
   digest=$("$crane" digest "$reg/firstpacket/$n:$version")
-  # Name the manifest by its public reference (crane's --annotate-ref would name the
-  # loopback registry).
   jq --arg ref "$ref" '.manifests[0].annotations = {"org.opencontainers.image.ref.name": $ref, "io.containerd.image.name": $ref}' \
     "$work/layout-$n/index.json" > "$work/index.json"
   mv "$work/index.json" "$work/layout-$n/index.json"
@@ -172,6 +176,15 @@ for n in "${NAMES[@]}"; do
   mv "$work/layout-$n" "$out/$n"
   echo "$digest" > "$out/$n.digest"
   log "$ref $digest -> $out/$n (layout), $out/$n.oci.tar"
+}
+for n in "${NAMES[@]}"; do
+  pack "$n" "$n" "$USER_ID" "/$n"
 done
+# The pod sandbox image of the testbed's real nodes (`testbed up --kubelet real`:
+# containerd's `sandbox_image`), Kubernetes' `pause` in role: target-server's `pause`
+# mode, as the user Kubernetes' pause image runs as (65535).
+case " ${NAMES[*]} " in
+  *" target-server "*) pack pause target-server 65535 /target-server pause ;;
+esac
 log "done in $(($(date +%s) - t0))s"
 echo "$out"

@@ -26,7 +26,7 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// The two modes.
+/// The modes.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Target pod: serve `/` (identity JSON), `/readyz`, `/healthz`, `/hostname` until
@@ -37,6 +37,12 @@ pub enum Command {
     /// write one JSON report line to the termination log and stdout.
     #[command(after_help = IDENTITY_HELP)]
     Probe(ProbeArgs),
+    /// A pod sandbox's placeholder process (the `firstpacket/pause` image a real
+    /// node's containerd starts first in every pod, like Kubernetes' `pause`): holds
+    /// the pod's namespaces and does nothing until SIGTERM or SIGINT, then exits 0.
+    /// As PID 1 of its PID namespace it must handle those signals itself (the kernel
+    /// ignores a default-disposition signal sent to a namespace's init).
+    Pause,
 }
 
 /// `target-server serve`.

@@ -86,10 +86,31 @@ impl ProcessStart {
     }
 }
 
+/// `target-server pause`: waits for SIGTERM or SIGINT. Errors ([`Error::Runtime`]):
+/// the signal handlers cannot be installed.
+async fn pause() -> Result<(), Error> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let handler = |kind| {
+        signal(kind).map_err(|source| Error::Runtime {
+            what: "signal handler",
+            source,
+        })
+    };
+    let (mut term, mut int) = (
+        handler(SignalKind::terminate())?,
+        handler(SignalKind::interrupt())?,
+    );
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    Ok(())
+}
+
 /// Run one parsed command line to completion on a current-thread tokio runtime.
 ///
 /// `serve` returns after SIGTERM/SIGINT and the drain; `probe` after its report is
-/// written. Errors: [`Error::Bind`] (port taken), [`Error::Runtime`], [`Error::Config`].
+/// written; `pause` after SIGTERM/SIGINT. Errors: [`Error::Bind`] (port taken), [`Error::Runtime`], [`Error::Config`].
 pub fn run(cli: Cli, origin: ProcessStart) -> Result<(), Error> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -106,5 +127,6 @@ pub fn run(cli: Cli, origin: ProcessStart) -> Result<(), Error> {
             rt.block_on(probe::run(config, identity, origin))
                 .map(|_| ())
         }
+        Command::Pause => rt.block_on(pause()),
     }
 }

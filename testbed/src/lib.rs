@@ -25,6 +25,7 @@ pub mod kube_proxy_real;
 pub mod kubelet;
 pub mod netns;
 pub mod plan;
+pub mod realnode;
 pub mod ruleset;
 pub mod scheduler;
 pub mod security;
