@@ -317,6 +317,14 @@ impl Agent {
             .teardown_delay(&self.inner.node.name, &self.inner.labels)
     }
 
+    /// The `cni_add_delay` fault for this node now (zero when unset): how long a CNI ADD
+    /// through `testbed cni` waits before wiring the pod ([`crate::cni`]).
+    pub fn cni_add_delay(&self) -> Duration {
+        self.inner
+            .faults
+            .cni_add_delay(&self.inner.node.name, &self.inner.labels)
+    }
+
     /// Fault `first_connections_dropped: N` in force on this node now: (re)arms the
     /// endpoint's budget of N dropped new connections ([`Dataplane::arm_first_syn_drops`],
     /// one blocking `nft` call) and returns N; 0 (and no `nft` call) without the fault or

@@ -129,6 +129,14 @@ pub enum Cmd {
     /// (S2), beside a long-lived mesh that stays green; or, with `--fault FILE|SCENARIO`,
     /// one gate on that fault. Tears the testbed down in every case.
     Demo(crate::demo::DemoArgs),
+    /// (internal) the CNI plugin a container runtime calls for each pod sandbox: reads
+    /// `CNI_COMMAND` (ADD, DEL, CHECK, VERSION) and the other CNI variables and the
+    /// network configuration on stdin (with `"testbed": {"socket": "STATE/cni.sock",
+    /// "node": "node-1"}`), has the daemon wire the sandbox as the simulated kubelet's
+    /// are, prints the CNI result or error on stdout (exit 1 on error). The binary run
+    /// without arguments and with `CNI_COMMAND` set does the same. See `testbed::cni`.
+    #[command(hide = true)]
+    Cni,
     /// (internal) the daemon `up` starts.
     #[command(hide = true)]
     Daemon(UpArgs),
@@ -605,6 +613,7 @@ pub fn down(state: &Path) -> Result<()> {
         "daemon.pid",
         "daemon.log",
         "control.sock",
+        "cni.sock",
         "truth.jsonl",
         "kubeconfig",
         "kubeconfig-cluster",
@@ -913,6 +922,7 @@ pub fn main_with(cli: Cli) -> Result<i32> {
         }
         Cmd::Up(a) => up(&state, &a).map(|_| 0),
         Cmd::Down => down(&state).map(|_| 0),
+        Cmd::Cni => Ok(crate::cni::plugin_main()),
         Cmd::Exec { cmd } => exec(&state, &cmd),
         Cmd::Truth => {
             let p = state.join("truth.jsonl");

@@ -10,6 +10,8 @@
 //!   and by pods);
 //! - `truth.jsonl` — ground truth (docs/design.md §6);
 //! - `control.sock` — line commands from the CLI (`fault-set PATH`, `shutdown`);
+//! - `cni.sock` — CNI requests from `testbed cni`, the plugin of real container
+//!   runtimes ([`crate::cni::CniServer`]);
 //! - `pods/<uid>/…` — per-pod files (termination message, logs);
 //! - with `--control-plane real`: `control-plane/` (component logs and pid files, the
 //!   audit log, kubeconfigs, etcd's data) and more of `pki/`, see
@@ -276,6 +278,15 @@ pub struct Nodes {
 }
 
 impl Nodes {
+    /// Each node's agent by node name (what [`crate::cni::CniServer`] hands sandboxes
+    /// to).
+    pub fn agents(&self) -> BTreeMap<String, Arc<Agent>> {
+        self.kubelets
+            .iter()
+            .map(|k| (k.node().to_owned(), k.agent().clone()))
+            .collect()
+    }
+
     /// Kills every container (SIGKILL), stops the service proxies, real Felix and
     /// kube-proxy (their cgroups removed) and the node threads.
     pub async fn shutdown(self) {
@@ -778,7 +789,12 @@ pub fn run(args: DaemonArgs) -> Result<()> {
     if let Err(e) = Dataplane::destroy(&plan) {
         tracing::warn!(error = %e, "dataplane teardown");
     }
-    for f in ["ready.json", "control.sock", "daemon.pid"] {
+    for f in [
+        "ready.json",
+        "control.sock",
+        crate::cni::SOCKET_FILE,
+        "daemon.pid",
+    ] {
         let _ = std::fs::remove_file(args.state_dir.join(f));
     }
     let _ = std::fs::remove_dir_all(args.state_dir.join("pods"));
@@ -825,6 +841,12 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
     )
     .await?;
     let hollow = start_hollow(args, plan, &dataplane, &truth, &cp.endpoint).await?;
+    let cni = crate::cni::CniServer::start(
+        &crate::cni::socket_path(state),
+        dataplane.clone(),
+        nodes.agents(),
+    )
+    .context("serve the CNI socket")?;
 
     let info = ReadyInfo {
         pid: std::process::id(),
@@ -862,6 +884,7 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
     }
     tracing::info!("shutting down");
     drop(hollow);
+    cni.shutdown().await;
     nodes.shutdown().await;
     Ok(())
 }

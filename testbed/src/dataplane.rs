@@ -88,6 +88,9 @@ pub enum DataplaneError {
     /// Every address of the node's pod block is in use.
     #[error("node {node}: pod block {cidr} has no free address")]
     BlockExhausted { node: String, cidr: String },
+    /// [`Dataplane::check_pod`]: part of a pod's wiring is not there.
+    #[error("node {node}: {what} is missing")]
+    Missing { node: String, what: String },
     /// The node-side interface name is taken: a pod with the same namespace/name still
     /// has its sandbox on that node (Calico names veths by namespace.pod).
     #[error("node {node}: interface {iface} for {namespace}/{pod} already exists")]
@@ -100,6 +103,19 @@ pub enum DataplaneError {
 }
 
 type Result<T, E = DataplaneError> = std::result::Result<T, E>;
+
+/// Where a pod's network namespace comes from.
+#[derive(Clone, Copy)]
+enum Sandbox<'a> {
+    /// `ip netns add` (the simulated kubelet's sandboxes); pod interface `eth0`.
+    Own,
+    /// A container runtime's namespace file, bind-mounted into `/run/netns`; pod
+    /// interface `ifname`.
+    Attached {
+        netns: &'a std::path::Path,
+        ifname: &'a str,
+    },
+}
 
 /// A pod's network sandbox as [`Dataplane::add_pod`] made it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -380,6 +396,44 @@ impl Dataplane {
     /// same-named pod's sandbox is still on the node, command failures (everything made
     /// is removed again).
     pub fn add_pod(&self, node: &str, namespace: &str, pod: &str, uid: &str) -> Result<PodNet> {
+        self.add_pod_in(node, namespace, pod, uid, Sandbox::Own)
+    }
+
+    /// CNI ADD into a network namespace someone else made (a container runtime's,
+    /// `CNI_NETNS`): as [`Dataplane::add_pod`], but instead of `ip netns add` the
+    /// namespace at `netns` (a netns file such as `/var/run/netns/cni-…`, or
+    /// `/proc/self/fd/N` of one held open) is bind-mounted onto `/run/netns/<prefix>-p<n>`
+    /// ([`PodNet::netns`]) so every `ip -n` command names it, and the pod-side interface is
+    /// called `ifname` (`CNI_IFNAME`) instead of `eth0`. The runtime's own file is never
+    /// touched: [`Dataplane::detach_pod`] and [`sweep`] remove only the bind mount.
+    /// Errors: as [`Dataplane::add_pod`], plus the bind mount
+    /// ([`DataplaneError::Io`]); everything made is removed again.
+    pub fn attach_pod(
+        &self,
+        node: &str,
+        namespace: &str,
+        pod: &str,
+        uid: &str,
+        netns: &std::path::Path,
+        ifname: &str,
+    ) -> Result<PodNet> {
+        self.add_pod_in(
+            node,
+            namespace,
+            pod,
+            uid,
+            Sandbox::Attached { netns, ifname },
+        )
+    }
+
+    fn add_pod_in(
+        &self,
+        node: &str,
+        namespace: &str,
+        pod: &str,
+        uid: &str,
+        sandbox: Sandbox<'_>,
+    ) -> Result<PodNet> {
         let st = self.node(node)?;
         let offset = {
             let mut b = st.block.lock().unwrap_or_else(|p| p.into_inner());
@@ -404,7 +458,7 @@ impl Dataplane {
             netns: self.plan.pod_netns(n),
         };
         let started = Instant::now();
-        match self.build_pod(st, &net) {
+        match self.build_pod(st, &net, sandbox) {
             Ok(()) => {
                 tracing::debug!(pod = %format!("{namespace}/{pod}"), ip = %net.ip, iface = %net.iface, ms = started.elapsed().as_secs_f64() * 1e3, "pod network added");
                 Ok(net)
@@ -423,9 +477,15 @@ impl Dataplane {
                     }
                     e => e,
                 };
-                // Undo: the netns (pod end of the veth) and our address; the node-side
-                // link only if we made it (IfaceInUse means it belongs to another pod).
-                let _ = delete_netns(&net.netns);
+                // Undo: the netns (pod end of the veth; for an attached one only our
+                // bind mount, and not when its name was taken) and our address; the
+                // node-side link only if we made it (IfaceInUse means it belongs to
+                // another pod).
+                let name_taken = matches!(&e, DataplaneError::Io { source, .. }
+                    if source.kind() == std::io::ErrorKind::AlreadyExists);
+                if !name_taken {
+                    let _ = delete_netns(&net.netns);
+                }
                 if !matches!(e, DataplaneError::IfaceInUse { .. }) {
                     let _ = run(
                         None,
@@ -439,13 +499,22 @@ impl Dataplane {
         }
     }
 
-    fn build_pod(&self, st: &NodeState, net: &PodNet) -> Result<()> {
-        run(None, &["ip", "netns", "add", &net.netns], None)?;
+    fn build_pod(&self, st: &NodeState, net: &PodNet, sandbox: Sandbox<'_>) -> Result<()> {
+        let pod_if = match sandbox {
+            Sandbox::Own => {
+                run(None, &["ip", "netns", "add", &net.netns], None)?;
+                "eth0"
+            }
+            Sandbox::Attached { netns, ifname } => {
+                bind_netns(netns, &net.netns)?;
+                ifname
+            }
+        };
         ip_batch(
             Some(&st.plan.netns),
             &[
                 format!(
-                    "link add {} address {WORKLOAD_MAC} type veth peer name eth0 netns {}",
+                    "link add {} address {WORKLOAD_MAC} type veth peer name {pod_if} netns {}",
                     net.iface, net.netns
                 ),
                 format!("link set {} up", net.iface),
@@ -456,13 +525,94 @@ impl Dataplane {
             Some(&net.netns),
             &[
                 "link set lo up".to_owned(),
-                format!("addr add {}/32 dev eth0", net.ip),
-                "link set eth0 up".to_owned(),
-                format!("route add {POD_GATEWAY} dev eth0 scope link"),
-                format!("route add default via {POD_GATEWAY} dev eth0"),
-                format!("neigh add {POD_GATEWAY} lladdr {WORKLOAD_MAC} dev eth0 nud permanent"),
+                format!("addr add {}/32 dev {pod_if}", net.ip),
+                format!("link set {pod_if} up"),
+                format!("route add {POD_GATEWAY} dev {pod_if} scope link"),
+                format!("route add default via {POD_GATEWAY} dev {pod_if}"),
+                format!("neigh add {POD_GATEWAY} lladdr {WORKLOAD_MAC} dev {pod_if} nud permanent"),
             ],
         )
+    }
+
+    /// The hardware address of interface `ifname` in `pod`'s netns
+    /// (`ip -o link show dev IFNAME`, the word after `link/ether`), e.g.
+    /// `"2a:5e:0b:7c:11:03"`. Errors: `ip` failure (netns or interface missing),
+    /// [`DataplaneError::Missing`] when the line has no `link/ether`.
+    pub fn pod_iface_mac(&self, pod: &PodNet, ifname: &str) -> Result<String> {
+        let out = run(
+            None,
+            &["ip", "-n", &pod.netns, "-o", "link", "show", "dev", ifname],
+            None,
+        )?;
+        out.split_whitespace()
+            .skip_while(|w| *w != "link/ether")
+            .nth(1)
+            .map(str::to_owned)
+            .ok_or_else(|| DataplaneError::Missing {
+                node: pod.node.clone(),
+                what: format!("MAC of {ifname} in netns {}", pod.netns),
+            })
+    }
+
+    /// CNI CHECK of a pod made by [`Dataplane::attach_pod`] (or `add_pod`, `ifname`
+    /// `eth0`): the node-side veth exists and its peer is in the pod's netns, the node
+    /// routes `<ip>/32` via it, and `ifname` in the pod's netns carries `<ip>/32` and the
+    /// default route via [`POD_GATEWAY`]. Errors: the first thing missing, as
+    /// [`DataplaneError::Missing`]; an `ip` failure other than "not found".
+    pub fn check_pod(&self, pod: &PodNet, ifname: &str) -> Result<()> {
+        let st = self.node(&pod.node)?;
+        let missing = |what: String| DataplaneError::Missing {
+            node: pod.node.clone(),
+            what,
+        };
+        if !iface_peer_in(&st.plan.netns, &pod.iface, &pod.netns) {
+            return Err(missing(format!(
+                "veth {} with its peer in netns {}",
+                pod.iface, pod.netns
+            )));
+        }
+        let route = run(
+            None,
+            &[
+                "ip",
+                "-n",
+                &st.plan.netns,
+                "-o",
+                "route",
+                "show",
+                &format!("{}/32", pod.ip),
+            ],
+            None,
+        )?;
+        if !route.contains(&format!("dev {} ", pod.iface)) {
+            return Err(missing(format!("route {}/32 dev {}", pod.ip, pod.iface)));
+        }
+        let addr = run(
+            None,
+            &[
+                "ip", "-n", &pod.netns, "-o", "-4", "addr", "show", "dev", ifname,
+            ],
+            None,
+        )
+        .map_err(|_| missing(format!("{ifname} in netns {}", pod.netns)))?;
+        if !addr.contains(&format!("inet {}/32 ", pod.ip)) {
+            return Err(missing(format!(
+                "{}/32 on {ifname} in netns {}",
+                pod.ip, pod.netns
+            )));
+        }
+        let default = run(
+            None,
+            &["ip", "-n", &pod.netns, "-o", "route", "show", "default"],
+            None,
+        )?;
+        if !default.contains(&format!("via {POD_GATEWAY} dev {ifname}")) {
+            return Err(missing(format!(
+                "default route via {POD_GATEWAY} dev {ifname} in netns {}",
+                pod.netns
+            )));
+        }
+        Ok(())
     }
 
     fn free_ip(&self, st: &NodeState, net: &PodNet) {
@@ -479,6 +629,18 @@ impl Dataplane {
     /// removes a leftover `/32` route and frees the IP (only if this pod still holds it).
     /// Idempotent: parts already gone are skipped. Errors: the first real failure.
     pub fn remove_pod(&self, pod: &PodNet) -> Result<()> {
+        self.remove_pod_in(pod, true)
+    }
+
+    /// CNI DEL of a pod made by [`Dataplane::attach_pod`]: as [`Dataplane::remove_pod`]
+    /// but no process in the namespace is killed (they are the container runtime's) and
+    /// only the `/run/netns` bind mount is removed, never the runtime's netns file.
+    /// Idempotent. Errors: the first real failure.
+    pub fn detach_pod(&self, pod: &PodNet) -> Result<()> {
+        self.remove_pod_in(pod, false)
+    }
+
+    fn remove_pod_in(&self, pod: &PodNet, kill: bool) -> Result<()> {
         let st = self.node(&pod.node)?;
         let mut first_err = None;
         let mut note = |r: Result<()>| {
@@ -501,7 +663,9 @@ impl Dataplane {
                 .map(drop),
             );
         }
-        kill_netns_pids(std::slice::from_ref(&pod.netns));
+        if kill {
+            kill_netns_pids(std::slice::from_ref(&pod.netns));
+        }
         note(delete_netns(&pod.netns));
         // Our IP is still allocated to us, so an `<ip>/32` route can only be ours.
         note(self.remove_pod_route(&pod.node, pod.ip));
@@ -938,10 +1102,41 @@ fn delete_netns(name: &str) -> Result<()> {
     }
 }
 
+/// Bind-mounts the network namespace file `src` onto `/run/netns/<name>` (creating the
+/// mount point), as `ip netns attach` does for a process's namespace. Errors:
+/// [`DataplaneError::Io`] (the mount point file is removed again).
+fn bind_netns(src: &std::path::Path, name: &str) -> Result<()> {
+    let target = netns_path(name);
+    let io = |what: String| move |source| DataplaneError::Io { what, source };
+    std::fs::create_dir_all("/run/netns").map_err(io("create /run/netns".into()))?;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&target)
+        .map_err(io(format!("create {}", target.display())))?;
+    if let Err(e) = nix::mount::mount(
+        Some(src),
+        &target,
+        None::<&str>,
+        nix::mount::MsFlags::MS_BIND,
+        None::<&str>,
+    ) {
+        let _ = std::fs::remove_file(&target);
+        return Err(DataplaneError::Io {
+            what: format!("bind-mount {} on {}", src.display(), target.display()),
+            source: e.into(),
+        });
+    }
+    Ok(())
+}
+
 /// Removes every trace of the testbed with netns prefix `prefix`: kills every process
 /// in any `<prefix>-*` netns (SIGKILL, waiting until they are gone), then deletes those
-/// netns (their veths, routes and nftables tables go with them). Idempotent; needs only
-/// the prefix, so it works after a crash. Errors: a netns file that cannot be removed.
+/// netns (their veths, routes and nftables tables go with them). A container runtime's
+/// namespace attached with [`Dataplane::attach_pod`] loses only its `/run/netns` bind
+/// mount (the runtime's own file stays; its processes are killed like any other in a
+/// `<prefix>-*` netns). Idempotent; needs only the prefix, so it works after a crash.
+/// Errors: a netns file that cannot be removed.
 pub fn sweep(prefix: &str) -> Result<()> {
     let names = list_netns(prefix);
     if names.is_empty() {

@@ -50,12 +50,18 @@
 //!   `program_delay`, `resync_loop`, `never_program`, `queue`, `revoke`,
 //!   `name_reuse_race`, `first_connections_dropped`, `stale_routes`, `clock_skew` at
 //!   container start) select endpoints added in the window; node-wide ones (`cross_node`,
-//!   `agent`, `teardown_delay`, `agent_io`, `agent_cpu`, `agent_pause`, `policies`,
+//!   `agent`, `teardown_delay`, `cni_add_delay`, `agent_io`, `agent_cpu`, `agent_pause`, `policies`,
 //!   `agent_version`) are in force during the window.
 //! - `teardown_delay: D` (duration distribution): time the node's kubelet takes, after a
 //!   deleted pod's containers have stopped, to tear its sandbox down (the CNI DEL) and
 //!   remove the pod from the API, as a slow CNI plugin or a busy container runtime makes
 //!   it ([`crate::kubelet`]). A StatefulSet-style recreate waits this long for the name.
+//!   A CNI DEL through `testbed cni` ([`crate::cni`]) takes this long too.
+//! - `cni_add_delay: D` (duration distribution): time a CNI ADD through `testbed cni`
+//!   ([`crate::cni`], a real container runtime's sandbox) waits before the pod's
+//!   network is wired, as a slow CNI plugin (IPAM, datastore writes) makes it; the
+//!   pod's `endpoint_added` comes that much later. Node-wide, sampled per ADD. The
+//!   simulated kubelet does not call CNI and ignores it.
 
 use crate::truth::{Truth, TruthEvent, TruthKind};
 use rand::{Rng, RngExt};
@@ -1130,6 +1136,7 @@ macro_rules! rule_primitives {
             program_delay,
             service_delay,
             teardown_delay,
+            cni_add_delay,
             resync_loop,
             never_program,
             queue,
@@ -1155,7 +1162,7 @@ pub struct Rule {
     pub nodes: NodeSelector,
     /// In force from this long since the file was applied: for per-endpoint primitives
     /// (everything decided when an endpoint is added) it selects endpoints added at or
-    /// after it; node-wide primitives (`cross_node`, `agent`, `teardown_delay`,
+    /// after it; node-wide primitives (`cross_node`, `agent`, `teardown_delay`, `cni_add_delay`,
     /// `agent_io`, `agent_cpu`, `agent_pause`, `policies`, `agent_version`) are in force
     /// from then.
     #[serde(serialize_with = "ser_opt_duration")]
@@ -1174,6 +1181,10 @@ pub struct Rule {
     /// take after its containers stopped.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub teardown_delay: Option<DurationDist>,
+    /// Time a CNI ADD through `testbed cni` ([`crate::cni`]) waits before wiring the
+    /// pod's network (a slow CNI plugin).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cni_add_delay: Option<DurationDist>,
     /// Programming only inside periodic open windows.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resync_loop: Option<ResyncLoop>,
@@ -1262,6 +1273,8 @@ impl<'de> Deserialize<'de> for Rule {
             #[serde(default)]
             teardown_delay: Option<DurationDist>,
             #[serde(default)]
+            cni_add_delay: Option<DurationDist>,
+            #[serde(default)]
             clock_skew: Option<ClockSkew>,
             #[serde(default)]
             agent: Option<AgentFaults>,
@@ -1292,6 +1305,7 @@ impl<'de> Deserialize<'de> for Rule {
             program_delay: r.program_delay,
             service_delay: r.service_delay,
             teardown_delay: r.teardown_delay,
+            cni_add_delay: r.cni_add_delay,
             resync_loop: r.resync_loop,
             never_program: r.never_program,
             queue: r.queue,
@@ -1327,6 +1341,7 @@ pub struct NodeFaults {
     pub program_delay: Option<DurationDist>,
     pub service_delay: Option<DurationDist>,
     pub teardown_delay: Option<DurationDist>,
+    pub cni_add_delay: Option<DurationDist>,
     pub resync_loop: Option<ResyncLoop>,
     pub never_program: Option<Probability>,
     pub queue: Option<Queue>,
@@ -1565,8 +1580,8 @@ impl FaultFile {
     ///   refused: `agent_io`, `agent_cpu`, `agent_pause`, `policies`, `agent_version`.
     /// - With [`ProxyKind::Real`] `service_delay` (a delay of the simulated kube-proxy)
     ///   is refused.
-    /// - `cross_node`, `stale_routes`, `clock_skew`, `teardown_delay` and
-    ///   `agent.restarts` apply to both agents.
+    /// - `cross_node`, `stale_routes`, `clock_skew`, `teardown_delay`, `cni_add_delay`
+    ///   and `agent.restarts` apply to both agents.
     ///
     /// Error: [`FaultError::NotForComponent`] for the first offending key, the first in
     /// the file among several in the same rule. Its line is the first line inside the
@@ -1933,6 +1948,11 @@ impl Faults {
         self.sample_now(node, labels, |nf| nf.teardown_delay)
     }
 
+    /// A sample of `cni_add_delay` for `node` now (zero when unset).
+    pub fn cni_add_delay(&self, node: &str, labels: &BTreeMap<String, String>) -> Duration {
+        self.sample_now(node, labels, |nf| nf.cni_add_delay)
+    }
+
     /// A sample of the node-wide duration `pick` selects, as in force now (zero when
     /// unset).
     fn sample_now(
@@ -2090,6 +2110,30 @@ mod tests {
         );
         assert_eq!(faults.teardown_delay("node-1", &labels), Duration::ZERO);
         assert!(err("rules:\n  - nodes: {all: true}\n    teardown_delay: x\n").contains("line 3"));
+    }
+
+    #[test]
+    fn cni_add_delay_is_node_wide_for_both_agents() {
+        let yaml =
+            "rules:\n  - nodes: {labels: {zone: a}}\n    cni_add_delay: {uniform: [1s, 2s]}\n";
+        let f = FaultFile::parse(yaml).unwrap();
+        for agent in [AgentKind::Simulated, AgentKind::Calico] {
+            f.check_components(yaml, agent, ProxyKind::Simulated)
+                .unwrap();
+        }
+        let faults = Faults::new(f);
+        let zone_a = BTreeMap::from([("zone".to_owned(), "a".to_owned())]);
+        let d = faults.cni_add_delay("node-1", &zone_a);
+        assert!(
+            (Duration::from_secs(1)..=Duration::from_secs(2)).contains(&d),
+            "{d:?}"
+        );
+        assert_eq!(
+            faults.cni_add_delay("node-1", &BTreeMap::new()),
+            Duration::ZERO
+        );
+        assert_eq!(faults.teardown_delay("node-1", &zone_a), Duration::ZERO);
+        assert!(err("rules:\n  - nodes: {all: true}\n    cni_add_delay: x\n").contains("line 3"));
     }
 
     #[test]

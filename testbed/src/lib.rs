@@ -10,6 +10,7 @@ pub mod api;
 pub mod calico;
 pub mod cli;
 pub mod client;
+pub mod cni;
 pub mod control_plane;
 pub mod controllers;
 pub mod daemon;

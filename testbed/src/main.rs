@@ -3,8 +3,15 @@
 use clap::Parser;
 
 fn main() {
+    // A container runtime executes a CNI plugin by its `type`, without arguments.
+    if testbed::cni::invoked_as_plugin() {
+        std::process::exit(testbed::cni::plugin_main());
+    }
     let cli = testbed::cli::Cli::parse();
-    if !matches!(cli.cmd, testbed::cli::Cmd::Shim { .. }) {
+    if !matches!(
+        cli.cmd,
+        testbed::cli::Cmd::Shim { .. } | testbed::cli::Cmd::Cni
+    ) {
         tracing_subscriber::fmt()
             .with_env_filter(
                 tracing_subscriber::EnvFilter::try_from_default_env()

@@ -43,8 +43,16 @@ pub async fn run(
     let cp = ControlPlane::start(cfg)
         .await
         .context("start the real control plane")?;
+    // Before the nodes: a real node's runtime calls CNI as soon as it runs pods.
+    let cni = crate::cni::CniServer::start(
+        &crate::cni::socket_path(&args.state_dir),
+        dataplane.clone(),
+        Default::default(),
+    )
+    .context("serve the CNI socket")?;
     let mut nodes = None;
-    let result = serve(args, plan, dataplane, truth, faults, &cp, &mut nodes).await;
+    let result = serve(args, plan, dataplane, truth, faults, &cp, &cni, &mut nodes).await;
+    cni.shutdown().await;
     if let Some(n) = nodes {
         n.shutdown().await;
     }
@@ -106,6 +114,7 @@ fn node_schedulable_ready(n: &Value) -> bool {
     ready && !tainted
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn serve(
     args: &DaemonArgs,
     plan: &Plan,
@@ -113,6 +122,7 @@ async fn serve(
     truth: &Truth,
     faults: &Faults,
     cp: &ControlPlane,
+    cni: &crate::cni::CniServer,
     nodes_out: &mut Option<Nodes>,
 ) -> Result<()> {
     let state = &args.state_dir;
@@ -155,6 +165,7 @@ async fn serve(
         crate::daemon::start_nodes(args, plan, dataplane, truth, faults, &endpoint, &pod_ca)
             .await
             .context("start the node components")?;
+    cni.add_agents(nodes.agents());
     let kubelets = nodes.kubelets.clone();
     let felix = nodes.felix.clone();
     *nodes_out = Some(nodes);
