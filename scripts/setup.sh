@@ -14,6 +14,11 @@ command -v readelf >/dev/null 2>&1 || need+=(binutils)
 command -v iptables-nft-restore >/dev/null 2>&1 || need+=(iptables)
 command -v ipset >/dev/null 2>&1 || need+=(ipset)
 command -v conntrack >/dev/null 2>&1 || need+=(conntrack)
+# containerd (with containerd-shim-runc-v2 and ctr) and runc: the real nodes of
+# `testbed up --kubelet real` (their services are not started; the testbed runs one
+# containerd per node with its own configuration).
+command -v containerd >/dev/null 2>&1 || need+=(containerd)
+command -v runc >/dev/null 2>&1 || need+=(runc)
 # libfaketime: the testbed's clock_skew fault shifts pod wall clocks with it.
 [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || [ -e /usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1 ] || need+=(libfaketime)
 # Prometheus, promtool, Alertmanager and amtool (Debian's packages): the alerting rules'

@@ -134,6 +134,8 @@ struct Inner {
     real: std::sync::OnceLock<Arc<crate::calico::felix::FelixNode>>,
     /// The node's ruleset watch ([`Agent::attach_watch`]), told of every endpoint.
     watch: std::sync::OnceLock<Arc<crate::truth_watch::NodeWatch>>,
+    /// The node's wire watch (`--kubelet real`: `container_started`, `readiness_ok`).
+    wire: std::sync::OnceLock<Arc<crate::wire::WireWatch>>,
     /// Whether the node's `gates_readiness` drop rule is in ([`Inner::reconcile_gate`]).
     gating: AtomicBool,
 }
@@ -195,6 +197,7 @@ impl Agent {
             felix: Mutex::new(FelixMetrics::new(Instant::now(), unix_now())),
             real: std::sync::OnceLock::new(),
             watch: std::sync::OnceLock::new(),
+            wire: std::sync::OnceLock::new(),
             gating: AtomicBool::new(false),
         });
         let node_task =
@@ -226,6 +229,12 @@ impl Agent {
         let _ = self.inner.watch.set(watch);
     }
 
+    /// Tells `wire` of every endpoint added or removed from now on (a real kubelet's
+    /// node: its pods' start and readiness are read off the wire). Once.
+    pub fn attach_wire(&self, wire: Arc<crate::wire::WireWatch>) {
+        let _ = self.inner.wire.set(wire);
+    }
+
     /// The node's ruleset watch, if one runs.
     pub fn watch(&self) -> Option<&Arc<crate::truth_watch::NodeWatch>> {
         self.inner.watch.get()
@@ -244,6 +253,9 @@ impl Agent {
             .emit(TruthEvent::pod(TruthKind::EndpointAdded, pod, json!({})));
         if let Some(w) = inner.watch.get() {
             w.endpoint_added(pod);
+        }
+        if let Some(w) = inner.wire.get() {
+            w.add_pod(pod);
         }
         let nf = inner.faults_at(added_at);
         let real = inner.real.get().is_some();
@@ -367,6 +379,9 @@ impl Agent {
         let inner = &self.inner;
         if let Some(w) = inner.watch.get() {
             w.endpoint_removed(pod);
+        }
+        if let Some(w) = inner.wire.get() {
+            w.remove_pod(pod.ip);
         }
         inner.clear_stale_routes(&pod.uid, None);
         let mut eps = inner.lock();

@@ -262,6 +262,14 @@ pub struct UpArgs {
     /// `scripts/control-plane.sh`; needs `--control-plane real`).
     #[arg(long, env = crate::kube_proxy_real::KUBE_PROXY_ENV, value_enum, default_value_t = crate::kube_proxy_real::ProxyChoice::Sim)]
     pub kube_proxy: crate::kube_proxy_real::ProxyChoice,
+    /// The kubelet and container runtime on every node: `sim` (the testbed's own; pods
+    /// are processes in network namespaces) or `real` (per node a real kubelet of the
+    /// control plane's version, built by `scripts/control-plane.sh`, and containerd
+    /// with runc from `scripts/setup.sh`; pods run the OCI images of `--image-dir`,
+    /// built by `scripts/image.sh`, and get their network from `testbed cni`; needs
+    /// `--control-plane real`).
+    #[arg(long, env = crate::realnode::KUBELET_ENV, value_enum, default_value_t = crate::realnode::KubeletChoice::Sim)]
+    pub kubelet: crate::realnode::KubeletChoice,
 }
 
 fn parse_agent(s: &str) -> Result<crate::calico::AgentChoice, String> {
@@ -369,8 +377,10 @@ pub fn up_with(state: &Path, args: &UpArgs, hints: bool) -> Result<()> {
                 .map_err(|e| anyhow!("--hostname-label-suffix {sfx:?}: {e}"))?;
         }
     }
+    let real_kubelet = args.kubelet == crate::realnode::KubeletChoice::Real;
     let real_components = args.agent != crate::calico::AgentChoice::Sim
-        || args.kube_proxy == crate::kube_proxy_real::ProxyChoice::Real;
+        || args.kube_proxy == crate::kube_proxy_real::ProxyChoice::Real
+        || real_kubelet;
     if real_components && args.control_plane != crate::control_plane::Mode::Real {
         let mut given = Vec::new();
         if args.agent != crate::calico::AgentChoice::Sim {
@@ -378,6 +388,9 @@ pub fn up_with(state: &Path, args: &UpArgs, hints: bool) -> Result<()> {
         }
         if args.kube_proxy == crate::kube_proxy_real::ProxyChoice::Real {
             given.push("--kube-proxy real".to_owned());
+        }
+        if real_kubelet {
+            given.push("--kubelet real".to_owned());
         }
         bail!(
             "{} need{} the real control plane: add --control-plane real (or set {}=real)",
@@ -392,6 +405,7 @@ pub fn up_with(state: &Path, args: &UpArgs, hints: bool) -> Result<()> {
             &nodes,
             args.agent.kind(),
             args.kube_proxy.kind(),
+            args.kubelet.kind(),
         )?),
         None => None,
     };
@@ -423,6 +437,7 @@ pub fn up_with(state: &Path, args: &UpArgs, hints: bool) -> Result<()> {
     }
     // Leftovers of a crashed run with this state dir.
     if let Ok(plan) = Plan::load(&state) {
+        crate::realnode::sweep(&state.join("nodes"), &plan.prefix);
         let _ = Dataplane::destroy(&plan);
     }
     let _ = std::fs::remove_file(state.join("ready.json"));
@@ -472,6 +487,7 @@ pub fn up_with(state: &Path, args: &UpArgs, hints: bool) -> Result<()> {
     }
     cmd.arg("--agent").arg(args.agent.as_arg());
     cmd.arg("--kube-proxy").arg(args.kube_proxy.as_arg());
+    cmd.arg("--kubelet").arg(args.kubelet.as_arg());
     if args.hollow_nodes > 0 {
         cmd.arg("--hollow-nodes")
             .arg(args.hollow_nodes.to_string())
@@ -487,6 +503,12 @@ pub fn up_with(state: &Path, args: &UpArgs, hints: bool) -> Result<()> {
         .image_dir
         .clone()
         .unwrap_or_else(|| default_image_dir(&bin_dir));
+    if real_kubelet {
+        if let Some(b) = &cp_bin {
+            crate::realnode::Binaries::locate(b, &std::env::current_exe()?)?;
+        }
+        crate::realnode::node_images(&image_dir)?;
+    }
     cmd.arg("--image-dir")
         .arg(image_dir.canonicalize().unwrap_or(image_dir));
     cmd.arg("--bin-dir")
@@ -593,6 +615,8 @@ pub fn down(state: &Path) -> Result<()> {
     }
     crate::control_plane::sweep(state);
     if let Ok(plan) = Plan::load(state) {
+        // Real nodes' pods, shims (they outlive containerd), mounts and cgroups.
+        crate::realnode::sweep(&state.join("nodes"), &plan.prefix);
         // Real Felix, kube-proxy and the ruleset monitors live in the node netns: the
         // netns sweep kills them; then their (now empty) CPU cgroups can go.
         Dataplane::destroy(&plan).context("remove network namespaces")?;
@@ -917,6 +941,7 @@ pub fn main_with(cli: Cli) -> Result<i32> {
                 }),
                 agent: a.agent,
                 kube_proxy: a.kube_proxy,
+                kubelet: a.kubelet,
             })?;
             Ok(0)
         }

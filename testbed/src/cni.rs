@@ -527,6 +527,12 @@ fn plugin(
             0,
         )));
     }
+    let plugin_type = serde_json::from_slice::<serde_json::Value>(stdin)
+        .ok()
+        .and_then(|v| v["type"].as_str().map(str::to_owned));
+    if plugin_type.as_deref() == Some(LOOPBACK) {
+        return loopback(&env, version_hint).map(Some);
+    }
     let conf = NetConf::parse(stdin)?;
     if env.command == CniCommand::Check && conf.cni_version.starts_with("0.3") {
         return Err(CniError::new(
@@ -624,6 +630,54 @@ pub fn plugin_main() -> i32 {
     let _ = so.write_all(out.stdout.as_bytes());
     let _ = so.flush();
     out.exit_code
+}
+
+/// The `type` of the loopback network a container runtime configures for every
+/// sandbox before the pod network (containerd's CRI plugin: `{"cniVersion": "0.3.1",
+/// "name": "cni-loopback", "plugins": [{"type": "loopback"}]}`), served by this binary
+/// too (the wrapper of that name in the node's CNI `bin_dir`).
+pub const LOOPBACK: &str = "loopback";
+
+/// The loopback plugin (what CNI's reference `loopback` plugin does): ADD sets `lo` up
+/// in the sandbox (`nsenter --net=CNI_NETNS ip link set lo up`) and reports it with
+/// `127.0.0.1/8`; DEL does nothing (`lo` goes with the namespace); CHECK passes.
+/// Errors: ADD without `CNI_NETNS` (code 4), the command failing (code 999).
+fn loopback(env: &CniEnv, cni_version: &str) -> Result<PluginOutcome, CniError> {
+    if env.command != CniCommand::Add {
+        return Ok(PluginOutcome {
+            stdout: String::new(),
+            exit_code: 0,
+        });
+    }
+    let netns = env
+        .netns
+        .clone()
+        .ok_or_else(|| CniError::new(CODE_INVALID_ENV, "CNI_NETNS is missing", "loopback ADD"))?;
+    let out = std::process::Command::new("nsenter")
+        .arg(format!("--net={netns}"))
+        .args(["ip", "link", "set", "lo", "up"])
+        .output()
+        .map_err(|e| CniError::new(CODE_INTERNAL, "cannot run nsenter", e.to_string()))?;
+    if !out.status.success() {
+        return Err(CniError::new(
+            CODE_INTERNAL,
+            "cannot set lo up in the sandbox",
+            String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        ));
+    }
+    let mut ip = serde_json::json!({"interface": 0, "address": "127.0.0.1/8"});
+    if cni_version.starts_with("0.") {
+        ip["version"] = "4".into();
+    }
+    Ok(PluginOutcome::json(
+        &serde_json::json!({
+            "cniVersion": cni_version,
+            "interfaces": [{"name": "lo", "mac": "00:00:00:00:00:00", "sandbox": netns}],
+            "ips": [ip],
+            "dns": {},
+        }),
+        0,
+    ))
 }
 
 /// Whether this process was started as a CNI plugin: no arguments and `CNI_COMMAND`

@@ -65,6 +65,8 @@ pub struct DaemonArgs {
     pub agent: crate::calico::AgentChoice,
     /// The service proxy: simulated or real kube-proxy (`--kube-proxy`).
     pub kube_proxy: crate::kube_proxy_real::ProxyChoice,
+    /// The kubelet and container runtime on the nodes (`--kubelet`).
+    pub kubelet: crate::realnode::KubeletChoice,
 }
 
 /// Contents of `ready.json`.
@@ -266,8 +268,15 @@ fn create_kubernetes_service(
 
 /// The node components of every node of `plan`, running on their node netns threads.
 pub struct Nodes {
-    /// One kubelet per node, in plan order.
+    /// One simulated kubelet per node, in plan order (none with `--kubelet real`).
     pub kubelets: Vec<Arc<Kubelet>>,
+    /// One real kubelet and containerd per node, in plan order (`--kubelet real`).
+    pub real: Vec<Arc<crate::realnode::RealNode>>,
+    /// Each node's agent (the simulated one, or the handle of real Felix), in plan
+    /// order.
+    agents: Vec<Arc<Agent>>,
+    /// The shared host paths the real nodes made (removed after them).
+    host_paths: crate::realnode::SharedHostPaths,
     proxies: Vec<crate::services::ServiceProxy>,
     /// Real Felix per node (`--agent calico`), in plan order.
     pub felix: Vec<Arc<crate::calico::felix::FelixNode>>,
@@ -281,9 +290,9 @@ impl Nodes {
     /// Each node's agent by node name (what [`crate::cni::CniServer`] hands sandboxes
     /// to).
     pub fn agents(&self) -> BTreeMap<String, Arc<Agent>> {
-        self.kubelets
+        self.agents
             .iter()
-            .map(|k| (k.node().to_owned(), k.agent().clone()))
+            .map(|a| (a.node().name.clone(), a.clone()))
             .collect()
     }
 
@@ -306,6 +315,12 @@ impl Nodes {
         for k in &self.kube_proxies {
             k.stop().await;
         }
+        for r in &self.real {
+            r.stop().await;
+        }
+        if !self.real.is_empty() {
+            self.host_paths.remove();
+        }
         drop(self.threads);
     }
 }
@@ -317,6 +332,17 @@ struct RealParts {
     registry: Arc<crate::truth_watch::Registry>,
     /// kube-proxy binary (`--kube-proxy real`).
     kube_proxy: Option<PathBuf>,
+    /// `--kubelet real`: the binaries and images of the real nodes.
+    nodes: Option<RealNodeParts>,
+}
+
+/// What every real node ([`crate::realnode`]) is started with.
+struct RealNodeParts {
+    bins: crate::realnode::Binaries,
+    /// The OCI archives imported into each node's containerd.
+    images: Vec<PathBuf>,
+    /// The pause image's reference (containerd's `sandbox_image`).
+    sandbox_image: String,
 }
 
 /// Installs what real Felix needs in the datastore ([`crate::calico::datastore`]),
@@ -376,6 +402,10 @@ pub async fn start_nodes(
     let testbed_exe = std::env::current_exe().context("locate the testbed executable")?;
     std::fs::create_dir_all(&pods_dir)?;
     let real_proxy = args.kube_proxy == crate::kube_proxy_real::ProxyChoice::Real;
+    let cp_bin = || match &args.control_plane_bin {
+        Some(bin) => Ok(bin.clone()),
+        None => crate::control_plane::locate_binaries(None),
+    };
     let real = RealParts {
         builds: crate::calico::Builds::locate(),
         registry: Arc::default(),
@@ -386,6 +416,17 @@ pub async fn start_nodes(
                 &crate::control_plane::locate_binaries(None)?,
             )?),
         },
+        nodes: match args.kubelet {
+            crate::realnode::KubeletChoice::Sim => None,
+            crate::realnode::KubeletChoice::Real => {
+                let (images, sandbox_image) = crate::realnode::node_images(&args.image_dir)?;
+                Some(RealNodeParts {
+                    bins: crate::realnode::Binaries::locate(&cp_bin()?, &testbed_exe)?,
+                    images,
+                    sandbox_image,
+                })
+            }
+        },
     };
     if let Some(v) = args.agent.version() {
         install_calico(plan, endpoint, &real.builds, v).await?;
@@ -395,6 +436,9 @@ pub async fn start_nodes(
     let mut proxies = Vec::new();
     let mut felix_nodes = Vec::new();
     let mut kube_proxies = Vec::new();
+    let mut real_nodes = Vec::new();
+    let mut agents = Vec::new();
+    let host_paths = crate::realnode::SharedHostPaths::record();
     for n in plan.nodes.iter() {
         let labels = args.node_labels.get(&n.name).cloned().unwrap_or_default();
         let thread =
@@ -406,6 +450,7 @@ pub async fn start_nodes(
             truth.clone(),
             faults.clone(),
         ));
+        agents.push(agent.clone());
         // The node's ruleset watch (truth from the real dataplane) before any pod.
         if args.agent.version().is_some() || real_proxy {
             let watching = crate::truth_watch::Watching {
@@ -423,52 +468,61 @@ pub async fn start_nodes(
             .with_context(|| format!("watch {}'s ruleset", n.name))?;
             agent.attach_watch(Arc::new(w));
         }
-        let kcfg = KubeletConfig {
-            node: n.name.clone(),
-            node_ip: n.ip,
-            pod_cidr: n.pod_cidr.to_string(),
-            node_labels: labels.clone(),
-            bin_dir: args.bin_dir.clone(),
-            image_dir: args.image_dir.clone(),
-            unpack_dir: state.join("images"),
-            pods_dir: pods_dir.clone(),
-            testbed_exe: testbed_exe.clone(),
-            // Pods reach the API through the `kubernetes` Service, as on a real node.
-            api_host: service_cidr.nth(1).to_string(),
-            api_port: 443,
-            ca_cert: Some(ca_path.clone()),
-        };
-        // The kubelet registers its Node through the API (from the node netns).
-        let kubelet = thread
-            .handle()
-            .spawn({
-                let (ep, dp, agent, truth) = (
-                    endpoint.clone(),
-                    dataplane.clone(),
-                    agent.clone(),
-                    truth.clone(),
-                );
-                async move { Kubelet::start(kcfg, &ep, dp, agent, truth).await }
-            })
-            .await
-            .context("kubelet start task")?
-            .with_context(|| format!("start the kubelet of {}", n.name))?;
-        thread.handle().spawn(kubelet.clone().run());
-        // The kubelet API (`kubectl logs` on a real API server) on <node IP>:10250.
-        let (cert, key) = tls::issue_serving_cert(
-            &state.join("pki"),
-            &format!("{}@kubelet", n.name),
-            &[n.ip.to_string(), n.name.clone()],
-        )
-        .with_context(|| format!("kubelet serving certificate of {}", n.name))?;
-        thread.handle().spawn({
-            let (k, node) = (kubelet.clone(), n.name.clone());
-            async move {
-                if let Err(e) = k.serve_api(cert, key).await {
-                    tracing::error!(node = %node, error = %format!("{e:#}"), "kubelet API");
-                }
+        let kubelet = match &real.nodes {
+            // A real kubelet and containerd instead of the simulated kubelet.
+            Some(r) => {
+                // Its pods' start and readiness from the wire, before any pod.
+                let (ip, t) = (n.ip, truth.clone());
+                let wire = thread
+                    .handle()
+                    .spawn(async move { crate::wire::WireWatch::start(ip, t) })
+                    .await
+                    .context("wire watch task")?
+                    .with_context(|| format!("watch {}'s pod interfaces", n.name))?;
+                agent.attach_wire(Arc::new(wire));
+                let cfg = crate::realnode::NodeConfig {
+                    node: n.name.clone(),
+                    node_ip: n.ip,
+                    pod_cidr: n.pod_cidr.to_string(),
+                    labels: labels.clone(),
+                    dir: state.join("nodes").join(&n.name),
+                    cgroup_root: format!("{}-{}", plan.prefix, n.name),
+                    api_url: endpoint.url.clone(),
+                    pki_dir: pod_ca
+                        .parent()
+                        .map(Path::to_path_buf)
+                        .unwrap_or_else(|| state.join("pki")),
+                    images: r.images.clone(),
+                    sandbox_image: r.sandbox_image.clone(),
+                    cni_socket: crate::cni::socket_path(state),
+                    bins: r.bins.clone(),
+                };
+                let rn = crate::realnode::RealNode::start(cfg, thread.handle())
+                    .await
+                    .with_context(|| {
+                        format!("start the real kubelet and containerd of {}", n.name)
+                    })?;
+                real_nodes.push(Arc::new(rn));
+                None
             }
-        });
+            None => Some(
+                start_sim_kubelet(
+                    args,
+                    n,
+                    &labels,
+                    &thread,
+                    endpoint,
+                    dataplane,
+                    &agent,
+                    truth,
+                    &pods_dir,
+                    &ca_path,
+                    &testbed_exe,
+                    service_cidr,
+                )
+                .await?,
+            ),
+        };
         // Real Felix on the node, or the simulated agent's Felix-compatible metrics on
         // nodeIP:9091 (hostNetwork, like calico-node).
         let agent_image = match args.agent.version() {
@@ -499,17 +553,20 @@ pub async fn start_nodes(
             json!({"ip": n.ip.to_string()}),
         ));
         // The node's agent pods, created through the API like a DaemonSet's; the
-        // kubelet writes their status from the simulated agent.
-        thread
-            .handle()
-            .spawn(create_agent_pods(
-                kubelet.api().clone(),
-                n.name.clone(),
-                agent_image,
-                args.kube_proxy_metrics.addr().is_some(),
-            ))
-            .await
-            .context("agent pod task")?;
+        // simulated kubelet writes their status from the simulated agent (a real
+        // kubelet would try to run them).
+        if let Some(kubelet) = &kubelet {
+            thread
+                .handle()
+                .spawn(create_agent_pods(
+                    kubelet.api().clone(),
+                    n.name.clone(),
+                    agent_image,
+                    args.kube_proxy_metrics.addr().is_some(),
+                ))
+                .await
+                .context("agent pod task")?;
+        }
         if let Some(bin) = &real.kube_proxy {
             // Real kube-proxy (nftables mode) in the node netns; a route for node-local
             // ClusterIP clients, as a real node's default route gives them.
@@ -534,10 +591,12 @@ pub async fn start_nodes(
             let kp = crate::kube_proxy_real::start(cfg, thread.handle())
                 .await
                 .with_context(|| format!("start kube-proxy on {}", n.name))?;
-            kubelet.set_kube_proxy(kp.clone());
+            if let Some(kubelet) = kubelet {
+                kubelet.set_kube_proxy(kp.clone());
+                kubelets.push(kubelet);
+            }
             kube_proxies.push(kp);
             node_threads.push(thread);
-            kubelets.push(kubelet);
             continue;
         }
         // kube-proxy-like Service rules in the node netns, late by fault `service_delay`,
@@ -571,24 +630,25 @@ pub async fn start_nodes(
             metrics: Some(kp_metrics),
         };
         // It watches through the node's client, from the node netns.
+        let api = match &kubelet {
+            Some(k) => k.api().clone(),
+            None => node_client(&thread, endpoint).await?,
+        };
         let proxy = thread
             .handle()
-            .spawn(crate::services::ServiceProxy::start(
-                kubelet.api().clone(),
-                proxy_cfg,
-            ))
+            .spawn(crate::services::ServiceProxy::start(api, proxy_cfg))
             .await
             .context("service proxy start task")?
             .map_err(|e| anyhow::anyhow!("start the service proxy on {}: {e}", n.name))?;
         proxies.push(proxy);
         node_threads.push(thread);
-        kubelets.push(kubelet);
+        kubelets.extend(kubelet);
     }
     let mut tasks = Vec::new();
     if args.agent.version().is_some() {
         // `policies: N` and per-node `agent_version` follow the fault file.
         let (api, faults, kubelets2, labels) = (
-            kubelets[0].api().clone(),
+            node_client(&node_threads[0], endpoint).await?,
             faults.clone(),
             kubelets.clone(),
             args.node_labels.clone(),
@@ -601,12 +661,96 @@ pub async fn start_nodes(
     }
     Ok(Nodes {
         kubelets,
+        real: real_nodes,
+        agents,
+        host_paths,
         proxies,
         felix: felix_nodes,
         kube_proxies,
         tasks,
         threads: node_threads,
     })
+}
+
+/// An API client made on (and used from) `thread`'s runtime, as the node's components
+/// reach the API. Errors: the client's configuration.
+async fn node_client(
+    thread: &NetnsThread,
+    endpoint: &ClusterEndpoint,
+) -> Result<crate::client::ApiClient> {
+    let ep = endpoint.clone();
+    thread
+        .handle()
+        .spawn(async move { ep.client().await })
+        .await
+        .context("API client task")?
+}
+
+/// The simulated kubelet of node `n` ([`Kubelet`]), started on `thread` (it registers
+/// its Node through the API from the node netns) with its kubelet API on
+/// `<node IP>:10250` (a serving certificate from the testbed CA in `state/pki`).
+/// Errors: its start, the certificate.
+#[allow(clippy::too_many_arguments)]
+async fn start_sim_kubelet(
+    args: &DaemonArgs,
+    n: &crate::plan::NodePlan,
+    labels: &BTreeMap<String, String>,
+    thread: &NetnsThread,
+    endpoint: &ClusterEndpoint,
+    dataplane: &Arc<Dataplane>,
+    agent: &Arc<Agent>,
+    truth: &Truth,
+    pods_dir: &Path,
+    ca_path: &Path,
+    testbed_exe: &Path,
+    service_cidr: crate::plan::Ipv4Cidr,
+) -> Result<Arc<Kubelet>> {
+    let state = &args.state_dir;
+    let kcfg = KubeletConfig {
+        node: n.name.clone(),
+        node_ip: n.ip,
+        pod_cidr: n.pod_cidr.to_string(),
+        node_labels: labels.clone(),
+        bin_dir: args.bin_dir.clone(),
+        image_dir: args.image_dir.clone(),
+        unpack_dir: state.join("images"),
+        pods_dir: pods_dir.to_path_buf(),
+        testbed_exe: testbed_exe.to_path_buf(),
+        // Pods reach the API through the `kubernetes` Service, as on a real node.
+        api_host: service_cidr.nth(1).to_string(),
+        api_port: 443,
+        ca_cert: Some(ca_path.to_path_buf()),
+    };
+    let kubelet = thread
+        .handle()
+        .spawn({
+            let (ep, dp, agent, truth) = (
+                endpoint.clone(),
+                dataplane.clone(),
+                agent.clone(),
+                truth.clone(),
+            );
+            async move { Kubelet::start(kcfg, &ep, dp, agent, truth).await }
+        })
+        .await
+        .context("kubelet start task")?
+        .with_context(|| format!("start the kubelet of {}", n.name))?;
+    thread.handle().spawn(kubelet.clone().run());
+    let (cert, key) = tls::issue_serving_cert(
+        &state.join("pki"),
+        &format!("{}@kubelet", n.name),
+        &[n.ip.to_string(), n.name.clone()],
+    )
+    .with_context(|| format!("kubelet serving certificate of {}", n.name))?;
+    thread.handle().spawn({
+        let (k, node) = (kubelet.clone(), n.name.clone());
+        async move {
+            if let Err(e) = k.serve_api(cert, key).await {
+                tracing::error!(node = %node, error = %format!("{e:#}"), "kubelet API");
+            }
+        }
+    });
+    Ok(kubelet)
 }
 
 /// The Felix version `node` runs: its fault file's `agent_version` at start, else
@@ -785,7 +929,9 @@ pub fn run(args: DaemonArgs) -> Result<()> {
         .enable_all()
         .build()?;
     let result = rt.block_on(run_inner(&args, &plan));
-    // Teardown happens whatever happened above.
+    // Teardown happens whatever happened above (real nodes that started before a
+    // failure included).
+    crate::realnode::sweep(&args.state_dir.join("nodes"), &plan.prefix);
     if let Err(e) = Dataplane::destroy(&plan) {
         tracing::warn!(error = %e, "dataplane teardown");
     }
@@ -817,6 +963,7 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
             &node_names(plan),
             args.agent.kind(),
             args.kube_proxy.kind(),
+            args.kubelet.kind(),
         )?,
         None => FaultFile::default(),
     };
@@ -923,6 +1070,7 @@ async fn handle_control(stream: tokio::net::UnixStream, c: &mut Control<'_>) -> 
                 &c.nodes,
                 &crate::calico::AgentChoice::Sim,
                 crate::kube_proxy_real::ProxyChoice::Sim,
+                crate::realnode::KubeletChoice::Sim,
             ),
             false,
         ),
@@ -1117,6 +1265,28 @@ pub(crate) async fn roll_agent(
     }
 }
 
+/// `testbed node stop|start NODE` with real kubelets: stops (or starts again) the
+/// node's kubelet and containerd ([`crate::realnode::RealNode::pause_node`]); the
+/// node-lifecycle controller sees the heartbeats stop. Other nodes: [`pause_kubelet`].
+pub(crate) async fn pause_node(
+    kubelets: &[Arc<Kubelet>],
+    real: &[Arc<crate::realnode::RealNode>],
+    truth: &Truth,
+    node: &str,
+    stopped: bool,
+) -> Result<(), String> {
+    let Some(r) = real.iter().find(|r| r.name() == node) else {
+        return pause_kubelet(kubelets, truth, node, stopped);
+    };
+    if stopped {
+        r.pause_node().await;
+    } else {
+        r.resume().await.map_err(|e| format!("{e:#}"))?;
+    }
+    emit_node_stopped(truth, node, stopped);
+    Ok(())
+}
+
 pub(crate) fn pause_kubelet(
     kubelets: &[Arc<Kubelet>],
     truth: &Truth,
@@ -1127,6 +1297,12 @@ pub(crate) fn pause_kubelet(
         return Err(format!("no node {node:?}"));
     };
     k.set_paused(stopped);
+    emit_node_stopped(truth, node, stopped);
+    Ok(())
+}
+
+/// The truth of `testbed node stop|start`.
+fn emit_node_stopped(truth: &Truth, node: &str, stopped: bool) {
     let kind = if stopped {
         TruthKind::NodeNotReady
     } else {
@@ -1137,7 +1313,6 @@ pub(crate) fn pause_kubelet(
         node,
         json!({"cause": if stopped { "testbed node stop" } else { "testbed node start" }}),
     ));
-    Ok(())
 }
 
 /// `fault set FILE`: parses and checks the file for `nodes` and the running components
@@ -1150,14 +1325,16 @@ pub(crate) fn apply_fault(
     nodes: &[String],
     agent: &crate::calico::AgentChoice,
     proxy: crate::kube_proxy_real::ProxyChoice,
+    kubelet: crate::realnode::KubeletChoice,
 ) -> String {
-    let checked = FaultFile::load_checked(path, nodes, agent.kind(), proxy.kind()).and_then(|f| {
-        if agent.version().is_some() {
-            let versions = f.agent_versions();
-            crate::calico::Builds::locate().require(versions.iter().map(String::as_str))?;
-        }
-        Ok(f)
-    });
+    let checked = FaultFile::load_checked(path, nodes, agent.kind(), proxy.kind(), kubelet.kind())
+        .and_then(|f| {
+            if agent.version().is_some() {
+                let versions = f.agent_versions();
+                crate::calico::Builds::locate().require(versions.iter().map(String::as_str))?;
+            }
+            Ok(f)
+        });
     match checked {
         Ok(f) => {
             faults.set_and_record(f, truth);

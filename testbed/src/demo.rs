@@ -208,6 +208,7 @@ pub fn demo(state: &Path, args: &DemoArgs) -> Result<i32> {
         hollow_direct_scrapes: Default::default(),
         agent: Default::default(),
         kube_proxy: Default::default(),
+        kubelet: Default::default(),
     };
     up_with(state, &up_args, false)?;
     let result = match single {

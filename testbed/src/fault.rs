@@ -111,16 +111,16 @@ pub enum FaultError {
         rule: usize,
         message: String,
     },
-    /// A rule sets a primitive that the running agent or service proxy does not act on
-    /// ([`FaultFile::check_components`]): applying it would silently do nothing. The
-    /// component is implied by the key (`service_delay`: real kube-proxy; `agent_io`,
-    /// `agent_cpu`, `agent_pause`, `policies`, `agent_version`: the simulated agent;
-    /// every other refused key: real Calico Felix).
+    /// A rule sets a primitive that the running agent, service proxy or kubelet does
+    /// not act on ([`FaultFile::check_components`], [`FaultFile::check_kubelet`]):
+    /// applying it would silently do nothing.
     #[error(
-        "fault file: rule {rule} (line {line}): `{key}` does not apply to {}: {message}",
-        refusing_component(.key)
+        "fault file: rule {rule} (line {line}): `{key}` does not apply to {component}: {message}"
     )]
     NotForComponent {
+        /// The component that does not act on it (`real Calico Felix`, `the simulated
+        /// agent`, `real kube-proxy`, `a real kubelet`).
+        component: &'static str,
         /// 1-based rule number.
         rule: usize,
         /// 1-based line of the key in the file (the rule's first line when not found).
@@ -1473,6 +1473,7 @@ impl FaultFile {
         nodes: &[String],
         agent: AgentKind,
         proxy: ProxyKind,
+        kubelet: KubeletKind,
     ) -> anyhow::Result<FaultFile> {
         use anyhow::Context as _;
         let text = std::fs::read_to_string(path)
@@ -1480,6 +1481,7 @@ impl FaultFile {
         FaultFile::parse(&text)
             .and_then(|ff| ff.check_nodes(nodes).map(|()| ff))
             .and_then(|ff| ff.check_components(&text, agent, proxy).map(|()| ff))
+            .and_then(|ff| ff.check_kubelet(&text, kubelet, agent).map(|()| ff))
             .map_err(|e| {
                 // FaultError's text starts with "fault file: "; name the file there.
                 let text = e.to_string();
@@ -1594,12 +1596,49 @@ impl FaultFile {
         agent: AgentKind,
         proxy: ProxyKind,
     ) -> Result<(), FaultError> {
+        self.check_keys(text, |k| {
+            refusal(k, agent, proxy).map(|why| (refusing_component(k), why))
+        })
+    }
+
+    /// Refuses a key that only the simulated kubelet acts on when the nodes run real
+    /// kubelets (`testbed up --kubelet real`), naming its rule and line and why
+    /// ([`SIMULATED_KUBELET_ONLY`]): applying it would silently do nothing.
+    /// (`agent.restarts` stays allowed with real Felix: its own supervisor restarts it.)
+    pub fn check_kubelet(
+        &self,
+        text: &str,
+        kubelet: KubeletKind,
+        agent: AgentKind,
+    ) -> Result<(), FaultError> {
+        self.check_keys(text, |k| match kubelet {
+            KubeletKind::Simulated => None,
+            KubeletKind::Real if k == "agent.restarts" && agent == AgentKind::Calico => None,
+            KubeletKind::Real => SIMULATED_KUBELET_ONLY
+                .iter()
+                .find(|(key, _)| *key == k)
+                .map(|(_, why)| {
+                    (
+                        "a real kubelet",
+                        format!("{why}; drop `--kubelet real` to use it"),
+                    )
+                }),
+        })
+    }
+
+    /// The first key of a rule that `refusal` refuses, as a [`FaultError::NotForComponent`].
+    fn check_keys(
+        &self,
+        text: &str,
+        refusal: impl Fn(&str) -> Option<(&'static str, String)>,
+    ) -> Result<(), FaultError> {
         let mut spans: Option<Vec<(usize, usize)>> = None;
         for (i, r) in self.rules.iter().enumerate() {
-            let refused: Vec<(&'static str, String)> = r
+            type Why = (&'static str, String);
+            let refused: Vec<(&'static str, Why)> = r
                 .keys_written()
                 .into_iter()
-                .filter_map(|k| refusal(k, agent, proxy).map(|why| (k, why)))
+                .filter_map(|k| refusal(k).map(|why| (k, why)))
                 .collect();
             if refused.is_empty() {
                 continue;
@@ -1624,11 +1663,13 @@ impl FaultFile {
                     (k, why, line)
                 })
                 .expect("refused is not empty");
+            let (component, message) = why;
             return Err(FaultError::NotForComponent {
+                component,
                 rule: i + 1,
                 line,
                 key: key.to_owned(),
-                message: why,
+                message,
             });
         }
         Ok(())
@@ -1643,6 +1684,24 @@ pub enum AgentKind {
     /// The real Calico Felix (`--control-plane real --agent calico`).
     Calico,
 }
+
+/// Which kubelet the testbed's nodes run (`testbed up --kubelet`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KubeletKind {
+    /// The testbed's simulated kubelet ([`crate::kubelet`]).
+    Simulated,
+    /// A real kubelet with containerd (`--kubelet real`, [`crate::realnode`]).
+    Real,
+}
+
+/// Keys only the simulated kubelet acts on, and why (refused with real kubelets).
+pub const SIMULATED_KUBELET_ONLY: &[(&str, &str)] = &[
+    ("clock_skew", "it shifts a pod's clocks through the simulated kubelet (libfaketime preloaded into the container process); a real kubelet runs containers under runc, which has no time namespace on these machines"),
+    ("first_connections_dropped", "the simulated kubelet arms it when a pod turns Ready"),
+    ("agent.not_ready", "it sets the status of the agent pods the simulated kubelet writes; real kubelets run no agent pods"),
+    ("agent.restarts", "the simulated kubelet carries the simulated agent's restarts out (and counts them on its agent pod); real kubelets run no agent pods (with real Felix the key stays: Felix's supervisor restarts it)"),
+    ("agent_version", "the version is rolled through the agent pods the simulated kubelet runs; real kubelets run no agent pods"),
+];
 
 /// Which service proxy the testbed's nodes run (`testbed up --kube-proxy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -2506,6 +2565,33 @@ mod tests {
             .unwrap()
             .check_components(yaml, AgentKind::Simulated, ProxyKind::Simulated)
             .unwrap_err()
+    }
+
+    #[test]
+    fn keys_only_the_simulated_kubelet_acts_on_are_refused_with_real_kubelets() {
+        let yaml = "rules:\n  - nodes: {all: true}\n    program_delay: 1s\n  - nodes: {names: [node-2]}\n    teardown_delay: 1s\n    clock_skew: 5s\n";
+        let f = FaultFile::parse(yaml).unwrap();
+        f.check_kubelet(yaml, KubeletKind::Simulated, AgentKind::Simulated)
+            .unwrap();
+        let e = f
+            .check_kubelet(yaml, KubeletKind::Real, AgentKind::Simulated)
+            .unwrap_err();
+        assert_eq!(refused_at(&e), (2, 6, "clock_skew"));
+        let text = e.to_string();
+        assert!(
+            text.contains("does not apply to a real kubelet") && text.contains("--kubelet real"),
+            "{text}"
+        );
+        // The simulated agent's restarts are the simulated kubelet's to carry out; real
+        // Felix restarts under its own supervisor.
+        let yaml = "rules:\n  - nodes: {all: true}\n    agent: {restarts: {every: 30s}}\n";
+        let f = FaultFile::parse(yaml).unwrap();
+        let e = f
+            .check_kubelet(yaml, KubeletKind::Real, AgentKind::Simulated)
+            .unwrap_err();
+        assert_eq!(refused_at(&e).2, "agent.restarts");
+        f.check_kubelet(yaml, KubeletKind::Real, AgentKind::Calico)
+            .unwrap();
     }
 
     /// (rule, line, key) of a [`FaultError::NotForComponent`].

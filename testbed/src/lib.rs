@@ -36,3 +36,4 @@ pub mod supervise;
 pub mod tls;
 pub mod truth;
 pub mod truth_watch;
+pub mod wire;

@@ -65,9 +65,7 @@ pub const CONTAINERD_K8S_NAMESPACE: &str = "k8s.io";
 /// Host paths every kubelet and containerd use whatever their configured roots
 /// (kubelet: the device-plugin socket directory and the `/var/log/containers`
 /// symlinks; containerd: the CNI result cache, its fifo and shim socket directories).
-/// [`RealNode::stop`] removes those that did not exist before the first node started
-/// (recorded in `<state>/nodes/host-paths.json`) and the entries of this node in the
-/// others.
+/// [`SharedHostPaths`] removes those that did not exist before the first node started.
 pub const SHARED_HOST_PATHS: &[&str] = &[
     "/var/lib/kubelet/device-plugins",
     "/var/lib/kubelet",
@@ -78,6 +76,68 @@ pub const SHARED_HOST_PATHS: &[&str] = &[
     "/run/containerd/fifo",
     "/run/containerd",
 ];
+
+/// The [`SHARED_HOST_PATHS`] that did not exist before a testbed's first real node
+/// started: [`SharedHostPaths::remove`] deletes them at teardown.
+#[derive(Debug, Clone, Default)]
+pub struct SharedHostPaths {
+    created: Vec<PathBuf>,
+}
+
+impl SharedHostPaths {
+    /// Notes which shared host paths are missing now (call before the first node
+    /// starts).
+    pub fn record() -> SharedHostPaths {
+        SharedHostPaths {
+            created: SHARED_HOST_PATHS
+                .iter()
+                .map(PathBuf::from)
+                .filter(|p| !p.exists())
+                .collect(),
+        }
+    }
+
+    /// The paths it would remove.
+    pub fn created(&self) -> &[PathBuf] {
+        &self.created
+    }
+
+    /// Removes the recorded paths (deepest first) unless a kubelet or containerd still
+    /// runs on the machine (another testbed's, or the host's own: then they are theirs
+    /// to keep). Errors are logged.
+    pub fn remove(&self) {
+        if self.created.is_empty() {
+            return;
+        }
+        if let Some(pid) = running_node_daemon() {
+            tracing::info!(
+                pid,
+                "a kubelet or containerd still runs: shared host paths kept"
+            );
+            return;
+        }
+        let mut paths = self.created.clone();
+        paths.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        for p in paths {
+            if let Err(e) = std::fs::remove_dir_all(&p) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(path = %p.display(), error = %e, "remove shared host path");
+                }
+            }
+        }
+    }
+}
+
+/// The PID of a running `kubelet` or `containerd` process, if any (from
+/// `/proc/PID/comm`).
+fn running_node_daemon() -> Option<i32> {
+    let rd = std::fs::read_dir("/proc").ok()?;
+    rd.flatten().find_map(|e| {
+        let pid = e.file_name().to_str()?.parse::<i32>().ok()?;
+        let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
+        matches!(comm.trim(), "kubelet" | "containerd").then_some(pid)
+    })
+}
 
 /// The testbed's node implementation: the simulated kubelet (`sim`, the default) or a
 /// real kubelet with containerd (`real`, needs the real control plane).
@@ -92,6 +152,14 @@ pub enum KubeletChoice {
 }
 
 impl KubeletChoice {
+    /// Which fault primitives apply to this kubelet.
+    pub fn kind(self) -> crate::fault::KubeletKind {
+        match self {
+            KubeletChoice::Sim => crate::fault::KubeletKind::Simulated,
+            KubeletChoice::Real => crate::fault::KubeletKind::Real,
+        }
+    }
+
     /// The value as given on the command line.
     pub fn as_arg(self) -> &'static str {
         match self {
@@ -148,6 +216,42 @@ fn which(name: &str) -> Option<PathBuf> {
     std::env::split_paths(&path)
         .map(|d| d.join(name))
         .find(|p| p.is_file())
+}
+
+/// The images every real node imports (`scripts/image.sh` writes them as
+/// `NAME.oci.tar` beside an OCI layout `NAME/`), the pause image last.
+pub const NODE_IMAGES: &[&str] = &["target-server", "prober", "pause"];
+
+/// The OCI archives of [`NODE_IMAGES`] in `image_dir` and the pause image's reference
+/// (its layout's `io.containerd.image.name` annotation). Errors: a missing image, naming
+/// `scripts/image.sh`.
+pub fn node_images(image_dir: &Path) -> Result<(Vec<PathBuf>, String)> {
+    let mut tars = Vec::new();
+    for n in NODE_IMAGES {
+        let t = image_dir.join(format!("{n}.oci.tar"));
+        if !t.is_file() {
+            bail!(
+                "--kubelet real needs the project's images in {}: no {n}.oci.tar there (build them with `bash scripts/image.sh`, or point --image-dir at them)",
+                image_dir.display()
+            );
+        }
+        tars.push(t);
+    }
+    let index = image_dir.join("pause").join("index.json");
+    let v: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(&index).with_context(|| format!("read {}", index.display()))?,
+    )
+    .with_context(|| format!("parse {}", index.display()))?;
+    let reference = v["manifests"][0]["annotations"]["io.containerd.image.name"]
+        .as_str()
+        .ok_or_else(|| {
+            anyhow!(
+                "{} names no image (io.containerd.image.name)",
+                index.display()
+            )
+        })?
+        .to_owned();
+    Ok((tars, reference))
 }
 
 /// One real node's configuration.
@@ -516,10 +620,9 @@ fn unescape_mountinfo(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// PIDs of `containerd-shim-runc-v2` processes serving containerd socket `socket`
-/// (their command line names it after `-address`).
+/// PIDs of `containerd-shim-runc-v2` processes serving a containerd socket at or
+/// below `socket` (their command line names it after `-address`).
 fn shim_pids(socket: &Path) -> Vec<i32> {
-    let want = socket.to_string_lossy().into_owned();
     let mut out = Vec::new();
     let Ok(rd) = std::fs::read_dir("/proc") else {
         return out;
@@ -538,7 +641,11 @@ fn shim_pids(socket: &Path) -> Vec<i32> {
         let is_shim = args
             .first()
             .is_some_and(|a| a.ends_with("containerd-shim-runc-v2"));
-        if is_shim && args.windows(2).any(|w| w[0] == "-address" && w[1] == want) {
+        if is_shim
+            && args
+                .windows(2)
+                .any(|w| w[0] == "-address" && Path::new(&w[1]).starts_with(socket))
+        {
             out.push(pid);
         }
     }
@@ -551,6 +658,52 @@ fn kill_pids(pids: &[i32]) {
             nix::unistd::Pid::from_raw(*p),
             nix::sys::signal::Signal::SIGKILL,
         );
+    }
+}
+
+/// Removes what real nodes under `nodes_dir` (`<state>/nodes`) left on the host, for a
+/// testbed whose daemon is gone or stopping: every process in the cgroup roots named
+/// `<prefix>-node-…`, containerd shims serving a socket under `nodes_dir`, the mounts
+/// under it (overlay, shm, netns), the cgroup roots in every hierarchy. Idempotent;
+/// failures are logged.
+pub fn sweep(nodes_dir: &Path, prefix: &str) {
+    let roots: Vec<PathBuf> = cgroup_hierarchies()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|h| std::fs::read_dir(h).ok())
+        .flat_map(|rd| rd.flatten())
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with(&format!("{prefix}-node-")))
+                && e.file_type().is_ok_and(|t| t.is_dir())
+        })
+        .map(|e| e.path())
+        .collect();
+    release(nodes_dir, &roots);
+}
+
+/// Kills the processes of `cgroups` and the shims under `dir`, unmounts what is
+/// mounted under `dir`, removes the cgroup trees.
+fn release(dir: &Path, cgroups: &[PathBuf]) {
+    for _ in 0..5 {
+        let mut pids: Vec<i32> = cgroups.iter().flat_map(|d| cgroup_pids(d)).collect();
+        pids.extend(shim_pids(dir));
+        if pids.is_empty() {
+            break;
+        }
+        kill_pids(&pids);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for m in mounts_under(dir) {
+        if let Err(e) = nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH) {
+            tracing::warn!(mount = %m.display(), error = %e, "unmount");
+        }
+    }
+    for d in cgroups {
+        if let Err(e) = remove_cgroup_tree(d) {
+            tracing::warn!(error = %format!("{e:#}"), "cgroup");
+        }
     }
 }
 
@@ -593,9 +746,11 @@ pub fn write_files(c: &NodeConfig) -> Result<()> {
         c.cni_conf_dir().join(format!("10-{CNI_NETWORK}.conflist")),
         cni_conflist(c),
     )?;
-    let wrapper = c.cni_bin_dir().join(CNI_PLUGIN);
-    std::fs::write(&wrapper, cni_wrapper(&c.bins.testbed))?;
-    {
+    // The pod network's plugin and the loopback one containerd runs first, both
+    // `testbed cni`.
+    for name in [CNI_PLUGIN, crate::cni::LOOPBACK] {
+        let wrapper = c.cni_bin_dir().join(name);
+        std::fs::write(&wrapper, cni_wrapper(&c.bins.testbed))?;
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))?;
     }
@@ -785,28 +940,11 @@ impl RealNode {
     /// docs). Best effort: each failure is logged and the rest still done.
     pub async fn stop(&self) {
         self.kubelet.stop().await;
-        // Pods' processes first (they hold mounts), then the shims, then containerd.
-        for _ in 0..3 {
-            let mut pids: Vec<i32> = self.cgroups.iter().flat_map(|d| cgroup_pids(d)).collect();
-            pids.extend(shim_pids(&self.cfg.containerd_socket()));
-            if pids.is_empty() {
-                break;
-            }
-            kill_pids(&pids);
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
         self.containerd.stop().await;
-        kill_pids(&shim_pids(&self.cfg.containerd_socket()));
-        for m in mounts_under(&self.cfg.dir) {
-            if let Err(e) = nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH) {
-                tracing::warn!(node = %self.cfg.node, mount = %m.display(), error = %e, "unmount");
-            }
-        }
-        for d in &self.cgroups {
-            if let Err(e) = remove_cgroup_tree(d) {
-                tracing::warn!(node = %self.cfg.node, error = %format!("{e:#}"), "cgroup");
-            }
-        }
+        // Then the pods' processes and the shims (they outlive containerd), the mounts
+        // and the cgroups.
+        let (dir, cgroups) = (self.cfg.dir.clone(), self.cgroups.clone());
+        let _ = tokio::task::spawn_blocking(move || release(&dir, &cgroups)).await;
     }
 }
 

@@ -167,6 +167,7 @@ async fn serve(
             .context("start the node components")?;
     cni.add_agents(nodes.agents());
     let kubelets = nodes.kubelets.clone();
+    let real_nodes = nodes.real.clone();
     let felix = nodes.felix.clone();
     *nodes_out = Some(nodes);
     for n in &plan.nodes {
@@ -246,7 +247,8 @@ async fn serve(
             _ = sigint.recv() => break,
             conn = control.accept() => {
                 let Ok((stream, _)) = conn else { continue };
-                if handle_control(stream, cp, args, faults, truth, &nodes, &kubelets).await {
+                let parts = NodeParts { names: &nodes, kubelets: &kubelets, real: &real_nodes };
+                if handle_control(stream, cp, args, faults, truth, &parts).await {
                     break;
                 }
             }
@@ -284,21 +286,31 @@ async fn relay_loop(
 
 /// One control command (same line protocol as the built-in mode: one line in, `ok…` or
 /// `error …` out). Returns true on `shutdown`.
+/// The nodes as control commands see them.
+#[derive(Clone, Copy)]
+struct NodeParts<'a> {
+    /// The cluster's node names.
+    names: &'a [String],
+    /// Simulated kubelets.
+    kubelets: &'a [Arc<crate::kubelet::Kubelet>],
+    /// Real kubelets with containerd (`--kubelet real`).
+    real: &'a [Arc<crate::realnode::RealNode>],
+}
+
 async fn handle_control(
     stream: tokio::net::UnixStream,
     cp: &ControlPlane,
     args: &DaemonArgs,
     faults: &Faults,
     truth: &Truth,
-    nodes: &[String],
-    kubelets: &[Arc<crate::kubelet::Kubelet>],
+    nodes: &NodeParts<'_>,
 ) -> bool {
     let (r, mut w) = stream.into_split();
     let mut lines = tokio::io::BufReader::new(r).lines();
     let Ok(Some(line)) = lines.next_line().await else {
         return false;
     };
-    let (answer, stop) = answer(&line, cp, args, faults, truth, nodes, kubelets).await;
+    let (answer, stop) = answer(&line, cp, args, faults, truth, nodes).await;
     let _ = w.write_all(format!("{answer}\n").as_bytes()).await;
     stop
 }
@@ -309,9 +321,13 @@ async fn answer(
     args: &DaemonArgs,
     faults: &Faults,
     truth: &Truth,
-    nodes: &[String],
-    kubelets: &[Arc<crate::kubelet::Kubelet>],
+    nodes: &NodeParts<'_>,
 ) -> (String, bool) {
+    let NodeParts {
+        names: node_names,
+        kubelets,
+        real,
+    } = *nodes;
     let ok = || ("ok".to_string(), false);
     let err = |e: anyhow::Error| {
         (
@@ -328,9 +344,10 @@ async fn answer(
                 std::path::Path::new(path),
                 faults,
                 truth,
-                nodes,
+                node_names,
                 &args.agent,
                 args.kube_proxy,
+                args.kubelet,
             ),
             false,
         ),
@@ -338,14 +355,18 @@ async fn answer(
         // node-lifecycle controller marks the Node NotReady and taints it after its
         // grace (`--node-monitor-grace-period`), and clears both once the Lease is
         // renewed again.
-        ["node-stop", node] => match crate::daemon::pause_kubelet(kubelets, truth, node, true) {
-            Ok(()) => ok(),
-            Err(e) => err(anyhow!(e)),
-        },
-        ["node-start", node] => match crate::daemon::pause_kubelet(kubelets, truth, node, false) {
-            Ok(()) => ok(),
-            Err(e) => err(anyhow!(e)),
-        },
+        ["node-stop", node] => {
+            match crate::daemon::pause_node(kubelets, real, truth, node, true).await {
+                Ok(()) => ok(),
+                Err(e) => err(anyhow!(e)),
+            }
+        }
+        ["node-start", node] => {
+            match crate::daemon::pause_node(kubelets, real, truth, node, false).await {
+                Ok(()) => ok(),
+                Err(e) => err(anyhow!(e)),
+            }
+        }
         ["agent-roll", node, image, down @ ..] if down.len() <= 1 => (
             crate::daemon::roll_agent(kubelets, node, image, down.first().copied()).await,
             false,

@@ -1,0 +1,320 @@
+//! Real kubelets and containerd on the testbed's nodes (`testbed up --control-plane real
+//! --kubelet real`): the probe pods run the built OCI images under runc as a cluster
+//! runs them, their network from `testbed cni`, and the gate's TTFP is judged against
+//! truth read off the node's wire (`testbed::wire`).
+//!
+//! Needs root, the real control plane and kubelet (`bash scripts/control-plane.sh`),
+//! containerd and runc (`bash scripts/setup.sh`) and the images (`bash
+//! scripts/image.sh`); prints SKIPPED without the first three. Tests run one at a time
+//! (real kubelets share host paths).
+
+mod common;
+
+use common::{
+    assert_ttfp_near_truth, built_image_dir, poll_until, proc_status, validate, Testbed, SERIAL,
+};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Starts a real-node testbed, or `None` after printing why it cannot run here.
+fn up(name: &str, nodes: usize, fault: &str) -> Option<Testbed> {
+    for tool in ["containerd", "runc", "ctr"] {
+        if !std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+            .any(|d| d.join(tool).is_file())
+        {
+            eprintln!("SKIPPED: no {tool} on PATH (bash scripts/setup.sh)");
+            return None;
+        }
+    }
+    let images = built_image_dir();
+    Testbed::up_real(
+        name,
+        nodes,
+        fault,
+        &[
+            "--kubelet",
+            "real",
+            "--image-dir",
+            images.to_str().expect("path"),
+        ],
+    )
+}
+
+/// Every process whose cgroup path names pod `uid` (`…/pod<uid>/…`, the kubelet's
+/// cgroupfs layout): `(pid, argv)`.
+fn pod_processes(uid: &str) -> Vec<(i32, Vec<String>)> {
+    let needle = format!("/pod{uid}/");
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let cg = std::fs::read_to_string(e.path().join("cgroup")).unwrap_or_default();
+        if !cg.contains(&needle) {
+            continue;
+        }
+        let argv: Vec<String> = std::fs::read(e.path().join("cmdline"))
+            .unwrap_or_default()
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        out.push((pid, argv));
+    }
+    out
+}
+
+/// The parent pid of `pid`.
+fn ppid(pid: i32) -> i32 {
+    proc_status(pid)
+        .get("PPid")
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Whether `/` of process `pid` is mounted read-only (its mountinfo's root entry).
+fn root_read_only(pid: i32) -> bool {
+    let info = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap_or_default();
+    info.lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.get(4) == Some(&"/") && f.get(5).is_some_and(|o| o.split(',').any(|x| x == "ro"))
+    })
+}
+
+/// What a real node leaves on the host that `down` must remove, for state dir `state`
+/// and netns prefix `prefix`: processes (kubelet, containerd, shims of this state dir),
+/// mounts under it, cgroup roots `<prefix>-node-*`, netns, and the shared host paths
+/// that did not exist before (`created`).
+fn leftovers(state: &Path, prefix: &str, created: &[PathBuf]) -> Vec<String> {
+    let mut left = Vec::new();
+    let st = state.to_string_lossy().into_owned();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        if e.file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+            .is_none()
+        {
+            continue;
+        }
+        let cmd =
+            String::from_utf8_lossy(&std::fs::read(e.path().join("cmdline")).unwrap_or_default())
+                .replace('\0', " ");
+        if cmd.contains(&st) && (cmd.contains("kubelet") || cmd.contains("containerd")) {
+            left.push(format!(
+                "process {}: {cmd}",
+                e.file_name().to_string_lossy()
+            ));
+        }
+    }
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    for l in info.lines() {
+        if let Some(m) = l.split_whitespace().nth(4) {
+            if m.starts_with(&st) {
+                left.push(format!("mount {m}"));
+            }
+        }
+    }
+    for h in testbed::realnode::cgroup_hierarchies().unwrap_or_default() {
+        for e in std::fs::read_dir(&h).into_iter().flatten().flatten() {
+            if e.file_name()
+                .to_string_lossy()
+                .starts_with(&format!("{prefix}-node-"))
+            {
+                left.push(format!("cgroup {}", e.path().display()));
+            }
+        }
+    }
+    for n in common::netns_list().lines() {
+        if n.starts_with(prefix) {
+            left.push(format!("netns {n}"));
+        }
+    }
+    for p in created {
+        if p.exists() {
+            left.push(format!("shared host path {}", p.display()));
+        }
+    }
+    left
+}
+
+/// S1 on real kubelets: nodes run containerd, the gate passes with every TTFP within
+/// the dial interval of the wire truth, every source's report reached the prober
+/// through the kubelet's termination message, the probe pods run the built image as
+/// UID 65532 under `containerd-shim-runc-v2` with no capabilities, a read-only root
+/// and seccomp on; the kubectl suite works; `down` leaves nothing.
+#[test]
+fn s1_on_real_kubelets_matches_the_wire_truth_and_down_leaves_nothing() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let created = testbed::realnode::SharedHostPaths::record();
+    let Some(tb) = up("realnode", 2, "rules: []\n") else {
+        return;
+    };
+    let prefix = tb.prefix();
+
+    // The Nodes are the real kubelet's, on containerd.
+    let runtimes = tb.kubectl(&[
+        "get",
+        "nodes",
+        "-o",
+        "jsonpath={range .items[*]}{.metadata.name} {.status.nodeInfo.containerRuntimeVersion} {.status.nodeInfo.kubeletVersion}{\"\\n\"}{end}",
+    ]);
+    for l in runtimes.lines() {
+        assert!(
+            l.contains("containerd://1.") && l.contains(" v1."),
+            "not a real kubelet on containerd: {l}"
+        );
+    }
+
+    // A gate whose probe pods live long enough to be looked at (--hold 4s).
+    // (A second handle on the same testbed, forgotten so that its Drop does not run
+    // `down`.)
+    let gate = std::thread::spawn({
+        let tb = std::mem::ManuallyDrop::new(Testbed {
+            state: tb.state.clone(),
+        });
+        move || {
+            tb.gate(&[
+                "--pairs",
+                "4",
+                "--kinds",
+                "cross_node,same_node",
+                "--hold",
+                "4s",
+            ])
+        }
+    });
+    // While it runs: a running target pod's process, as the runtime runs it.
+    let target = poll_until(
+        Duration::from_secs(60),
+        || {
+            let out = tb.kubectl(&[
+            "get",
+            "pods",
+            "-A",
+            "-l",
+            "app.kubernetes.io/component=probe-target",
+            "-o",
+            "jsonpath={range .items[?(@.status.phase==\"Running\")]}{.metadata.uid}{\"\\n\"}{end}",
+        ]);
+            out.lines().map(str::to_owned).find_map(|uid| {
+                let procs = pod_processes(&uid);
+                procs
+                    .into_iter()
+                    .find(|(_, a)| {
+                        a.first().is_some_and(|x| x.ends_with("target-server"))
+                            && a.get(1).is_some_and(|x| x == "serve")
+                    })
+                    .map(|(pid, _)| (uid, pid))
+            })
+        },
+        Option::is_some,
+    );
+    let (uid, pid) = target.expect("no running target pod process within 60 s");
+    let st = proc_status(pid);
+    let parent = ppid(pid);
+    let parent_cmd = std::fs::read_to_string(format!("/proc/{parent}/cmdline")).unwrap_or_default();
+    assert!(
+        parent_cmd.contains("containerd-shim-runc-v2"),
+        "pod {uid}'s process {pid} is not under containerd-shim-runc-v2 but {parent_cmd:?}"
+    );
+    assert!(
+        st.get("Uid")
+            .is_some_and(|u| u.split_whitespace().all(|x| x == "65532")),
+        "uid: {st:?}"
+    );
+    assert_eq!(
+        st.get("CapEff").map(String::as_str),
+        Some("0000000000000000"),
+        "{st:?}"
+    );
+    assert_eq!(
+        st.get("NoNewPrivs").map(String::as_str),
+        Some("1"),
+        "{st:?}"
+    );
+    assert_eq!(
+        st.get("Seccomp").map(String::as_str),
+        Some("2"),
+        "seccomp filter mode: {st:?}"
+    );
+    assert!(root_read_only(pid), "pod {uid}'s root is writable");
+
+    let (code, report, out) = gate.join().expect("gate thread");
+    assert_eq!(code, 0, "S1 on real kubelets must pass: {out}");
+    validate(&report);
+    let truth = tb.truth();
+    let probes = report["probes"].as_array().cloned().unwrap_or_default();
+    assert_eq!(probes.len(), 8, "{out}");
+    for p in &probes {
+        assert_eq!(p["result"], "success", "{p:#}");
+        assert!(
+            p["source_report"].is_object(),
+            "the source's report (its termination message, through the real kubelet) is missing: {p:#}"
+        );
+        assert_ttfp_near_truth(&truth, p, &out);
+    }
+    let wire = truth
+        .iter()
+        .filter(|e| e.detail["method"] == "wire")
+        .count();
+    assert!(
+        wire >= 2 * probes.len(),
+        "truth from the wire: {wire} events"
+    );
+
+    // The kubectl suite on real nodes.
+    let dep = tb.manifest(
+        "deploy.yaml",
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web, namespace: default}\nspec:\n  replicas: 2\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n    spec:\n      containers:\n      - name: web\n        image: ghcr.io/firstpacket/target-server:0.1.0\n        args: [serve, --port, \"8080\"]\n        readinessProbe: {httpGet: {path: /readyz, port: 8080}, periodSeconds: 1}\n        securityContext: {runAsNonRoot: true, allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}, seccompProfile: {type: RuntimeDefault}}\n",
+    );
+    tb.kubectl(&["apply", "-f", &dep]);
+    let ready = tb.kubectl_until(
+        &[
+            "get",
+            "deploy",
+            "web",
+            "-o",
+            "jsonpath={.status.readyReplicas}",
+        ],
+        Duration::from_secs(60),
+        |o| o.trim() == "2",
+    );
+    assert_eq!(ready.trim(), "2", "Deployment not Ready on real kubelets");
+    let wide = tb.kubectl(&["get", "pods", "-l", "app=web", "-o", "wide"]);
+    assert!(wide.contains("node-") && wide.contains("10."), "{wide}");
+    let pod = tb.kubectl(&[
+        "get",
+        "pods",
+        "-l",
+        "app=web",
+        "-o",
+        "jsonpath={.items[0].metadata.name}",
+    ]);
+    let describe = tb.kubectl(&["describe", "pod", pod.trim()]);
+    assert!(
+        describe.contains("Started") && describe.contains("containerd://"),
+        "{describe}"
+    );
+    let logs = tb.kubectl(&["logs", pod.trim()]);
+    assert!(
+        logs.contains("target-server"),
+        "logs through the real kubelet: {logs:?}"
+    );
+    let exec = tb.kubectl(&["exec", pod.trim(), "--", "/target-server", "--version"]);
+    assert!(
+        exec.contains("target-server"),
+        "exec through the real kubelet: {exec:?}"
+    );
+    tb.kubectl(&["delete", "-f", &dep, "--wait=true", "--timeout=60s"]);
+
+    // down leaves nothing.
+    let out = tb.cmd().arg("down").output().expect("down");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let left = leftovers(&tb.state, &prefix, created.created());
+    assert!(left.is_empty(), "left after down:\n{}", left.join("\n"));
+    // (Drop runs `down` again: idempotent.)
+}
