@@ -18,6 +18,11 @@ use std::time::Duration;
 
 /// Starts a real-node testbed, or `None` after printing why it cannot run here.
 fn up(name: &str, nodes: usize, fault: &str) -> Option<Testbed> {
+    up_with(name, nodes, fault, &[])
+}
+
+/// [`up`] with more `testbed up` flags.
+fn up_with(name: &str, nodes: usize, fault: &str, extra: &[&str]) -> Option<Testbed> {
     for tool in ["containerd", "runc", "ctr"] {
         if !std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
             .any(|d| d.join(tool).is_file())
@@ -27,17 +32,14 @@ fn up(name: &str, nodes: usize, fault: &str) -> Option<Testbed> {
         }
     }
     let images = built_image_dir();
-    Testbed::up_real(
-        name,
-        nodes,
-        fault,
-        &[
-            "--kubelet",
-            "real",
-            "--image-dir",
-            images.to_str().expect("path"),
-        ],
-    )
+    let mut args = vec![
+        "--kubelet",
+        "real",
+        "--image-dir",
+        images.to_str().expect("path"),
+    ];
+    args.extend_from_slice(extra);
+    Testbed::up_real(name, nodes, fault, &args)
 }
 
 /// Every process whose cgroup path names pod `uid` (`…/pod<uid>/…`, the kubelet's
@@ -317,4 +319,92 @@ fn s1_on_real_kubelets_matches_the_wire_truth_and_down_leaves_nothing() {
     let left = leftovers(&tb.state, &prefix, created.created());
     assert!(left.is_empty(), "left after down:\n{}", left.join("\n"));
     // (Drop runs `down` again: idempotent.)
+}
+
+/// The all-real stack (`--agent calico --kube-proxy real --kubelet real`: nothing
+/// between the prober and the packet is this project's code but the CNI wiring and the
+/// faults): S1 passes with every kind the sandboxes' lifecycle touches (cross-node,
+/// same-node, Service, a recreated StatefulSet-style pod) and TTFP within the dial
+/// interval of the truth; S2 on real Felix (`agent_io: {delay: 5s}` on node-2 and
+/// node-3) fails naming exactly those nodes, the delay before Ready; S4 (every
+/// cross-node route gone) is diagnosed `cross_node_broken` against the same-node
+/// control.
+#[test]
+fn the_all_real_stack_passes_s1_names_the_s2_nodes_and_diagnoses_s4() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    if let Err(e) = testbed::calico::Builds::locate().require([testbed::calico::DEFAULT_VERSION]) {
+        eprintln!("SKIPPED: {e}");
+        return;
+    }
+    let Some(tb) = up_with(
+        "allreal",
+        4,
+        "rules: []\n",
+        &[
+            "--agent",
+            "calico",
+            "--kube-proxy",
+            "real",
+            "--node-labels",
+            "node-2=os=debian13,node-3=os=debian13",
+        ],
+    ) else {
+        return;
+    };
+
+    // S1.
+    let (code, report, out) = tb.gate(&[
+        "--pairs",
+        "4",
+        "--kinds",
+        "cross_node,same_node,service,recreate",
+    ]);
+    assert_eq!(code, 0, "S1 on the all-real stack must pass: {out}");
+    validate(&report);
+    let truth = tb.truth();
+    let probes = report["probes"].as_array().cloned().unwrap_or_default();
+    assert_eq!(probes.len(), 16, "{out}");
+    for p in &probes {
+        assert_eq!(p["result"], "success", "{p:#}");
+        if p["kind"] != "service" {
+            assert_ttfp_near_truth(&truth, p, &out);
+        }
+    }
+
+    // S2 on real Felix.
+    tb.set_fault(
+        &std::fs::read_to_string(common::repo_file("testbed/faults/s2-real-felix.yaml"))
+            .expect("S2 fault file"),
+    );
+    let (code, report, out) = tb.gate(&["--pairs", "4", "--kinds", "cross_node,same_node"]);
+    assert_eq!(code, 1, "S2 must fail: {out}");
+    assert_eq!(report["summary"]["diagnosis"], "slow_nodes", "{out}");
+    assert!(
+        out.contains("nodes with only slow/failed probes: node-2, node-3\n"),
+        "S2 names exactly node-2 and node-3: {out}"
+    );
+    assert!(
+        out.contains("0 after Ready (in TTFP)"),
+        "on real Felix the wait is before Ready: {out}"
+    );
+
+    // S4: every cross-node route gone.
+    tb.set_fault("rules:\n  - nodes: {all: true}\n    cross_node: {broken_peers: all}\n");
+    let (code, report, out) = tb.gate(&["--pairs", "3", "--kinds", "cross_node,same_node"]);
+    assert_eq!(code, 1, "S4 must fail: {out}");
+    assert_eq!(report["summary"]["diagnosis"], "cross_node_broken", "{out}");
+    let probes = report["probes"].as_array().cloned().unwrap_or_default();
+    assert!(
+        probes
+            .iter()
+            .filter(|p| p["kind"] == "cross_node")
+            .all(|p| p["result"] != "success"),
+        "{out}"
+    );
+    assert!(
+        probes
+            .iter()
+            .any(|p| p["kind"] == "same_node" && p["result"] == "success"),
+        "{out}"
+    );
 }
