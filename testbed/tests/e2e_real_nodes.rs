@@ -308,6 +308,29 @@ fn s1_on_real_kubelets_matches_the_wire_truth_and_down_leaves_nothing() {
         "exec through the real kubelet: {exec:?}"
     );
     tb.kubectl(&["delete", "-f", &dep, "--wait=true", "--timeout=60s"]);
+    // An image the node does not have cannot be pulled (no registry is reachable), as
+    // on an air-gapped node.
+    let stray = tb.manifest(
+        "stray.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: stray, namespace: default}\nspec:\n  containers:\n  - name: c\n    image: registry.invalid/nothing:1\n",
+    );
+    tb.kubectl(&["apply", "-f", &stray]);
+    let reason = tb.kubectl_until(
+        &[
+            "get",
+            "pod",
+            "stray",
+            "-o",
+            "jsonpath={.status.containerStatuses[0].state.waiting.reason}",
+        ],
+        Duration::from_secs(60),
+        |o| o.contains("ErrImagePull") || o.contains("ImagePullBackOff"),
+    );
+    assert!(
+        reason.contains("ErrImagePull") || reason.contains("ImagePullBackOff"),
+        "a missing image must fail to pull: {reason:?}"
+    );
+    tb.kubectl(&["delete", "pod", "stray", "--wait=true", "--timeout=60s"]);
 
     // down leaves nothing.
     let out = tb.cmd().arg("down").output().expect("down");
