@@ -143,7 +143,7 @@ fn running_node_daemon() -> Option<i32> {
 /// real kubelet with containerd (`real`, needs the real control plane).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum KubeletChoice {
-    /// This project's kubelet ([`crate::kubelet`]): pods are processes in network
+    /// This project's kubelet: pods are processes in network
     /// namespaces.
     #[default]
     Sim,

@@ -42,30 +42,6 @@ fn up_with(name: &str, nodes: usize, fault: &str, extra: &[&str]) -> Option<Test
     Testbed::up_real(name, nodes, fault, &args)
 }
 
-/// Every process whose cgroup path names pod `uid` (`…/pod<uid>/…`, the kubelet's
-/// cgroupfs layout): `(pid, argv)`.
-fn pod_processes(uid: &str) -> Vec<(i32, Vec<String>)> {
-    let needle = format!("/pod{uid}/");
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-            continue;
-        };
-        let cg = std::fs::read_to_string(e.path().join("cgroup")).unwrap_or_default();
-        if !cg.contains(&needle) {
-            continue;
-        }
-        let argv: Vec<String> = std::fs::read(e.path().join("cmdline"))
-            .unwrap_or_default()
-            .split(|b| *b == 0)
-            .filter(|a| !a.is_empty())
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
-        out.push((pid, argv));
-    }
-    out
-}
-
 /// The parent pid of `pid`.
 fn ppid(pid: i32) -> i32 {
     proc_status(pid)
@@ -185,33 +161,36 @@ fn s1_on_real_kubelets_matches_the_wire_truth_and_down_leaves_nothing() {
             ])
         }
     });
-    // While it runs: a running target pod's process, as the runtime runs it.
+    // While it runs: a target pod's process, as the runtime runs it (found on the
+    // node side: `target-server serve` in a cgroup under this testbed's node roots).
+    let root = format!("/{prefix}-node-");
     let target = poll_until(
-        Duration::from_secs(60),
+        Duration::from_secs(90),
         || {
-            let out = tb.kubectl(&[
-            "get",
-            "pods",
-            "-A",
-            "-l",
-            "app.kubernetes.io/component=probe-target",
-            "-o",
-            "jsonpath={range .items[?(@.status.phase==\"Running\")]}{.metadata.uid}{\"\\n\"}{end}",
-        ]);
-            out.lines().map(str::to_owned).find_map(|uid| {
-                let procs = pod_processes(&uid);
-                procs
-                    .into_iter()
-                    .find(|(_, a)| {
-                        a.first().is_some_and(|x| x.ends_with("target-server"))
-                            && a.get(1).is_some_and(|x| x == "serve")
-                    })
-                    .map(|(pid, _)| (uid, pid))
-            })
+            std::fs::read_dir("/proc")
+                .into_iter()
+                .flatten()
+                .flatten()
+                .find_map(|e| {
+                    let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+                    let argv = std::fs::read(e.path().join("cmdline")).ok()?;
+                    let argv: Vec<&[u8]> = argv.split(|b| *b == 0).collect();
+                    let serve = argv.first()?.ends_with(b"target-server")
+                        && argv.get(1).is_some_and(|a| *a == b"serve");
+                    let cg = std::fs::read_to_string(e.path().join("cgroup")).ok()?;
+                    let uid = cg
+                        .split(&['/', '\n'][..])
+                        .find_map(|part| part.strip_prefix("pod"))?
+                        .to_owned();
+                    (serve && cg.contains(&root)).then_some((uid, pid))
+                })
         },
-        Option::is_some,
+        |t| t.is_some() || gate.is_finished(),
     );
-    let (uid, pid) = target.expect("no running target pod process within 60 s");
+    let Some((uid, pid)) = target else {
+        let (code, _, out) = gate.join().expect("gate thread");
+        panic!("no target pod process seen while the gate ran (exit {code}):\n{out}");
+    };
     let st = proc_status(pid);
     let parent = ppid(pid);
     let parent_cmd = std::fs::read_to_string(format!("/proc/{parent}/cmdline")).unwrap_or_default();
@@ -331,6 +310,76 @@ fn s1_on_real_kubelets_matches_the_wire_truth_and_down_leaves_nothing() {
         "a missing image must fail to pull: {reason:?}"
     );
     tb.kubectl(&["delete", "pod", "stray", "--wait=true", "--timeout=60s"]);
+
+    // `node stop` stops the node's kubelet and containerd: the node-lifecycle controller
+    // marks it NotReady; `node start` brings it back.
+    let node_status = |tb: &Testbed| {
+        tb.kubectl(&[
+            "get",
+            "node",
+            "node-2",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+        ])
+    };
+    let out = tb
+        .cmd()
+        .args(["node", "stop", "node-2"])
+        .output()
+        .expect("node stop");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let node2 = tb.state.join("nodes").join("node-2");
+    let running = |dir: &Path| {
+        let d = dir.to_string_lossy().into_owned();
+        std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| {
+                // The kubelet and containerd, not the shims (containers outlive them).
+                let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+                let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+                cmd.contains(&d) && !cmd.contains("containerd-shim")
+            })
+            .count()
+    };
+    assert_eq!(
+        running(&node2),
+        0,
+        "node-2's kubelet or containerd still runs after node stop"
+    );
+    let status = poll_until(
+        // The node-lifecycle controller's grace (20 s) after the last Lease renewal
+        // (every 10 s), checked every 2 s, and 10 s of slack.
+        Duration::from_secs(20 + 10 + 2 + 10),
+        || node_status(&tb),
+        |s| s.trim() != "True",
+    );
+    assert_ne!(status.trim(), "True", "node-2 still Ready after node stop");
+    let out = tb
+        .cmd()
+        .args(["node", "start", "node-2"])
+        .output()
+        .expect("node start");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status = poll_until(
+        Duration::from_secs(60),
+        || node_status(&tb),
+        |s| s.trim() == "True",
+    );
+    assert_eq!(
+        status.trim(),
+        "True",
+        "node-2 not Ready again after node start"
+    );
 
     // down leaves nothing.
     let out = tb.cmd().arg("down").output().expect("down");
