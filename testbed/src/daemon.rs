@@ -341,6 +341,9 @@ struct RealNodeParts {
     bins: crate::realnode::Binaries,
     /// The OCI archives imported into each node's containerd.
     images: Vec<PathBuf>,
+    /// With `--kube-proxy real`: the reference of the kube-proxy image (its archive is
+    /// in `images`), run as each kubelet's static pod.
+    kube_proxy_image: Option<String>,
     /// The pause image's reference (containerd's `sandbox_image`).
     sandbox_image: String,
 }
@@ -419,10 +422,24 @@ pub async fn start_nodes(
         nodes: match args.kubelet {
             crate::realnode::KubeletChoice::Sim => None,
             crate::realnode::KubeletChoice::Real => {
-                let (images, sandbox_image) = crate::realnode::node_images(&args.image_dir)?;
+                let (mut images, sandbox_image) = crate::realnode::node_images(&args.image_dir)?;
+                let kube_proxy_image = match real_proxy {
+                    false => None,
+                    true => {
+                        let bin = crate::kube_proxy_real::locate(&cp_bin()?)?;
+                        let reference = crate::kube_proxy_real::image_reference(&bin)?;
+                        let tar = state.join("nodes").join("kube-proxy.oci.tar");
+                        std::fs::create_dir_all(state.join("nodes"))?;
+                        crate::realnode::pack_binary_image(&bin, &reference, &tar)
+                            .context("pack kube-proxy into an image")?;
+                        images.push(tar);
+                        Some(reference)
+                    }
+                };
                 Some(RealNodeParts {
                     bins: crate::realnode::Binaries::locate(&cp_bin()?, &testbed_exe)?,
                     images,
+                    kube_proxy_image,
                     sandbox_image,
                 })
             }
@@ -468,6 +485,24 @@ pub async fn start_nodes(
             .with_context(|| format!("watch {}'s ruleset", n.name))?;
             agent.attach_watch(Arc::new(w));
         }
+        // Real kube-proxy's configuration on this node (`--kube-proxy real`).
+        let kp_cfg =
+            real.kube_proxy
+                .as_ref()
+                .map(|bin| crate::kube_proxy_real::KubeProxyConfig {
+                    node: n.name.clone(),
+                    node_ip: n.ip,
+                    cluster_cidr: pod_cidr(plan),
+                    dir: state.join("kube-proxy").join(&n.name),
+                    kubeconfig: endpoint.kubeconfig_yaml(),
+                    binary: bin.clone(),
+                    metrics_bind: args.kube_proxy_metrics.addr().unwrap_or(
+                        std::net::SocketAddr::from((
+                            std::net::Ipv4Addr::LOCALHOST,
+                            crate::kube_proxy::KUBE_PROXY_METRICS_PORT,
+                        )),
+                    ),
+                });
         let kubelet = match &real.nodes {
             // A real kubelet and containerd instead of the simulated kubelet.
             Some(r) => {
@@ -496,6 +531,13 @@ pub async fn start_nodes(
                     sandbox_image: r.sandbox_image.clone(),
                     cni_socket: crate::cni::socket_path(state),
                     bins: r.bins.clone(),
+                    // kube-proxy as the kubelet's static pod (Felix still runs beside).
+                    static_pods: match (&kp_cfg, &r.kube_proxy_image) {
+                        (Some(c), Some(image)) => {
+                            vec![crate::kube_proxy_real::static_pod(c, image)?]
+                        }
+                        _ => Vec::new(),
+                    },
                 };
                 let rn = crate::realnode::RealNode::start(cfg, thread.handle())
                     .await
@@ -528,9 +570,19 @@ pub async fn start_nodes(
         let agent_image = match args.agent.version() {
             Some(default_version) => {
                 let version = node_agent_version(faults, &n.name, &labels, default_version)?;
-                let felix = start_felix(args, plan, n, endpoint, &real.builds, &version, &thread)
-                    .await
-                    .with_context(|| format!("start Felix {version} on {}", n.name))?;
+                let static_of = kubelet.is_none().then(|| real_nodes.last()).flatten();
+                let felix = start_felix(
+                    args,
+                    plan,
+                    n,
+                    endpoint,
+                    &real.builds,
+                    &version,
+                    &thread,
+                    static_of.map(|r| &**r),
+                )
+                .await
+                .with_context(|| format!("start Felix {version} on {}", n.name))?;
                 agent.attach_felix(felix.clone());
                 felix_nodes.push(felix);
                 crate::calico::node_image(&version)
@@ -567,27 +619,17 @@ pub async fn start_nodes(
                 .await
                 .context("agent pod task")?;
         }
-        if let Some(bin) = &real.kube_proxy {
+        if let Some(cfg) = kp_cfg {
             // Real kube-proxy (nftables mode) in the node netns; a route for node-local
             // ClusterIP clients, as a real node's default route gives them.
             dataplane
                 .route_via_eth0(&n.name, &service_cidr.to_string())
                 .with_context(|| format!("service CIDR route on {}", n.name))?;
-            let cfg = crate::kube_proxy_real::KubeProxyConfig {
-                node: n.name.clone(),
-                node_ip: n.ip,
-                cluster_cidr: pod_cidr(plan),
-                dir: state.join("kube-proxy").join(&n.name),
-                kubeconfig: endpoint.kubeconfig_yaml(),
-                binary: bin.clone(),
-                metrics_bind: args
-                    .kube_proxy_metrics
-                    .addr()
-                    .unwrap_or(std::net::SocketAddr::from((
-                        std::net::Ipv4Addr::LOCALHOST,
-                        crate::kube_proxy::KUBE_PROXY_METRICS_PORT,
-                    ))),
-            };
+            if real.nodes.is_some() {
+                // The real kubelet runs it (its static pod).
+                node_threads.push(thread);
+                continue;
+            }
             let kp = crate::kube_proxy_real::start(cfg, thread.handle())
                 .await
                 .with_context(|| format!("start kube-proxy on {}", n.name))?;
@@ -767,7 +809,8 @@ fn node_agent_version(
 }
 
 /// Starts real Felix `version` on node `n` (its directory, cgroup and kubeconfig under
-/// `STATE/calico/NODE`).
+/// `STATE/calico/NODE`): supervised by the testbed, or as `real_node`'s static pod.
+#[allow(clippy::too_many_arguments)]
 async fn start_felix(
     args: &DaemonArgs,
     plan: &Plan,
@@ -776,6 +819,7 @@ async fn start_felix(
     builds: &crate::calico::Builds,
     version: &str,
     thread: &NetnsThread,
+    real_node: Option<&crate::realnode::RealNode>,
 ) -> Result<Arc<crate::calico::felix::FelixNode>> {
     let cgroup = match crate::calico::felix::NodeCgroup::create(&plan.prefix, &n.name) {
         Ok(c) => Some(c),
@@ -791,8 +835,24 @@ async fn start_felix(
         kubeconfig: endpoint.kubeconfig_yaml(),
         cgroup,
     };
-    let f = crate::calico::felix::FelixNode::start(cfg, builds.clone(), version, thread.handle())
-        .await?;
+    let f = match real_node {
+        // The real kubelet runs it: its static pod.
+        Some(node) => {
+            crate::calico::felix::FelixNode::start_static(
+                cfg,
+                builds.clone(),
+                version,
+                node,
+                &args.state_dir.join("nodes"),
+                thread.handle(),
+            )
+            .await?
+        }
+        None => {
+            crate::calico::felix::FelixNode::start(cfg, builds.clone(), version, thread.handle())
+                .await?
+        }
+    };
     Ok(Arc::new(f))
 }
 

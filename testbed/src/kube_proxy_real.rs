@@ -2,7 +2,8 @@
 //! --kube-proxy real`; docs/design.md §5 "Real node components").
 //!
 //! One `kube-proxy` per node (built by `scripts/control-plane.sh` with the control
-//! plane, same version), spawned on the node's netns thread ([`Supervised`]), in
+//! plane, same version), spawned on the node's netns thread ([`Supervised`]) — or, on a
+//! real kubelet's node, that kubelet's static pod ([`static_pod`]) — in
 //! nftables mode — its tables `ip kube-proxy`/`ip6 kube-proxy` live in the node netns
 //! only — with the flags checked on these machines: `--hostname-override=NODE` (the
 //! Node's InternalIP is its node IP), `--cluster-cidr` = the pods' CIDR, metrics where
@@ -101,6 +102,74 @@ pub fn args(cfg: &KubeProxyConfig) -> Vec<String> {
         "--conntrack-max-per-core=0".into(),
         "--v=2".into(),
     ]
+}
+
+/// The reference of the kube-proxy image `scripts/control-plane.sh`'s binary is packed
+/// into for real kubelets (`registry.k8s.io/kube-proxy:VERSION`, VERSION from the
+/// binary's `--version`). Errors: the binary does not run or says no version.
+pub fn image_reference(binary: &Path) -> Result<String> {
+    let out = std::process::Command::new(binary)
+        .arg("--version")
+        .output()
+        .map_err(|e| anyhow::anyhow!("run {} --version: {e}", binary.display()))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let version = text
+        .split_whitespace()
+        .find(|w| w.starts_with('v'))
+        .ok_or_else(|| anyhow::anyhow!("{} --version said {text:?}", binary.display()))?;
+    Ok(format!("registry.k8s.io/kube-proxy:{version}"))
+}
+
+/// kube-proxy as a real kubelet's static pod (`--kubelet real`): `kube-system/kube-proxy`
+/// (mirror pod `kube-proxy-NODE`, `k8s-app=kube-proxy`) on the host network,
+/// privileged, running `/kube-proxy` of `image` with [`args`]; the host's `/usr` (its
+/// `nft` and `conntrack`) and `/lib/modules` mounted read-only, `cfg.dir` (the
+/// kubeconfig) at the same path; ready when `/healthz` answers. Writes the kubeconfig.
+/// Errors: file I/O.
+pub fn static_pod(cfg: &KubeProxyConfig, image: &str) -> Result<crate::realnode::StaticPod> {
+    std::fs::create_dir_all(&cfg.dir)?;
+    std::fs::write(cfg.dir.join("kubeconfig"), &cfg.kubeconfig)?;
+    let mut command = vec!["/kube-proxy".to_owned()];
+    command.extend(args(cfg));
+    let dir = cfg.dir.display().to_string();
+    let pod = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "kube-proxy",
+            "namespace": "kube-system",
+            "labels": { "k8s-app": "kube-proxy" },
+        },
+        "spec": {
+            "hostNetwork": true,
+            "priorityClassName": "system-node-critical",
+            "containers": [{
+                "name": "kube-proxy",
+                "image": image,
+                "imagePullPolicy": "Never",
+                "command": command,
+                "securityContext": { "privileged": true },
+                "readinessProbe": {
+                    "httpGet": { "host": cfg.node_ip.to_string(), "path": "/healthz", "port": HEALTHZ_PORT },
+                    "periodSeconds": 1,
+                },
+                "volumeMounts": [
+                    { "name": "usr", "mountPath": "/usr", "readOnly": true },
+                    { "name": "modules", "mountPath": "/lib/modules", "readOnly": true },
+                    { "name": "state", "mountPath": dir, "readOnly": true },
+                ],
+            }],
+            "volumes": [
+                { "name": "usr", "hostPath": { "path": "/usr" } },
+                { "name": "modules", "hostPath": { "path": "/lib/modules" } },
+                { "name": "state", "hostPath": { "path": dir } },
+            ],
+        },
+    });
+    Ok(crate::realnode::StaticPod {
+        file: "kube-proxy.json".to_owned(),
+        manifest: serde_json::to_string_pretty(&pod)?,
+    })
 }
 
 /// Starts the node's kube-proxy on `rt` (the node's netns thread runtime). Errors: file

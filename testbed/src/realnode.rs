@@ -254,6 +254,260 @@ pub fn node_images(image_dir: &Path) -> Result<(Vec<PathBuf>, String)> {
     Ok((tars, reference))
 }
 
+/// Packs the static binary `binary` into an OCI image archive `out` (what `ctr images
+/// import` reads) named `reference`: one layer holding the binary as `/NAME` and the
+/// Debian root's symlinks (`bin`, `sbin`, `lib`, `lib64` → `usr/…`) for a host `/usr`
+/// mounted read-only over `/usr` (the node tools a real agent execs: `nft`, `conntrack`,
+/// `iptables-nft-restore`, `ipset`); entrypoint `/NAME`. Layout per the OCI image
+/// spec (image-layout, manifest, config); the layer is written by GNU tar (sorted, owner
+/// 0, mtime 0). Errors: file I/O, tar.
+pub fn pack_binary_image(binary: &Path, reference: &str, out: &Path) -> Result<()> {
+    use crate::image::sha256_digest;
+    let name = binary
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| anyhow!("{}: no file name", binary.display()))?;
+    let work = out.with_extension("work");
+    let _ = std::fs::remove_dir_all(&work);
+    let root = work.join("rootfs");
+    std::fs::create_dir_all(&root)?;
+    std::fs::copy(binary, root.join(name)).with_context(|| format!("copy {}", binary.display()))?;
+    for d in ["usr", "etc", "tmp", "var", "run", "proc", "sys", "dev"] {
+        std::fs::create_dir_all(root.join(d))?;
+    }
+    for (link, target) in [
+        ("bin", "usr/bin"),
+        ("sbin", "usr/sbin"),
+        ("lib", "usr/lib"),
+        ("lib64", "usr/lib64"),
+    ] {
+        std::os::unix::fs::symlink(target, root.join(link))?;
+    }
+    let layer_path = work.join("layer.tar");
+    let tar = |dir: &Path, out: &Path, what: &[&str]| -> Result<()> {
+        let st = std::process::Command::new("tar")
+            .args([
+                "--sort=name",
+                "--owner=0",
+                "--group=0",
+                "--numeric-owner",
+                "--mtime=@0",
+                "-C",
+            ])
+            .arg(dir)
+            .arg("-cf")
+            .arg(out)
+            .args(what)
+            .status()
+            .context("run tar")?;
+        if !st.success() {
+            bail!("tar of {} failed ({st})", dir.display());
+        }
+        Ok(())
+    };
+    tar(&root, &layer_path, &["."])?;
+    let layer = std::fs::read(&layer_path)?;
+    let layer_digest = sha256_digest(&layer);
+    let config = serde_json::to_vec(&serde_json::json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "config": { "Entrypoint": [format!("/{name}")] },
+        "rootfs": { "type": "layers", "diff_ids": [layer_digest] },
+    }))?;
+    let config_digest = sha256_digest(&config);
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": { "mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest, "size": config.len() },
+        "layers": [{ "mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer_digest, "size": layer.len() }],
+    }))?;
+    let manifest_digest = sha256_digest(&manifest);
+    let layout = work.join("layout");
+    let blobs = layout.join("blobs").join("sha256");
+    std::fs::create_dir_all(&blobs)?;
+    for (digest, data) in [
+        (&layer_digest, &layer),
+        (&config_digest, &config),
+        (&manifest_digest, &manifest),
+    ] {
+        std::fs::write(blobs.join(digest.trim_start_matches("sha256:")), data)?;
+    }
+    std::fs::write(
+        layout.join("oci-layout"),
+        br#"{"imageLayoutVersion":"1.0.0"}"#,
+    )?;
+    std::fs::write(
+        layout.join("index.json"),
+        serde_json::to_vec(&serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.index.v1+json",
+            "manifests": [{
+                "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "digest": manifest_digest,
+                "size": manifest.len(),
+                "annotations": {
+                    "io.containerd.image.name": reference,
+                    "org.opencontainers.image.ref.name": reference,
+                },
+            }],
+        }))?,
+    )?;
+    tar(&layout, out, &["oci-layout", "index.json", "blobs"])?;
+    let _ = std::fs::remove_dir_all(&work);
+    Ok(())
+}
+
+/// A static pod of a node agent (kube-proxy, Felix) in the kubelet's `staticPodPath`:
+/// the kubelet runs it and publishes its mirror pod, so the agent's readiness,
+/// `restartCount` and logs come from the real kubelet.
+#[derive(Debug, Clone)]
+pub struct StaticPod {
+    /// The manifest's file name in `staticPodPath`.
+    pub file: String,
+    /// The Pod (YAML or JSON).
+    pub manifest: String,
+}
+
+/// A node agent's process that a real kubelet runs (a static pod's container), as the
+/// testbed's faults and readiness see it: found on the node side by its command name
+/// (`comm`) in a cgroup below the node's cgroup root, looked at every 200 ms. The
+/// kubelet restarts it after an exit (`restartCount` is the kubelet's); SIGKILL
+/// ([`PodProcess::kill`]) and SIGSTOP ([`PodProcess::set_paused`]) act on the process
+/// itself, as on a real node.
+#[derive(Debug)]
+pub struct PodProcess {
+    comm: String,
+    cgroup_marker: String,
+    ready: Option<ReadyCheck>,
+    state: std::sync::Mutex<PodProcessState>,
+    is_ready: std::sync::atomic::AtomicBool,
+}
+
+#[derive(Debug, Default)]
+struct PodProcessState {
+    pid: Option<i32>,
+    /// Distinct processes seen.
+    starts: u64,
+    paused: bool,
+}
+
+impl PodProcess {
+    /// Watches for process `comm` under the cgroup root `/<cgroup_root>/` from `rt`
+    /// (the node netns thread's runtime: `ready` is asked from there). The watch ends
+    /// when the returned handle is dropped.
+    pub fn start(
+        comm: &str,
+        cgroup_root: &str,
+        ready: Option<ReadyCheck>,
+        rt: &tokio::runtime::Handle,
+    ) -> Arc<PodProcess> {
+        let p = Arc::new(PodProcess {
+            comm: comm.to_owned(),
+            cgroup_marker: format!("/{cgroup_root}/"),
+            ready,
+            state: Default::default(),
+            is_ready: Default::default(),
+        });
+        let weak = Arc::downgrade(&p);
+        rt.spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let Some(p) = weak.upgrade() else { return };
+                p.look().await;
+            }
+        });
+        p
+    }
+
+    async fn look(&self) {
+        let found = find_process(&self.comm, &self.cgroup_marker);
+        {
+            let mut st = self.lock();
+            if found.is_some() && found != st.pid {
+                st.starts += 1;
+                st.paused = false;
+            }
+            st.pid = found;
+        }
+        let ok = match (&self.ready, found) {
+            (Some(check), Some(_)) if !self.is_paused() => crate::httpc::request(
+                check.addr,
+                "GET",
+                &check.path,
+                &[("User-Agent", crate::httpc::KUBE_PROBE_USER_AGENT)],
+                b"",
+                Duration::from_secs(1),
+            )
+            .await
+            .is_ok_and(|r| r.status == 200),
+            _ => false,
+        };
+        self.is_ready
+            .store(ok, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, PodProcessState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Its pid now, if it runs.
+    pub fn pid(&self) -> Option<i32> {
+        self.lock().pid
+    }
+
+    /// Whether its readiness check answered 200 at the last look.
+    pub fn is_ready(&self) -> bool {
+        self.is_ready.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Processes seen after the first (the kubelet's restarts, as seen from the node).
+    pub fn restarts(&self) -> u64 {
+        self.lock().starts.saturating_sub(1)
+    }
+
+    /// SIGKILL, as a crash: the kubelet restarts the container.
+    pub fn kill(&self) {
+        if let Some(pid) = self.pid() {
+            kill_pids(&[pid]);
+        }
+    }
+
+    /// SIGSTOP (`true`) or SIGCONT (`false`). Idempotent.
+    pub fn set_paused(&self, paused: bool) {
+        let mut st = self.lock();
+        if st.paused == paused {
+            return;
+        }
+        if let Some(pid) = st.pid {
+            let sig = if paused {
+                nix::sys::signal::Signal::SIGSTOP
+            } else {
+                nix::sys::signal::Signal::SIGCONT
+            };
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
+        }
+        st.paused = paused;
+    }
+
+    /// Whether it is SIGSTOPped now.
+    pub fn is_paused(&self) -> bool {
+        self.lock().paused
+    }
+}
+
+/// The pid of a process named `comm` whose cgroup path contains `marker`.
+fn find_process(comm: &str, marker: &str) -> Option<i32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let c = std::fs::read_to_string(e.path().join("comm")).ok()?;
+        if c.trim() != comm {
+            return None;
+        }
+        let cg = std::fs::read_to_string(e.path().join("cgroup")).ok()?;
+        cg.contains(marker).then_some(pid)
+    })
+}
+
 /// One real node's configuration.
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
@@ -283,6 +537,8 @@ pub struct NodeConfig {
     pub cni_socket: PathBuf,
     /// The binaries.
     pub bins: Binaries,
+    /// Node agents run as static pods (written before the kubelet starts).
+    pub static_pods: Vec<StaticPod>,
 }
 
 impl NodeConfig {
@@ -755,6 +1011,9 @@ pub fn write_files(c: &NodeConfig) -> Result<()> {
         std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))?;
     }
     std::fs::write(c.kubelet_dir().join("config.yaml"), kubelet_config(c))?;
+    for p in &c.static_pods {
+        std::fs::write(c.static_pod_dir().join(&p.file), &p.manifest)?;
+    }
     let ca = crate::tls::Ca::load_or_create(&c.pki_dir).context("the testbed CA")?;
     crate::tls::write_pem(&c.pki().join("ca.crt"), &ca.cert_pem, false)?;
     let (crt, key) = ca.issue_serving(
@@ -907,6 +1166,21 @@ impl RealNode {
         &self.cfg.node
     }
 
+    /// Imports the OCI archive `tar` into the node's containerd. Errors: `ctr`'s.
+    pub fn import_image(&self, tar: &Path) -> Result<()> {
+        let path = tar.to_string_lossy().into_owned();
+        ctr(&self.cfg, &["images", "import", "--no-unpack", &path])
+            .with_context(|| format!("import {path} into {}'s containerd", self.cfg.node))
+            .map(drop)
+    }
+
+    /// Writes `pod` into the kubelet's static pod directory (the kubelet picks it up
+    /// within its file check). Errors: file I/O.
+    pub fn add_static_pod(&self, pod: &StaticPod) -> Result<()> {
+        let path = self.cfg.static_pod_dir().join(&pod.file);
+        std::fs::write(&path, &pod.manifest).with_context(|| format!("write {}", path.display()))
+    }
+
     /// Its configuration.
     pub fn config(&self) -> &NodeConfig {
         &self.cfg
@@ -972,6 +1246,7 @@ mod tests {
             images: vec![],
             sandbox_image: "ghcr.io/firstpacket/pause:0.1.0".into(),
             cni_socket: "/s/cni.sock".into(),
+            static_pods: Vec::new(),
             bins: Binaries {
                 kubelet: "/b/kubelet".into(),
                 containerd: "/usr/bin/containerd".into(),

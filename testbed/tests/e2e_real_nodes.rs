@@ -424,6 +424,28 @@ fn the_all_real_stack_passes_s1_names_the_s2_nodes_and_diagnoses_s4() {
         return;
     };
 
+    // The agents are the real kubelets' static pods, Ready.
+    let agents = tb.kubectl_until(
+        &[
+            "get",
+            "pods",
+            "-n",
+            "kube-system",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name}={.status.conditions[?(@.type==\"Ready\")].status} {end}",
+        ],
+        Duration::from_secs(60),
+        |o| o.split_whitespace().filter(|x| x.ends_with("=True")).count() == 8,
+    );
+    for n in 1..=4 {
+        for a in ["calico-node", "kube-proxy"] {
+            assert!(
+                agents.contains(&format!("{a}-node-{n}=True")),
+                "{a} is not the Ready static pod of node-{n}: {agents}"
+            );
+        }
+    }
+
     // S1.
     let (code, report, out) = tb.gate(&[
         "--pairs",
@@ -436,6 +458,10 @@ fn the_all_real_stack_passes_s1_names_the_s2_nodes_and_diagnoses_s4() {
     let truth = tb.truth();
     let probes = report["probes"].as_array().cloned().unwrap_or_default();
     assert_eq!(probes.len(), 16, "{out}");
+    assert!(
+        out.contains("calico-felix 4/4 nodes scraped ok; kube-proxy 4/4 nodes scraped ok"),
+        "the static pods' agents are scraped: {out}"
+    );
     for p in &probes {
         assert_eq!(p["result"], "success", "{p:#}");
         if p["kind"] != "service" {
@@ -459,6 +485,19 @@ fn the_all_real_stack_passes_s1_names_the_s2_nodes_and_diagnoses_s4() {
         out.contains("0 after Ready (in TTFP)"),
         "on real Felix the wait is before Ready: {out}"
     );
+    // Felix is the real kubelet's static pod (`calico-node-NODE`): the gate scrapes it
+    // and names exactly those nodes' agents with the apply signal.
+    let named: std::collections::BTreeSet<String> = probes_of(&report)
+        .iter()
+        .flat_map(|p| p["suspects"].as_array().cloned().unwrap_or_default())
+        .filter(|s| s["signal"] == "dataplane_apply_slow")
+        .filter_map(|s| s["node"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(
+        named,
+        ["node-2", "node-3"].map(String::from).into(),
+        "suspects with dataplane_apply_slow: {out}"
+    );
 
     // S4: every cross-node route gone.
     tb.set_fault("rules:\n  - nodes: {all: true}\n    cross_node: {broken_peers: all}\n");
@@ -479,4 +518,9 @@ fn the_all_real_stack_passes_s1_names_the_s2_nodes_and_diagnoses_s4() {
             .any(|p| p["kind"] == "same_node" && p["result"] == "success"),
         "{out}"
     );
+}
+
+/// The probe records of a report.
+fn probes_of(report: &serde_json::Value) -> Vec<serde_json::Value> {
+    report["probes"].as_array().cloned().unwrap_or_default()
 }

@@ -5,7 +5,9 @@
 //! The process is `calico-felix` of the node's version ([`super::Builds`]), started by a
 //! [`Supervised`] on the node's netns thread in a private mount namespace whose
 //! `/var/run/calico`, `/var/lib/calico` and `/etc/calico` are the node's own directories
-//! under `STATE/calico/NODE/`, inside the node's CPU cgroup. Configuration comes from
+//! under `STATE/calico/NODE/`, inside the node's CPU cgroup — or, on a real kubelet's
+//! node (`--kubelet real`), as that kubelet's `calico-node` static pod
+//! ([`FelixNode::start_static`], [`static_pod`]). Configuration comes from
 //! the datastore's FelixConfiguration `default` ([`super::datastore`]) plus, per node,
 //! the environment calico-node would give it: the Kubernetes datastore through a
 //! kubeconfig, `FELIX_FELIXHOSTNAME`, the metrics and health listeners on the node IP
@@ -115,6 +117,32 @@ impl NodeCgroup {
     /// Its directory.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The CPU cgroup process `pid` is in now (its `cpu` line of `/proc/PID/cgroup` on
+    /// v1, the unified path on v2). Errors: the process is gone, no CPU controller.
+    pub fn of_process(pid: i32) -> Result<NodeCgroup> {
+        let (base, v2) = cgroup_base().ok_or_else(|| anyhow!("no cgroup CPU controller"))?;
+        let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+            .with_context(|| format!("read /proc/{pid}/cgroup"))?;
+        let path = text
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.splitn(3, ':');
+                let (_, ctrls, path) = (f.next()?, f.next()?, f.next()?);
+                let cpu = if v2 {
+                    ctrls.is_empty()
+                } else {
+                    ctrls.split(',').any(|c| c == "cpu")
+                };
+                cpu.then(|| path.trim_start_matches('/').to_owned())
+            })
+            .next()
+            .ok_or_else(|| anyhow!("process {pid} has no CPU cgroup"))?;
+        Ok(NodeCgroup {
+            dir: base.join(path),
+            v2,
+        })
     }
 
     /// Sets (`Some((period_us, quota_us))`) or lifts (`None`) the CPU quota. Errors: the
@@ -271,12 +299,57 @@ pub fn write_wrappers(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// How a node's Felix runs: supervised by the testbed beside the simulated kubelet, or
+/// as a real kubelet's static pod (`--kubelet real`).
+#[derive(Debug, Clone)]
+pub enum FelixProcess {
+    /// [`Supervised`] on the node's netns thread.
+    Supervised(Arc<Supervised>),
+    /// The `calico-node` static pod's container, run by the real kubelet.
+    StaticPod(Arc<crate::realnode::PodProcess>),
+}
+
+impl FelixProcess {
+    /// Whether Felix's `/readiness` answered 200 at the last look.
+    pub fn is_ready(&self) -> bool {
+        match self {
+            FelixProcess::Supervised(s) => s.is_ready(),
+            FelixProcess::StaticPod(p) => p.is_ready(),
+        }
+    }
+
+    /// Restarts after unrequested exits.
+    pub fn restarts(&self) -> u64 {
+        match self {
+            FelixProcess::Supervised(s) => s.restarts(),
+            FelixProcess::StaticPod(p) => p.restarts(),
+        }
+    }
+
+    /// SIGSTOP / SIGCONT (fault `agent_pause`).
+    pub fn set_paused(&self, paused: bool) {
+        match self {
+            FelixProcess::Supervised(s) => s.set_paused(paused),
+            FelixProcess::StaticPod(p) => p.set_paused(paused),
+        }
+    }
+
+    /// SIGKILL as a crash (fault `agent: {restarts}`): its supervisor (the testbed's,
+    /// or the kubelet) starts it again.
+    pub fn kill(&self) {
+        match self {
+            FelixProcess::Supervised(s) => s.kill(),
+            FelixProcess::StaticPod(p) => p.kill(),
+        }
+    }
+}
+
 /// One node's real Felix (see the module docs).
 pub struct FelixNode {
     cfg: FelixConfig,
     builds: super::Builds,
     version: Arc<Mutex<String>>,
-    process: Arc<Supervised>,
+    process: FelixProcess,
 }
 
 impl std::fmt::Debug for FelixNode {
@@ -328,7 +401,57 @@ impl FelixNode {
             cfg,
             builds,
             version,
-            process,
+            process: FelixProcess::Supervised(process),
+        })
+    }
+
+    /// Felix `version` as the `calico-node` static pod of `node`'s real kubelet: the
+    /// node's directories, kubeconfig and wrappers as in [`FelixNode::start`], the image
+    /// (the version's `calico-felix` alone, packed once into `images_dir`) imported into
+    /// the node's containerd, the manifest ([`static_pod`]) written; the process is then
+    /// found on the node side ([`crate::realnode::PodProcess`]). Errors: the build
+    /// missing, packing or importing the image, file I/O.
+    pub async fn start_static(
+        cfg: FelixConfig,
+        builds: super::Builds,
+        version: &str,
+        node: &crate::realnode::RealNode,
+        images_dir: &Path,
+        rt: tokio::runtime::Handle,
+    ) -> Result<FelixNode> {
+        let bin = builds.felix(version)?;
+        for d in ["run", "lib", "etc", "log"] {
+            std::fs::create_dir_all(cfg.dir.join(d))
+                .with_context(|| format!("create {}", cfg.dir.join(d).display()))?;
+        }
+        std::fs::write(cfg.dir.join("kubeconfig"), &cfg.kubeconfig)?;
+        write_wrappers(&cfg.dir)?;
+        let image = super::node_image(version);
+        let tar = images_dir.join(format!("calico-node-{version}.oci.tar"));
+        if !tar.is_file() {
+            std::fs::create_dir_all(images_dir)?;
+            let tmp = tar.with_extension("tmp");
+            crate::realnode::pack_binary_image(&bin, &image, &tmp)
+                .with_context(|| format!("pack calico-felix {version} into an image"))?;
+            std::fs::rename(&tmp, &tar)?;
+        }
+        node.import_image(&tar)?;
+        node.add_static_pod(&static_pod(&cfg, &bin, &image)?)?;
+        let ready = ReadyCheck {
+            addr: SocketAddr::from((cfg.node_ip, super::HEALTH_PORT)),
+            path: "/readiness".into(),
+        };
+        let process = crate::realnode::PodProcess::start(
+            "calico-felix",
+            &node.config().cgroup_root,
+            Some(ready),
+            &rt,
+        );
+        Ok(FelixNode {
+            cfg,
+            builds,
+            version: Arc::new(Mutex::new(version.to_owned())),
+            process: FelixProcess::StaticPod(process),
         })
     }
 
@@ -350,8 +473,8 @@ impl FelixNode {
         &self.builds
     }
 
-    /// The supervised process.
-    pub fn process(&self) -> &Arc<Supervised> {
+    /// Its process.
+    pub fn process(&self) -> &FelixProcess {
         &self.process
     }
 
@@ -366,22 +489,40 @@ impl FelixNode {
         self.cfg.dir.join("run").join("endpoint-status")
     }
 
-    /// Stops Felix (its calico-node pod is being replaced). Not a restart.
+    /// Stops Felix (its calico-node pod is being replaced). Not a restart. A static
+    /// pod's Felix is the kubelet's to stop.
     pub async fn stop(&self) {
-        self.process.stop().await;
+        if let FelixProcess::Supervised(s) = &self.process {
+            s.stop().await;
+        }
     }
 
     /// Starts Felix `version` after [`FelixNode::stop`] (a new calico-node pod).
     /// Errors: that version not built, the spawn.
     pub async fn start_version(&self, version: &str) -> Result<()> {
         self.builds.felix(version)?;
-        *self.version.lock().unwrap_or_else(|p| p.into_inner()) = version.to_owned();
-        self.process.resume().await
+        match &self.process {
+            FelixProcess::Supervised(s) => {
+                *self.version.lock().unwrap_or_else(|p| p.into_inner()) = version.to_owned();
+                s.resume().await
+            }
+            FelixProcess::StaticPod(_) => {
+                bail!("{}: Felix is a static pod of the real kubelet; it is not rolled by the testbed", self.cfg.node)
+            }
+        }
     }
 
     /// Fault `agent_cpu` now: `Some((period_us, quota_us))` or `None` (no quota).
     /// Errors: no cgroup for this node, the cgroup files.
     pub fn set_cpu_quota(&self, q: Option<(u64, u64)>) -> Result<()> {
+        if let FelixProcess::StaticPod(p) = &self.process {
+            // The container's own CPU cgroup (the kubelet made it; a restarted
+            // container gets a new one, which the next change of the fault reaches).
+            let pid = p
+                .pid()
+                .ok_or_else(|| anyhow!("agent_cpu: Felix on {} is not running", self.cfg.node))?;
+            return NodeCgroup::of_process(pid)?.set_quota(q);
+        }
         match &self.cfg.cgroup {
             Some(cg) => cg.set_quota(q),
             None if q.is_none() => Ok(()),
@@ -403,6 +544,83 @@ impl FelixNode {
         std::fs::write(&tmp, agent_io_line(delay, fail) + "\n")?;
         std::fs::rename(&tmp, &conf).with_context(|| format!("write {}", conf.display()))
     }
+}
+
+/// Felix as the real kubelet's `calico-node` static pod (`kube-system`, mirror pod
+/// `calico-node-NODE`, `k8s-app=calico-node`, the sim's agent pods' name and label):
+/// host network, privileged, image `image` (`calico-felix` alone, entrypoint
+/// `/calico-felix`), the environment of [`felix_spec`]; the host's `/usr` read-only
+/// (its `iptables-nft-restore`, `ipset`, `nft` and the wrappers' shell) and
+/// `/etc/alternatives` (Debian's `iptables` link), the node's
+/// directory at the same path (kubeconfig, wrappers, `agent-io`), its `run`, `lib`,
+/// `etc` at `/var/run/calico`, `/var/lib/calico`, `/etc/calico`; ready when
+/// `/readiness` answers on the node IP. (`agent_cpu` then acts on the container's own
+/// CPU cgroup: [`FelixNode::set_cpu_quota`].)
+pub fn static_pod(
+    cfg: &FelixConfig,
+    bin: &Path,
+    image: &str,
+) -> Result<crate::realnode::StaticPod> {
+    let spec = felix_spec(cfg, bin)?;
+    let env: Vec<serde_json::Value> = spec
+        .env
+        .iter()
+        .map(|(k, v)| serde_json::json!({ "name": k, "value": v }))
+        .collect();
+    let d = cfg.dir.display().to_string();
+    let mounts = vec![
+        serde_json::json!({ "name": "usr", "mountPath": "/usr", "readOnly": true }),
+        serde_json::json!({ "name": "modules", "mountPath": "/lib/modules", "readOnly": true }),
+        serde_json::json!({ "name": "alternatives", "mountPath": "/etc/alternatives", "readOnly": true }),
+        serde_json::json!({ "name": "node", "mountPath": d }),
+        serde_json::json!({ "name": "run", "mountPath": "/var/run/calico" }),
+        serde_json::json!({ "name": "lib", "mountPath": "/var/lib/calico" }),
+        serde_json::json!({ "name": "etc", "mountPath": "/etc/calico" }),
+    ];
+    let host = |name: &str, path: String| serde_json::json!({ "name": name, "hostPath": { "path": path } });
+    let volumes = vec![
+        host("usr", "/usr".into()),
+        host("modules", "/lib/modules".into()),
+        // Debian's `iptables` is an alternatives link (Felix asks it its version).
+        host("alternatives", "/etc/alternatives".into()),
+        host("node", d.clone()),
+        host("run", cfg.dir.join("run").display().to_string()),
+        host("lib", cfg.dir.join("lib").display().to_string()),
+        host("etc", cfg.dir.join("etc").display().to_string()),
+    ];
+    let command = serde_json::json!(["/calico-felix"]);
+    let pod = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "calico-node",
+            "namespace": "kube-system",
+            "labels": { "k8s-app": "calico-node" },
+        },
+        "spec": {
+            "hostNetwork": true,
+            "priorityClassName": "system-node-critical",
+            "containers": [{
+                "name": "calico-node",
+                "image": image,
+                "imagePullPolicy": "Never",
+                "command": command,
+                "env": env,
+                "ports": [{ "name": "http-metrics", "containerPort": super::METRICS_PORT, "hostPort": super::METRICS_PORT, "protocol": "TCP" }],
+                "securityContext": { "privileged": true },
+                "readinessProbe": {
+                    "httpGet": { "host": cfg.node_ip.to_string(), "path": "/readiness", "port": super::HEALTH_PORT },
+                    "periodSeconds": 1,
+                },
+                "volumeMounts": mounts,
+            }],
+            "volumes": volumes,
+        },
+    });
+    Ok(crate::realnode::StaticPod {
+        file: "calico-node.json".to_owned(),
+        manifest: serde_json::to_string_pretty(&pod)?,
+    })
 }
 
 /// The process spec of Felix `bin` for node `cfg` (module docs).
