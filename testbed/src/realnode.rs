@@ -430,16 +430,7 @@ impl PodProcess {
             st.pid = found;
         }
         let ok = match (&self.ready, found) {
-            (Some(check), Some(_)) if !self.is_paused() => crate::httpc::request(
-                check.addr,
-                "GET",
-                &check.path,
-                &[("User-Agent", crate::httpc::KUBE_PROBE_USER_AGENT)],
-                b"",
-                Duration::from_secs(1),
-            )
-            .await
-            .is_ok_and(|r| r.status == 200),
+            (Some(check), Some(_)) if !self.is_paused() => check.ask().await,
             _ => false,
         };
         self.is_ready

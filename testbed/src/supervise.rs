@@ -61,6 +61,23 @@ pub struct ReadyCheck {
     pub path: String,
 }
 
+impl ReadyCheck {
+    /// Asks once, as the kubelet's HTTP probe does (`User-Agent: kube-probe/…`, 1 s
+    /// timeout): whether it answered 200.
+    pub async fn ask(&self) -> bool {
+        crate::httpc::request(
+            self.addr,
+            "GET",
+            &self.path,
+            &[("User-Agent", crate::httpc::KUBE_PROBE_USER_AGENT)],
+            b"",
+            Duration::from_secs(1),
+        )
+        .await
+        .is_ok_and(|r| r.status == 200)
+    }
+}
+
 type SpecFn = Box<dyn Fn() -> Result<Spec> + Send + Sync>;
 
 struct Running {
@@ -296,17 +313,7 @@ impl Supervised {
             let st = self.lock();
             st.running.is_some() && !st.paused
         };
-        let ok = alive
-            && crate::httpc::request(
-                check.addr,
-                "GET",
-                &check.path,
-                &[("User-Agent", crate::httpc::KUBE_PROBE_USER_AGENT)],
-                b"",
-                Duration::from_secs(1),
-            )
-            .await
-            .is_ok_and(|r| r.status == 200);
+        let ok = alive && check.ask().await;
         self.is_ready.store(ok, Ordering::Relaxed);
     }
 }

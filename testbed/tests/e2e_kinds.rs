@@ -332,40 +332,54 @@ fn first_attempt_failures_count_from_ready_and_first_connections_dropped_show_af
     );
 
     // The first 2 new connections from or to each new endpoint on node-1 after its
-    // readiness_ok are dropped (the budget counts from Ready), then it works.
+    // budget is armed (right before each readiness probe until the first pass, so that
+    // it counts from Ready) are dropped, then it works. Where the drops land is timing:
+    // normally on the source's attempts after Ready (first-attempt failures), but when
+    // the kubelet's first probe came before the pod listened (seen under CI load: Ready
+    // a probe period later, the source's success before it), the budget is spent before
+    // Ready. So every node-1 source must carry the armed budget, at least one must show
+    // the drops after Ready (the gate runs again, up to 3 times, until one does), and
+    // probes touching no node-1 show none.
     tb.set_fault(S1_PLUS_FCD_ON_NODE_1);
-    let (code, report, out) = tb.gate(&args);
-    validate(&report);
-    assert_eq!(
-        code, 0,
-        "dropped first connections are not a failure: {out}"
-    );
-    let truth = tb.truth();
-    let (mut from_node1, mut elsewhere) = (0, 0);
-    for p in probes(&report) {
-        assert_eq!(p["result"], "success", "{out}");
-        let fails = p["first_attempt_failures"].as_u64().unwrap();
-        let (src, dst) = (&p["source"]["node"], &p["target"]["node"]);
-        if src == "node-1" {
-            from_node1 += 1;
-            assert!(
-                fails > 0,
-                "source on node-1, first connections after Ready dropped: {p:#}"
-            );
-            let uid = p["source"]["uid"].as_str().unwrap();
-            let ready = truth
-                .iter()
-                .find(|e| e.event == TruthKind::ReadinessOk && e.uid.as_deref() == Some(uid))
-                .expect("source readiness_ok");
-            assert_eq!(ready.detail["first_connections_dropped"], 2, "{ready:?}");
-        } else if src != "node-1" && dst != "node-1" {
-            elsewhere += 1;
-            if programmed_before_source_ready(&truth, p) {
-                assert_eq!(fails, 0, "touches no node-1: {p:#}");
+    let (mut from_node1, mut with_failures, mut elsewhere) = (0, 0, 0);
+    for _ in 0..3 {
+        let (code, report, out) = tb.gate(&args);
+        validate(&report);
+        assert_eq!(
+            code, 0,
+            "dropped first connections are not a failure: {out}"
+        );
+        let truth = tb.truth();
+        for p in probes(&report) {
+            assert_eq!(p["result"], "success", "{out}");
+            let fails = p["first_attempt_failures"].as_u64().unwrap();
+            let (src, dst) = (&p["source"]["node"], &p["target"]["node"]);
+            if src == "node-1" {
+                from_node1 += 1;
+                if fails > 0 {
+                    with_failures += 1;
+                }
+                let uid = p["source"]["uid"].as_str().unwrap();
+                let ready = truth
+                    .iter()
+                    .find(|e| e.event == TruthKind::ReadinessOk && e.uid.as_deref() == Some(uid))
+                    .expect("source readiness_ok");
+                assert_eq!(ready.detail["first_connections_dropped"], 2, "{ready:?}");
+            } else if src != "node-1" && dst != "node-1" {
+                elsewhere += 1;
+                if programmed_before_source_ready(&truth, p) {
+                    assert_eq!(fails, 0, "touches no node-1: {p:#}");
+                }
             }
         }
+        if with_failures >= 1 && from_node1 >= 2 && elsewhere >= 2 {
+            break;
+        }
     }
-    assert!(from_node1 >= 2 && elsewhere >= 2, "{out}");
+    assert!(
+        with_failures >= 1 && from_node1 >= 2 && elsewhere >= 2,
+        "node-1 sources: {from_node1}, {with_failures} of them with first connections dropped after Ready; probes touching no node-1: {elsewhere}"
+    );
 }
 
 const S1_PLUS_QUEUE_ON_NODE_2: &str = "rules:

@@ -243,50 +243,7 @@ fn s1_on_real_kubelets_matches_the_wire_truth_and_down_leaves_nothing() {
         "truth from the wire: {wire} events"
     );
 
-    // The kubectl suite on real nodes.
-    let dep = tb.manifest(
-        "deploy.yaml",
-        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web, namespace: default}\nspec:\n  replicas: 2\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n    spec:\n      containers:\n      - name: web\n        image: ghcr.io/firstpacket/target-server:0.1.0\n        args: [serve, --port, \"8080\"]\n        readinessProbe: {httpGet: {path: /readyz, port: 8080}, periodSeconds: 1}\n        securityContext: {runAsNonRoot: true, allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}, seccompProfile: {type: RuntimeDefault}}\n",
-    );
-    tb.kubectl(&["apply", "-f", &dep]);
-    let ready = tb.kubectl_until(
-        &[
-            "get",
-            "deploy",
-            "web",
-            "-o",
-            "jsonpath={.status.readyReplicas}",
-        ],
-        Duration::from_secs(60),
-        |o| o.trim() == "2",
-    );
-    assert_eq!(ready.trim(), "2", "Deployment not Ready on real kubelets");
-    let wide = tb.kubectl(&["get", "pods", "-l", "app=web", "-o", "wide"]);
-    assert!(wide.contains("node-") && wide.contains("10."), "{wide}");
-    let pod = tb.kubectl(&[
-        "get",
-        "pods",
-        "-l",
-        "app=web",
-        "-o",
-        "jsonpath={.items[0].metadata.name}",
-    ]);
-    let describe = tb.kubectl(&["describe", "pod", pod.trim()]);
-    assert!(
-        describe.contains("Started") && describe.contains("containerd://"),
-        "{describe}"
-    );
-    let logs = tb.kubectl(&["logs", pod.trim()]);
-    assert!(
-        logs.contains("target-server"),
-        "logs through the real kubelet: {logs:?}"
-    );
-    let exec = tb.kubectl(&["exec", pod.trim(), "--", "/target-server", "--version"]);
-    assert!(
-        exec.contains("target-server"),
-        "exec through the real kubelet: {exec:?}"
-    );
-    tb.kubectl(&["delete", "-f", &dep, "--wait=true", "--timeout=60s"]);
+    kubectl_suite(&tb);
     // An image the node does not have cannot be pulled (no registry is reachable), as
     // on an air-gapped node.
     let stray = tb.manifest(
@@ -469,6 +426,8 @@ fn the_all_real_stack_passes_s1_names_the_s2_nodes_and_diagnoses_s4() {
         }
     }
 
+    kubectl_suite(&tb);
+
     // S2 on real Felix.
     tb.set_fault(
         &std::fs::read_to_string(common::repo_file("testbed/faults/s2-real-felix.yaml"))
@@ -517,6 +476,86 @@ fn the_all_real_stack_passes_s1_names_the_s2_nodes_and_diagnoses_s4() {
             .iter()
             .any(|p| p["kind"] == "same_node" && p["result"] == "success"),
         "{out}"
+    );
+}
+
+/// The kubectl suite on real nodes: `apply -f` of a Deployment whose two replicas turn
+/// Ready, `get -o wide` (pod IPs and nodes), `describe` (the runtime's events),
+/// `logs` and `exec` through the real kubelet — into a pod that has a shell (the host's
+/// `/usr`, `/usr/lib` and `/usr/lib64` mounted read-only at `/usr`, `/lib`, `/lib64`:
+/// `/usr/bin/sh`) — and a pod violating Pod Security
+/// `restricted` refused by admission in a namespace enforcing it.
+fn kubectl_suite(tb: &Testbed) {
+    let dep = tb.manifest(
+        "deploy.yaml",
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web, namespace: default}\nspec:\n  replicas: 2\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n    spec:\n      containers:\n      - name: web\n        image: ghcr.io/firstpacket/target-server:0.1.0\n        args: [serve, --port, \"8080\"]\n        readinessProbe: {httpGet: {path: /readyz, port: 8080}, periodSeconds: 1}\n        securityContext: {runAsNonRoot: true, allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}, seccompProfile: {type: RuntimeDefault}}\n        volumeMounts: [{name: usr, mountPath: /usr, readOnly: true}, {name: lib, mountPath: /lib, readOnly: true}, {name: lib64, mountPath: /lib64, readOnly: true}]\n      volumes: [{name: usr, hostPath: {path: /usr}}, {name: lib, hostPath: {path: /usr/lib}}, {name: lib64, hostPath: {path: /usr/lib64}}]\n",
+    );
+    tb.kubectl(&["apply", "-f", &dep]);
+    let ready = tb.kubectl_until(
+        &[
+            "get",
+            "deploy",
+            "web",
+            "-o",
+            "jsonpath={.status.readyReplicas}",
+        ],
+        Duration::from_secs(60),
+        |o| o.trim() == "2",
+    );
+    assert_eq!(ready.trim(), "2", "Deployment not Ready on real kubelets");
+    let wide = tb.kubectl(&["get", "pods", "-l", "app=web", "-o", "wide"]);
+    assert!(wide.contains("node-") && wide.contains("10."), "{wide}");
+    let pod = tb.kubectl(&[
+        "get",
+        "pods",
+        "-l",
+        "app=web",
+        "-o",
+        "jsonpath={.items[0].metadata.name}",
+    ]);
+    let describe = tb.kubectl(&["describe", "pod", pod.trim()]);
+    assert!(
+        describe.contains("Started") && describe.contains("containerd://"),
+        "{describe}"
+    );
+    let logs = tb.kubectl(&["logs", pod.trim()]);
+    assert!(
+        logs.contains("target-server"),
+        "logs through the real kubelet: {logs:?}"
+    );
+    let exec = tb.kubectl(&["exec", pod.trim(), "--", "/target-server", "--version"]);
+    assert!(
+        exec.contains("target-server"),
+        "exec through the real kubelet: {exec:?}"
+    );
+    let shell = tb.kubectl(&[
+        "exec",
+        pod.trim(),
+        "--",
+        "/usr/bin/sh",
+        "-c",
+        "echo shell-$((6*7)) as $(id -u)",
+    ]);
+    assert_eq!(
+        shell.trim(),
+        "shell-42 as 65532",
+        "a shell through the real kubelet"
+    );
+    tb.kubectl(&["delete", "-f", &dep, "--wait=true", "--timeout=60s"]);
+    let ns = tb.manifest(
+        "restricted.yaml",
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: fp-restricted\n  labels: {pod-security.kubernetes.io/enforce: restricted}\n",
+    );
+    tb.kubectl(&["apply", "-f", &ns]);
+    let bad = tb.manifest(
+        "privileged.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: bad, namespace: fp-restricted}\nspec:\n  containers:\n  - name: c\n    image: ghcr.io/firstpacket/target-server:0.1.0\n    securityContext: {privileged: true}\n",
+    );
+    let out = tb.exec(&["kubectl", "apply", "-f", &bad]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("violates PodSecurity \"restricted:latest\""),
+        "a privileged pod must be refused by admission: {err}"
     );
 }
 
