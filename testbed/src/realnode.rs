@@ -1111,7 +1111,7 @@ impl RealNode {
                     "containerd of {} exited at start; its log {}:\n{}",
                     c.node,
                     c.dir.join("containerd.log").display(),
-                    tail(&c.dir.join("containerd.log"), 20)
+                    crate::control_plane::log_tail(&c.dir.join("containerd.log"), 20)
                 );
             }
             if t0.elapsed() > CONTAINERD_START_TIMEOUT {
@@ -1211,13 +1211,6 @@ impl RealNode {
         let (dir, cgroups) = (self.cfg.dir.clone(), self.cgroups.clone());
         let _ = tokio::task::spawn_blocking(move || release(&dir, &cgroups)).await;
     }
-}
-
-/// The last `n` lines of a file (empty when unreadable).
-fn tail(path: &Path, n: usize) -> String {
-    let t = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = t.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 #[cfg(test)]
