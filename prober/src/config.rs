@@ -320,6 +320,13 @@ pub struct ProbeArgs {
     )]
     pub kinds: Vec<ProbeKind>,
 
+    /// `policy` probes: how long the intruder (a fresh pod that no policy admits)
+    /// dials the isolated target from its own first instant; any answer fails the
+    /// probe as an `isolation_breach`. Runs beside the source, so it adds to a probe's
+    /// time only when longer than the source's run.
+    #[arg(long, env = "FIRSTPACKET_ISOLATION_WINDOW", default_value = "5s", value_parser = parse_duration)]
+    pub isolation_window: Duration,
+
     /// Filler pods created on the target's node together with a `burst` probe's target.
     #[arg(long, env = "FIRSTPACKET_BURST_SIZE", default_value_t = 10,
           value_parser = clap::value_parser!(u32).range(0..=200))]

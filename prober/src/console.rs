@@ -349,6 +349,7 @@ mod tests {
             recreate: None,
             burst: None,
             service: None,
+            policy: None,
             drift: None,
         }
     }

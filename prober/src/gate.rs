@@ -929,7 +929,7 @@ fn diagnosis_str(d: Diagnosis) -> String {
 }
 
 /// The kind the headline leads with: the first of `cross_node`, `recreate`, `service`,
-/// `burst`, `unprobed` that ran, else `same_node` (the control: it only leads when it
+/// `burst`, `unprobed`, `policy`, `policy_change` that ran, else `same_node` (the control: it only leads when it
 /// ran alone).
 pub fn main_kind(summary: &Summary) -> Option<&str> {
     [
@@ -938,6 +938,8 @@ pub fn main_kind(summary: &Summary) -> Option<&str> {
         "service",
         "burst",
         "unprobed",
+        "policy",
+        "policy_change",
         "same_node",
     ]
     .into_iter()
@@ -1481,6 +1483,7 @@ mod tests {
             recreate: None,
             burst: None,
             service: None,
+            policy: None,
             drift: None,
         }
     }

@@ -1318,6 +1318,7 @@ mod tests {
             hold: Duration::from_secs(5),
             owner: None,
             unsafe_privileged: false,
+            isolation_window: crate::netpol::DEFAULT_ISOLATION_WINDOW,
         };
         let kinds = [ProbeKind::CrossNode, ProbeKind::Recreate, ProbeKind::Burst];
         let plan = plan_kinds(&["n1".into(), "n2".into()], &kinds, 2, 1).expect("plan");

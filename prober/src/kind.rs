@@ -23,6 +23,19 @@ pub enum ProbeKind {
     /// Ready, in TTFP — the darkness an application without a readiness probe meets,
     /// and what the XDP incident's operator timed with a `wget` loop.
     Unprobed,
+    /// A new pod under an existing NetworkPolicy (issue 32): the fresh target is
+    /// isolated by an ingress policy that admits only this probe's fresh source (pod
+    /// and namespace selector), and the source by an egress policy admitting only the
+    /// target's IP (`ipBlock`); TTFP after the source's Ready is how long the nodes
+    /// take to admit a new peer. A third fresh pod that no rule admits (the intruder)
+    /// dials the target from its own first instant: any answer is an
+    /// `isolation_breach`.
+    Policy,
+    /// A new NetworkPolicy over running pods (issue 32): both pods Ready, the target
+    /// isolated by a deny-all policy; the prober creates an allow policy and the source
+    /// times, on its own clock, from the create to the first answer, then from the
+    /// policy's deletion to the first refused connection (revocation).
+    PolicyChange,
 }
 
 impl ProbeKind {
@@ -35,6 +48,8 @@ impl ProbeKind {
             ProbeKind::Service => "service",
             ProbeKind::Burst => "burst",
             ProbeKind::Unprobed => "unprobed",
+            ProbeKind::Policy => "policy",
+            ProbeKind::PolicyChange => "policy_change",
         }
     }
 }

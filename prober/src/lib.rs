@@ -57,6 +57,7 @@ pub mod labels;
 pub mod leader;
 pub mod lease;
 pub mod metrics;
+pub mod netpol;
 pub mod podspec;
 pub mod podwatch;
 pub mod probe;

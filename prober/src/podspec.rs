@@ -79,6 +79,9 @@ pub enum PodRole {
     Source,
     /// A `burst` filler: `target-server serve`, created with T on its node.
     Filler,
+    /// A `policy` probe's intruder: `target-server probe` dialing T from its first
+    /// instant, admitted by no policy (issue 32).
+    Intruder,
 }
 
 impl PodRole {
@@ -88,6 +91,7 @@ impl PodRole {
             PodRole::Target => "probe-target",
             PodRole::Source => "probe-source",
             PodRole::Filler => "probe-filler",
+            PodRole::Intruder => "probe-intruder",
         }
     }
 
@@ -97,6 +101,7 @@ impl PodRole {
             PodRole::Target => "t",
             PodRole::Source => "s",
             PodRole::Filler => "f",
+            PodRole::Intruder => "i",
         }
     }
 }
@@ -130,6 +135,8 @@ pub struct PodConfig {
     /// `privileged`, so the spec violates Pod Security `baseline` and `restricted` and a
     /// test can provoke an admission rejection. Never for real use.
     pub unsafe_privileged: bool,
+    /// `--isolation-window`: how long a `policy` probe's intruder dials (issue 32).
+    pub isolation_window: Duration,
 }
 
 impl PodConfig {
@@ -156,6 +163,7 @@ impl PodConfig {
             hold,
             owner,
             unsafe_privileged: p.unsafe_probe_pod_privileged,
+            isolation_window: p.isolation_window,
         }
     }
 }
@@ -713,6 +721,7 @@ mod tests {
             hold: Duration::from_secs(5),
             owner: None,
             unsafe_privileged: false,
+            isolation_window: crate::netpol::DEFAULT_ISOLATION_WINDOW,
         }
     }
 

@@ -54,6 +54,7 @@ use crate::api::{with_timeout, API_CALL_TIMEOUT};
 use crate::error::Error;
 use crate::kind::ProbeKind;
 use crate::labels::FIELD_MANAGER;
+use crate::podspec::duration_arg;
 use crate::podspec::{
     calico_iface_name, filler_pod, filler_pod_name, host_port, pod_name, probe_pod_named,
     probe_service, recreate_target_name, service_name, source_args, source_args_to, target_args,
@@ -64,6 +65,7 @@ use crate::record::{build_record, Ending, ProbeMeta};
 use crate::tracker::{PodState, ProblemKind};
 use firstpacket_report::{BurstInfo, ProbeRecord, ProbeResult, Reason, RecreateInfo, ServiceInfo};
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, PostParams};
 use kube::Api;
@@ -130,12 +132,18 @@ pub fn burst_backlog(
 
 /// API-write budget of one probe of `kind` (module docs): 4 for `cross_node` and
 /// `same_node` (docs/design.md §7), 6 for `recreate`, 4 + 2 × `burst_size` for `burst`.
-/// `service` adds a Service create + delete: 6.
+/// `service` adds a Service create + delete: 6. `policy`: 10 (the isolate and egress
+/// policies, T, the intruder and S, created and deleted); `policy_change`: 8 (the
+/// isolate policy, T and S created and deleted, the allow policy created and deleted;
+/// its three marks are `create pods/proxy` requests, counted apart:
+/// [`ProbeRecord::api_writes`] counts stored writes only).
 pub fn write_budget(kind: ProbeKind, burst_size: u32) -> u64 {
     match kind {
         ProbeKind::CrossNode | ProbeKind::SameNode | ProbeKind::Unprobed => 4,
         ProbeKind::Recreate | ProbeKind::Service => 6,
         ProbeKind::Burst => 4 + 2 * u64::from(burst_size),
+        ProbeKind::Policy => 10,
+        ProbeKind::PolicyChange => 8,
     }
 }
 
@@ -390,6 +398,7 @@ fn role_name(role: PodRole) -> &'static str {
         PodRole::Target => "target",
         PodRole::Source => "source",
         PodRole::Filler => "filler",
+        PodRole::Intruder => "intruder",
     }
 }
 
@@ -514,7 +523,7 @@ pub fn timeout_ending(role: PodRole, s: Option<&PodState>, waited: Duration) -> 
     if s.ready.is_none() {
         let reason = match role {
             PodRole::Target | PodRole::Filler => Reason::TargetNeverReady,
-            PodRole::Source => Reason::SourceNeverReady,
+            PodRole::Source | PodRole::Intruder => Reason::SourceNeverReady,
         };
         return Ending::Aborted {
             reason,
@@ -549,6 +558,10 @@ struct ProbeState {
     burst: Option<BurstInfo>,
     /// `service`: the Service once created (deleted at the end).
     service: Option<ServiceInfo>,
+    /// `policy`, `policy_change`: the NetworkPolicies created and still to delete, in
+    /// creation order, and what the probe learnt about them.
+    policies: Vec<String>,
+    policy: Option<firstpacket_report::PolicyInfo>,
 }
 
 impl ProbeState {
@@ -1010,6 +1023,13 @@ async fn lifecycle(
             return e;
         }
     }
+    if matches!(plan.kind, ProbeKind::Policy | ProbeKind::PolicyChange) {
+        // The target is isolated from its first instant: its policy exists first.
+        let isolate = crate::netpol::isolate_policy(cfg, &plan.id, plan.kind);
+        if let Err(e) = create_policy(env, st, &isolate).await {
+            return e;
+        }
+    }
     let mut t_pod = probe_pod_named(
         cfg,
         t_name,
@@ -1044,13 +1064,411 @@ async fn lifecycle(
             ),
         });
     }
+    if plan.kind == ProbeKind::Policy {
+        return policy_lifecycle(env, plan, t_name, cancel, st).await;
+    }
     let ip = match wait_target_ready(env, t_name, cancel).await {
         Ok(ip) => ip,
         Err(e) => return e,
     };
     tracing::debug!(target_ip = %ip, "target Ready");
+    if plan.kind == ProbeKind::PolicyChange {
+        return policy_change(env, plan, t_name, &ip, cancel, st).await;
+    }
 
     run_source(env, plan, t_name, &ip, cancel, st).await
+}
+
+fn policies_api(env: &ProbeEnv) -> Api<NetworkPolicy> {
+    Api::namespaced(env.pods.clone().into_client(), &env.pod_config.namespace)
+}
+
+/// Creates one of the probe's NetworkPolicies ([`crate::netpol`]), counted as a write
+/// and kept in `st` for deletion; errors as a pod create ([`create_failed`]: an
+/// admission rejection or a 401/403 is reported as an [`EngineFault`]).
+async fn create_policy(
+    env: &ProbeEnv,
+    st: &mut ProbeState,
+    policy: &NetworkPolicy,
+) -> Result<(), Ending> {
+    let ns = env.pod_config.namespace.as_str();
+    let name = policy.metadata.name.clone().unwrap_or_default();
+    let pp = PostParams {
+        dry_run: false,
+        field_manager: Some(FIELD_MANAGER.into()),
+    };
+    st.writes += 1;
+    env.writes.fetch_add(1, Ordering::Relaxed);
+    match tokio::time::timeout(API_CALL_TIMEOUT, policies_api(env).create(&pp, policy)).await {
+        Ok(Ok(_)) => {
+            st.policies.push(name.clone());
+            st.policy
+                .get_or_insert_with(Default::default)
+                .policies
+                .push(name);
+            Ok(())
+        }
+        Ok(Err(e)) => Err(create_failed(env, e, format!("networkpolicy {ns}/{name}"))),
+        Err(_) => Err(Ending::Aborted {
+            reason: Reason::ApiError,
+            detail: format!(
+                "create networkpolicy {ns}/{name} at {} timed out after {}s",
+                env.url,
+                API_CALL_TIMEOUT.as_secs()
+            ),
+        }),
+    }
+}
+
+/// Deletes one of the probe's NetworkPolicies (404 is fine), counted as a write.
+/// Errors as [`delete_pod`].
+async fn delete_policy(env: &ProbeEnv, st: &mut ProbeState, name: &str) -> Result<(), Error> {
+    st.writes += 1;
+    let r = delete_counted(
+        env,
+        &policies_api(env),
+        "networkpolicy",
+        name,
+        &DeleteParams::default(),
+    )
+    .await;
+    if r.is_ok() {
+        st.policies.retain(|n| n != name);
+    }
+    r
+}
+
+/// The InternalIP of Node `name` (one read by name, bounded), for the `policy` probe's
+/// egress rule admitting the source's own node; `None` when unknown.
+async fn node_internal_ip(env: &ProbeEnv, name: &str) -> Option<String> {
+    let read = crate::api::read_by_name(&env.nodes, name);
+    let node = tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .ok()?
+        .ok()??;
+    node.status?
+        .addresses?
+        .into_iter()
+        .find(|a| a.type_ == "InternalIP")
+        .map(|a| a.address)
+}
+
+/// `policy` (issue 32), after the isolate policy and T were created: once T has its IP
+/// the source's egress policy and the intruder (a fresh pod that no rule admits, on
+/// the source's node, dialing T for `--isolation-window` from its first instant) are
+/// created; T Ready, then S as in `cross_node`; then the intruder's report is awaited
+/// (bounded) and kept as the isolation check.
+async fn policy_lifecycle(
+    env: &ProbeEnv,
+    plan: &ProbePlan,
+    t_name: &str,
+    cancel: &mut watch::Receiver<bool>,
+    st: &mut ProbeState,
+) -> Ending {
+    let cfg = &env.pod_config;
+    let by = Instant::now() + cfg.give_up;
+    let t_ip = match env
+        .watch
+        .wait_for(t_name, by, cancel, |s| s.and_then(|s| s.ip.clone()))
+        .await
+    {
+        Wait::Done(ip) => Some(ip),
+        Wait::Cancelled => return interrupted("waiting for the target's IP"),
+        // No IP: the wait for Ready below names what went wrong.
+        Wait::TimedOut => None,
+    };
+    let i_name = pod_name(&plan.id, PodRole::Intruder);
+    if let Some(t_ip) = &t_ip {
+        let node_ip = node_internal_ip(env, &plan.source_node).await;
+        if node_ip.is_none() {
+            tracing::warn!(node = %plan.source_node,
+                "no InternalIP known for the source's node: its egress policy admits only the target");
+        }
+        let egress = crate::netpol::egress_policy(cfg, &plan.id, t_ip, node_ip.as_deref());
+        if let Err(e) = create_policy(env, st, &egress).await {
+            return e;
+        }
+        let mut args = source_args(cfg, t_ip, t_name);
+        set_arg(&mut args, "--give-up", duration_arg(cfg.isolation_window));
+        set_arg(&mut args, "--hold", "0s".into());
+        let i_pod = probe_pod_named(
+            cfg,
+            &i_name,
+            &plan.id,
+            plan.kind.as_str(),
+            PodRole::Intruder,
+            &plan.source_node,
+            args,
+        );
+        if *cancel.borrow() {
+            return interrupted("starting the intruder");
+        }
+        if let Err(e) = create(env, st, &i_pod).await {
+            return e;
+        }
+    }
+    let ip = match wait_target_ready(env, t_name, cancel).await {
+        Ok(ip) => ip,
+        Err(e) => return e,
+    };
+    let ending = run_source(env, plan, t_name, &ip, cancel, st).await;
+    // The intruder's verdict: it ends by itself `--isolation-window` after its start
+    // (plus its wait for the kubelet's readiness answers).
+    let window = cfg.isolation_window;
+    let deadline = Instant::now() + window + Duration::from_secs(10) + SOURCE_FINISH_MARGIN;
+    let check = if t_ip.is_none() {
+        crate::netpol::isolation_check(
+            &i_name,
+            window,
+            None,
+            Some("the target never got an IP".into()),
+        )
+    } else {
+        match env
+            .watch
+            .wait_for(&i_name, deadline, cancel, source_done_check)
+            .await
+        {
+            Wait::Done(Ending::SourceTerminated) => {
+                let msg = env
+                    .watch
+                    .snapshot(&i_name)
+                    .and_then(|s| s.terminated.and_then(|t| t.message));
+                match msg.as_deref().map(crate::record::parse_termination_message) {
+                    Some(Ok(r)) => crate::netpol::isolation_check(&i_name, window, Some(&r), None),
+                    Some(Err(e)) => crate::netpol::isolation_check(&i_name, window, None, Some(e)),
+                    None => crate::netpol::isolation_check(
+                        &i_name,
+                        window,
+                        None,
+                        Some("the intruder left no termination message".into()),
+                    ),
+                }
+            }
+            Wait::Done(Ending::Aborted { detail, .. }) => {
+                crate::netpol::isolation_check(&i_name, window, None, Some(detail))
+            }
+            Wait::Cancelled => {
+                crate::netpol::isolation_check(&i_name, window, None, Some("interrupted".into()))
+            }
+            Wait::TimedOut => crate::netpol::isolation_check(
+                &i_name,
+                window,
+                None,
+                Some("the intruder did not finish in time".into()),
+            ),
+        }
+    };
+    st.policy.get_or_insert_with(Default::default).isolation = Some(check);
+    ending
+}
+
+/// Replaces the value after `flag` in `args` (appends both when absent).
+fn set_arg(args: &mut Vec<String>, flag: &str, value: String) {
+    match args.iter().position(|a| a == flag) {
+        Some(i) if i + 1 < args.len() => args[i + 1] = value,
+        _ => {
+            args.push(flag.into());
+            args.push(value);
+        }
+    }
+}
+
+/// One request to the source pod's own HTTP port through the API server's pod proxy
+/// (`/api/v1/namespaces/NS/pods/NAME:8080/proxy/PATH`; RBAC: `create pods/proxy` for
+/// POST, `get pods/proxy` for GET), bounded by [`API_CALL_TIMEOUT`]. Returns the body.
+async fn pod_proxy(
+    env: &ProbeEnv,
+    pod: &str,
+    method: http::Method,
+    path: &str,
+) -> Result<String, String> {
+    let ns = &env.pod_config.namespace;
+    let uri = format!(
+        "/api/v1/namespaces/{ns}/pods/{pod}:{}/proxy/{path}",
+        crate::podspec::SERVER_PORT
+    );
+    let req = http::Request::builder()
+        .method(method.clone())
+        .uri(&uri)
+        .body(Vec::new())
+        .map_err(|e| e.to_string())?;
+    let client = env.pods.clone().into_client();
+    match tokio::time::timeout(API_CALL_TIMEOUT, client.request_text(req)).await {
+        Ok(Ok(body)) => Ok(body),
+        Ok(Err(e)) => {
+            let verb = if method == http::Method::GET {
+                "get"
+            } else {
+                "create"
+            };
+            Err(Error::from_kube(e, &env.url, verb, format!("pods/proxy {ns}/{pod}")).to_string())
+        }
+        Err(_) => Err(format!(
+            "{method} {uri} at {} timed out after {}s",
+            env.url,
+            API_CALL_TIMEOUT.as_secs()
+        )),
+    }
+}
+
+/// Posts mark `name` (`arm`, `allow`, `revoke`) to the `policy_change` source.
+async fn post_mark(env: &ProbeEnv, pod: &str, name: &str) -> Result<(), Ending> {
+    pod_proxy(env, pod, http::Method::POST, &format!("mark/{name}"))
+        .await
+        .map(|_| ())
+        .map_err(|e| Ending::Aborted {
+            reason: Reason::ApiError,
+            detail: format!("cannot mark `{name}` on the source through the pod proxy: {e}"),
+        })
+}
+
+/// `policy_change` (issue 32), T Ready and isolated by its deny-all policy: creates S
+/// (`--policy-change`), waits for it to be Ready, marks `arm`, creates the allow policy,
+/// marks `allow`, waits (reading `GET /policy`) until the source's hold after its first
+/// answer ended, deletes the allow policy, marks `revoke`, and waits for S's report.
+async fn policy_change(
+    env: &ProbeEnv,
+    plan: &ProbePlan,
+    t_name: &str,
+    ip: &str,
+    cancel: &mut watch::Receiver<bool>,
+    st: &mut ProbeState,
+) -> Ending {
+    let cfg = &env.pod_config;
+    let s_name = pod_name(&plan.id, PodRole::Source);
+    let mut args = source_args(cfg, ip, t_name);
+    args.push("--policy-change".into());
+    let mut s_pod = probe_pod_named(
+        cfg,
+        &s_name,
+        &plan.id,
+        plan.kind.as_str(),
+        PodRole::Source,
+        &plan.source_node,
+        args,
+    );
+    if let Some(spec) = s_pod.spec.as_mut() {
+        // Four waits of give-up at most (module docs of target-server's `policy`).
+        spec.active_deadline_seconds = Some(crate::podspec::active_deadline_seconds(
+            cfg.give_up * 2,
+            cfg.hold + Duration::from_secs(2),
+        ));
+    }
+    if *cancel.borrow() {
+        return interrupted("starting the source");
+    }
+    if let Err(e) = create(env, st, &s_pod).await {
+        return e;
+    }
+    // S Ready (it serves the marks), or its ending.
+    let by = Instant::now() + cfg.give_up;
+    let ready_or_done = |s: Option<&PodState>| {
+        let s = s?;
+        if s.ready.is_some() {
+            return Some(None);
+        }
+        source_done_check(Some(s)).map(Some)
+    };
+    match env.watch.wait_for(&s_name, by, cancel, ready_or_done).await {
+        Wait::Done(None) => {}
+        Wait::Done(Some(e)) => return e,
+        Wait::Cancelled => return interrupted("waiting for the source to be Ready"),
+        Wait::TimedOut => {
+            return timeout_ending(
+                PodRole::Source,
+                env.watch.snapshot(&s_name).as_ref(),
+                cfg.give_up,
+            )
+        }
+    }
+    if let Err(e) = post_mark(env, &s_name, "arm").await {
+        return e;
+    }
+    let allow = crate::netpol::allow_policy(cfg, &plan.id);
+    let allow_name = allow.metadata.name.clone().unwrap_or_default();
+    if let Err(e) = create_policy(env, st, &allow).await {
+        return e;
+    }
+    let unix_now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64())
+    };
+    st.policy
+        .get_or_insert_with(Default::default)
+        .allow_created_unix = Some(unix_now());
+    if let Err(e) = post_mark(env, &s_name, "allow").await {
+        return e;
+    }
+    // Until the source says its hold is over (or it ended by itself: not admitted).
+    let by = Instant::now() + cfg.give_up + cfg.hold + Duration::from_secs(5);
+    loop {
+        if *cancel.borrow() {
+            return interrupted("waiting for the policy to admit the source");
+        }
+        if env
+            .watch
+            .snapshot(&s_name)
+            .is_some_and(|s| s.terminated.is_some())
+        {
+            return Ending::SourceTerminated;
+        }
+        if Instant::now() >= by {
+            break;
+        }
+        match pod_proxy(env, &s_name, http::Method::GET, "policy").await {
+            Ok(body) => {
+                let held = serde_json::from_str::<serde_json::Value>(&body)
+                    .ok()
+                    .is_some_and(|v| v["held_at"].is_number());
+                if held {
+                    break;
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "reading the source's policy status"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            _ = cancel.changed() => {}
+        }
+    }
+    if let Err(e) = delete_policy(env, st, &allow_name).await {
+        return Ending::Aborted {
+            reason: Reason::ApiError,
+            detail: format!("cannot delete the allow policy: {e}"),
+        };
+    }
+    st.policy
+        .get_or_insert_with(Default::default)
+        .allow_deleted_unix = Some(unix_now());
+    if let Err(e) = post_mark(env, &s_name, "revoke").await {
+        return e;
+    }
+    let waited = cfg.give_up + Duration::from_secs(2) + SOURCE_FINISH_MARGIN;
+    let started = std::time::Instant::now();
+    match env
+        .watch
+        .wait_for(&s_name, Instant::now() + waited, cancel, source_done_check)
+        .await
+    {
+        Wait::Done(e) => e,
+        Wait::Cancelled => interrupted("the source was timing the revocation"),
+        Wait::TimedOut => {
+            match settle_timeout(
+                env,
+                PodRole::Source,
+                &s_name,
+                started,
+                waited,
+                source_done_check,
+            )
+            .await
+            {
+                Ok(e) | Err(e) => e,
+            }
+        }
+    }
 }
 
 /// `burst`: creates the plan's fillers on the target node and waits (at most 10 s) until
@@ -1174,6 +1592,9 @@ fn forget_probe_pods(
             t.forget(&meta.target_pod);
         }
         t.forget(&meta.source_pod);
+        if plan.kind == ProbeKind::Policy {
+            t.forget(&pod_name(&plan.id, PodRole::Intruder));
+        }
         for i in 0..plan
             .burst_size
             .min(record.burst.as_ref().map_or(0, |b| b.fillers))
@@ -1301,6 +1722,12 @@ async fn delete_probe_objects(
             tracing::warn!(service = %svc.name, error = %e, "delete failed");
         }
     }
+    // The policies last, newest first: the pods were isolated until they were gone.
+    for name in st.policies.clone().iter().rev() {
+        if let Err(e) = delete_policy(env, st, name).await {
+            tracing::warn!(networkpolicy = %name, error = %e, "delete failed");
+        }
+    }
 }
 
 /// The probe's record: [`build_record`] of what was seen, the API writes, the
@@ -1344,6 +1771,18 @@ async fn finish_record(
         b.backlog_drain_seconds = drain;
     }
     record.service = st.service.take();
+    record.policy = st.policy.take();
+    match plan.kind {
+        ProbeKind::PolicyChange => {
+            crate::netpol::apply_policy_change(&mut record, env.slow_threshold)
+        }
+        ProbeKind::Policy => {
+            if let Some(check) = record.policy.as_ref().and_then(|p| p.isolation.clone()) {
+                crate::netpol::apply_isolation(&mut record, &check);
+            }
+        }
+        _ => {}
+    }
     if could_be_node_not_ready(&record) {
         let mut nodes = vec![&plan.source_node, &plan.target_node];
         nodes.dedup();

@@ -482,6 +482,7 @@ pub fn build_record(
         recreate: None,
         burst: None,
         service: None,
+        policy: None,
         drift: None,
     }
 }
@@ -612,6 +613,7 @@ mod tests {
             outcome,
             programming: None,
             target_programming: None,
+            policy: None,
         }
     }
 

@@ -52,6 +52,7 @@ fn source_report(outcome: SourceOutcome, ready: Option<f64>, success: Option<f64
         outcome,
         programming: None,
         target_programming: None,
+        policy: None,
     }
 }
 

@@ -31,8 +31,9 @@ pub const SCHEMA_VERSION: u32 = 1;
 
 /// The kubelet keeps only the last 4096 bytes of a termination message
 /// (k8s.io/kubernetes pkg/kubelet/kuberuntime: `maxTerminationMessageLogLength`); the
-/// source report stays below this bound with room to spare.
-pub const MAX_SOURCE_REPORT_BYTES: usize = 3 * 1024;
+/// source report stays below this bound with room to spare (512 bytes; 3 KiB until a
+/// `policy_change` source's `policy` object was added, issue 32).
+pub const MAX_SOURCE_REPORT_BYTES: usize = 3584;
 
 /// Longest per-second hold series kept in a source report (bounded so the report stays
 /// ≤ [`MAX_SOURCE_REPORT_BYTES`]).
@@ -118,11 +119,21 @@ pub enum Reason {
     /// CNI never programmed its endpoint (on a CNI that gates readiness, such as Calico,
     /// it then never turns Ready). Added reason (issue 29).
     EndpointNeverProgrammed,
+    /// `failed`, a security finding: a NetworkPolicy isolation let a packet through.
+    /// A fresh pod that no rule admits (the `policy` probe's intruder) got an answer
+    /// from the isolated target, or a `policy_change` source got one before any policy
+    /// admitted it (Kubernetes NetworkPolicy: an isolated pod accepts only what some
+    /// policy allows). The gate fails on it by default. Added reason (issue 32).
+    IsolationBreach,
+    /// `failed`: after the allow policy was deleted, the source's connections kept
+    /// working until `--give-up` (a `policy_change` probe's revocation never took
+    /// effect). Added reason (issue 32).
+    RevocationNotEnforced,
 }
 
 impl Reason {
     /// Every reason, in declaration order.
-    pub const ALL: [Reason; 15] = [
+    pub const ALL: [Reason; 17] = [
         Reason::TtfpOverThreshold,
         Reason::NoSuccessBeforeGiveUp,
         Reason::LostAfterSuccess,
@@ -138,6 +149,8 @@ impl Reason {
         Reason::Interrupted,
         Reason::EndpointProgrammingSlow,
         Reason::EndpointNeverProgrammed,
+        Reason::IsolationBreach,
+        Reason::RevocationNotEnforced,
     ];
 
     /// The JSON / metric-label string.
@@ -158,6 +171,8 @@ impl Reason {
             Reason::Interrupted => "interrupted",
             Reason::EndpointProgrammingSlow => "endpoint_programming_slow",
             Reason::EndpointNeverProgrammed => "endpoint_never_programmed",
+            Reason::IsolationBreach => "isolation_breach",
+            Reason::RevocationNotEnforced => "revocation_not_enforced",
         }
     }
 
@@ -170,7 +185,9 @@ impl Reason {
             | Reason::TargetNeverReady
             | Reason::SourceNeverReady
             | Reason::WrongPeer
-            | Reason::EndpointNeverProgrammed => ProbeResult::Failed,
+            | Reason::EndpointNeverProgrammed
+            | Reason::IsolationBreach
+            | Reason::RevocationNotEnforced => ProbeResult::Failed,
             Reason::Unschedulable
             | Reason::ImagePull
             | Reason::ContainerFailed
@@ -430,6 +447,71 @@ pub struct SourceReport {
     /// clock). Null when no attempt succeeded or the target predates it.
     #[serde(default)]
     pub target_programming: Option<PodProgramming>,
+    /// `target-server probe --policy-change` only: the marks and what the attempts
+    /// met around them ([`SourcePolicy`]). Added field (issue 32; absent otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<SourcePolicy>,
+}
+
+/// How a `--policy-change` source's run ended (issue 32). Closed set.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyOutcome {
+    /// Admitted after the allow mark, held, and blocked again after the revoke mark.
+    Revoked,
+    /// Still answered `--give-up` after the revoke mark.
+    StillAdmitted,
+    /// No answer within `--give-up` after the allow mark.
+    NotAdmitted,
+    /// No allow mark within `--give-up` of process start.
+    NoAllowMark,
+    /// No revoke mark within `--give-up` after the hold ended.
+    NoRevokeMark,
+    /// Stopped by SIGTERM first.
+    #[default]
+    Terminated,
+}
+
+/// A `policy_change` source's view of the policy it was admitted and then refused by
+/// (issue 32). Every time is seconds since the source's process start, on its own
+/// clock; the prober marks the moments over HTTP (`POST /mark/arm` before it creates
+/// the allow policy, `/mark/allow` right after the create returned, `/mark/revoke`
+/// right after the delete returned), so no time taken on another machine is
+/// subtracted. Attempts are those of the dial loop (one every `--interval`).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct SourcePolicy {
+    /// When each mark arrived (null: never).
+    pub arm_at: Option<f64>,
+    pub allow_at: Option<f64>,
+    pub revoke_at: Option<f64>,
+    /// Answered attempts sent before the arm mark: the target is isolated by a deny-all
+    /// policy from its first instant, so each is an isolation breach.
+    pub admitted_before_arm: u64,
+    /// Send time of the earliest of them.
+    pub first_admitted_before_arm_sent: Option<f64>,
+    /// Earliest send time among answered attempts sent at or after the arm mark (and
+    /// before the revoke mark).
+    pub first_admitted_sent: Option<f64>,
+    /// `first_admitted_sent − allow_at`: the policy's programming latency as the pod
+    /// met it. May be negative by up to the mark's delivery time (the create had
+    /// returned before the mark was sent).
+    pub admitted_seconds: Option<f64>,
+    /// When the hold after `first_admitted_sent` ended (the prober reads it on
+    /// `GET /policy` before it deletes the policy).
+    pub held_at: Option<f64>,
+    /// Failed attempts sent during the hold (works-then-breaks).
+    pub hold_failures: u64,
+    /// Latest send time among answered attempts sent after the revoke mark.
+    pub last_admitted_sent: Option<f64>,
+    /// Earliest send time among failed attempts sent after the revoke mark and after
+    /// `last_admitted_sent`: the first connection the revocation refused.
+    pub first_blocked_sent: Option<f64>,
+    /// `first_blocked_sent − revoke_at` (floored at 0): the revocation's latency, at one
+    /// dial interval's resolution.
+    pub revoked_seconds: Option<f64>,
+    pub outcome: PolicyOutcome,
 }
 
 /// Works-then-breaks accounting after the first success (docs/design.md §2 step 7).
@@ -623,6 +705,10 @@ pub struct ProbeRecord {
     /// Added field (issue 5).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service: Option<ServiceInfo>,
+    /// `policy` and `policy_change` probes only: the NetworkPolicies the probe created
+    /// and what they did. Added field (issue 32).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<PolicyInfo>,
     /// `prober run` only: whether the probe counted as drift off the learned baseline
     /// (the prober's `baseline` module). Absent in gate reports. Added field (issue 14).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -716,6 +802,54 @@ pub struct ServiceInfo {
     pub name: String,
     /// `spec.clusterIP` the API server allocated (null if the create failed).
     pub cluster_ip: Option<String>,
+}
+
+/// What a `policy` / `policy_change` probe created and measured (issue 32).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct PolicyInfo {
+    /// The NetworkPolicies the probe created, in creation order (`fp-<id>-isolate`,
+    /// `fp-<id>-egress`, `fp-<id>-allow`).
+    pub policies: Vec<String>,
+    /// `policy`: the isolation check of the probe's intruder pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<IsolationCheck>,
+    /// `policy_change`: seconds from the allow policy's creation to the first answered
+    /// connection (the source's `admitted_seconds`, floored at 0; also the record's
+    /// `ttfp_seconds`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admitted_seconds: Option<f64>,
+    /// `policy_change`: seconds from the allow policy's deletion to the first refused
+    /// connection (the source's `revoked_seconds`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked_seconds: Option<f64>,
+    /// `policy_change`: Unix seconds (prober's clock) when the allow policy's create
+    /// returned and when its delete returned; for comparisons with a testbed's truth
+    /// on the same machine, never subtracted from the pod's times.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_created_unix: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_deleted_unix: Option<f64>,
+}
+
+/// A `policy` probe's isolation check (issue 32): a fresh pod that no rule admits (the
+/// intruder, on the source's node) dials the isolated target from its own first
+/// instant for `window_seconds`; any answer is an isolation breach.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct IsolationCheck {
+    /// The intruder pod.
+    pub pod: String,
+    /// Whether the intruder reported (false: it never ran; see `detail`).
+    pub checked: bool,
+    /// Its attempts, and how many of them the target answered (breaches).
+    pub attempts: u64,
+    pub admitted: u64,
+    /// Send time of the first answered attempt, seconds since the intruder's start.
+    pub first_admitted_seconds: Option<f64>,
+    /// How long the intruder dialed.
+    pub window_seconds: f64,
+    /// Why the check did not run, when it did not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
 }
 
 /// What a `recreate` probe knows about the stable-name target it deleted and created

@@ -80,6 +80,7 @@ fn source_report() -> SourceReport {
             first_kubelet_request: Some(0.9),
             ..PodProgramming::default()
         }),
+        policy: None,
     }
 }
 
@@ -159,6 +160,7 @@ fn probe(id: &str, result: ProbeResult, reason: Option<Reason>) -> ProbeRecord {
         recreate: None,
         burst: None,
         service: None,
+        policy: None,
         drift: None,
     }
 }

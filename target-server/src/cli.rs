@@ -164,6 +164,18 @@ pub struct ProbeArgs {
         default_value = "/dev/termination-log"
     )]
     pub termination_log: PathBuf,
+    /// Source of a `policy_change` probe (issue 32): dial on through the prober's marks
+    /// (`POST /mark/arm|allow|revoke` on `--port`, `GET /policy`) and time the allow
+    /// policy's admission and its revocation on this pod's clock. `--give-up` then
+    /// bounds each wait: for the allow mark (from process start), for the first answer
+    /// after it, for the revoke mark after the hold, and for the revocation.
+    #[arg(long, env = "FIRSTPACKET_POLICY_CHANGE")]
+    pub policy_change: bool,
+    /// `--policy-change`: the revocation is over when no attempt sent this long after
+    /// the last answered one was answered (and one was refused). Must exceed
+    /// `--attempt-timeout`, so those attempts have all ended.
+    #[arg(long, env = "FIRSTPACKET_REVOKE_QUIET", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub revoke_quiet: Duration,
     #[command(flatten)]
     pub node: NodeArgs,
 }
@@ -173,10 +185,22 @@ impl ProbeArgs {
     ///
     /// Errors ([`Error::Config`]): `--interval` or `--attempt-timeout` below 1 ms (the
     /// attempt log would grow without bound), or more than [`MAX_ATTEMPTS`] attempts
-    /// possible in `give-up + hold`.
+    /// possible in `give-up + hold` (with `--policy-change`: four give-ups + hold +
+    /// quiet), or a `--revoke-quiet` not above `--attempt-timeout`.
     pub fn to_config(&self) -> Result<ProbeConfig, Error> {
         check_spacing(self.interval, self.attempt_timeout)?;
-        let span = self.give_up + self.hold + self.attempt_timeout;
+        let span = if self.policy_change {
+            if self.revoke_quiet <= self.attempt_timeout {
+                return Err(Error::Config(format!(
+                    "--revoke-quiet {} must exceed --attempt-timeout {} (the refused attempts must have ended)",
+                    humantime::format_duration(self.revoke_quiet),
+                    humantime::format_duration(self.attempt_timeout)
+                )));
+            }
+            self.give_up * 4 + self.hold + self.revoke_quiet + self.attempt_timeout
+        } else {
+            self.give_up + self.hold + self.attempt_timeout
+        };
         let max_attempts = span.as_secs_f64() / self.interval.as_secs_f64();
         if max_attempts > MAX_ATTEMPTS as f64 {
             return Err(Error::Config(format!(
@@ -195,6 +219,7 @@ impl ProbeArgs {
             ready_wait: self.ready_wait,
             termination_log: self.termination_log.clone(),
             node: self.node.addr(),
+            policy_change: self.policy_change.then_some(self.revoke_quiet),
         })
     }
 }

@@ -7,6 +7,7 @@
 //! | `/readyz` | 200 `ok` while running, 503 `shutting down` after SIGTERM |
 //! | `/healthz` | 200 `ok` |
 //! | `/hostname` | 200, the pod name as text |
+//! | `POST /mark/{arm,allow,revoke}`, `GET /policy` | a `--policy-change` source only: [`crate::policy`] |
 //! | anything else | 404 |
 //!
 //! The first `/readyz` request with a `User-Agent: kube-probe/…` header (the kubelet's
@@ -130,6 +131,8 @@ pub struct ServerState {
     node_addr: Option<SocketAddr>,
     node_interval: Duration,
     dial: Mutex<NodeDialLog>,
+    /// A `--policy-change` source's marks ([`crate::policy`]).
+    policy: OnceLock<Arc<crate::policy::PolicyMarks>>,
 }
 
 /// What the node dial ([`crate::node_path`]) and the kubelet's requests have shown.
@@ -167,6 +170,44 @@ impl ServerState {
             node_addr: node,
             node_interval: interval,
             dial: Mutex::new(NodeDialLog::default()),
+            policy: OnceLock::new(),
+        })
+    }
+
+    /// Serve the `policy_change` marks of `marks` (`POST /mark/…`, `GET /policy`).
+    pub fn serve_policy_marks(&self, marks: Arc<crate::policy::PolicyMarks>) {
+        let _ = self.policy.set(marks);
+    }
+
+    /// `POST /mark/NAME` and `GET /policy` of a `--policy-change` source; `None` for any
+    /// other request (or without marks).
+    fn respond_policy<B>(&self, req: &Request<B>) -> Option<Response<Full<Bytes>>> {
+        use crate::policy::Mark;
+        let marks = self.policy.get()?;
+        let path = req.uri().path();
+        if path == "/policy" && req.method() == hyper::Method::GET {
+            let body = serde_json::to_vec(&marks.status()).unwrap_or_default();
+            return Some(text(StatusCode::OK, Bytes::from(body), "application/json"));
+        }
+        let mark = Mark::parse(path.strip_prefix("/mark/")?)?;
+        if req.method() != hyper::Method::POST {
+            return Some(text(
+                StatusCode::METHOD_NOT_ALLOWED,
+                Bytes::from_static(b"POST a mark"),
+                "text/plain",
+            ));
+        }
+        Some(match marks.mark(mark) {
+            Ok(at) => {
+                eprintln!("target-server: mark {} at {at:.3}s", mark.as_str());
+                let body = serde_json::json!({"mark": mark.as_str(), "at": at});
+                text(
+                    StatusCode::OK,
+                    Bytes::from(body.to_string()),
+                    "application/json",
+                )
+            }
+            Err(e) => text(StatusCode::CONFLICT, Bytes::from(e.0), "text/plain"),
         })
     }
 
@@ -315,6 +356,9 @@ impl ServerState {
             .is_some_and(|ua| ua.starts_with(KUBE_PROBE_UA_PREFIX));
         if from_kubelet {
             self.record_kubelet_request();
+        }
+        if let Some(resp) = self.respond_policy(req) {
+            return resp;
         }
         match req.uri().path() {
             "/" => text(StatusCode::OK, self.identity_document(), "application/json"),

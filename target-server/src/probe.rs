@@ -58,6 +58,8 @@ pub struct ProbeConfig {
     pub termination_log: PathBuf,
     /// This pod's node `IP:PORT` for the programming wait (`--node-ip`, `--node-port`).
     pub node: Option<SocketAddr>,
+    /// `--policy-change` with its `--revoke-quiet` ([`crate::policy`]).
+    pub policy_change: Option<Duration>,
 }
 
 impl ProbeConfig {
@@ -102,7 +104,43 @@ pub async fn run(
     let server = tokio::spawn(http::serve(listener, Arc::clone(&state), stop_rx));
     let node_dial = tokio::spawn(dial_node(config.node_dial(), origin, Arc::clone(&state)));
 
-    let mut run = dial_loop(&config, origin, &mut termination).await;
+    let marks = config.policy_change.map(|quiet| {
+        let m = crate::policy::PolicyMarks::new(origin);
+        state.serve_policy_marks(Arc::clone(&m));
+        (m, quiet)
+    });
+    let mut policy = None;
+    let mut run = match &marks {
+        None => dial_loop(&config, origin, &mut termination).await,
+        Some((m, quiet)) => {
+            let loop_config = crate::policy::PolicyLoopConfig {
+                interval: config.interval,
+                attempt_timeout: config.attempt_timeout,
+                give_up: config.give_up,
+                hold: config.hold,
+                revoke_quiet: *quiet,
+            };
+            let (tally, dial_end, outcome) = crate::policy::policy_loop(
+                loop_config,
+                config.target,
+                &config.expect_pod,
+                origin,
+                &mut termination,
+                m,
+            )
+            .await;
+            policy = Some(crate::policy::summarize(
+                tally.attempts(),
+                &m.status(),
+                outcome,
+            ));
+            DialRun {
+                terminated: outcome == firstpacket_report::PolicyOutcome::Terminated,
+                tally,
+                dial_end,
+            }
+        }
+    };
     if !run.terminated && state.ready_answers() < READY_ANSWERS && !config.ready_wait.is_zero() {
         // The dialing ended before the kubelet's readiness probes were answered twice (a
         // short `--hold` after an early success): TTFP needs `ready_at`, so wait — the
@@ -144,6 +182,7 @@ pub async fn run(
         terminated: run.terminated,
     });
     report.programming = Some(state.programming());
+    report.policy = policy;
     let line = encode_bounded(&report);
     write_report(&config.termination_log, &line);
     println!("{line}");

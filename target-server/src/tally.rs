@@ -297,6 +297,7 @@ impl Tally {
             outcome,
             programming: None,
             target_programming: self.target_programming.as_ref().map(|(_, p)| p.clone()),
+            policy: None,
         }
     }
 }
@@ -661,6 +662,21 @@ mod tests {
             outcome: SourceOutcome::LostAfterSuccess,
             programming: Some(worst_programming()),
             target_programming: Some(worst_programming()),
+            policy: Some(firstpacket_report::SourcePolicy {
+                arm_at: Some(123456.123457),
+                allow_at: Some(123456.123457),
+                revoke_at: Some(123456.123457),
+                admitted_before_arm: u64::MAX,
+                first_admitted_before_arm_sent: Some(123456.123457),
+                first_admitted_sent: Some(123456.123457),
+                admitted_seconds: Some(-123456.123457),
+                held_at: Some(123456.123457),
+                hold_failures: u64::MAX,
+                last_admitted_sent: Some(123456.123457),
+                first_blocked_sent: Some(123456.123457),
+                revoked_seconds: Some(123456.123457),
+                outcome: firstpacket_report::PolicyOutcome::StillAdmitted,
+            }),
         }
     }
 

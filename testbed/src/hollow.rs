@@ -853,6 +853,7 @@ pub fn source_report(
         outcome,
         programming: None,
         target_programming: None,
+        policy: None,
     }
 }
 
