@@ -22,6 +22,7 @@ use crate::lease::{delete_lease, lease_name, Reaper, LEASE_DURATION};
 use crate::reclaim::delete_instance_pods;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::ListParams;
 use kube::Api;
@@ -190,7 +191,7 @@ fn print_instances(
     }
 }
 
-/// `pod/NAME` and `service/NAME` of the probe objects matching `selector`, by their
+/// `pod/NAME`, `service/NAME` and `networkpolicy/NAME` of the probe objects matching `selector`, by their
 /// `firstpacket.io/instance` label (objects without one are left out).
 async fn objects_by_instance(
     pods: &Api<Pod>,
@@ -224,6 +225,17 @@ async fn objects_by_instance(
         .map_err(|e| Error::from_kube(e, url, "list", format!("services in namespace {ns}")))?;
     for svc in &sl.items {
         add("service", &svc.metadata);
+    }
+    // Kinds `policy` and `policy_change` leave NetworkPolicies; without the permission
+    // to list them (or an API that has none) there are none of ours to find.
+    let policies: Api<NetworkPolicy> = Api::namespaced(pods.clone().into_client(), ns);
+    match policies.list(&lp).await {
+        Ok(l) => {
+            for np in &l.items {
+                add("networkpolicy", &np.metadata);
+            }
+        }
+        Err(e) => tracing::debug!(error = %e, "cannot list NetworkPolicies"),
     }
     Ok(out)
 }

@@ -1,4 +1,5 @@
-//! Deleting what one prober instance created: its probe pods and Services, found by
+//! Deleting what one prober instance created: its probe pods, Services and
+//! NetworkPolicies, found by
 //! the instance label (`firstpacket.io/instance`) — all of them ([`delete_instance_pods`]:
 //! a dead instance's, or ours at the end with [`final_cleanup`]'s retry) or those no
 //! running probe owns ([`delete_orphans`], `prober run`'s janitor). Which instances are
@@ -9,6 +10,7 @@ use crate::api::API_CALL_TIMEOUT;
 use crate::error::{kube_status_code, Error};
 use crate::labels::{instance_selector, LABEL_PROBE_ID};
 use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, ListParams};
 use kube::Api;
@@ -46,7 +48,10 @@ pub async fn delete_orphans(
     delete_instance_objects(pods, instance, url, &keep).await
 }
 
-/// The pods, then the Services, of `instance` that `keep` does not keep.
+/// The pods, then the Services, then the NetworkPolicies (kinds `policy`,
+/// `policy_change`) of `instance` that `keep` does not keep. NetworkPolicies the
+/// prober may not list (403: a deployment without the policy kinds' RBAC) or that the
+/// API does not serve (404) are skipped: it cannot have made any.
 async fn delete_instance_objects(
     pods: &Api<Pod>,
     instance: &str,
@@ -56,7 +61,15 @@ async fn delete_instance_objects(
     let namespace = pods.namespace().map(str::to_owned).unwrap_or_default();
     let n = delete_labelled(pods, instance, url, "pod", &namespace, keep).await?;
     let services: Api<Service> = Api::namespaced(pods.clone().into_client(), &namespace);
-    Ok(n + delete_labelled(&services, instance, url, "service", &namespace, keep).await?)
+    let n = n + delete_labelled(&services, instance, url, "service", &namespace, keep).await?;
+    let policies: Api<NetworkPolicy> = Api::namespaced(pods.clone().into_client(), &namespace);
+    match delete_labelled(&policies, instance, url, "networkpolicy", &namespace, keep).await {
+        Ok(m) => Ok(n + m),
+        Err(Error::Api {
+            code: 403 | 404, ..
+        }) => Ok(n),
+        Err(e) => Err(e),
+    }
 }
 
 async fn delete_labelled<K>(

@@ -1,4 +1,5 @@
-//! Start-up sweep of leftover probe pods and probe Services (docs/design.md §6, binding).
+//! Start-up sweep of leftover probe pods, probe Services and probe NetworkPolicies
+//! (docs/design.md §6, binding).
 //!
 //! Lists pods labelled `app.kubernetes.io/name=firstpacket` in the namespace and deletes
 //! those whose `firstpacket.io/instance` is **not ours** and whose instance is provably
@@ -16,6 +17,7 @@
 use crate::error::{kube_status_code, Error};
 use crate::labels::{APP_NAME, LABEL_INSTANCE, LABEL_NAME};
 use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams};
@@ -130,11 +132,12 @@ pub struct KeptInstance {
     pub swept_in_seconds: Option<i64>,
 }
 
-/// What the start-up sweep did: the objects deleted (`pod/NAME`, `service/NAME`) and the
+/// What the start-up sweep did: the objects deleted (`pod/NAME`, `service/NAME`,
+/// `networkpolicy/NAME`) and the
 /// other instances whose probe pods it kept.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SweepOutcome {
-    /// `pod/NAME` or `service/NAME` deleted.
+    /// `pod/NAME`, `service/NAME` or `networkpolicy/NAME` deleted.
     pub deleted: Vec<String>,
     /// Other instances' probe pods left alone, by instance (sorted).
     pub kept: Vec<KeptInstance>,
@@ -142,14 +145,14 @@ pub struct SweepOutcome {
 
 /// The pods `candidates` keeps, grouped by instance (not ours): see [`KeptInstance`].
 fn kept_instances(
-    candidates: &[(bool, Candidate)],
+    candidates: &[(&str, Candidate)],
     our_instance: &str,
     max_age: Duration,
     alive: impl Fn(&str, &str) -> bool,
 ) -> Vec<KeptInstance> {
     let ours = i64::try_from(max_age.as_secs()).unwrap_or(i64::MAX);
     let mut by: std::collections::BTreeMap<String, KeptInstance> = Default::default();
-    for (_, c) in candidates.iter().filter(|(is_pod, _)| *is_pod) {
+    for (_, c) in candidates.iter().filter(|(what, _)| *what == "pod") {
         let Some(instance) = c.instance.as_deref() else {
             continue;
         };
@@ -190,6 +193,7 @@ pub async fn sweep(
 ) -> Result<SweepOutcome, Error> {
     let selector = ListParams::default().labels(&format!("{LABEL_NAME}={APP_NAME}"));
     let services: Api<Service> = Api::namespaced(pods.clone().into_client(), namespace);
+    let policies: Api<NetworkPolicy> = Api::namespaced(pods.clone().into_client(), namespace);
     let pod_list = pods
         .list(&selector)
         .await
@@ -203,16 +207,30 @@ pub async fn sweep(
             Vec::new()
         }
     };
+    // Probe NetworkPolicies (kinds `policy`, `policy_change`) too; without the
+    // permission to list them (or an API without them) there are none of ours.
+    let np_list = match policies.list(&selector).await {
+        Ok(l) => l.items,
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot list NetworkPolicies for the start-up sweep");
+            Vec::new()
+        }
+    };
     // After the list: its response's `Date` header is the freshest reading.
     let now = clock.server_now();
-    let candidates: Vec<(bool, Candidate)> = pod_list
+    let candidates: Vec<(&'static str, Candidate)> = pod_list
         .items
         .iter()
-        .map(|p| (true, Candidate::from_pod(p, now)))
+        .map(|p| ("pod", Candidate::from_pod(p, now)))
         .chain(
             svc_list
                 .iter()
-                .map(|s| (false, Candidate::from_meta(&s.metadata, now))),
+                .map(|s| ("service", Candidate::from_meta(&s.metadata, now))),
+        )
+        .chain(
+            np_list
+                .iter()
+                .map(|p| ("networkpolicy", Candidate::from_meta(&p.metadata, now))),
         )
         .collect();
     let mut owners: HashMap<String, Option<String>> = HashMap::new();
@@ -229,15 +247,16 @@ pub async fn sweep(
     }
     let alive = |name: &str, uid: &str| owners.get(name).is_some_and(|u| u.as_deref() == Some(uid));
     // Instances that still have a pod the sweep keeps are live: keep their Services
-    // (a Service carries no deadline of its own).
+    // and NetworkPolicies (they carry no deadline of their own).
     let live_instances: std::collections::HashSet<&str> = candidates
         .iter()
-        .filter(|(is_pod, c)| *is_pod && decide(c, our_instance, max_age, alive).is_none())
+        .filter(|(what, c)| *what == "pod" && decide(c, our_instance, max_age, alive).is_none())
         .filter_map(|(_, c)| c.instance.as_deref())
         .collect();
     let kept = kept_instances(&candidates, our_instance, max_age, alive);
     let mut deleted = Vec::new();
-    for (is_pod, c) in &candidates {
+    for (what, c) in &candidates {
+        let is_pod = *what == "pod";
         if !is_pod
             && c.instance
                 .as_deref()
@@ -248,17 +267,16 @@ pub async fn sweep(
         let Some(reason) = decide(c, our_instance, max_age, alive) else {
             continue;
         };
-        let what = if *is_pod { "pod" } else { "service" };
         if !delete {
             deleted.push(format!("{what}/{}", c.name));
             continue;
         }
         tracing::info!(name = %c.name, kind = what, ?reason, "sweeping leftover probe object");
         let dp = DeleteParams::default().grace_period(0);
-        let r = if *is_pod {
-            pods.delete(&c.name, &dp).await.map(|_| ())
-        } else {
-            services.delete(&c.name, &dp).await.map(|_| ())
+        let r = match *what {
+            "pod" => pods.delete(&c.name, &dp).await.map(|_| ()),
+            "service" => services.delete(&c.name, &dp).await.map(|_| ()),
+            _ => policies.delete(&c.name, &dp).await.map(|_| ()),
         };
         match r {
             Ok(()) => deleted.push(format!("{what}/{}", c.name)),
@@ -315,9 +333,9 @@ mod tests {
         older.age_seconds = Some(100);
         let other = cand(Some("replica-1"), Some(("prober-0", "u1")), Some(10));
         let ours = cand(Some("gate-me"), None, Some(5));
-        let cands: Vec<(bool, Candidate)> = [young, older, other, ours]
+        let cands: Vec<(&str, Candidate)> = [young, older, other, ours]
             .into_iter()
-            .map(|c| (true, c))
+            .map(|c| ("pod", c))
             .collect();
         let alive = |n: &str, _: &str| n == "prober-0";
         let kept = kept_instances(&cands, "gate-me", MAX, alive);
