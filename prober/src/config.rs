@@ -181,7 +181,10 @@ pair on one node; recreate, a stable-name target per node deleted and recreated 
 same node (the CNI reuses the interface name, calico#11016); service, through a
 per-probe ClusterIP Service selecting the fresh target (late Service rules); burst, the
 target created right after --burst-size filler pods on its node; unprobed, as cross_node
-with a target without a readiness probe. With same_node in --kinds, the gate
+with a target without a readiness probe; policy, a fresh target isolated by a
+NetworkPolicy admitting only the fresh source (and an intruder pod that must never get
+through: isolation_breach); policy_change, an allow policy created over two running pods
+and deleted again, timed on the source's clock. With same_node in --kinds, the gate
 stops its cross-node pairs early once the verdict is fail and every cross-node pair so
 far got no answer while the same_node controls passed (diagnosis cross_node_broken).
 
@@ -309,9 +312,12 @@ pub struct ProbeArgs {
     /// ClusterIP Service selecting only the fresh target: the source dials
     /// CLUSTER-IP:80), unprobed (as cross_node with a target without a readiness
     /// probe: on a CNI that gates readiness, as Calico does, the target's programming
-    /// delay then shows in TTFP, as an application without a readiness probe meets it).
-    /// API writes per probe: 4 for cross_node, same_node and unprobed, 6 for recreate
-    /// and service, 4 + 2 × --burst-size for burst.
+    /// delay then shows in TTFP, as an application without a readiness probe meets it),
+    /// policy (a new pod under an existing NetworkPolicy, with an intruder pod checking
+    /// isolation), policy_change (a NetworkPolicy created over running pods, then
+    /// deleted). API writes per probe: 4 for cross_node, same_node and unprobed, 6 for
+    /// recreate and service, 4 + 2 × --burst-size for burst, 10 for policy, 8 for
+    /// policy_change.
     #[arg(
         long,
         env = "FIRSTPACKET_KINDS",
