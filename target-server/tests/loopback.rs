@@ -701,3 +701,191 @@ fn a_short_hold_still_waits_for_the_kubelets_first_readiness_probe() {
     target.sigterm();
     let _ = target.finish(Duration::from_secs(5));
 }
+
+/// An in-test target behind a gate: answers `GET /` with 200 and `{"pod": name}` while
+/// `open`, and closes the connection unanswered while shut (the attempt fails at once,
+/// as a policy's reject would make it).
+struct GatedTarget {
+    port: u16,
+    open: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl GatedTarget {
+    fn start(name: &str) -> GatedTarget {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let open = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let gate = Arc::clone(&open);
+        let body = format!(r#"{{"pod":"{name}"}}"#);
+        thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut s) = stream else { continue };
+                if !gate.load(Ordering::SeqCst) {
+                    drop(s);
+                    continue;
+                }
+                let mut buf = [0u8; 2048];
+                let mut req = Vec::new();
+                let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+                while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => req.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        GatedTarget { port, open }
+    }
+
+    fn set(&self, open: bool) {
+        self.open.store(open, Ordering::SeqCst);
+    }
+}
+
+/// Minimal HTTP/1.1 POST without a body; returns (status, body).
+fn post(port: u16, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .expect("write");
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).expect("read");
+    let status = resp
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("status code");
+    let body = resp
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+#[test]
+fn policy_change_times_admission_and_revocation_from_the_marks_on_its_own_clock() {
+    let target = GatedTarget::start("pc-t");
+    let scratch = Scratch::new("policy-change");
+    let log = scratch.log();
+    let addr = format!("127.0.0.1:{}", target.port);
+    let src = Proc::spawn(
+        &[
+            "probe",
+            "--policy-change",
+            "--target",
+            &addr,
+            "--expect-pod",
+            "pc-t",
+            "--port",
+            "0",
+            "--interval",
+            "50ms",
+            "--attempt-timeout",
+            "300ms",
+            "--give-up",
+            "5s",
+            "--hold",
+            "300ms",
+            "--revoke-quiet",
+            "500ms",
+            "--termination-log",
+            log.to_str().expect("path"),
+        ],
+        &[("POD_NAME", "pc-s")],
+    );
+    // Out of order: refused, nothing taken.
+    assert_eq!(post(src.port, "/mark/allow").0, 409);
+    assert_eq!(get(src.port, "/mark/arm", None).0, 405);
+    thread::sleep(Duration::from_millis(300));
+    let (code, body) = post(src.port, "/mark/arm");
+    assert_eq!(code, 200, "{body}");
+    let allow_sent = Instant::now();
+    assert_eq!(post(src.port, "/mark/allow").0, 200);
+    let allow_returned = Instant::now();
+    // The "policy" applies 400 ms after the allow mark.
+    thread::sleep(Duration::from_millis(400));
+    let opened = Instant::now();
+    target.set(true);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (code, body) = get(src.port, "/policy", None);
+        assert_eq!(code, 200);
+        let v: Value = serde_json::from_str(&body).expect("policy status JSON");
+        if v["held_at"].is_number() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no hold end: {v}");
+        thread::sleep(Duration::from_millis(50));
+    }
+    let revoke_sent = Instant::now();
+    assert_eq!(post(src.port, "/mark/revoke").0, 200);
+    let revoke_returned = Instant::now();
+    // The revocation applies 250 ms after the revoke mark.
+    thread::sleep(Duration::from_millis(250));
+    let shut = Instant::now();
+    target.set(false);
+    let (status, stdout) = src.finish(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(0));
+    let r = parse_report(&stdout);
+    let p = &r["policy"];
+    assert_eq!(p["outcome"], "revoked", "{p}");
+    assert_eq!(u(p, "admitted_before_arm"), 0, "{p}");
+    assert_eq!(u(p, "hold_failures"), 0, "{p}");
+    // Each at or after the moment it applied (the mark was taken between the request's
+    // send and its answer, on the source's clock), within one dial interval + 30 ms.
+    let within = |got: f64, applied: Instant, sent: Instant, returned: Instant| {
+        let lo = applied.duration_since(returned).as_secs_f64() - 0.005;
+        let hi = applied.duration_since(sent).as_secs_f64() + 0.05 + 0.03;
+        assert!((lo..=hi).contains(&got), "{got} not in [{lo}, {hi}]: {p}");
+    };
+    within(f(p, "admitted_seconds"), opened, allow_sent, allow_returned);
+    within(f(p, "revoked_seconds"), shut, revoke_sent, revoke_returned);
+    assert!(f(p, "allow_at") > f(p, "arm_at"));
+}
+
+#[test]
+fn a_policy_change_source_answered_before_any_mark_counts_breaches() {
+    let target = GatedTarget::start("pc-t2");
+    target.set(true);
+    let addr = format!("127.0.0.1:{}", target.port);
+    let scratch = Scratch::new("policy-breach");
+    let log = scratch.log();
+    let src = Proc::spawn(
+        &[
+            "probe",
+            "--policy-change",
+            "--target",
+            &addr,
+            "--expect-pod",
+            "pc-t2",
+            "--port",
+            "0",
+            "--interval",
+            "50ms",
+            "--attempt-timeout",
+            "300ms",
+            "--give-up",
+            "1s",
+            "--termination-log",
+            log.to_str().expect("path"),
+        ],
+        &[("POD_NAME", "pc-s2")],
+    );
+    let (status, stdout) = src.finish(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(0));
+    let r = parse_report(&stdout);
+    let p = &r["policy"];
+    assert_eq!(p["outcome"], "no_allow_mark", "{p}");
+    assert!(u(p, "admitted_before_arm") >= 10, "{p}");
+    assert!(p["first_admitted_before_arm_sent"].is_number());
+}
