@@ -1324,9 +1324,10 @@ async fn post_mark(env: &ProbeEnv, pod: &str, name: &str) -> Result<(), Ending> 
 }
 
 /// `policy_change` (issue 32), T Ready and isolated by its deny-all policy: creates S
-/// (`--policy-change`), waits for it to be Ready, marks `arm`, creates the allow policy,
-/// marks `allow`, waits (reading `GET /policy`) until the source's hold after its first
-/// answer ended, deletes the allow policy, marks `revoke`, and waits for S's report.
+/// (`--policy-change`) and waits for it to be Ready ([`start_policy_change_source`]),
+/// marks `arm`, creates the allow policy, marks `allow`, waits until the source's hold
+/// after its first answer ended ([`wait_until_held`]), deletes the allow policy, marks
+/// `revoke`, and waits for S's report.
 async fn policy_change(
     env: &ProbeEnv,
     plan: &ProbePlan,
@@ -1336,52 +1337,10 @@ async fn policy_change(
     st: &mut ProbeState,
 ) -> Ending {
     let cfg = &env.pod_config;
-    let s_name = pod_name(&plan.id, PodRole::Source);
-    let mut args = source_args(cfg, ip, t_name);
-    args.push("--policy-change".into());
-    let mut s_pod = probe_pod_named(
-        cfg,
-        &s_name,
-        &plan.id,
-        plan.kind.as_str(),
-        PodRole::Source,
-        &plan.source_node,
-        args,
-    );
-    if let Some(spec) = s_pod.spec.as_mut() {
-        // Four waits of give-up at most (module docs of target-server's `policy`).
-        spec.active_deadline_seconds = Some(crate::podspec::active_deadline_seconds(
-            cfg.give_up * 2,
-            cfg.hold + Duration::from_secs(2),
-        ));
-    }
-    if *cancel.borrow() {
-        return interrupted("starting the source");
-    }
-    if let Err(e) = create(env, st, &s_pod).await {
-        return e;
-    }
-    // S Ready (it serves the marks), or its ending.
-    let by = Instant::now() + cfg.give_up;
-    let ready_or_done = |s: Option<&PodState>| {
-        let s = s?;
-        if s.ready.is_some() {
-            return Some(None);
-        }
-        source_done_check(Some(s)).map(Some)
+    let s_name = match start_policy_change_source(env, plan, t_name, ip, cancel, st).await {
+        Ok(name) => name,
+        Err(e) => return e,
     };
-    match env.watch.wait_for(&s_name, by, cancel, ready_or_done).await {
-        Wait::Done(None) => {}
-        Wait::Done(Some(e)) => return e,
-        Wait::Cancelled => return interrupted("waiting for the source to be Ready"),
-        Wait::TimedOut => {
-            return timeout_ending(
-                PodRole::Source,
-                env.watch.snapshot(&s_name).as_ref(),
-                cfg.give_up,
-            )
-        }
-    }
     if let Err(e) = post_mark(env, &s_name, "arm").await {
         return e;
     }
@@ -1390,48 +1349,14 @@ async fn policy_change(
     if let Err(e) = create_policy(env, st, &allow).await {
         return e;
     }
-    let unix_now = || {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0.0, |d| d.as_secs_f64())
-    };
     st.policy
         .get_or_insert_with(Default::default)
         .allow_created_unix = Some(unix_now());
     if let Err(e) = post_mark(env, &s_name, "allow").await {
         return e;
     }
-    // Until the source says its hold is over (or it ended by itself: not admitted).
-    let by = Instant::now() + cfg.give_up + cfg.hold + Duration::from_secs(5);
-    loop {
-        if *cancel.borrow() {
-            return interrupted("waiting for the policy to admit the source");
-        }
-        if env
-            .watch
-            .snapshot(&s_name)
-            .is_some_and(|s| s.terminated.is_some())
-        {
-            return Ending::SourceTerminated;
-        }
-        if Instant::now() >= by {
-            break;
-        }
-        match pod_proxy(env, &s_name, http::Method::GET, "policy").await {
-            Ok(body) => {
-                let held = serde_json::from_str::<serde_json::Value>(&body)
-                    .ok()
-                    .is_some_and(|v| v["held_at"].is_number());
-                if held {
-                    break;
-                }
-            }
-            Err(e) => tracing::debug!(error = %e, "reading the source's policy status"),
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-            _ = cancel.changed() => {}
-        }
+    if let Some(e) = wait_until_held(env, &s_name, cancel).await {
+        return e;
     }
     if let Err(e) = delete_policy(env, st, &allow_name).await {
         return Ending::Aborted {
@@ -1469,6 +1394,108 @@ async fn policy_change(
             }
         }
     }
+}
+
+/// Now, Unix seconds on this machine's clock.
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// Creates a `policy_change` source dialing `ip` (its pod deadline covers four
+/// give-ups: target-server's `policy` module) and waits until it is Ready (it then
+/// serves the marks). Returns its name, or the ending.
+async fn start_policy_change_source(
+    env: &ProbeEnv,
+    plan: &ProbePlan,
+    t_name: &str,
+    ip: &str,
+    cancel: &mut watch::Receiver<bool>,
+    st: &mut ProbeState,
+) -> Result<String, Ending> {
+    let cfg = &env.pod_config;
+    let s_name = pod_name(&plan.id, PodRole::Source);
+    let mut args = source_args(cfg, ip, t_name);
+    args.push("--policy-change".into());
+    let mut s_pod = probe_pod_named(
+        cfg,
+        &s_name,
+        &plan.id,
+        plan.kind.as_str(),
+        PodRole::Source,
+        &plan.source_node,
+        args,
+    );
+    if let Some(spec) = s_pod.spec.as_mut() {
+        spec.active_deadline_seconds = Some(crate::podspec::active_deadline_seconds(
+            cfg.give_up * 2,
+            cfg.hold + Duration::from_secs(2),
+        ));
+    }
+    if *cancel.borrow() {
+        return Err(interrupted("starting the source"));
+    }
+    create(env, st, &s_pod).await?;
+    let by = Instant::now() + cfg.give_up;
+    let ready_or_done = |s: Option<&PodState>| {
+        let s = s?;
+        if s.ready.is_some() {
+            return Some(None);
+        }
+        source_done_check(Some(s)).map(Some)
+    };
+    match env.watch.wait_for(&s_name, by, cancel, ready_or_done).await {
+        Wait::Done(None) => Ok(s_name),
+        Wait::Done(Some(e)) => Err(e),
+        Wait::Cancelled => Err(interrupted("waiting for the source to be Ready")),
+        Wait::TimedOut => Err(timeout_ending(
+            PodRole::Source,
+            env.watch.snapshot(&s_name).as_ref(),
+            cfg.give_up,
+        )),
+    }
+}
+
+/// Reads the source's `GET /policy` every 200 ms until its hold after the first answer
+/// ended (`held_at`), for at most give-up + hold + 5 s (then the deletion goes ahead: the
+/// source reports what it met). `Some(ending)` when the source ended meanwhile (not
+/// admitted) or the probe was cancelled.
+async fn wait_until_held(
+    env: &ProbeEnv,
+    s_name: &str,
+    cancel: &mut watch::Receiver<bool>,
+) -> Option<Ending> {
+    let cfg = &env.pod_config;
+    let by = Instant::now() + cfg.give_up + cfg.hold + Duration::from_secs(5);
+    while Instant::now() < by {
+        if *cancel.borrow() {
+            return Some(interrupted("waiting for the policy to admit the source"));
+        }
+        if env
+            .watch
+            .snapshot(s_name)
+            .is_some_and(|s| s.terminated.is_some())
+        {
+            return Some(Ending::SourceTerminated);
+        }
+        match pod_proxy(env, s_name, http::Method::GET, "policy").await {
+            Ok(body) => {
+                let held = serde_json::from_str::<serde_json::Value>(&body)
+                    .ok()
+                    .is_some_and(|v| v["held_at"].is_number());
+                if held {
+                    return None;
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "reading the source's policy status"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            _ = cancel.changed() => {}
+        }
+    }
+    None
 }
 
 /// `burst`: creates the plan's fillers on the target node and waits (at most 10 s) until

@@ -355,7 +355,8 @@ mod tests {
             ]
         );
         // Once expired they are deleted, not kept.
-        let expired: Vec<(bool, Candidate)> = vec![(true, cand(Some("gate-old"), None, Some(999)))];
+        let expired: Vec<(&str, Candidate)> =
+            vec![("pod", cand(Some("gate-old"), None, Some(999)))];
         assert!(kept_instances(&expired, "gate-me", MAX, never).is_empty());
     }
 

@@ -412,7 +412,7 @@ mod tests {
     #[test]
     fn admission_and_revocation_are_timed_from_the_marks_on_the_pods_clock() {
         // Isolated until 3.25 s (allow mark at 3.0), admitted until 7.42 (revoke at 7.3).
-        let log = run(0.0, 10.0, |t| t >= 3.25 && t < 7.42);
+        let log = run(0.0, 10.0, |t| (3.25..7.42).contains(&t));
         let status = PolicyStatus {
             arm_at: Some(2.9),
             allow_at: Some(3.0),
