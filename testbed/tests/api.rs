@@ -1,9 +1,12 @@
 //! Loopback tests of the testbed API server with real clients: kube-rs (client and
 //! runtime watcher) and the installed `kubectl` (v1.32 dispatcher).
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
-use kube::api::{DeleteParams, ListParams, PostParams};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::{
+    DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+};
 use kube::runtime::watcher;
 use kube::{Api, Client, Config};
 use serde_json::{json, Value};
@@ -1245,4 +1248,371 @@ async fn uid_preconditions_guard_status_patches_and_final_deletes() {
         404,
         "grace 0 removes a bound pod at once"
     );
+}
+
+// ---------------------------------------------------------------- NetworkPolicy
+
+fn netpol(name: &str, labels: Value, spec: Value) -> NetworkPolicy {
+    serde_json::from_value(json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": name, "labels": labels},
+        "spec": spec,
+    }))
+    .expect("NetworkPolicy")
+}
+
+/// The 422 `Status` of `r`, or a panic naming what came instead.
+fn invalid_status<T: std::fmt::Debug>(r: Result<T, kube::Error>) -> kube::core::Status {
+    match r {
+        Err(kube::Error::Api(s)) if s.code == 422 && s.reason == "Invalid" => *s,
+        other => panic!("expected 422 Invalid, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn network_policies_are_created_defaulted_listed_watched_and_deleted_through_kube_rs() {
+    let store = Store::new();
+    let url = start(store.clone()).await;
+    let c = client(&url);
+    let nss: Api<Namespace> = Api::all(c.clone());
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "probe"}})).unwrap();
+    nss.create(&PostParams::default(), &ns).await.unwrap();
+    let np: Api<NetworkPolicy> = Api::namespaced(c.clone(), "probe");
+
+    let deny = np
+        .create(
+            &PostParams::default(),
+            &netpol("deny-all", json!({"app": "firstpacket"}), json!({})),
+        )
+        .await
+        .expect("create deny-all");
+    assert_eq!(deny.metadata.generation, Some(1));
+    assert!(deny.metadata.uid.is_some() && deny.metadata.resource_version.is_some());
+    let spec = deny.spec.clone().expect("spec");
+    assert_eq!(spec.policy_types, Some(vec!["Ingress".to_string()]));
+    let raw = store
+        .get(Kind::NetworkPolicy, Some("probe"), "deny-all")
+        .unwrap();
+    assert_eq!(raw["spec"]["podSelector"], json!({}), "{raw}");
+    assert_eq!(raw["apiVersion"], "networking.k8s.io/v1");
+
+    let allow = np
+        .create(
+            &PostParams::default(),
+            &netpol(
+                "allow-src",
+                json!({"app": "firstpacket", "probe": "p1"}),
+                json!({"podSelector": {"matchLabels": {"role": "dst"}},
+                   "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "probe"}},
+                                          "podSelector": {"matchLabels": {"role": "src"}}}],
+                                "ports": [{"port": 8080}]}],
+                   "egress": [{"to": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.9.0.0/16"]}}]}]}),
+            ),
+        )
+        .await
+        .expect("create allow-src");
+    let spec = allow.spec.clone().expect("spec");
+    assert_eq!(
+        spec.policy_types,
+        Some(vec!["Ingress".to_string(), "Egress".to_string()])
+    );
+    let port = &spec.ingress.as_ref().unwrap()[0].ports.as_ref().unwrap()[0];
+    assert_eq!(port.protocol.as_deref(), Some("TCP"));
+
+    let by_label = np
+        .list(&ListParams::default().labels("probe=p1"))
+        .await
+        .unwrap();
+    let names: Vec<_> = by_label
+        .iter()
+        .filter_map(|p| p.metadata.name.clone())
+        .collect();
+    assert_eq!(names, ["allow-src"]);
+    let by_field = np
+        .list(&ListParams::default().fields("metadata.name=deny-all"))
+        .await
+        .unwrap();
+    assert_eq!(by_field.items.len(), 1);
+    let everywhere: Api<NetworkPolicy> = Api::all(c.clone());
+    assert_eq!(
+        everywhere
+            .list(&ListParams::default().labels("app=firstpacket"))
+            .await
+            .unwrap()
+            .items
+            .len(),
+        2
+    );
+
+    // A watch resumed from the list's resourceVersion sees exactly the later changes.
+    let rv = by_label.metadata.resource_version.clone().expect("list rv");
+    let mut w = np
+        .watch(&WatchParams::default().labels("app=firstpacket"), &rv)
+        .await
+        .expect("watch")
+        .boxed();
+    let patched = np
+        .patch(
+            "deny-all",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"policyTypes": ["Ingress", "Egress"]}})),
+        )
+        .await
+        .expect("merge patch");
+    assert_eq!(patched.metadata.generation, Some(2), "spec change");
+    np.delete("allow-src", &DeleteParams::default())
+        .await
+        .expect("delete");
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        match tokio::time::timeout(WAIT, w.try_next()).await {
+            Ok(Ok(Some(WatchEvent::Modified(p)))) => {
+                seen.push(("MODIFIED", p.metadata.name.unwrap_or_default()))
+            }
+            Ok(Ok(Some(WatchEvent::Deleted(p)))) => {
+                seen.push(("DELETED", p.metadata.name.unwrap_or_default()))
+            }
+            Ok(Ok(Some(WatchEvent::Bookmark(_)))) => {}
+            other => panic!("after {seen:?}: {other:?}"),
+        }
+    }
+    assert_eq!(
+        seen,
+        [
+            ("MODIFIED", "deny-all".to_string()),
+            ("DELETED", "allow-src".to_string())
+        ]
+    );
+    assert!(np.get_opt("allow-src").await.unwrap().is_none());
+
+    // Replacing with an invalid spec is refused like a create.
+    let mut bad = np.get("deny-all").await.unwrap();
+    bad.spec.as_mut().unwrap().policy_types = Some(vec!["Sideways".into()]);
+    let s = invalid_status(np.replace("deny-all", &PostParams::default(), &bad).await);
+    assert_eq!(s.message, "NetworkPolicy.networking.k8s.io \"deny-all\" is invalid: spec.policyTypes[0]: Unsupported value: \"Sideways\": supported values: \"Ingress\", \"Egress\"");
+
+    // Owned by a pod: garbage collected with it. All gone with the namespace.
+    let owner = store
+        .create(Kind::Pod, pod_json("probe", "prober", "x", None))
+        .unwrap();
+    let mut owned = netpol("owned", json!({}), json!({}));
+    owned.metadata.owner_references = Some(vec![serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod", "name": "prober", "uid": owner["metadata"]["uid"]}))
+    .unwrap()]);
+    np.create(&PostParams::default(), &owned).await.unwrap();
+    store
+        .delete(Kind::Pod, Some("probe"), "prober", None, None)
+        .unwrap();
+    assert!(np.get_opt("owned").await.unwrap().is_none(), "GC");
+    nss.delete("probe", &DeleteParams::default()).await.unwrap();
+    assert!(store.list(Kind::NetworkPolicy, None).0.is_empty());
+    assert!(nss.get_opt("probe").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn malformed_network_policies_are_refused_naming_the_field() {
+    let store = Store::new();
+    let url = start(store.clone()).await;
+    let np: Api<NetworkPolicy> = Api::namespaced(client(&url), "default");
+    let create = |name: &str, spec: Value| {
+        let np = np.clone();
+        let p = netpol(name, json!({}), spec);
+        async move { np.create(&PostParams::default(), &p).await }
+    };
+    let s = invalid_status(create("types", json!({"policyTypes": ["Ingress", "Sideways"]})).await);
+    assert_eq!(s.message, "NetworkPolicy.networking.k8s.io \"types\" is invalid: spec.policyTypes[1]: Unsupported value: \"Sideways\": supported values: \"Ingress\", \"Egress\"");
+    let s = invalid_status(
+        create(
+            "cidr",
+            json!({"egress": [{"to": [{"ipBlock": {"cidr": "10.0.0.0/33"}}]}]}),
+        )
+        .await,
+    );
+    assert_eq!(s.message, "NetworkPolicy.networking.k8s.io \"cidr\" is invalid: spec.egress[0].to[0].ipBlock.cidr: Invalid value: \"10.0.0.0/33\": must be a valid CIDR value, (e.g. 10.9.8.0/24 or 2001:db8::/64)");
+    let s = invalid_status(
+        create(
+            "except",
+            json!({"ingress": [{"from": [{"ipBlock": {"cidr": "10.0.0.0/16", "except": ["10.1.0.0/24"]}}]}]}),
+        )
+        .await,
+    );
+    assert_eq!(s.message, "NetworkPolicy.networking.k8s.io \"except\" is invalid: spec.ingress[0].from[0].ipBlock.except[0]: Invalid value: \"10.1.0.0/24\": must be a strict subset of `cidr`");
+    let s = invalid_status(
+        create(
+            "proto",
+            json!({"ingress": [{"ports": [{"port": 80, "protocol": "ICMP"}]}]}),
+        )
+        .await,
+    );
+    assert_eq!(s.message, "NetworkPolicy.networking.k8s.io \"proto\" is invalid: spec.ingress[0].ports[0].protocol: Unsupported value: \"ICMP\": supported values: \"TCP\", \"UDP\", \"SCTP\"");
+    let details = s.details.clone().expect("details");
+    assert_eq!(details.group, "networking.k8s.io");
+    assert_eq!(details.causes[0].field, "spec.ingress[0].ports[0].protocol");
+    assert_eq!(details.causes[0].reason, "FieldValueNotSupported");
+    // Several causes: one message in brackets, one cause each.
+    let s = invalid_status(
+        create(
+            "many",
+            json!({"ingress": [{"from": [{}], "ports": [{"port": 0}]}]}),
+        )
+        .await,
+    );
+    assert_eq!(s.message, "NetworkPolicy.networking.k8s.io \"many\" is invalid: [spec.ingress[0].ports[0].port: Invalid value: 0: must be between 1 and 65535, inclusive, spec.ingress[0].from[0]: Required value: must specify a peer]");
+    assert!(
+        store.list(Kind::NetworkPolicy, None).0.is_empty(),
+        "nothing invalid stored"
+    );
+    // A field of the wrong JSON type is a decoding error (400), as in kube-apiserver.
+    let e = store
+        .create(
+            Kind::NetworkPolicy,
+            json!({"metadata": {"name": "x", "namespace": "default"}, "spec": {"policyTypes": "Ingress"}}),
+        )
+        .unwrap_err();
+    assert_eq!((e.code, e.reason.as_str()), (400, "BadRequest"), "{e}");
+    // A missing podSelector is fine: it defaults to {} (every pod of the namespace).
+    let ok = create("empty", json!({"policyTypes": ["Egress"]}))
+        .await
+        .unwrap();
+    assert_eq!(
+        ok.spec.and_then(|s| s.policy_types),
+        Some(vec!["Egress".to_string()])
+    );
+}
+
+#[tokio::test]
+async fn namespaces_carry_their_name_label_which_updates_cannot_change() {
+    let store = Store::new();
+    let url = start(store.clone()).await;
+    let nss: Api<Namespace> = Api::all(client(&url));
+    for sys in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+        let n = nss.get(sys).await.unwrap();
+        assert_eq!(
+            n.metadata
+                .labels
+                .unwrap_or_default()
+                .get(api::NAMESPACE_NAME_LABEL),
+            Some(&sys.to_string())
+        );
+    }
+    let gen: Namespace =
+        serde_json::from_value(json!({"metadata": {"generateName": "probe-"}})).unwrap();
+    let made = nss.create(&PostParams::default(), &gen).await.unwrap();
+    let name = made.metadata.name.clone().unwrap();
+    assert_eq!(
+        made.metadata
+            .labels
+            .unwrap_or_default()
+            .get(api::NAMESPACE_NAME_LABEL),
+        Some(&name),
+        "the generated name, not the prefix"
+    );
+    let patched = nss
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"labels": {api::NAMESPACE_NAME_LABEL: "other", "team": "a"}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let labels = patched.metadata.labels.unwrap_or_default();
+    assert_eq!(labels.get(api::NAMESPACE_NAME_LABEL), Some(&name));
+    assert_eq!(labels.get("team").map(String::as_str), Some("a"));
+    let listed = nss
+        .list(&ListParams::default().labels(&format!("{}={name}", api::NAMESPACE_NAME_LABEL)))
+        .await
+        .unwrap();
+    assert_eq!(listed.items.len(), 1);
+}
+
+#[tokio::test]
+async fn discovery_serves_networking_k8s_io_with_network_policies() {
+    let store = Store::new();
+    let url = start(store).await;
+    let c = client(&url);
+    let get = |path: &str| {
+        let c = c.clone();
+        let req = axum::http::Request::get(path).body(Vec::new()).unwrap();
+        async move { c.request::<Value>(req).await.expect("discovery") }
+    };
+    let groups = get("/apis").await;
+    assert!(
+        groups["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|g| g["name"] == "networking.k8s.io"
+                && g["preferredVersion"]["groupVersion"] == "networking.k8s.io/v1"),
+        "{groups}"
+    );
+    let list = get("/apis/networking.k8s.io/v1").await;
+    assert_eq!(list["groupVersion"], "networking.k8s.io/v1");
+    let r = list["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "networkpolicies")
+        .cloned()
+        .unwrap_or_else(|| panic!("{list}"));
+    assert_eq!(r["kind"], "NetworkPolicy");
+    assert_eq!(r["namespaced"], true);
+    assert_eq!(r["shortNames"], json!(["netpol"]));
+    assert_eq!(r["singularName"], "networkpolicy");
+    // kube-rs' own discovery finds the kind.
+    let d = kube::Discovery::new(c.clone())
+        .run()
+        .await
+        .expect("discovery");
+    let (ar, _) = d
+        .resolve_gvk(&kube::core::GroupVersionKind::gvk(
+            "networking.k8s.io",
+            "v1",
+            "NetworkPolicy",
+        ))
+        .expect("NetworkPolicy discovered");
+    assert_eq!(ar.plural, "networkpolicies");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_applies_lists_and_refuses_network_policies() {
+    let store = Store::new();
+    let url = start(store.clone()).await;
+    let k = Kubectl::new(&url);
+    let manifest = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata:\n  name: allow-src\nspec:\n  podSelector:\n    matchLabels:\n      role: dst\n  ingress:\n  - from:\n    - podSelector:\n        matchLabels:\n          role: src\n";
+    std::fs::write(k.path().join("np.yaml"), manifest).unwrap();
+    let (rc, out, err) = k.run(&["apply", "-f", "np.yaml"]).await;
+    assert_eq!(rc, 0, "{err}");
+    assert!(
+        out.contains("networkpolicy.networking.k8s.io/allow-src created"),
+        "{out}"
+    );
+    let (rc, out, err) = k.run(&["apply", "-f", "np.yaml"]).await;
+    assert_eq!(rc, 0, "{err}");
+    assert!(out.contains("unchanged"), "{out}");
+    store
+        .create(
+            Kind::NetworkPolicy,
+            json!({"metadata": {"name": "deny-all", "namespace": "default"}, "spec": {}}),
+        )
+        .unwrap();
+    let (rc, out, err) = k.run(&["get", "netpol"]).await;
+    assert_eq!(rc, 0, "{err}");
+    assert_eq!(row(&out, "NAME"), ["NAME", "POD-SELECTOR", "AGE"], "{out}");
+    assert_eq!(row(&out, "allow-src")[1], "role=dst", "{out}");
+    assert_eq!(row(&out, "deny-all")[1], "<none>", "{out}");
+    let bad = manifest
+        .replace("allow-src", "bad")
+        .replace("  ingress:", "  policyTypes: [Sideways]\n  ingress:");
+    std::fs::write(k.path().join("bad.yaml"), bad).unwrap();
+    let (rc, _, err) = k.run(&["apply", "-f", "bad.yaml"]).await;
+    assert_eq!(rc, 1);
+    assert!(
+        err.contains("\"bad\" is invalid: spec.policyTypes[0]: Unsupported value: \"Sideways\""),
+        "{err}"
+    );
+    let (rc, out, err) = k.run(&["delete", "netpol", "allow-src"]).await;
+    assert_eq!(rc, 0, "{err}");
+    assert!(out.contains("deleted"), "{out}");
 }

@@ -87,7 +87,9 @@ impl ApiError {
         }
     }
 
-    /// 422 `Pod "x" is invalid: <field>: <msg>` (errors.NewInvalid); `causes` are
+    /// 422 `Pod "x" is invalid: <field>: <msg>` (errors.NewInvalid; the kind is
+    /// group-qualified as `schema.GroupKind.String()` prints it, e.g.
+    /// `NetworkPolicy.networking.k8s.io "x" is invalid: …`); `causes` are
     /// `(reason, field, message)`, e.g. `("FieldValueRequired", "spec.containers",
     /// "Required value")`.
     pub fn invalid(kind: Kind, name: &str, causes: &[(String, String, String)]) -> ApiError {
@@ -101,9 +103,12 @@ impl ApiError {
             format!("[{}]", texts.join(", "))
         };
         let mut d = json!({"name": name, "kind": kind.kind_name()});
-        if !kind.group().is_empty() {
+        let qualified = if kind.group().is_empty() {
+            kind.kind_name().to_string()
+        } else {
             d["group"] = json!(kind.group());
-        }
+            format!("{}.{}", kind.kind_name(), kind.group())
+        };
         d["causes"] = Value::Array(
             causes
                 .iter()
@@ -113,7 +118,7 @@ impl ApiError {
         ApiError {
             code: 422,
             reason: "Invalid".into(),
-            message: format!("{} \"{}\" is invalid: {}", kind.kind_name(), name, joined),
+            message: format!("{qualified} \"{name}\" is invalid: {joined}"),
             details: Some(d),
         }
     }

@@ -997,6 +997,13 @@ mod tests {
             }
         );
         assert_eq!(parse_path("/api/v1/pods/x").unwrap_err().code, 404);
+        assert_eq!(
+            parse_path("/apis/networking.k8s.io/v1/namespaces/probe/networkpolicies").unwrap(),
+            Target::Collection {
+                kind: Kind::NetworkPolicy,
+                ns: Some("probe".into())
+            }
+        );
         assert_eq!(parse_path("/api/v1/widgets").unwrap_err().code, 404);
     }
 }

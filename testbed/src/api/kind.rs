@@ -31,11 +31,13 @@ pub enum Kind {
     ServiceAccount,
     /// core/v1 ConfigMap (`kube-root-ca.crt` in every namespace).
     ConfigMap,
+    /// networking.k8s.io/v1 NetworkPolicy (stored and validated; nothing enforces it).
+    NetworkPolicy,
 }
 
 impl Kind {
     /// Every kind, in discovery order.
-    pub const ALL: [Kind; 12] = [
+    pub const ALL: [Kind; 13] = [
         Kind::Namespace,
         Kind::Node,
         Kind::Pod,
@@ -48,6 +50,7 @@ impl Kind {
         Kind::Job,
         Kind::ServiceAccount,
         Kind::ConfigMap,
+        Kind::NetworkPolicy,
     ];
 
     /// The `kind` field, e.g. `Pod`.
@@ -65,6 +68,7 @@ impl Kind {
             Kind::Job => "Job",
             Kind::ServiceAccount => "ServiceAccount",
             Kind::ConfigMap => "ConfigMap",
+            Kind::NetworkPolicy => "NetworkPolicy",
         }
     }
 
@@ -83,6 +87,7 @@ impl Kind {
             Kind::Job => "jobs",
             Kind::ServiceAccount => "serviceaccounts",
             Kind::ConfigMap => "configmaps",
+            Kind::NetworkPolicy => "networkpolicies",
         }
     }
 
@@ -101,6 +106,7 @@ impl Kind {
             Kind::Job => "job",
             Kind::ServiceAccount => "serviceaccount",
             Kind::ConfigMap => "configmap",
+            Kind::NetworkPolicy => "networkpolicy",
         }
     }
 
@@ -112,6 +118,7 @@ impl Kind {
             Kind::EventsV1 => "events.k8s.io",
             Kind::Deployment => "apps",
             Kind::Job => "batch",
+            Kind::NetworkPolicy => "networking.k8s.io",
             _ => "",
         }
     }
@@ -129,6 +136,7 @@ impl Kind {
             Kind::EventsV1 => "events.k8s.io/v1",
             Kind::Deployment => "apps/v1",
             Kind::Job => "batch/v1",
+            Kind::NetworkPolicy => "networking.k8s.io/v1",
             _ => "v1",
         }
     }
@@ -149,6 +157,7 @@ impl Kind {
             Kind::Deployment => &["deploy"],
             Kind::ServiceAccount => &["sa"],
             Kind::ConfigMap => &["cm"],
+            Kind::NetworkPolicy => &["netpol"],
             Kind::EndpointSlice | Kind::Lease | Kind::EventsV1 | Kind::Job => &[],
         }
     }

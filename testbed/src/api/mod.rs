@@ -8,7 +8,13 @@
 //!   kubelet, the scheduler and the daemon use it directly.
 //! - [`router`] / [`serve`]: the axum HTTP front end real clients (kube-rs, kubectl)
 //!   talk to: discovery, CRUD, watch, label/field selectors, Table responses, PATCH
-//!   (merge, strategic-merge, JSON patch, apply), `Status` errors.
+//!   (merge, strategic-merge, JSON patch, apply), `Status` errors, and the `pods/log`,
+//!   `pods/proxy` and `serviceaccounts/token` subresources.
+//!
+//! Kinds ([`Kind::ALL`]): Namespaces (labelled `kubernetes.io/metadata.name`), Nodes,
+//! Pods, core/v1 and events.k8s.io/v1 Events, Services, EndpointSlices, Leases,
+//! Deployments, Jobs, ServiceAccounts, ConfigMaps, NetworkPolicies (validated like
+//! kube-apiserver, not enforced).
 //!
 //! What real kubectl sends and needs was observed on the wire (the e2e tests run it);
 //! real response shapes are in `prober/tests/fixtures/k8s-*.json*`.
@@ -17,6 +23,7 @@ mod discovery;
 mod error;
 mod http;
 mod kind;
+mod network_policy;
 mod patch;
 pub mod pod_security;
 pub mod selector;
@@ -34,7 +41,8 @@ pub use service::{service_cidr, DEFAULT_SERVICE_CIDR, NODE_PORT_RANGE};
 pub use store::{
     now, rfc3339_now, LogQuery, LogSource, LogStream, PersistError, ProxyFuture, ProxyRequest,
     ProxyResponse, ProxySource, Store, StoreEvent, StoreSnapshot, WatchEventType, WatchStart,
-    DEFAULT_HISTORY, NODE_TOKEN, SERVICE_ACCOUNT_MOUNT, SNAPSHOT_FILE, WAL_FILE,
+    DEFAULT_HISTORY, NAMESPACE_NAME_LABEL, NODE_TOKEN, SERVICE_ACCOUNT_MOUNT, SNAPSHOT_FILE,
+    WAL_FILE,
 };
 
 /// `gitVersion` the testbed API server reports on `/version`.

@@ -453,6 +453,21 @@ fn validate_pod(pod: &Value) -> Vec<(String, String, String)> {
     causes
 }
 
+/// The label every Namespace carries, `kubernetes.io/metadata.name: <name>`, set on
+/// create and forced back on every update (kube-apiserver since v1.21, the
+/// NamespaceDefaultLabelName feature: k8s.io/kubernetes `pkg/apis/core/v1/defaults.go`
+/// `SetDefaults_Namespace` and `pkg/registry/core/namespace/strategy.go`
+/// `Canonicalize`). NetworkPolicy `namespaceSelector`s rely on it.
+pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
+fn label_namespace(ns: &mut Value) {
+    let name = meta_str(ns, "name").to_string();
+    if !ns["metadata"]["labels"].is_object() {
+        ns["metadata"]["labels"] = json!({});
+    }
+    ns["metadata"]["labels"][NAMESPACE_NAME_LABEL] = json!(name);
+}
+
 fn set_default(m: &mut Value, key: &str, v: Value) {
     if let Some(o) = m.as_object_mut() {
         o.entry(key.to_string()).or_insert(v);
@@ -1009,12 +1024,17 @@ impl Store {
     /// members. Namespaced kinds need `metadata.namespace` (missing → `default`) naming
     /// an existing, non-terminating namespace. Pods get the API defaults and status
     /// `{phase: Pending, qosClass}` (any given status is replaced, as the real server
-    /// does). Emits ADDED.
+    /// does). Namespaces get the label [`NAMESPACE_NAME_LABEL`] = their (generated)
+    /// name. NetworkPolicies get their API defaults (`podSelector: {}`, `policyTypes`,
+    /// port protocol `TCP`) and kube-apiserver's validation (`network_policy.rs`).
+    /// Emits ADDED.
     ///
     /// Errors: 404 NotFound (namespace missing), 403 Forbidden (namespace terminating;
     /// a Pod violating its namespace's Pod Security level, [`super::pod_security`]),
     /// 409 AlreadyExists, 422 Invalid (missing name, bad name, Pod without containers
-    /// or with a container lacking name/image), 400 BadRequest (not a JSON object).
+    /// or with a container lacking name/image, an invalid Service, Deployment, Job or
+    /// NetworkPolicy spec; the causes name each field), 400 BadRequest (not a JSON
+    /// object; a NetworkPolicy field of the wrong JSON type).
     pub fn create(&self, kind: Kind, mut obj: Value) -> Result<Value, ApiError> {
         if !obj.is_object() {
             return Err(ApiError::bad_request(
@@ -1100,14 +1120,17 @@ impl Store {
                 return Err(ApiError::invalid(kind, &given, &causes));
             }
         }
+        if kind == Kind::NetworkPolicy {
+            super::network_policy::check_decodes(&obj)?;
+            super::network_policy::default_network_policy(&mut obj);
+            let causes = super::network_policy::validate(&obj, &[]);
+            if !causes.is_empty() {
+                return Err(ApiError::invalid(kind, &given, &causes));
+            }
+        }
         if kind == Kind::Namespace {
-            let name = given.clone();
             obj["spec"] = json!({"finalizers": ["kubernetes"]});
             obj["status"] = json!({"phase": "Active"});
-            if !obj["metadata"]["labels"].is_object() {
-                obj["metadata"]["labels"] = json!({});
-            }
-            obj["metadata"]["labels"]["kubernetes.io/metadata.name"] = json!(name);
         }
         let mut g = self.lock();
         if kind.namespaced() {
@@ -1182,8 +1205,14 @@ impl Store {
         meta["uid"] = json!(uuid_v4());
         meta["resourceVersion"] = json!(rv.to_string());
         meta["creationTimestamp"] = json!(rfc3339_now());
-        if matches!(kind, Kind::Pod | Kind::Deployment | Kind::Job) {
+        if matches!(
+            kind,
+            Kind::Pod | Kind::Deployment | Kind::Job | Kind::NetworkPolicy
+        ) {
             meta["generation"] = json!(1);
+        }
+        if kind == Kind::Namespace {
+            label_namespace(&mut obj);
         }
         if kind == Kind::Job {
             job_selector(&mut obj);
@@ -1268,7 +1297,12 @@ impl Store {
     /// result keeps name, namespace, uid and creationTimestamp, gets a new
     /// resourceVersion and is announced as MODIFIED. If `f` leaves the object unchanged,
     /// nothing is written and no event is sent (like kube-apiserver's no-op updates).
-    /// Errors: 404 NotFound, or whatever `f` returns.
+    /// As the update strategies do: a Namespace keeps its [`NAMESPACE_NAME_LABEL`]
+    /// label (forced back to its name); a changed Service or NetworkPolicy spec is
+    /// defaulted and validated again, and a changed Deployment, Job or NetworkPolicy
+    /// spec increments `metadata.generation`.
+    /// Errors: 404 NotFound, 422 Invalid / 400 BadRequest (as [`Store::create`]), or
+    /// whatever `f` returns.
     pub fn modify(
         &self,
         kind: Kind,
@@ -1327,10 +1361,24 @@ impl Store {
                 return Err(ApiError::invalid(kind, name, &causes));
             }
         }
+        if kind == Kind::NetworkPolicy && new["spec"] != old["spec"] {
+            use super::network_policy as np;
+            np::check_decodes(&new)?;
+            np::default_network_policy(&mut new);
+            let causes = np::validate(&new, &np::cidrs(&old));
+            if !causes.is_empty() {
+                return Err(ApiError::invalid(kind, name, &causes));
+            }
+        }
+        if kind == Kind::Namespace {
+            label_namespace(&mut new);
+        }
         if new == *old {
             return Ok(new);
         }
-        if matches!(kind, Kind::Deployment | Kind::Job) && new["spec"] != old["spec"] {
+        if matches!(kind, Kind::Deployment | Kind::Job | Kind::NetworkPolicy)
+            && new["spec"] != old["spec"]
+        {
             // metadata.generation counts spec changes (registry `PrepareForUpdate`).
             let g = old["metadata"]["generation"].as_i64().unwrap_or(1);
             new["metadata"]["generation"] = json!(g + 1);

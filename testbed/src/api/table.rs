@@ -2,8 +2,8 @@
 //!
 //! Columns and cell rules are those of kube-apiserver's printers
 //! (k8s.io/kubernetes `pkg/printers/internalversion/printers.go`: `printPod`,
-//! `printNode`, `printNamespace`, `printEvent`), so kubectl shows what it shows
-//! against a real cluster.
+//! `printNode`, `printNamespace`, `printEvent`, `printNetworkPolicy`, …), so kubectl
+//! shows what it shows against a real cluster.
 
 use super::Kind;
 use k8s_openapi::jiff::Timestamp;
@@ -87,6 +87,11 @@ pub fn columns(kind: Kind) -> Vec<Value> {
             col("Port(s)", "string", "", "The ports of the service.", 0),
             age,
             col("Selector", "string", "", "Route service traffic to pods with label keys and values matching this selector.", 1),
+        ],
+        Kind::NetworkPolicy => vec![
+            name,
+            col("Pod-Selector", "string", "", "podSelector selects the pods to which this NetworkPolicy object applies. The array of rules is applied to any pods selected by this field. An empty selector matches all pods in the policy's namespace. Multiple network policies can select the same set of pods. In this case, the ingress rules for each are combined additively. This field is optional. If it is not specified, it defaults to an empty selector.", 0),
+            age,
         ],
         Kind::EndpointSlice => vec![
             name,
@@ -262,6 +267,17 @@ fn selector_text(sel: &Value) -> String {
     } else {
         terms.join(",")
     }
+}
+
+/// Cells of a NetworkPolicy row (`printNetworkPolicy`): Name, Pod-Selector
+/// (`metav1.FormatLabelSelector` of `spec.podSelector`: `k=v` terms and expressions
+/// joined by `,`, `<none>` for the empty selector that selects every pod), Age.
+pub fn network_policy_cells(np: &Value, now: Timestamp) -> Vec<Value> {
+    vec![
+        json!(s(&np["metadata"]["name"])),
+        json!(selector_text(&np["spec"]["podSelector"])),
+        json!(age(&np["metadata"]["creationTimestamp"], now)),
+    ]
 }
 
 /// Cells of a Deployment row (printDeployment): Name, Ready (`ready/desired`),
@@ -691,6 +707,7 @@ pub fn cells(kind: Kind, obj: &Value, now: Timestamp) -> Vec<Value> {
         Kind::Job => job_cells(obj, now),
         Kind::Service => service_cells(obj, now),
         Kind::EndpointSlice => endpoint_slice_cells(obj, now),
+        Kind::NetworkPolicy => network_policy_cells(obj, now),
         _ => vec![
             json!(s(&obj["metadata"]["name"])),
             json!(age(&obj["metadata"]["creationTimestamp"], now)),
@@ -767,6 +784,24 @@ mod tests {
             (&cells[2], &cells[3]),
             (&json!("<unset>"), &json!("<unset>"))
         );
+    }
+
+    #[test]
+    fn network_policy_row_shows_the_pod_selector_or_none() {
+        let np = json!({"metadata": {"name": "deny-all", "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}});
+        let cells = network_policy_cells(&np, crate::api::now());
+        assert_eq!(cells.len(), columns(Kind::NetworkPolicy).len());
+        assert_eq!(
+            (&cells[0], &cells[1]),
+            (&json!("deny-all"), &json!("<none>"))
+        );
+        let np = json!({"metadata": {"name": "web"}, "spec": {"podSelector": {
+            "matchLabels": {"app": "web"},
+            "matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["db"]}]}}});
+        let cells = network_policy_cells(&np, crate::api::now());
+        assert_eq!(cells[1], "app=web,tier notin (db)");
+        assert_eq!(cells[2], "<unknown>");
     }
 
     #[test]
