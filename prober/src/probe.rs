@@ -1276,7 +1276,7 @@ fn set_arg(args: &mut Vec<String>, flag: &str, value: String) {
 
 /// One request to the source pod's own HTTP port through the API server's pod proxy
 /// (`/api/v1/namespaces/NS/pods/NAME:8080/proxy/PATH`; RBAC: `create pods/proxy` for
-/// POST, `get pods/proxy` for GET), bounded by [`API_CALL_TIMEOUT`]. Returns the body.
+/// a POST, `get` for a GET), bounded by [`API_CALL_TIMEOUT`]. Returns the body.
 async fn pod_proxy(
     env: &ProbeEnv,
     pod: &str,
@@ -1457,7 +1457,7 @@ async fn start_policy_change_source(
     }
 }
 
-/// Reads the source's `GET /policy` every 200 ms until its hold after the first answer
+/// Reads the source's `/policy` every 200 ms until its hold after the first answer
 /// ended (`held_at`), for at most give-up + hold + 5 s (then the deletion goes ahead: the
 /// source reports what it met). `Some(ending)` when the source ended meanwhile (not
 /// admitted) or the probe was cancelled.
@@ -1479,7 +1479,8 @@ async fn wait_until_held(
         {
             return Some(Ending::SourceTerminated);
         }
-        match pod_proxy(env, s_name, http::Method::GET, "policy").await {
+        // A POST (the source answers both): `create pods/proxy` is then the only verb.
+        match pod_proxy(env, s_name, http::Method::POST, "policy").await {
             Ok(body) => {
                 let held = serde_json::from_str::<serde_json::Value>(&body)
                     .ok()

@@ -7,7 +7,7 @@
 //! | `/readyz` | 200 `ok` while running, 503 `shutting down` after SIGTERM |
 //! | `/healthz` | 200 `ok` |
 //! | `/hostname` | 200, the pod name as text |
-//! | `POST /mark/{arm,allow,revoke}`, `GET /policy` | a `--policy-change` source only: [`crate::policy`] |
+//! | `POST /mark/{arm,allow,revoke}`, `GET`/`POST /policy` | a `--policy-change` source only: [`crate::policy`] |
 //! | anything else | 404 |
 //!
 //! The first `/readyz` request with a `User-Agent: kube-probe/…` header (the kubelet's
@@ -179,13 +179,14 @@ impl ServerState {
         let _ = self.policy.set(marks);
     }
 
-    /// `POST /mark/NAME` and `GET /policy` of a `--policy-change` source; `None` for any
-    /// other request (or without marks).
+    /// `POST /mark/NAME` and `GET`/`POST /policy` of a `--policy-change` source; `None`
+    /// for any other request (or without marks). `/policy` answers a POST too, so the
+    /// prober needs only `create` on `pods/proxy` to read it through the API server.
     fn respond_policy<B>(&self, req: &Request<B>) -> Option<Response<Full<Bytes>>> {
         use crate::policy::Mark;
         let marks = self.policy.get()?;
         let path = req.uri().path();
-        if path == "/policy" && req.method() == hyper::Method::GET {
+        if path == "/policy" && matches!(*req.method(), hyper::Method::GET | hyper::Method::POST) {
             let body = serde_json::to_vec(&marks.status()).unwrap_or_default();
             return Some(text(StatusCode::OK, Bytes::from(body), "application/json"));
         }

@@ -12,7 +12,7 @@
 //! | `POST /mark/arm` | sent just before the prober creates the allow policy |
 //! | `POST /mark/allow` | sent right after the create returned |
 //! | `POST /mark/revoke` | sent right after the delete of the allow policy returned |
-//! | `GET /policy` | the marks and the phase so far (JSON [`PolicyStatus`]); the prober reads `held_at` to know when to delete |
+//! | `GET /policy` (or `POST`) | the marks and the phase so far (JSON [`PolicyStatus`]); the prober reads `held_at` to know when to delete (with a POST, so that `create` on `pods/proxy` is the only verb it needs) |
 //!
 //! A mark is taken once (a repeated one answers with the first time, 200); a mark out
 //! of order (`allow` before `arm`, `revoke` before `allow`) is refused with 409 and
