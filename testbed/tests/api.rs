@@ -1616,3 +1616,259 @@ async fn kubectl_applies_lists_and_refuses_network_policies() {
     assert_eq!(rc, 0, "{err}");
     assert!(out.contains("deleted"), "{out}");
 }
+
+// ---------------------------------------------------------------- pod proxy
+
+/// What the echo pod saw of one request.
+#[derive(Debug, serde::Deserialize)]
+struct Echoed {
+    method: String,
+    uri: String,
+    content_type: String,
+    authorization: String,
+    body: String,
+}
+
+/// A tiny HTTP server standing for a pod on `ip`: answers `/missing` with a plain-text
+/// 404, anything else with 200 (201 for POST) and a JSON [`Echoed`].
+async fn echo_pod(ip: &str) -> std::net::SocketAddr {
+    async fn echo(req: axum::extract::Request) -> axum::response::Response {
+        use axum::response::IntoResponse;
+        if req.uri().path() == "/missing" {
+            return (axum::http::StatusCode::NOT_FOUND, "no such page\n").into_response();
+        }
+        let (method, uri, content_type, authorization) = {
+            let header = |n: &str| {
+                req.headers()
+                    .get(n)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("")
+                    .to_string()
+            };
+            (
+                req.method().to_string(),
+                req.uri().to_string(),
+                header("content-type"),
+                header("authorization"),
+            )
+        };
+        let code = if method == "POST" { 201 } else { 200 };
+        let body = axum::body::to_bytes(req.into_body(), 1 << 20)
+            .await
+            .unwrap_or_default();
+        let v = json!({"method": method, "uri": uri, "content_type": content_type,
+            "authorization": authorization, "body": String::from_utf8_lossy(&body)});
+        (
+            axum::http::StatusCode::from_u16(code).unwrap(),
+            [("content-type", "application/json; charset=utf-8")],
+            v.to_string(),
+        )
+            .into_response()
+    }
+    let listener = tokio::net::TcpListener::bind((ip, 0))
+        .await
+        .expect("bind the echo pod");
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, axum::Router::new().fallback(echo)).await;
+    });
+    addr
+}
+
+/// One plain HTTP/1.1 request to the API server at `base` (`http://ADDR`); returns
+/// (status, Content-Type, body).
+async fn raw_request(
+    base: &str,
+    method: &str,
+    path: &str,
+    content_type: Option<&str>,
+    body: &str,
+) -> (u16, String, String) {
+    use http_body_util::BodyExt;
+    let addr = base.trim_start_matches("http://");
+    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (mut tx, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .expect("handshake");
+    tokio::spawn(conn);
+    let mut req = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", addr)
+        .header("authorization", "Bearer secret");
+    if let Some(ct) = content_type {
+        req = req.header("content-type", ct);
+    }
+    let req = req
+        .body(http_body_util::Full::new(hyper::body::Bytes::from(
+            body.to_string(),
+        )))
+        .unwrap();
+    let resp = tokio::time::timeout(WAIT, tx.send_request(req))
+        .await
+        .expect("answer in time")
+        .expect("answer");
+    let status = resp.status().as_u16();
+    let ct = resp
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    (status, ct, String::from_utf8_lossy(&body).into_owned())
+}
+
+fn status_of(body: &str) -> (String, String) {
+    let v: Value = serde_json::from_str(body).unwrap_or_else(|_| panic!("not a Status: {body}"));
+    assert_eq!(v["kind"], "Status", "{v}");
+    (
+        v["reason"].as_str().unwrap_or("").to_string(),
+        v["message"].as_str().unwrap_or("").to_string(),
+    )
+}
+
+#[tokio::test]
+async fn pod_proxy_forwards_get_and_post_with_query_body_and_content_type() {
+    let store = Store::new();
+    let pod_addr = echo_pod("127.0.0.23").await;
+    let mut p = pod_json("default", "echo", "echo", Some("node-1"));
+    p["spec"]["containers"][0]["ports"] = json!([{"containerPort": pod_addr.port()}]);
+    store.create(Kind::Pod, p).unwrap();
+    run_pod(&store, "default", "echo", "127.0.0.23");
+    let url = start(store.clone()).await;
+
+    // GET: the first containerPort; path and raw query as sent.
+    let (code, ct, body) = raw_request(
+        &url,
+        "GET",
+        "/api/v1/namespaces/default/pods/echo/proxy/a/b%2Fc/?x=1&y=a%20b&x=2",
+        None,
+        "",
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(ct, "application/json; charset=utf-8");
+    let e: Echoed = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (e.method.as_str(), e.uri.as_str()),
+        ("GET", "/a/b%2Fc/?x=1&y=a%20b&x=2")
+    );
+    assert_eq!(e.authorization, "", "the API's credentials stay behind");
+
+    // POST to an explicit port: body and Content-Type go through, the status comes back.
+    let (code, _, body) = raw_request(
+        &url,
+        "POST",
+        &format!(
+            "/api/v1/namespaces/default/pods/echo:{}/proxy/dial?timeout=1s",
+            pod_addr.port()
+        ),
+        Some("application/x-www-form-urlencoded"),
+        "host=10.0.0.1&port=8080",
+    )
+    .await;
+    assert_eq!(code, 201, "{body}");
+    let e: Echoed = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (e.method.as_str(), e.uri.as_str(), e.body.as_str()),
+        ("POST", "/dial?timeout=1s", "host=10.0.0.1&port=8080")
+    );
+    assert_eq!(e.content_type, "application/x-www-form-urlencoded");
+
+    // The pod's own error status and body pass through untouched.
+    let (code, ct, body) = raw_request(
+        &url,
+        "GET",
+        "/api/v1/namespaces/default/pods/echo/proxy/missing",
+        None,
+        "",
+    )
+    .await;
+    assert_eq!(
+        (code, ct.as_str(), body.as_str()),
+        (404, "text/plain; charset=utf-8", "no such page\n")
+    );
+
+    // kube-rs through the same path (what the prober uses).
+    let text = client(&url)
+        .request_text(
+            axum::http::Request::get("/api/v1/namespaces/default/pods/echo/proxy/hello")
+                .body(Vec::new())
+                .unwrap(),
+        )
+        .await
+        .expect("kube-rs proxied GET");
+    assert!(text.contains("\"uri\":\"/hello\""), "{text}");
+}
+
+#[tokio::test]
+async fn pod_proxy_answers_404_400_503_and_403_like_kube_apiserver() {
+    let store = Store::new();
+    store
+        .create(Kind::Pod, pod_json("default", "no-ip", "x", Some("node-1")))
+        .unwrap();
+    // A port nothing listens on: bound, then closed.
+    let closed = std::net::TcpListener::bind("127.0.0.24:0").unwrap();
+    let closed_port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let mut refused = pod_json("default", "refused", "x", Some("node-1"));
+    refused["spec"]["containers"][0]["ports"] = json!([{"containerPort": closed_port}]);
+    store.create(Kind::Pod, refused).unwrap();
+    run_pod(&store, "default", "refused", "127.0.0.24");
+    let pod_addr = echo_pod("127.0.0.25").await;
+    store
+        .create(Kind::Pod, pod_json("default", "echo", "x", Some("node-1")))
+        .unwrap();
+    run_pod(&store, "default", "echo", "127.0.0.25");
+    let url = start(store.clone()).await;
+    let path = |id: &str| format!("/api/v1/namespaces/default/pods/{id}/proxy/metrics");
+
+    let (code, _, body) = raw_request(&url, "GET", &path("ghost:80"), None, "").await;
+    assert_eq!(code, 404);
+    assert_eq!(
+        status_of(&body),
+        ("NotFound".into(), "pods \"ghost\" not found".into())
+    );
+    let (code, _, body) = raw_request(&url, "GET", &path("no-ip:80"), None, "").await;
+    assert_eq!(code, 400);
+    assert_eq!(
+        status_of(&body),
+        ("BadRequest".into(), "address not allowed".into())
+    );
+    let (code, _, body) = raw_request(&url, "GET", &path("refused"), None, "").await;
+    assert_eq!(code, 503, "{body}");
+    assert_eq!(
+        status_of(&body),
+        (
+            "ServiceUnavailable".into(),
+            format!("error trying to reach service: dial tcp 127.0.0.24:{closed_port}: connect: connection refused")
+        )
+    );
+    let (code, _, body) = raw_request(&url, "GET", &path("a:b:c:d"), None, "").await;
+    assert_eq!(
+        (code, status_of(&body).1),
+        (400, "invalid pod request \"a:b:c:d\"".into())
+    );
+
+    // RBAC: pods/proxy is its own resource; GET needs `get`, POST `create`.
+    let echo = path(&format!("echo:{}", pod_addr.port()));
+    store.deny("create", "pods/proxy");
+    let (code, _, body) = raw_request(&url, "POST", &echo, None, "x").await;
+    assert_eq!(code, 403);
+    assert!(
+        status_of(&body).1.ends_with(
+            "cannot create resource \"pods/proxy\" in API group \"\" in the namespace \"default\""
+        ),
+        "{body}"
+    );
+    let (code, _, body) = raw_request(&url, "GET", &echo, None, "").await;
+    assert_eq!(code, 200, "{body}");
+    store.deny("get", "pods");
+    let (code, _, _) = raw_request(&url, "GET", &echo, None, "").await;
+    assert_eq!(code, 200, "`pods` does not cover `pods/proxy`");
+    store.deny("get", "pods/proxy");
+    let (code, _, body) = raw_request(&url, "GET", &echo, None, "").await;
+    assert_eq!(code, 403, "{body}");
+}

@@ -89,13 +89,13 @@ enum Target {
     Group { group: String },
     /// A collection (`ns` None = all namespaces or cluster-scoped).
     Collection { kind: Kind, ns: Option<String> },
-    /// One object, maybe a subresource (`status`, `log`, `proxy`) and a proxy path.
+    /// One object, maybe a subresource (`status`, `log`, `proxy`, `token`); the proxy
+    /// path is taken from the raw URI.
     Object {
         kind: Kind,
         ns: Option<String>,
         name: String,
         sub: Option<String>,
-        rest: Vec<String>,
     },
 }
 
@@ -122,14 +122,12 @@ fn parse_path(path: &str) -> Result<Target, ApiError> {
                 ns,
                 name: name.to_string(),
                 sub: None,
-                rest: Vec::new(),
             }),
-            [name, sub, rest @ ..] => Ok(Target::Object {
+            [name, sub, ..] => Ok(Target::Object {
                 kind,
                 ns,
                 name: name.to_string(),
                 sub: Some(sub.to_string()),
-                rest: rest.iter().map(|s| s.to_string()).collect(),
             }),
         }
     };
@@ -160,12 +158,16 @@ fn is_table(headers: &HeaderMap) -> bool {
         .is_some_and(|a| a.contains("as=Table"))
 }
 
+/// The authorization verb of a request (k8s.io/apiserver `pkg/endpoints/request`
+/// `RequestInfoFactory`): `GET`/`HEAD` → `get` (`list`/`watch` on a collection), `POST` →
+/// `create`, `PUT` → `update`, `PATCH` → `patch`, `DELETE` → `delete`. The same holds
+/// for `pods/proxy`, so a proxied `GET` needs `get` and a proxied `POST` `create`.
 fn verb_of(method: &Method, target: &Target, params: &Params) -> &'static str {
     let watching = params.get("watch").is_some_and(|w| w == "true" || w == "1");
     match (method, target) {
         (&Method::GET, Target::Collection { .. }) if watching => "watch",
         (&Method::GET, Target::Collection { .. }) => "list",
-        (&Method::GET, _) => "get",
+        (&Method::GET | &Method::HEAD, _) => "get",
         (&Method::POST, _) => "create",
         (&Method::PUT, _) => "update",
         (&Method::PATCH, _) => "patch",
@@ -205,7 +207,7 @@ async fn dispatch(
         Ok(t) => t,
         Err(e) => return error_response(&e),
     };
-    match handle(&store, &method, &headers, &params, target, body).await {
+    match handle(&store, &method, &uri, &headers, &params, target, body).await {
         Ok(r) => r,
         Err(e) => error_response(&e),
     }
@@ -214,6 +216,7 @@ async fn dispatch(
 async fn handle(
     store: &Arc<Store>,
     method: &Method,
+    uri: &Uri,
     headers: &HeaderMap,
     params: &Params,
     target: Target,
@@ -274,7 +277,6 @@ async fn handle(
             ns,
             name,
             sub,
-            rest,
         } => {
             let resource = match sub {
                 Some(s) => format!("{}/{s}", kind.plural()),
@@ -309,9 +311,9 @@ async fn handle(
                         store,
                         ns.unwrap_or("default"),
                         name,
-                        rest,
+                        uri,
                         method,
-                        params,
+                        headers,
                         body,
                     )
                     .await
@@ -876,51 +878,72 @@ fn pod_log(
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response()))
 }
 
+/// The path after `/pods/ID/proxy` in the raw request path (percent-encoding, repeated
+/// and trailing slashes kept), `/` when there is none. kube-apiserver redirects a bare
+/// `…/proxy` GET to `…/proxy/`; here it simply goes to `/`.
+fn proxy_path(raw: &str, id: &str) -> String {
+    let marker = format!("/pods/{id}/proxy");
+    let rest = raw
+        .find(&marker)
+        .map(|i| &raw[i + marker.len()..])
+        .unwrap_or("");
+    if rest.starts_with('/') {
+        rest.to_string()
+    } else {
+        "/".to_string()
+    }
+}
+
+/// `pods/ID/proxy[/PATH]` (any method; see [`super::proxy`]): 400 `invalid pod request`
+/// for a malformed ID, 404 `pods "NAME" not found`, 400 `address not allowed` without a
+/// pod IP, 503 `error trying to reach service: …` when the pod cannot be reached (or
+/// the port is not a number), else the pod's status, `Content-Type` and body. The raw
+/// query string, the body and the end-to-end request headers go to the pod.
 async fn pod_proxy(
     store: &Arc<Store>,
     ns: &str,
-    name_port: &str,
-    rest: &[String],
+    id: &str,
+    uri: &Uri,
     method: &Method,
-    params: &Params,
+    headers: &HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let (name, port) = match name_port.split_once(':') {
-        Some((n, p)) => (n, Some(p.to_string())),
-        None => (name_port, None),
-    };
-    let pod = store
-        .get(Kind::Pod, Some(ns), name)
-        .map_err(|_| ApiError::not_found(Kind::Pod, name_port))?;
-    let Some(src) = store.proxy_source() else {
-        return Err(ApiError::new(
-            503,
-            "ServiceUnavailable",
-            "the pod proxy is not available in this testbed",
-        ));
-    };
-    let query = if params.is_empty() {
-        None
-    } else {
-        Some(
-            params
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>()
-                .join("&"),
-        )
-    };
+    let (scheme, name, port) = super::proxy::split_id(id)?;
+    let pod = store.get(Kind::Pod, Some(ns), name)?;
+    if scheme == "https" {
+        return Err(ApiError::bad_request(format!(
+            "the testbed's pod proxy speaks plain HTTP only (asked for {id:?})"
+        )));
+    }
+    let addr = super::proxy::pod_address(&pod, port)?;
     let req = ProxyRequest {
         namespace: ns.to_string(),
         pod: name.to_string(),
-        port,
-        path: format!("/{}", rest.join("/")),
-        query,
+        port: Some(addr.port().to_string()),
+        path: proxy_path(uri.path(), id),
+        query: uri.query().map(str::to_string),
         method: method.to_string(),
         body: body.to_vec(),
+        headers: headers
+            .iter()
+            .filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string())))
+            .collect(),
     };
-    let resp = src.proxy(&pod, req).await?;
-    let mut b = Response::builder().status(resp.status);
+    let resp = match store.proxy_source() {
+        Some(src) => src.proxy(&pod, req).await?,
+        None => super::proxy::forward(addr, req).await?,
+    };
+    let status = StatusCode::from_u16(resp.status).map_err(|_| {
+        ApiError::new(
+            503,
+            "ServiceUnavailable",
+            format!(
+                "error trying to reach service: {addr}: invalid status {}",
+                resp.status
+            ),
+        )
+    })?;
+    let mut b = Response::builder().status(status);
     if let Some(ct) = resp.content_type {
         b = b.header(header::CONTENT_TYPE, ct);
     }
@@ -950,6 +973,17 @@ mod tests {
     }
 
     #[test]
+    fn the_proxy_path_is_the_raw_rest_after_proxy() {
+        let p = |raw| proxy_path(raw, "web:8080");
+        assert_eq!(p("/api/v1/namespaces/d/pods/web:8080/proxy"), "/");
+        assert_eq!(p("/api/v1/namespaces/d/pods/web:8080/proxy/"), "/");
+        assert_eq!(
+            p("/api/v1/namespaces/pods/pods/web:8080/proxy/a%2Fb//c/"),
+            "/a%2Fb//c/"
+        );
+    }
+
+    #[test]
     fn paths_resolve_to_namespaced_and_cluster_targets() {
         assert_eq!(
             parse_path("/api/v1/namespaces/default/pods").unwrap(),
@@ -965,7 +999,6 @@ mod tests {
                 ns: None,
                 name: "kube-system".into(),
                 sub: None,
-                rest: vec![]
             }
         );
         assert_eq!(
@@ -975,7 +1008,6 @@ mod tests {
                 ns: Some("kube-system".into()),
                 name: "p:9091".into(),
                 sub: Some("proxy".into()),
-                rest: vec!["metrics".into()]
             }
         );
         assert_eq!(
@@ -993,7 +1025,6 @@ mod tests {
                 ns: Some("kube-node-lease".into()),
                 name: "node-1".into(),
                 sub: None,
-                rest: vec![]
             }
         );
         assert_eq!(parse_path("/api/v1/pods/x").unwrap_err().code, 404);

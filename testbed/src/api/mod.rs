@@ -9,7 +9,7 @@
 //! - [`router`] / [`serve`]: the axum HTTP front end real clients (kube-rs, kubectl)
 //!   talk to: discovery, CRUD, watch, label/field selectors, Table responses, PATCH
 //!   (merge, strategic-merge, JSON patch, apply), `Status` errors, and the `pods/log`,
-//!   `pods/proxy` and `serviceaccounts/token` subresources.
+//!   `pods/proxy` ([`proxy`]) and `serviceaccounts/token` subresources.
 //!
 //! Kinds ([`Kind::ALL`]): Namespaces (labelled `kubernetes.io/metadata.name`), Nodes,
 //! Pods, core/v1 and events.k8s.io/v1 Events, Services, EndpointSlices, Leases,
@@ -26,6 +26,7 @@ mod kind;
 mod network_policy;
 mod patch;
 pub mod pod_security;
+pub mod proxy;
 pub mod selector;
 mod server;
 mod service;
@@ -36,6 +37,7 @@ pub use error::ApiError;
 pub use http::{router, serve};
 pub use kind::Kind;
 pub use patch::{apply_json_patch, merge_patch, strategic_merge_patch};
+pub use proxy::DirectProxy;
 pub use server::{serve_router_tls, serve_tls, ApiServer, Binder};
 pub use service::{service_cidr, DEFAULT_SERVICE_CIDR, NODE_PORT_RANGE};
 pub use store::{

@@ -146,7 +146,8 @@ pub struct ProxyRequest {
     pub namespace: String,
     /// Pod name (without `:port`).
     pub pod: String,
-    /// Port from `NAME:PORT` (a number or a port name), if given.
+    /// The port to reach, a number: from `NAME:PORT`, else the pod's first
+    /// `containerPort`, else 80 ([`super::proxy::pod_address`]).
     pub port: Option<String>,
     /// The path after `/proxy`, starting with `/`.
     pub path: String,
@@ -156,6 +157,10 @@ pub struct ProxyRequest {
     pub method: String,
     /// Request body.
     pub body: Vec<u8>,
+    /// The client's request headers (name, value) as received; a source passes on those
+    /// [`super::proxy::forward`] passes on (not hop-by-hop ones, `Host`,
+    /// `Authorization`, `Accept-Encoding`).
+    pub headers: Vec<(String, String)>,
 }
 
 /// The answer of the proxied pod.
@@ -172,9 +177,15 @@ pub struct ProxyResponse {
 /// Future returned by [`ProxySource::proxy`].
 pub type ProxyFuture = BoxFuture<'static, Result<ProxyResponse, ApiError>>;
 
-/// Forwards `pods/NAME:PORT/proxy/PATH` into the pod network; registered by the daemon.
+/// Forwards `pods/NAME:PORT/proxy/PATH` into the pod network; registered by the daemon
+/// (without one the API server uses [`super::proxy::DirectProxy`]). The API has already
+/// answered 404 for an unknown pod and 400 `address not allowed` for one without a
+/// usable IP, and resolved the port.
 pub trait ProxySource: Send + Sync {
-    /// Forward `req` to the Pod (whose current object is `pod`).
+    /// Forward `req` to the Pod (whose current object is `pod`). An answer, whatever its
+    /// status, is passed back as it is; `Err` is answered as a `Status` (503
+    /// ServiceUnavailable `error trying to reach service: …` when the pod cannot be
+    /// reached, as kube-apiserver).
     fn proxy(&self, pod: &Value, req: ProxyRequest) -> ProxyFuture;
 }
 
