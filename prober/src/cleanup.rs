@@ -235,7 +235,10 @@ async fn objects_by_instance(
                 add("networkpolicy", &np.metadata);
             }
         }
-        Err(e) => tracing::debug!(error = %e, "cannot list NetworkPolicies"),
+        Err(e) => {
+            let e = Error::from_kube(e, url, "list", format!("networkpolicies in namespace {ns}"));
+            tracing::warn!(error = %e, "cannot list NetworkPolicies: probe NetworkPolicies are not shown or deleted");
+        }
     }
     Ok(out)
 }

@@ -65,9 +65,14 @@ async fn delete_instance_objects(
     let policies: Api<NetworkPolicy> = Api::namespaced(pods.clone().into_client(), &namespace);
     match delete_labelled(&policies, instance, url, "networkpolicy", &namespace, keep).await {
         Ok(m) => Ok(n + m),
-        Err(Error::Api {
-            code: 403 | 404, ..
-        }) => Ok(n),
+        Err(
+            e @ Error::Api {
+                code: 403 | 404, ..
+            },
+        ) => {
+            tracing::warn!(error = %e, "probe NetworkPolicies cannot be listed: leftovers of --kinds policy and policy_change stay");
+            Ok(n)
+        }
         Err(e) => Err(e),
     }
 }
@@ -87,7 +92,12 @@ where
         .list(&ListParams::default().labels(&instance_selector(instance)))
         .await
         .map_err(|e| {
-            Error::from_kube(e, url, "list", format!("{what}s in namespace {namespace}"))
+            // `networkpolicy` → `networkpolicies`, as RBAC and kubectl name them.
+            let plural = match what.strip_suffix('y') {
+                Some(stem) => format!("{stem}ies"),
+                None => format!("{what}s"),
+            };
+            Error::from_kube(e, url, "list", format!("{plural} in namespace {namespace}"))
         })?;
     let mut n = 0;
     for obj in list.items {

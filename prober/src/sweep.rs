@@ -212,7 +212,13 @@ pub async fn sweep(
     let np_list = match policies.list(&selector).await {
         Ok(l) => l.items,
         Err(e) => {
-            tracing::debug!(error = %e, "cannot list NetworkPolicies for the start-up sweep");
+            let e = Error::from_kube(
+                e,
+                url,
+                "list",
+                format!("networkpolicies in namespace {namespace}"),
+            );
+            tracing::warn!(error = %e, "cannot list NetworkPolicies for the start-up sweep: leftovers of --kinds policy and policy_change stay");
             Vec::new()
         }
     };

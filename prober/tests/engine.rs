@@ -27,3 +27,7 @@ mod rbac;
 /// Baseline and drift.
 #[path = "engine_baseline.rs"]
 mod baseline;
+
+/// The NetworkPolicy kinds (issue 32).
+#[path = "engine_policy.rs"]
+mod policy;

@@ -110,11 +110,13 @@ fn granted(yaml: &str) -> BTreeSet<Grant> {
         let kind = b["roleRef"]["kind"].as_str().expect("roleRef.kind");
         let name = b["roleRef"]["name"].as_str().expect("roleRef.name");
         for rule in rules_of(kind, name, ns) {
-            // The core group, and coordination.k8s.io for the instance Leases (resource
-            // names do not collide, so grants are keyed by resource name).
+            // The core group, coordination.k8s.io for the instance Leases and
+            // networking.k8s.io for the probe NetworkPolicies (resource names do not
+            // collide, so grants are keyed by resource name).
             assert!(
                 rule["apiGroups"] == json!([""])
-                    || rule["apiGroups"] == json!(["coordination.k8s.io"]),
+                    || rule["apiGroups"] == json!(["coordination.k8s.io"])
+                    || rule["apiGroups"] == json!(["networking.k8s.io"]),
                 "{rule}"
             );
             assert!(rule["resourceNames"].is_null(), "{rule}");
@@ -597,6 +599,81 @@ fn without_delete_services() {
         gate_without(&c, &logs, "services", "delete", &["--kinds", "service"]).await;
         // It was made and could not be deleted.
         assert_eq!(c.store.list(Kind::Service, Some(NAMESPACE)).0.len(), 1);
+    });
+}
+
+#[test]
+fn without_list_networkpolicies() {
+    run_logged(|logs| async move {
+        let c = healthy_cluster().await;
+        gate_without(&c, &logs, "networkpolicies", "list", &["--kinds", "policy"]).await;
+    });
+}
+
+#[test]
+fn without_create_networkpolicies() {
+    run_logged(|logs| async move {
+        let c = healthy_cluster().await;
+        let g = gate_without(
+            &c,
+            &logs,
+            "networkpolicies",
+            "create",
+            &["--kinds", "policy"],
+        )
+        .await;
+        // The isolation comes first: no pod was made without it.
+        assert!(c.probe_pods().is_empty(), "{}", g.log);
+        assert!(c.store.list(Kind::NetworkPolicy, None).0.is_empty());
+    });
+}
+
+#[test]
+fn without_delete_networkpolicies() {
+    run_logged(|logs| async move {
+        let c = healthy_cluster().await;
+        let g = gate_without(
+            &c,
+            &logs,
+            "networkpolicies",
+            "delete",
+            &["--kinds", "policy"],
+        )
+        .await;
+        // Both were made and could not be deleted; the pods could.
+        assert_eq!(
+            c.store.list(Kind::NetworkPolicy, Some(NAMESPACE)).0.len(),
+            2,
+            "{}",
+            g.log
+        );
+        assert!(c.probe_pods().is_empty(), "{}", g.log);
+    });
+}
+
+#[test]
+fn without_create_pods_proxy() {
+    run_logged(|logs| async move {
+        let c = healthy_cluster().await;
+        let g = gate_without(
+            &c,
+            &logs,
+            "pods/proxy",
+            "create",
+            &["--kinds", "policy_change"],
+        )
+        .await;
+        let p = &g.report["probes"][0];
+        assert_eq!(
+            (p["result"].as_str(), p["reason"].as_str()),
+            (Some("inconclusive"), Some("api_error")),
+            "{p:#}"
+        );
+        assert!(
+            c.store.list(Kind::NetworkPolicy, None).0.is_empty(),
+            "{}",
+            g.log
+        );
     });
 }
 

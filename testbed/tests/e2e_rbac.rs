@@ -106,11 +106,13 @@ fn granted(yaml: &str) -> BTreeSet<Grant> {
         let kind = b["roleRef"]["kind"].as_str().expect("roleRef.kind");
         let name = b["roleRef"]["name"].as_str().expect("roleRef.name");
         for rule in rules_of(kind, name, ns) {
-            // The core group, and coordination.k8s.io for the instance Leases (resource
-            // names do not collide, so grants are keyed by resource name).
+            // The core group, coordination.k8s.io for the instance Leases and
+            // networking.k8s.io for the probe NetworkPolicies (resource names do not
+            // collide, so grants are keyed by resource name).
             assert!(
                 rule["apiGroups"] == serde_json::json!([""])
-                    || rule["apiGroups"] == serde_json::json!(["coordination.k8s.io"]),
+                    || rule["apiGroups"] == serde_json::json!(["coordination.k8s.io"])
+                    || rule["apiGroups"] == serde_json::json!(["networking.k8s.io"]),
                 "{rule}"
             );
             assert!(rule["resourceNames"].is_null(), "{rule}");

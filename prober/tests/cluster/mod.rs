@@ -87,6 +87,12 @@ pub enum Outcome {
     WrongPeer,
     /// Failures during the hold after the first success.
     LostAfterSuccess,
+    /// NetworkPolicy isolation does not hold: a `policy` probe's intruder gets its
+    /// answer `ttfp` after Ready (without it an intruder never gets one), and a
+    /// `policy_change` source is answered before the prober's arm mark.
+    Breach,
+    /// A `policy_change` source stays admitted after the revoke mark.
+    NotRevoked,
 }
 
 /// A pod as the script sees it.
@@ -455,7 +461,9 @@ async fn run_kubelet(
             continue;
         }
         let act = (lock(&script))(&v);
-        let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 244, 0, 0)) + next_ip);
+        // Loopback addresses: a `policy_change` source serves the prober's marks there
+        // (through the API server's pod proxy), as the real one does on its pod IP.
+        let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(127, 2, 0, 0)) + next_ip);
         next_ip += 1;
         lock(&log.started).push((v.name.clone(), v.node.clone()));
         let task = tokio::spawn(run_pod(store.clone(), pod.clone(), v, act, ip));
@@ -579,6 +587,29 @@ async fn run_pod(store: Arc<Store>, pod: Value, v: PodView, act: Act, ip: Ipv4Ad
     let Some(probe) = ProbeArgs::parse(&args) else {
         return; // a server: Running and Ready until deleted
     };
+    if args.iter().any(|a| a == "--policy-change") {
+        let report =
+            policy_change_source(&v.name, &probe, ip, t0, start_unix, ready_at, ttfp, outcome)
+                .await;
+        patch_status(
+            &store,
+            &v,
+            &uid,
+            &finished_status(&report, &container, &image, &uid),
+        );
+        return;
+    }
+    let intruder = v
+        .labels
+        .get("app.kubernetes.io/component")
+        .map(String::as_str)
+        == Some("probe-intruder");
+    // An intruder is answered only when the script says isolation breaks.
+    let ttfp = if intruder && outcome != Outcome::Breach {
+        None
+    } else {
+        ttfp
+    };
     let success = match ttfp {
         Some(d) => {
             tokio::time::sleep(d).await;
@@ -612,7 +643,7 @@ fn scripted_report(
     use firstpacket_report::SourceOutcome;
     let mut report = source_report(pod, probe, start_unix, ready_at, success);
     match outcome {
-        Outcome::AsDialed => {}
+        Outcome::AsDialed | Outcome::Breach | Outcome::NotRevoked => {}
         Outcome::WrongPeer => {
             report.outcome = SourceOutcome::WrongPeer;
             report.wrong_peer = Some("someone-else".into());
@@ -630,6 +661,135 @@ fn scripted_report(
             }
         }
     }
+    report
+}
+
+/// The marks a scripted `policy_change` source was given, seconds since its start.
+#[derive(Default)]
+struct Marks {
+    arm: Option<f64>,
+    allow: Option<f64>,
+    revoke: Option<f64>,
+    held: Option<f64>,
+}
+
+/// A scripted `target-server probe --policy-change`: serves `POST /mark/{arm,allow,revoke}`
+/// and `GET`/`POST /policy` on `ip:8080` (the prober reaches it through the built-in API
+/// server's pod proxy), is admitted `ttfp` after the allow mark (never without one),
+/// holds, and is refused at once after the revoke mark (never with
+/// [`Outcome::NotRevoked`]); [`Outcome::Breach`] answers it before the arm mark. Ends
+/// as the real one would, `give_up` bounding each wait; returns its report.
+#[allow(clippy::too_many_arguments)]
+async fn policy_change_source(
+    pod: &str,
+    probe: &ProbeArgs,
+    ip: Ipv4Addr,
+    t0: Instant,
+    start_unix: f64,
+    ready_at: f64,
+    ttfp: Option<Duration>,
+    outcome: Outcome,
+) -> firstpacket_report::SourceReport {
+    use axum::extract::{Path as UrlPath, State};
+    use axum::http::StatusCode;
+    use firstpacket_report::{PolicyOutcome, SourcePolicy};
+    type Shared = Arc<(Instant, Mutex<Marks>, tokio::sync::Notify)>;
+    let shared: Shared = Arc::new((t0, Mutex::new(Marks::default()), tokio::sync::Notify::new()));
+    async fn mark(
+        State(sh): State<Shared>,
+        UrlPath(name): UrlPath<String>,
+    ) -> (StatusCode, String) {
+        let now = sh.0.elapsed().as_secs_f64();
+        let mut m = lock(&sh.1);
+        let ok = match name.as_str() {
+            "arm" => *m.arm.get_or_insert(now) > 0.0,
+            "allow" if m.arm.is_some() => *m.allow.get_or_insert(now) > 0.0,
+            "revoke" if m.allow.is_some() => *m.revoke.get_or_insert(now) > 0.0,
+            _ => false,
+        };
+        drop(m);
+        sh.2.notify_waiters();
+        if ok {
+            (StatusCode::OK, format!(r#"{{"mark":"{name}","at":{now}}}"#))
+        } else {
+            (StatusCode::CONFLICT, format!("mark {name} out of order"))
+        }
+    }
+    async fn status(State(sh): State<Shared>) -> String {
+        let m = lock(&sh.1);
+        json!({"arm_at": m.arm, "allow_at": m.allow, "revoke_at": m.revoke, "held_at": m.held})
+            .to_string()
+    }
+    let app = axum::Router::new()
+        .route("/mark/{name}", axum::routing::post(mark))
+        .route("/policy", axum::routing::get(status).post(status))
+        .with_state(shared.clone());
+    let listener = tokio::net::TcpListener::bind((ip, 8080))
+        .await
+        .expect("bind the scripted source's port");
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let give_up = probe.give_up.as_secs_f64();
+    let now = || t0.elapsed().as_secs_f64();
+    // Waits (bounded by `limit` seconds from `from`) until `f` yields.
+    let wait = |f: fn(&Marks) -> Option<f64>, from: f64, limit: f64| {
+        let sh = shared.clone();
+        async move {
+            loop {
+                let notified = sh.2.notified();
+                if let Some(at) = f(&lock(&sh.1)) {
+                    return Some(at);
+                }
+                let left = from + limit - sh.0.elapsed().as_secs_f64();
+                if left <= 0.0 {
+                    return None;
+                }
+                let _ = tokio::time::timeout(Duration::from_secs_f64(left), notified).await;
+            }
+        }
+    };
+    let mut p = SourcePolicy::default();
+    if outcome == Outcome::Breach {
+        p.admitted_before_arm = 3;
+        p.first_admitted_before_arm_sent = Some(0.01);
+    }
+    p.outcome = 'run: {
+        let Some(allow) = wait(|m| m.allow, 0.0, give_up).await else {
+            break 'run PolicyOutcome::NoAllowMark;
+        };
+        let Some(d) = ttfp.filter(|d| d.as_secs_f64() < give_up) else {
+            tokio::time::sleep(probe.give_up).await;
+            break 'run PolicyOutcome::NotAdmitted;
+        };
+        tokio::time::sleep(d).await;
+        p.first_admitted_sent = Some(allow + d.as_secs_f64());
+        p.admitted_seconds = Some(d.as_secs_f64());
+        tokio::time::sleep(probe.hold).await;
+        let held = now();
+        lock(&shared.1).held = Some(held);
+        p.held_at = Some(held);
+        let Some(revoke) = wait(|m| m.revoke, held, give_up).await else {
+            break 'run PolicyOutcome::NoRevokeMark;
+        };
+        if outcome == Outcome::NotRevoked {
+            tokio::time::sleep(probe.give_up).await;
+            p.last_admitted_sent = Some(now());
+            break 'run PolicyOutcome::StillAdmitted;
+        }
+        p.first_blocked_sent = Some(revoke + 0.001);
+        p.revoked_seconds = Some(0.001);
+        PolicyOutcome::Revoked
+    };
+    {
+        let m = lock(&shared.1);
+        p.arm_at = m.arm;
+        p.allow_at = m.allow;
+        p.revoke_at = m.revoke;
+    }
+    server.abort();
+    let mut report = source_report(pod, probe, start_unix, ready_at, p.first_admitted_sent);
+    report.policy = Some(p);
     report
 }
 
