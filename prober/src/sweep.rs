@@ -177,6 +177,29 @@ fn kept_instances(
     by.into_values().collect()
 }
 
+/// The `what` (plural, as RBAC names them) in `namespace` matching `selector`; when the
+/// list fails, a warning naming the verb and resource (leftovers of that kind stay) and
+/// none.
+async fn list_or_warn<K>(
+    api: &Api<K>,
+    selector: &ListParams,
+    url: &str,
+    what: &str,
+    namespace: &str,
+) -> Vec<K>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.list(selector).await {
+        Ok(l) => l.items,
+        Err(e) => {
+            let e = Error::from_kube(e, url, "list", format!("{what} in namespace {namespace}"));
+            tracing::warn!(error = %e, "cannot list {what} for the start-up sweep: leftover probe {what} stay");
+            Vec::new()
+        }
+    }
+}
+
 /// Runs the sweep: list (by `app.kubernetes.io/name=firstpacket`), look up owner pods
 /// once each, delete what [`decide`] says. Returns what was deleted and what was kept
 /// ([`SweepOutcome`]). A 404 on delete is fine; other API errors are returned. With
@@ -198,30 +221,11 @@ pub async fn sweep(
         .list(&selector)
         .await
         .map_err(|e| Error::from_kube(e, url, "list", format!("pods in namespace {namespace}")))?;
-    // Probe Services (kind `service`) follow the same rules; a cluster without the
-    // permission to list them still gets its pods swept.
-    let svc_list = match services.list(&selector).await {
-        Ok(l) => l.items,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot list Services for the start-up sweep");
-            Vec::new()
-        }
-    };
-    // Probe NetworkPolicies (kinds `policy`, `policy_change`) too; without the
-    // permission to list them (or an API without them) there are none of ours.
-    let np_list = match policies.list(&selector).await {
-        Ok(l) => l.items,
-        Err(e) => {
-            let e = Error::from_kube(
-                e,
-                url,
-                "list",
-                format!("networkpolicies in namespace {namespace}"),
-            );
-            tracing::warn!(error = %e, "cannot list NetworkPolicies for the start-up sweep: leftovers of --kinds policy and policy_change stay");
-            Vec::new()
-        }
-    };
+    // Probe Services (kind `service`) and NetworkPolicies (kinds `policy`,
+    // `policy_change`) follow the same rules; a cluster without the permission to list
+    // them still gets its pods swept.
+    let svc_list = list_or_warn(&services, &selector, url, "services", namespace).await;
+    let np_list = list_or_warn(&policies, &selector, url, "networkpolicies", namespace).await;
     // After the list: its response's `Date` header is the freshest reading.
     let now = clock.server_now();
     let candidates: Vec<(&'static str, Candidate)> = pod_list

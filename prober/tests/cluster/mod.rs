@@ -587,24 +587,35 @@ async fn run_pod(store: Arc<Store>, pod: Value, v: PodView, act: Act, ip: Ipv4Ad
     let Some(probe) = ProbeArgs::parse(&args) else {
         return; // a server: Running and Ready until deleted
     };
-    if args.iter().any(|a| a == "--policy-change") {
-        let report =
-            policy_change_source(&v.name, &probe, ip, t0, start_unix, ready_at, ttfp, outcome)
-                .await;
-        patch_status(
-            &store,
-            &v,
-            &uid,
-            &finished_status(&report, &container, &image, &uid),
-        );
-        return;
-    }
+    let report = if args.iter().any(|a| a == "--policy-change") {
+        policy_change_source(&v.name, &probe, ip, t0, start_unix, ready_at, ttfp, outcome).await
+    } else {
+        dial(&v, &probe, t0, start_unix, ready_at, ttfp, outcome).await
+    };
+    patch_status(
+        &store,
+        &v,
+        &uid,
+        &finished_status(&report, &container, &image, &uid),
+    );
+}
+
+/// A scripted `target-server probe` after its Ready: first answer `ttfp` later (an
+/// intruder's only with [`Outcome::Breach`]), then its hold; or none before its give-up.
+async fn dial(
+    v: &PodView,
+    probe: &ProbeArgs,
+    t0: Instant,
+    start_unix: f64,
+    ready_at: f64,
+    ttfp: Option<Duration>,
+    outcome: Outcome,
+) -> firstpacket_report::SourceReport {
     let intruder = v
         .labels
         .get("app.kubernetes.io/component")
         .map(String::as_str)
         == Some("probe-intruder");
-    // An intruder is answered only when the script says isolation breaks.
     let ttfp = if intruder && outcome != Outcome::Breach {
         None
     } else {
@@ -622,13 +633,7 @@ async fn run_pod(store: Arc<Store>, pod: Value, v: PodView, act: Act, ip: Ipv4Ad
             None
         }
     };
-    let report = scripted_report(&v.name, &probe, start_unix, ready_at, success, outcome);
-    patch_status(
-        &store,
-        &v,
-        &uid,
-        &finished_status(&report, &container, &image, &uid),
-    );
+    scripted_report(&v.name, probe, start_unix, ready_at, success, outcome)
 }
 
 /// The source's report: [`source_report`] of what was dialed, changed by `outcome`.
@@ -673,30 +678,19 @@ struct Marks {
     held: Option<f64>,
 }
 
-/// A scripted `target-server probe --policy-change`: serves `POST /mark/{arm,allow,revoke}`
-/// and `GET`/`POST /policy` on `ip:8080` (the prober reaches it through the built-in API
-/// server's pod proxy), is admitted `ttfp` after the allow mark (never without one),
-/// holds, and is refused at once after the revoke mark (never with
-/// [`Outcome::NotRevoked`]); [`Outcome::Breach`] answers it before the arm mark. Ends
-/// as the real one would, `give_up` bounding each wait; returns its report.
-#[allow(clippy::too_many_arguments)]
-async fn policy_change_source(
-    pod: &str,
-    probe: &ProbeArgs,
-    ip: Ipv4Addr,
-    t0: Instant,
-    start_unix: f64,
-    ready_at: f64,
-    ttfp: Option<Duration>,
-    outcome: Outcome,
-) -> firstpacket_report::SourceReport {
+/// The marks of a scripted `policy_change` source, when it took them, and a wake-up for
+/// each new one.
+type SharedMarks = Arc<(Instant, Mutex<Marks>, tokio::sync::Notify)>;
+
+/// Serves `POST /mark/{arm,allow,revoke}` and `GET`/`POST /policy` on `ip:8080`, as
+/// target-server's `policy` module does (a mark once, in order; 409 otherwise).
+async fn serve_marks(ip: Ipv4Addr, t0: Instant) -> (SharedMarks, JoinHandle<()>) {
     use axum::extract::{Path as UrlPath, State};
     use axum::http::StatusCode;
-    use firstpacket_report::{PolicyOutcome, SourcePolicy};
-    type Shared = Arc<(Instant, Mutex<Marks>, tokio::sync::Notify)>;
-    let shared: Shared = Arc::new((t0, Mutex::new(Marks::default()), tokio::sync::Notify::new()));
+    let shared: SharedMarks =
+        Arc::new((t0, Mutex::new(Marks::default()), tokio::sync::Notify::new()));
     async fn mark(
-        State(sh): State<Shared>,
+        State(sh): State<SharedMarks>,
         UrlPath(name): UrlPath<String>,
     ) -> (StatusCode, String) {
         let now = sh.0.elapsed().as_secs_f64();
@@ -715,7 +709,7 @@ async fn policy_change_source(
             (StatusCode::CONFLICT, format!("mark {name} out of order"))
         }
     }
-    async fn status(State(sh): State<Shared>) -> String {
+    async fn status(State(sh): State<SharedMarks>) -> String {
         let m = lock(&sh.1);
         json!({"arm_at": m.arm, "allow_at": m.allow, "revoke_at": m.revoke, "held_at": m.held})
             .to_string()
@@ -730,6 +724,28 @@ async fn policy_change_source(
     let server = tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
+    (shared, server)
+}
+
+/// A scripted `target-server probe --policy-change`: serves `POST /mark/{arm,allow,revoke}`
+/// and `GET`/`POST /policy` on `ip:8080` (the prober reaches it through the built-in API
+/// server's pod proxy), is admitted `ttfp` after the allow mark (never without one),
+/// holds, and is refused at once after the revoke mark (never with
+/// [`Outcome::NotRevoked`]); [`Outcome::Breach`] answers it before the arm mark. Ends
+/// as the real one would, `give_up` bounding each wait; returns its report.
+#[allow(clippy::too_many_arguments)]
+async fn policy_change_source(
+    pod: &str,
+    probe: &ProbeArgs,
+    ip: Ipv4Addr,
+    t0: Instant,
+    start_unix: f64,
+    ready_at: f64,
+    ttfp: Option<Duration>,
+    outcome: Outcome,
+) -> firstpacket_report::SourceReport {
+    use firstpacket_report::{PolicyOutcome, SourcePolicy};
+    let (shared, server) = serve_marks(ip, t0).await;
     let give_up = probe.give_up.as_secs_f64();
     let now = || t0.elapsed().as_secs_f64();
     // Waits (bounded by `limit` seconds from `from`) until `f` yields.
