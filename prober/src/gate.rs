@@ -1106,6 +1106,7 @@ pub fn render_text(report: &GateReport, group_by: &[String]) -> String {
     out.push('\n');
     out.push_str(&render_headline(report));
     out.push_str(&diagnosis_lines(report));
+    out.push_str(&isolation_lines(&report.probes));
     if let Some(why) = &report.stopped_early {
         let _ = writeln!(out, "stopped early: {why}");
     }
@@ -1141,6 +1142,41 @@ pub fn render_text(report: &GateReport, group_by: &[String]) -> String {
     let _ = writeln!(out, "\nverdict: {v} (exit {})", report.exit_code);
     for r in &report.verdict_reasons {
         let _ = writeln!(out, "  - {r}");
+    }
+    out
+}
+
+/// The security finding of the NetworkPolicy kinds (issue 32): `SECURITY: NetworkPolicy
+/// isolation breached in N probe(s)`, then each breach's kind, nodes and detail (at most
+/// 5, then a count); empty without a breach.
+pub fn isolation_lines(probes: &[ProbeRecord]) -> String {
+    let breaches: Vec<&ProbeRecord> = probes
+        .iter()
+        .filter(|p| p.reason == Some(Reason::IsolationBreach))
+        .collect();
+    if breaches.is_empty() {
+        return String::new();
+    }
+    let mut out = format!(
+        "SECURITY: NetworkPolicy isolation breached in {} probe(s): a pod that a policy isolates answered a peer no policy admits\n",
+        breaches.len()
+    );
+    for p in breaches.iter().take(5) {
+        let _ = writeln!(
+            out,
+            "  - {} {} → {}: {}",
+            p.kind,
+            p.source.node,
+            p.target.node,
+            p.detail.as_deref().unwrap_or("")
+        );
+    }
+    if breaches.len() > 5 {
+        let _ = writeln!(
+            out,
+            "  … and {} more (listed in the report)",
+            breaches.len() - 5
+        );
     }
     out
 }
@@ -2514,6 +2550,25 @@ mod tests {
         assert_eq!(one, "profile kube-proxy");
         assert!(
             text.contains("      kube-proxy: reason refused, scrape_path proxy"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn isolation_breaches_are_named_as_a_security_finding() {
+        let mut probes = vec![krec("policy", "node-1", "node-2", ProbeResult::Success)];
+        assert_eq!(isolation_lines(&probes), "");
+        let mut b = krec("policy", "node-1", "node-3", ProbeResult::Failed);
+        b.reason = Some(Reason::IsolationBreach);
+        b.detail = Some("isolation breach: pod fp-x-i …".into());
+        probes.push(b);
+        let text = isolation_lines(&probes);
+        assert!(
+            text.starts_with("SECURITY: NetworkPolicy isolation breached in 1 probe(s)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("policy node-1 → node-3: isolation breach: pod fp-x-i"),
             "{text}"
         );
     }
