@@ -43,12 +43,28 @@
 //! apply loop under `resync_loop` (one apply per period, padded to the floor), and the
 //! route-table resync every 90 s ([`crate::felix::ROUTE_REFRESH_INTERVAL`]).
 //!
+//! **NetworkPolicy** (once [`Agent::start_policy_sync`] ran; [`crate::policy_sync`] has
+//! the model, [`crate::netpol`] the semantics): the agent learns Pods, Namespaces and
+//! NetworkPolicies from the API and enforces them in the node's own nftables
+//! ([`Dataplane::write_policies`]). Step 2 above then also waits until the agent knows
+//! the new pod (at most [`KNOWN_WAIT`]), and step 3 writes the pod's isolation (and its
+//! admissions already due) in the same transaction as its allow-set entry (fault
+//! `isolation_lag` holds the deny back). Later changes — a policy created, changed or
+//! deleted, a pod or namespace whose labels or IP change, a peer coming or going — are
+//! planned when learned (`policy_delay`, `policy_never`, and `resync_loop`'s windows)
+//! and applied by the node's policy task through the same apply loop as endpoints (so
+//! `queue`, `agent.apply_time_floor`, a `datastore_resync` or a roll's `--down` hold
+//! them too), each apply counted in the Felix metrics like an endpoint apply (as
+//! Felix's `felix_int_dataplane_apply_time_seconds` covers policy updates);
+//! `policy_programmed` / `policy_revoked` truth lines follow each write.
+//!
 //! [`FaultFile::for_node`]: crate::fault::FaultFile::for_node
 
 use crate::dataplane::{Dataplane, PodNet};
 use crate::fault::{FaultFile, Faults, NodeFaults};
 use crate::felix::{FelixMetrics, ROUTE_REFRESH_INTERVAL};
 use crate::plan::NodePlan;
+use crate::policy_sync::{Change, PolicySync};
 use crate::truth::{unix_now, Truth, TruthEvent, TruthKind};
 use rand::seq::SliceRandom;
 use rand::RngExt;
@@ -82,7 +98,23 @@ pub struct AgentStats {
     pub revoked_total: u64,
     /// Simulated restarts since start (fault `agent.restarts`).
     pub restarts: u64,
+    /// NetworkPolicy items (an isolation, an admitted peer) put into the ruleset since
+    /// start (truth `policy_programmed`).
+    pub policy_programmed_total: u64,
+    /// NetworkPolicy items taken out of the ruleset since start (truth
+    /// `policy_revoked`; pods removed with their endpoint not counted).
+    pub policy_revoked_total: u64,
+    /// NetworkPolicy changes learned and not applied yet (never-planned ones included).
+    pub policy_pending: u64,
 }
+
+/// How long the programming of a new endpoint waits for the agent to know its pod
+/// (labels, namespace) when NetworkPolicy enforcement is on; after that it is
+/// programmed without policy knowledge (logged), so a broken watch cannot stop a node.
+pub const KNOWN_WAIT: Duration = Duration::from_secs(5);
+
+/// Retry interval of a failed NetworkPolicy write.
+const POLICY_RETRY: Duration = Duration::from_secs(1);
 
 struct Endpoint {
     token: u64,
@@ -105,6 +137,8 @@ struct Counters {
     programmed: AtomicU64,
     revoked: AtomicU64,
     restarts: AtomicU64,
+    policy_programmed: AtomicU64,
+    policy_revoked: AtomicU64,
 }
 
 struct Inner {
@@ -138,6 +172,10 @@ struct Inner {
     wire: std::sync::OnceLock<Arc<crate::wire::WireWatch>>,
     /// Whether the node's `gates_readiness` drop rule is in ([`Inner::reconcile_gate`]).
     gating: AtomicBool,
+    /// NetworkPolicy enforcement ([`Agent::start_policy_sync`]).
+    policy: std::sync::OnceLock<Arc<PolicySync>>,
+    /// Its watch and apply tasks (aborted with the agent).
+    policy_tasks: Mutex<Vec<AbortHandle>>,
 }
 
 /// One node's simulated CNI agent. Share it as `Arc<Agent>`. Dropping the last handle
@@ -159,6 +197,15 @@ impl std::fmt::Debug for Agent {
 impl Drop for Agent {
     fn drop(&mut self) {
         if let Some(t) = self.node_task.take() {
+            t.abort();
+        }
+        for t in self
+            .inner
+            .policy_tasks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
             t.abort();
         }
     }
@@ -199,6 +246,8 @@ impl Agent {
             watch: std::sync::OnceLock::new(),
             wire: std::sync::OnceLock::new(),
             gating: AtomicBool::new(false),
+            policy: std::sync::OnceLock::new(),
+            policy_tasks: Mutex::new(Vec::new()),
         });
         let node_task =
             runtime.map(|rt| rt.spawn(node_loop(Arc::downgrade(&inner))).abort_handle());
@@ -238,6 +287,25 @@ impl Agent {
     /// The node's ruleset watch, if one runs.
     pub fn watch(&self) -> Option<&Arc<crate::truth_watch::NodeWatch>> {
         self.inner.watch.get()
+    }
+
+    /// Turns NetworkPolicy enforcement on (simulated agent only; see the module docs):
+    /// starts watching Pods, Namespaces and NetworkPolicies with `client` and the node's
+    /// policy task, both on the current tokio runtime (build `client` there: the node's
+    /// runtime, so the watches come from the node). Call before the node's first pod.
+    /// Once; later calls are ignored.
+    pub fn start_policy_sync(&self, client: kube::Client) {
+        let ps = PolicySync::new(&self.inner.node.name);
+        if self.inner.policy.set(ps.clone()).is_err() {
+            return;
+        }
+        let mut tasks = ps.start_watches(client);
+        tasks.push(tokio::spawn(policy_loop(Arc::downgrade(&self.inner), ps)).abort_handle());
+        self.inner
+            .policy_tasks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(tasks);
     }
 
     /// A new endpoint (call right after `Dataplane::add_pod`): emits `endpoint_added`,
@@ -319,6 +387,10 @@ impl Agent {
                 fcd_armed: false,
             },
         );
+        drop(eps);
+        if let Some(ps) = inner.policy.get() {
+            ps.bump();
+        }
     }
 
     /// The `teardown_delay` fault for this node now (zero when unset): how long the
@@ -373,8 +445,9 @@ impl Agent {
 
     /// The endpoint is going away: cancels pending programming, revoke and stale-route
     /// timers, removes stale routes it caused on other nodes and, if it was
-    /// programmed, removes its IP from the allow set (blocks for those `ip`/`nft`
-    /// calls; waits for an allow in progress). Unknown endpoints are ignored.
+    /// programmed, removes its IP from the allow set and its NetworkPolicy rules
+    /// (blocks for those `ip`/`nft` calls; waits for an allow in progress). Unknown
+    /// endpoints are ignored.
     pub fn endpoint_removed(&self, pod: &PodNet) {
         let inner = &self.inner;
         if let Some(w) = inner.watch.get() {
@@ -389,13 +462,23 @@ impl Agent {
             return;
         };
         ep.abort_tasks();
-        if ep.programmed || ep.fcd_armed {
+        let had_rules = inner.policy.get().is_some_and(|ps| {
+            let mut t = ps.tracker();
+            let had = t.has_rules(&pod.uid);
+            t.forget(&pod.uid);
+            had
+        });
+        if ep.programmed || ep.fcd_armed || had_rules {
             let started = Instant::now();
-            let r = inner.dataplane.disallow(&inner.node.name, ep.net.ip);
+            let r = inner.dataplane.forget(&inner.node.name, ep.net.ip);
             inner.count_apply(started.elapsed(), Some(1), r.is_ok());
             if let Err(e) = r {
                 tracing::warn!(pod = %pod.pod, error = %e, "agent: disallow failed");
             }
+        }
+        drop(eps);
+        if let Some(ps) = inner.policy.get() {
+            ps.bump();
         }
     }
 
@@ -463,6 +546,11 @@ impl Agent {
         let eps = self.inner.lock();
         let active = eps.values().filter(|e| e.programmed).count() as u64;
         let c = &self.inner.counters;
+        let policy_pending = self
+            .inner
+            .policy
+            .get()
+            .map_or(0, |ps| ps.tracker().pending() as u64);
         AgentStats {
             active_local_endpoints: active,
             pending_endpoints: eps.len() as u64 - active,
@@ -472,6 +560,9 @@ impl Agent {
             programmed_total: c.programmed.load(Ordering::Relaxed),
             revoked_total: c.revoked.load(Ordering::Relaxed),
             restarts: c.restarts.load(Ordering::Relaxed),
+            policy_programmed_total: c.policy_programmed.load(Ordering::Relaxed),
+            policy_revoked_total: c.policy_revoked.load(Ordering::Relaxed),
+            policy_pending,
         }
     }
 
@@ -523,6 +614,70 @@ impl Inner {
             c.failures.fetch_add(1, Ordering::Relaxed);
         }
         self.felix().record_apply(took, batch, ok, Instant::now());
+    }
+
+    /// The plan of NetworkPolicy changes under the faults in force now (module docs):
+    /// `policy_delay` (and `policy_never` for new admissions) counted from when the
+    /// change was seen, then `resync_loop`'s next open window; `None` = never.
+    fn policy_plan(&self) -> impl FnMut(Change, Instant) -> Option<(Instant, Duration)> + '_ {
+        let applied = self.faults.current();
+        let nf = applied.file.for_node(
+            &self.node.name,
+            &self.labels,
+            Instant::now().saturating_duration_since(applied.applied_at),
+        );
+        move |change, seen| {
+            let delay = nf.plan_policy_change(change == Change::Admit, &mut rand::rng())?;
+            let due = seen.checked_add(delay)?;
+            let since = due.saturating_duration_since(applied.applied_at);
+            let at = applied.applied_at.checked_add(nf.programming_time(since))?;
+            Some((at, delay))
+        }
+    }
+
+    /// Truth lines and counters for NetworkPolicy transitions just written by an apply
+    /// that took `took`.
+    fn record_policy(&self, transitions: &[crate::policy_sync::Transition], took: Duration) {
+        for t in transitions {
+            let c = if t.programmed {
+                &self.counters.policy_programmed
+            } else {
+                &self.counters.policy_revoked
+            };
+            c.fetch_add(1, Ordering::Relaxed);
+            self.truth.emit(t.truth_event(took.as_secs_f64()));
+        }
+    }
+
+    /// One NetworkPolicy apply (blocking; the caller holds the apply loop, which
+    /// started at `started`): every change due now of programmed endpoints, written in
+    /// one transaction, then truth and metrics. Errors: the `nft` write (nothing
+    /// recorded; the changes stay due).
+    fn apply_policy_changes(&self, ps: &PolicySync, started: Instant) -> Result<(), String> {
+        let eps = self.lock();
+        let (now, now_unix) = (Instant::now(), unix_now());
+        let desired = ps.desired(&eps.values().map(|e| e.net.clone()).collect::<Vec<_>>());
+        let mut t = ps.tracker();
+        t.observe(desired, now, now_unix, &mut self.policy_plan());
+        let batch = t.take_due(now);
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let rules = batch.rules();
+        let r = if rules.is_empty() {
+            Ok(())
+        } else {
+            self.dataplane.write_policies(&self.node.name, &rules, None)
+        };
+        drop(rules);
+        let took = started.elapsed();
+        if batch.changes() > 0 {
+            self.count_apply(took, Some(batch.changes()), r.is_ok());
+        }
+        r.map_err(|e| e.to_string())?;
+        self.record_policy(&batch.transitions, took);
+        t.commit(batch);
+        Ok(())
     }
 
     /// calico#11016: the agent saw the old interface go "down" after the new one came
@@ -938,6 +1093,77 @@ async fn node_loop(weak: Weak<Inner>) {
     }
 }
 
+/// The node's NetworkPolicy task (module docs): re-evaluates on every change the
+/// watches or the node's endpoints bring, re-plans on every fault change, and applies
+/// due changes through the apply loop. Ends when the agent is dropped.
+async fn policy_loop(weak: Weak<Inner>, ps: Arc<PolicySync>) {
+    let mut changes = ps.subscribe();
+    let Some(mut faults_rx) = weak.upgrade().map(|i| i.faults.subscribe()) else {
+        return;
+    };
+    let mut retry_at: Option<Instant> = None;
+    loop {
+        changes.borrow_and_update();
+        let Some(inner) = weak.upgrade() else { return };
+        let next = {
+            let eps = inner.lock();
+            let (now, now_unix) = (Instant::now(), unix_now());
+            let desired = ps.desired(&eps.values().map(|e| e.net.clone()).collect::<Vec<_>>());
+            let mut t = ps.tracker();
+            t.observe(desired, now, now_unix, &mut inner.policy_plan());
+            t.next_due()
+        };
+        let next = match (next, retry_at) {
+            (Some(n), Some(r)) => Some(n.max(r)),
+            (n, _) => n,
+        };
+        if next.is_some_and(|n| n <= Instant::now()) {
+            let apply = inner.apply_loop.lock().await;
+            let started = Instant::now();
+            let nf = inner.faults_at(started);
+            if let Some(q) = nf.queue {
+                let d = q.per_endpoint.sample(&mut rand::rng());
+                tokio::time::sleep(d).await;
+            }
+            if let Some(floor) = nf.agent.apply_time_floor {
+                tokio::time::sleep_until((started + floor).into()).await;
+            }
+            let (i2, ps2) = (inner.clone(), ps.clone());
+            let r = tokio::task::spawn_blocking(move || i2.apply_policy_changes(&ps2, started))
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()));
+            drop(apply);
+            retry_at = match r {
+                Ok(()) => None,
+                Err(e) => {
+                    tracing::error!(node = %inner.node.name, error = %e, "agent: NetworkPolicy write failed; retrying");
+                    Some(Instant::now() + POLICY_RETRY)
+                }
+            };
+            continue;
+        }
+        drop(inner);
+        let sleep = async {
+            match next {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = sleep => {}
+            r = changes.changed() => if r.is_err() { return },
+            r = faults_rx.changed() => {
+                if r.is_err() {
+                    return;
+                }
+                faults_rx.borrow_and_update();
+                let Some(inner) = weak.upgrade() else { return };
+                ps.tracker().replan(&mut inner.policy_plan());
+            }
+        }
+    }
+}
+
 /// The real-agent faults of one node as last applied (docs/design.md §6 "Faults on real
 /// agents"; [`crate::calico::felix`] says how each acts on Felix).
 #[derive(Default)]
@@ -1093,6 +1319,14 @@ async fn program(inner: Arc<Inner>, net: PodNet, token: u64, added_at: Instant) 
             r = rx.changed() => if r.is_err() { return },
         }
     };
+    // With NetworkPolicy enforcement: never program a pod whose labels are unknown
+    // (its isolation goes in with it).
+    if let Some(ps) = inner.policy.get() {
+        if !ps.wait_known(&net.uid, KNOWN_WAIT).await {
+            tracing::warn!(pod = %format!("{}/{}", net.namespace, net.pod), "agent: pod still unknown to the policy watches after {KNOWN_WAIT:?}; programming it without NetworkPolicy");
+        }
+    }
+    let lag = nf.isolation_lag.map(|d| d.sample(&mut rand::rng()));
     let apply_guard = inner.apply_loop.lock().await;
     let started = Instant::now();
     if let Some(q) = nf.queue {
@@ -1106,7 +1340,7 @@ async fn program(inner: Arc<Inner>, net: PodNet, token: u64, added_at: Instant) 
     let net2 = net.clone();
     let fcd = nf.first_connections_dropped.unwrap_or(0);
     let res = tokio::task::spawn_blocking(move || {
-        apply(&inner2, &net2, token, delay, added_at, started, fcd)
+        apply(&inner2, &net2, token, delay, added_at, started, fcd, lag)
     })
     .await;
     drop(apply_guard);
@@ -1138,8 +1372,11 @@ async fn program(inner: Arc<Inner>, net: PodNet, token: u64, added_at: Instant) 
     }
 }
 
-/// The allow step, under the endpoints lock: allow, mark, record truth and the apply
-/// (timed from `started`, the start of the apply). Returns whether it programmed.
+/// The allow step, under the endpoints lock: allow (with the pod's NetworkPolicy
+/// rules in the same transaction, its deny held back `isolation_lag` when given), mark,
+/// record truth and the apply (timed from `started`, the start of the apply). Returns
+/// whether it programmed.
+#[allow(clippy::too_many_arguments)]
 fn apply(
     inner: &Inner,
     net: &PodNet,
@@ -1148,14 +1385,34 @@ fn apply(
     added_at: Instant,
     started: Instant,
     first_syns_dropped: u32,
+    isolation_lag: Option<Duration>,
 ) -> bool {
     let mut eps = inner.lock();
     match eps.get(&net.uid) {
         Some(ep) if ep.token == token && !ep.programmed => {}
         _ => return false, // removed or replaced meanwhile
     }
+    let (now, now_unix) = (Instant::now(), unix_now());
+    let ps = inner.policy.get();
+    let mut tracker = ps.map(|ps| {
+        let desired = ps.desired(&eps.values().map(|e| e.net.clone()).collect::<Vec<_>>());
+        let mut t = ps.tracker();
+        t.observe(desired, now, now_unix, &mut inner.policy_plan());
+        t
+    });
+    let batch = tracker
+        .as_ref()
+        .and_then(|t| t.endpoint_programmed(&net.uid, now, now_unix, isolation_lag));
     // The drop budget is armed from readiness_ok on (module docs, step 4), not here.
-    let r = inner.dataplane.allow(&inner.node.name, net.ip);
+    let rules = batch.as_ref().map(|b| b.rules()).unwrap_or_default();
+    let r = if rules.is_empty() {
+        inner.dataplane.allow(&inner.node.name, net.ip)
+    } else {
+        inner
+            .dataplane
+            .write_policies(&inner.node.name, &rules, Some(net.ip))
+    };
+    drop(rules);
     let apply_time = started.elapsed();
     inner.count_apply(apply_time, Some(1), r.is_ok());
     match r {
@@ -1175,6 +1432,14 @@ fn apply(
                     "first_connections_dropped": first_syns_dropped,
                 }),
             ));
+            if let (Some(t), Some(b)) = (tracker.as_mut(), batch) {
+                inner.record_policy(&b.transitions, apply_time);
+                t.commit(b);
+            }
+            drop(tracker);
+            if let Some(ps) = ps {
+                ps.bump(); // an isolation_lag deny now waits in the policy task
+            }
             true
         }
         Err(e) => {

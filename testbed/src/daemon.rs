@@ -468,6 +468,17 @@ pub async fn start_nodes(
             faults.clone(),
         ));
         agents.push(agent.clone());
+        // The simulated agent enforces NetworkPolicy: its watches (from the node, with
+        // the node's identity) start before any pod.
+        if args.agent.version().is_none() {
+            let api = node_client(&thread, endpoint).await?;
+            let a = agent.clone();
+            thread
+                .handle()
+                .spawn(async move { a.start_policy_sync(api.kube()) })
+                .await
+                .context("NetworkPolicy sync start task")?;
+        }
         // The node's ruleset watch (truth from the real dataplane) before any pod.
         if args.agent.version().is_some() || real_proxy {
             let watching = crate::truth_watch::Watching {

@@ -12,7 +12,8 @@
 //!   a forward chain that drops packets from/to `cali*` interfaces whose pod IP is not
 //!   in the set (Felix's "Unknown interface" drop: the `cali-from-wl-dispatch` /
 //!   `cali-to-wl-dispatch` chains of felix/rules/dispatch.go end in a drop for any
-//!   `cali*` interface whose endpoint is not programmed yet);
+//!   `cali*` interface whose endpoint is not programmed yet), then NetworkPolicy
+//!   enforcement ([`NFT_POLICY_CHAIN`], [`Dataplane::write_policies`]);
 //! - pod netns `<prefix>-p<n>`: `eth0` with `<ip>/32`, `169.254.1.1 dev eth0 scope link`,
 //!   default via 169.254.1.1, static neighbour 169.254.1.1 → `ee:ee:ee:ee:ee:ee` (the
 //!   Calico CNI plugin's pod-side setup, cni-plugin/internal/pkg/utils/network_linux.go);
@@ -58,6 +59,25 @@ pub const NFT_SET: &str = "allowed";
 /// (the token bucket starts full with N packets; checked with nftables 1.0.6) and lets
 /// every later one through.
 pub const NFT_FCD_MAP: &str = "fcd";
+
+/// The NetworkPolicy chain of [`NFT_TABLE`], jumped to from `forward` after the
+/// allow-set drops (and before the `first_connections_dropped` SYN drops, so those count
+/// only connections policy admits): `ct state established,related accept` (replies and
+/// the rest of admitted connections flow, as Felix's per-workload chains start), then
+/// `oifname "cali*" ip daddr vmap @pol_in` (traffic to an ingress-isolated pod of the
+/// node jumps to its `pin_<ip>` chain) and `iifname "cali*" ip saddr vmap @pol_out`
+/// (traffic from an egress-isolated pod to its `pout_<ip>` chain). Each pod chain
+/// `return`s what one of its rules admits and ends in `drop`
+/// ([`Dataplane::write_policies`]). Only forwarded traffic passes here: a pod's traffic
+/// with its own node (kubelet probes, the pod dialing its node IP) uses the `input` and
+/// `output` hooks and is never subject to policy, as Kubernetes requires.
+pub const NFT_POLICY_CHAIN: &str = "netpol";
+
+/// Verdict map (pod IP → `jump pin_<ip>`) of ingress-isolated pods ([`NFT_POLICY_CHAIN`]).
+pub const NFT_POLICY_IN: &str = "pol_in";
+
+/// Verdict map (pod IP → `jump pout_<ip>`) of egress-isolated pods ([`NFT_POLICY_CHAIN`]).
+pub const NFT_POLICY_OUT: &str = "pol_out";
 
 /// Host-order offsets in a node's /24 block handed to pods: `.2`–`.254` (`.0`/`.255`
 /// are network/broadcast to most tools, `.1` is kept free by convention).
@@ -243,20 +263,33 @@ fn sysctls(netns: &str, kv: &[(&str, &str)]) -> Result<()> {
 /// [`Dataplane::set_readiness_gate`] fills; without (real Felix programs the node), the
 /// table holds only empty chains, so it never decides a packet.
 fn node_ruleset(gate: bool) -> String {
-    let rules = if gate {
-        format!(
-            "\t\tiifname \"cali*\" ip saddr != @{NFT_SET} drop\n\
-             \t\toifname \"cali*\" ip daddr != @{NFT_SET} drop\n\
-             \t\ttcp flags & (syn | ack) == syn ip saddr vmap @{NFT_FCD_MAP}\n\
-             \t\ttcp flags & (syn | ack) == syn ip daddr vmap @{NFT_FCD_MAP}\n"
+    let (rules, policy) = if gate {
+        (
+            format!(
+                "\t\tiifname \"cali*\" ip saddr != @{NFT_SET} drop\n\
+                 \t\toifname \"cali*\" ip daddr != @{NFT_SET} drop\n\
+                 \t\tjump {NFT_POLICY_CHAIN}\n\
+                 \t\ttcp flags & (syn | ack) == syn ip saddr vmap @{NFT_FCD_MAP}\n\
+                 \t\ttcp flags & (syn | ack) == syn ip daddr vmap @{NFT_FCD_MAP}\n"
+            ),
+            format!(
+                "\tmap {NFT_POLICY_IN} {{ type ipv4_addr : verdict; }}\n\
+                 \tmap {NFT_POLICY_OUT} {{ type ipv4_addr : verdict; }}\n\
+                 \tchain {NFT_POLICY_CHAIN} {{\n\
+                 \t\tct state established,related accept\n\
+                 \t\toifname \"cali*\" ip daddr vmap @{NFT_POLICY_IN}\n\
+                 \t\tiifname \"cali*\" ip saddr vmap @{NFT_POLICY_OUT}\n\
+                 \t}}\n"
+            ),
         )
     } else {
-        String::new()
+        (String::new(), String::new())
     };
     format!(
         "table inet {NFT_TABLE} {{\n\
          \tset {NFT_SET} {{ type ipv4_addr; }}\n\
          \tmap {NFT_FCD_MAP} {{ type ipv4_addr : verdict; }}\n\
+         {policy}\
          \tchain forward {{\n\
          \t\ttype filter hook forward priority 0; policy accept;\n\
          {rules}\
@@ -624,7 +657,7 @@ impl Dataplane {
         }
     }
 
-    /// CNI DEL: removes the IP from the allow set, deletes the node-side veth (the pod
+    /// CNI DEL: removes the IP from the allow set (and its NetworkPolicy rules), deletes the node-side veth (the pod
     /// end goes with it), kills any process still in the pod netns, deletes the netns,
     /// removes a leftover `/32` route and frees the IP (only if this pod still holds it).
     /// Idempotent: parts already gone are skipped. Errors: the first real failure.
@@ -650,7 +683,7 @@ impl Dataplane {
                 }
             }
         };
-        note(self.disallow(&pod.node, pod.ip));
+        note(self.forget(&pod.node, pod.ip));
         // Only our own veth: a recreated same-name pod on this node may own the name now.
         let ours = iface_peer_in(&st.plan.netns, &pod.iface, &pod.netns);
         if ours {
@@ -735,16 +768,49 @@ impl Dataplane {
     /// was there). Errors: unknown node, `nft` failure.
     pub fn disallow(&self, node: &str, ip: Ipv4Addr) -> Result<()> {
         let st = self.node(node)?;
-        let chain = fcd_chain(ip);
-        let script = format!(
-            "add element inet {NFT_TABLE} {NFT_SET} {{ {ip} }}\n\
-             delete element inet {NFT_TABLE} {NFT_SET} {{ {ip} }}\n\
-             add chain inet {NFT_TABLE} {chain}\n\
-             flush chain inet {NFT_TABLE} {chain}\n\
-             add element inet {NFT_TABLE} {NFT_FCD_MAP} {{ {ip} : jump {chain} }}\n\
-             delete element inet {NFT_TABLE} {NFT_FCD_MAP} {{ {ip} }}\n\
-             delete chain inet {NFT_TABLE} {chain}\n"
-        );
+        run(
+            Some(&st.plan.netns),
+            &["nft", "-f", "-"],
+            Some(&disallow_script(ip)),
+        )
+        .map(drop)
+    }
+
+    /// Writes the NetworkPolicy rules of some of `node`'s pods (each pod's complete rules
+    /// for both directions, [`crate::netpol::PodPolicy`]) and, when `allow` is given,
+    /// adds that IP to the allow set — all in one nftables transaction, so a new pod's
+    /// isolation goes in with its endpoint, never after it. Per pod and direction: a
+    /// chain `pin_<ip>` / `pout_<ip>` with one `return` rule per admitted peer and port
+    /// range and a final `drop`, referenced from [`NFT_POLICY_IN`] / [`NFT_POLICY_OUT`]
+    /// while the direction is isolated (see [`NFT_POLICY_CHAIN`]); a direction neither
+    /// isolated nor admitting anybody has neither. Errors: unknown node, `nft` failure
+    /// (nothing changed then).
+    pub fn write_policies(
+        &self,
+        node: &str,
+        pods: &[(Ipv4Addr, &crate::netpol::PodPolicy)],
+        allow: Option<Ipv4Addr>,
+    ) -> Result<()> {
+        let st = self.node(node)?;
+        let mut script = String::new();
+        for (ip, p) in pods {
+            script.push_str(&policy_script(*ip, p));
+        }
+        if let Some(ip) = allow {
+            script.push_str(&format!(
+                "add element inet {NFT_TABLE} {NFT_SET} {{ {ip} }}\n"
+            ));
+        }
+        run(Some(&st.plan.netns), &["nft", "-f", "-"], Some(&script)).map(drop)
+    }
+
+    /// A pod's sandbox is going away: [`Dataplane::disallow`] plus its NetworkPolicy
+    /// chains and map entries, in one transaction (succeeds whether or not they were
+    /// there). Errors: unknown node, `nft` failure.
+    pub fn forget(&self, node: &str, ip: Ipv4Addr) -> Result<()> {
+        let st = self.node(node)?;
+        let mut script = disallow_script(ip);
+        script.push_str(&policy_script(ip, &crate::netpol::PodPolicy::default()));
         run(Some(&st.plan.netns), &["nft", "-f", "-"], Some(&script)).map(drop)
     }
 
@@ -934,6 +1000,94 @@ impl Dataplane {
             r => r.map(drop),
         }
     }
+}
+
+/// [`Dataplane::disallow`]'s transaction.
+fn disallow_script(ip: Ipv4Addr) -> String {
+    let chain = fcd_chain(ip);
+    format!(
+        "add element inet {NFT_TABLE} {NFT_SET} {{ {ip} }}\n\
+         delete element inet {NFT_TABLE} {NFT_SET} {{ {ip} }}\n\
+         add chain inet {NFT_TABLE} {chain}\n\
+         flush chain inet {NFT_TABLE} {chain}\n\
+         add element inet {NFT_TABLE} {NFT_FCD_MAP} {{ {ip} : jump {chain} }}\n\
+         delete element inet {NFT_TABLE} {NFT_FCD_MAP} {{ {ip} }}\n\
+         delete chain inet {NFT_TABLE} {chain}\n"
+    )
+}
+
+/// Name of a pod's NetworkPolicy chain: `pin_<a>_<b>_<c>_<d>` (ingress) or
+/// `pout_…` (egress).
+fn policy_chain(dir: crate::netpol::Direction, ip: Ipv4Addr) -> String {
+    let o = ip.octets();
+    let d = match dir {
+        crate::netpol::Direction::Ingress => "pin",
+        crate::netpol::Direction::Egress => "pout",
+    };
+    format!("{d}_{}_{}_{}_{}", o[0], o[1], o[2], o[3])
+}
+
+/// The nftables commands that make pod `ip`'s policy state exactly `p`
+/// ([`Dataplane::write_policies`]), each direction rewritten whole and idempotent
+/// (add-then-delete for what must go).
+fn policy_script(ip: Ipv4Addr, p: &crate::netpol::PodPolicy) -> String {
+    use crate::netpol::{Direction, PeerMatch, Ports};
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    for d in Direction::BOTH {
+        let dir = p.dir(d);
+        let chain = policy_chain(d, ip);
+        let (map, addr) = match d {
+            Direction::Ingress => (NFT_POLICY_IN, "ip saddr"),
+            Direction::Egress => (NFT_POLICY_OUT, "ip daddr"),
+        };
+        let t = format!("inet {NFT_TABLE}");
+        let _ = writeln!(s, "add chain {t} {chain}");
+        let _ = writeln!(s, "flush chain {t} {chain}");
+        let _ = writeln!(s, "add element {t} {map} {{ {ip} : jump {chain} }}");
+        if dir.isolated_by.is_none() {
+            let _ = writeln!(s, "delete element {t} {map} {{ {ip} }}");
+            if dir.admits.is_empty() {
+                let _ = writeln!(s, "delete chain {t} {chain}");
+                continue;
+            }
+        }
+        for a in dir.admits.values() {
+            let peer = match &a.peer {
+                PeerMatch::Any => String::new(),
+                PeerMatch::Net { cidr, except } if except.is_empty() => format!("{addr} {cidr} "),
+                PeerMatch::Net { cidr, except } => format!(
+                    "{addr} {cidr} {addr} != {{ {} }} ",
+                    except
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            };
+            match &a.ports {
+                Ports::All => {
+                    let _ = writeln!(s, "add rule {t} {chain} {peer}return");
+                }
+                Ports::Only(ranges) => {
+                    for r in ranges {
+                        let port = match r.ports {
+                            None => String::new(),
+                            Some((a, b)) if a == b => format!("th dport {a} "),
+                            Some((a, b)) => format!("th dport {a}-{b} "),
+                        };
+                        let _ = writeln!(
+                            s,
+                            "add rule {t} {chain} {peer}meta l4proto {} {port}return",
+                            r.protocol.nft()
+                        );
+                    }
+                }
+            }
+        }
+        let _ = writeln!(s, "add rule {t} {chain} counter drop");
+    }
+    s
 }
 
 /// Name of the per-endpoint `first_connections_dropped` chain: `fcd_<a>_<b>_<c>_<d>`.
@@ -1183,5 +1337,129 @@ mod tests {
         assert!(allow < fcd);
         assert!(r.contains("tcp flags & (syn | ack) == syn ip daddr vmap @fcd"));
         assert_eq!(fcd_chain(Ipv4Addr::new(10, 7, 1, 2)), "fcd_10_7_1_2");
+        // NetworkPolicy: after the allow-set drops, before the first-SYN drops, in the
+        // forward hook only (a pod's traffic with its own node is never subject to it).
+        let policy = r.find("jump netpol").unwrap();
+        assert!(allow < policy && policy < fcd);
+        let chain = r.find("chain netpol {").unwrap();
+        assert!(
+            chain < r.find("chain forward").unwrap(),
+            "declared before its use"
+        );
+        let body = &r[chain..];
+        let ct = body.find("ct state established,related accept").unwrap();
+        assert!(
+            ct < body
+                .find("oifname \"cali*\" ip daddr vmap @pol_in")
+                .unwrap()
+        );
+        assert!(body.contains("iifname \"cali*\" ip saddr vmap @pol_out"));
+        assert!(
+            !off.contains("jump netpol") && !off.contains("pol_in"),
+            "real Felix enforces by itself"
+        );
+        let input = &r[r.find("chain input").unwrap()..];
+        assert!(!input.contains("jump netpol") && !input.contains("pol_"));
+    }
+
+    #[test]
+    fn policy_rules_return_admitted_peers_and_ports_and_drop_the_rest() {
+        use crate::netpol::{
+            Admission, Cidr, DirPolicy, PeerKey, PeerMatch, PodPolicy, PortRange, Ports, Protocol,
+        };
+        let ip = Ipv4Addr::new(10, 7, 2, 5);
+        let admit = |peer: PeerMatch, ports: Ports| Admission {
+            policy: "ns/p".into(),
+            peer,
+            pod: None,
+            ports,
+        };
+        let block = PeerMatch::Net {
+            cidr: Cidr::parse("10.9.0.0/16").unwrap().unwrap(),
+            except: vec![
+                Cidr::parse("10.9.1.0/24").unwrap().unwrap(),
+                Cidr::parse("10.9.2.0/24").unwrap().unwrap(),
+            ],
+        };
+        let p = PodPolicy {
+            ingress: DirPolicy {
+                isolated_by: Some("ns/p".into()),
+                admits: [
+                    (
+                        PeerKey::Pod("u".into()),
+                        admit(
+                            PeerMatch::Net {
+                                cidr: Cidr::host(Ipv4Addr::new(10, 7, 1, 3)),
+                                except: vec![],
+                            },
+                            Ports::Only(
+                                [
+                                    PortRange {
+                                        protocol: Protocol::Tcp,
+                                        ports: Some((8080, 8080)),
+                                    },
+                                    PortRange {
+                                        protocol: Protocol::Udp,
+                                        ports: Some((5000, 5010)),
+                                    },
+                                    PortRange {
+                                        protocol: Protocol::Sctp,
+                                        ports: None,
+                                    },
+                                ]
+                                .into(),
+                            ),
+                        ),
+                    ),
+                    (
+                        PeerKey::Block {
+                            cidr: Cidr::host(ip),
+                            except: vec![],
+                        },
+                        admit(block, Ports::All),
+                    ),
+                ]
+                .into(),
+            },
+            // Egress: admits programmed ahead of the isolation (chain, no map entry).
+            egress: DirPolicy {
+                isolated_by: None,
+                admits: [(PeerKey::Any, admit(PeerMatch::Any, Ports::All))].into(),
+            },
+        };
+        let s = policy_script(ip, &p);
+        let lines: Vec<&str> = s.lines().collect();
+        let t = "inet firstpacket";
+        assert_eq!(
+            lines,
+            [
+                format!("add chain {t} pin_10_7_2_5"),
+                format!("flush chain {t} pin_10_7_2_5"),
+                format!("add element {t} pol_in {{ 10.7.2.5 : jump pin_10_7_2_5 }}"),
+                format!("add rule {t} pin_10_7_2_5 ip saddr 10.7.1.3/32 meta l4proto tcp th dport 8080 return"),
+                format!("add rule {t} pin_10_7_2_5 ip saddr 10.7.1.3/32 meta l4proto udp th dport 5000-5010 return"),
+                format!("add rule {t} pin_10_7_2_5 ip saddr 10.7.1.3/32 meta l4proto sctp return"),
+                format!("add rule {t} pin_10_7_2_5 ip saddr 10.9.0.0/16 ip saddr != {{ 10.9.1.0/24, 10.9.2.0/24 }} return"),
+                format!("add rule {t} pin_10_7_2_5 counter drop"),
+                format!("add chain {t} pout_10_7_2_5"),
+                format!("flush chain {t} pout_10_7_2_5"),
+                format!("add element {t} pol_out {{ 10.7.2.5 : jump pout_10_7_2_5 }}"),
+                format!("delete element {t} pol_out {{ 10.7.2.5 }}"),
+                format!("add rule {t} pout_10_7_2_5 return"),
+                format!("add rule {t} pout_10_7_2_5 counter drop"),
+            ]
+        );
+        // Nothing: both chains and map entries removed (idempotently).
+        let s = policy_script(ip, &PodPolicy::default());
+        assert!(
+            s.ends_with(&format!(
+                "add element {t} pol_out {{ 10.7.2.5 : jump pout_10_7_2_5 }}\n\
+             delete element {t} pol_out {{ 10.7.2.5 }}\n\
+             delete chain {t} pout_10_7_2_5\n"
+            )),
+            "{s}"
+        );
+        assert!(s.contains(&format!("delete chain {t} pin_10_7_2_5\n")));
+        assert!(!s.contains("add rule"));
     }
 }

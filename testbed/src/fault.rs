@@ -30,6 +30,13 @@
 //!   route_resync: {every: D, takes: D}, datastore_resync: {every: D, takes: D},
 //!   gates_readiness}`. Each type below says what it does; [`crate::agent`] carries them
 //!   out.
+//! - NetworkPolicy primitives of the simulated agent ([`crate::policy_sync`]):
+//!   `policy_delay: D` (each admission change — a peer starting or ceasing to be
+//!   admitted to or from a pod of the node, a programmed pod's isolation changing — is
+//!   in the node's ruleset D after the agent learned it), `policy_never: p` (each newly
+//!   admitted (pod, peer, direction) is never programmed on the node with probability
+//!   p; revocations always are), `isolation_lag: D` (a new pod a policy isolates is
+//!   reachable for D after its endpoint is programmed before its deny applies).
 //! - Primitives acting on the real Calico Felix process (`testbed up --control-plane real
 //!   --agent calico`), all node-wide: `agent_io: {delay: D, fail: p}` (every dataplane
 //!   write Felix makes takes D longer and fails with probability p), `agent_cpu: {quota:
@@ -41,17 +48,19 @@
 //! - A primitive that does not apply to the running agent or service proxy is refused
 //!   naming the line ([`FaultFile::check_components`]): the simulated agent's decisions
 //!   (`program_delay`, `resync_loop`, `never_program`, `queue`, `revoke`,
-//!   `name_reuse_race`, `first_connections_dropped`, every `agent` key but `restarts`)
-//!   with real Felix, the real-Felix primitives above with the simulated agent, and
+//!   `name_reuse_race`, `first_connections_dropped`, `policy_delay`, `policy_never`,
+//!   `isolation_lag`, every `agent` key but `restarts`) with real Felix, the real-Felix primitives above with the simulated agent, and
 //!   `service_delay` with the real kube-proxy.
 //! - `service_delay: D` (duration distribution): time from an EndpointSlice change
 //!   being seen by a node's service proxy to its rules being in ([`crate::services`]).
 //! - `from`/`until`: per-endpoint primitives (decided when an endpoint is added:
 //!   `program_delay`, `resync_loop`, `never_program`, `queue`, `revoke`,
-//!   `name_reuse_race`, `first_connections_dropped`, `stale_routes`, `clock_skew` at
-//!   container start) select endpoints added in the window; node-wide ones (`cross_node`,
-//!   `agent`, `teardown_delay`, `cni_add_delay`, `agent_io`, `agent_cpu`, `agent_pause`, `policies`,
-//!   `agent_version`) are in force during the window.
+//!   `name_reuse_race`, `first_connections_dropped`, `stale_routes`, `isolation_lag`,
+//!   `clock_skew` at container start) select endpoints added in the window; node-wide
+//!   ones (`cross_node`, `agent`, `teardown_delay`, `cni_add_delay`, `agent_io`,
+//!   `agent_cpu`, `agent_pause`, `policies`, `agent_version`) are in force during the
+//!   window, and so are `policy_delay` and `policy_never` for the policy changes the
+//!   agent learns meanwhile.
 //! - `teardown_delay: D` (duration distribution): time the node's kubelet takes, after a
 //!   deleted pod's containers have stopped, to tear its sandbox down (the CNI DEL) and
 //!   remove the pod from the API, as a slow CNI plugin or a busy container runtime makes
@@ -1150,7 +1159,10 @@ macro_rules! rule_primitives {
             agent_cpu,
             agent_pause,
             policies,
-            agent_version
+            agent_version,
+            policy_delay,
+            policy_never,
+            isolation_lag
         )
     };
 }
@@ -1237,6 +1249,22 @@ pub struct Rule {
     /// The real Felix release (`v3.M.P`) the selected nodes run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent_version: Option<String>,
+    /// Time from the simulated agent learning a NetworkPolicy admission change (a peer
+    /// starting or ceasing to be admitted to or from a pod of the node, a pod's
+    /// isolation changing) to the node's ruleset carrying it ([`crate::policy_sync`]).
+    /// Sampled per change, with the rule in force when the change is learned.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy_delay: Option<DurationDist>,
+    /// Probability that a newly admitted (pod, peer, direction) is never programmed on
+    /// the node (revocations always are). Drawn when the admission is learned, and
+    /// again for every waiting one when a new fault file is applied.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy_never: Option<Probability>,
+    /// A new pod that a NetworkPolicy isolates stays reachable (not isolated) this long
+    /// after its endpoint is programmed before its deny applies. Per endpoint (sampled
+    /// when its endpoint is programmed, with the rule in force when it was added).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub isolation_lag: Option<DurationDist>,
 }
 
 impl<'de> Deserialize<'de> for Rule {
@@ -1288,6 +1316,12 @@ impl<'de> Deserialize<'de> for Rule {
             policies: Option<u32>,
             #[serde(default)]
             agent_version: Option<AgentVersion>,
+            #[serde(default)]
+            policy_delay: Option<DurationDist>,
+            #[serde(default)]
+            policy_never: Option<Probability>,
+            #[serde(default)]
+            isolation_lag: Option<DurationDist>,
         }
         let r = Raw::deserialize(d)?;
         let (from, until) = (r.from.map(|h| h.0), r.until.map(|h| h.0));
@@ -1321,6 +1355,9 @@ impl<'de> Deserialize<'de> for Rule {
             agent_pause: r.agent_pause,
             policies: r.policies,
             agent_version: r.agent_version.map(|v| v.0),
+            policy_delay: r.policy_delay,
+            policy_never: r.policy_never,
+            isolation_lag: r.isolation_lag,
         })
     }
 }
@@ -1362,6 +1399,9 @@ pub struct NodeFaults {
     /// many exist.
     pub policies: Option<u32>,
     pub agent_version: Option<String>,
+    pub policy_delay: Option<DurationDist>,
+    pub policy_never: Option<Probability>,
+    pub isolation_lag: Option<DurationDist>,
 }
 
 impl NodeFaults {
@@ -1386,6 +1426,22 @@ impl NodeFaults {
     /// `resync_loop` window.
     pub fn programming_time(&self, due: Duration) -> Duration {
         self.resync_loop.map_or(due, |r| r.next_open(due))
+    }
+
+    /// Plans one NetworkPolicy change ([`crate::policy_sync`]): `None` = never (a new
+    /// admission, `admission` true, drawn under `policy_never`), else the sampled
+    /// `policy_delay` (zero when unset).
+    pub fn plan_policy_change<R: Rng + ?Sized>(
+        &self,
+        admission: bool,
+        rng: &mut R,
+    ) -> Option<Duration> {
+        if let (true, Some(Probability(p))) = (admission, self.policy_never) {
+            if rng.random_bool(p.clamp(0.0, 1.0)) {
+                return None;
+            }
+        }
+        Some(self.policy_delay.map_or(Duration::ZERO, |d| d.sample(rng)))
     }
 
     /// Whether any fault is in force.
@@ -1574,7 +1630,8 @@ impl FaultFile {
     /// - With [`AgentKind::Calico`] (real Felix) the simulated agent's decisions and its
     ///   imitation of Felix's metrics are refused: `program_delay`, `resync_loop`,
     ///   `never_program`, `queue`, `revoke`, `name_reuse_race`,
-    ///   `first_connections_dropped` and `agent.not_ready`,
+    ///   `first_connections_dropped`, `policy_delay`, `policy_never`, `isolation_lag` and
+    ///   `agent.not_ready`,
     ///   `agent.extra_failures_per_second`, `agent.extra_resyncs_per_second`,
     ///   `agent.apply_time_floor`, `agent.route_resync`, `agent.datastore_resync`,
     ///   `agent.gates_readiness`.
@@ -1732,6 +1789,9 @@ const SIMULATED_AGENT_ONLY: &[(&str, &str)] = &[
     ("agent.route_resync", "it imitates Felix's route-table resync in the simulated agent; real Felix resyncs by itself"),
     ("agent.datastore_resync", "it imitates a datastore resync in the simulated agent; real Felix resyncs by itself (after `agent: {restarts}`, for one)"),
     ("agent.gates_readiness", "it makes the simulated agent imitate what real Felix does anyway (drop a new pod's traffic to its own node until the endpoint is programmed)"),
+    ("policy_delay", "it sets when the simulated agent programs a NetworkPolicy change; real Felix programs policy as fast as it can"),
+    ("policy_never", "it makes the simulated agent skip NetworkPolicy admissions on purpose; real Felix cannot be told to (`agent_io: {fail: 1}` makes every write fail)"),
+    ("isolation_lag", "it makes the simulated agent leave a new isolated pod open for a while; real Felix isolates it with its endpoint"),
 ];
 
 /// Keys real Felix alone is subject to, and why (refused with the simulated agent).
@@ -1739,7 +1799,7 @@ const REAL_AGENT_ONLY: &[(&str, &str)] = &[
     ("agent_io", "it delays and fails the real Felix process's dataplane writes (iptables-nft-restore, ipset, nft); run `testbed up --control-plane real --agent calico`, or with the simulated agent use `program_delay`, `queue` or `agent: {apply_time_floor}`"),
     ("agent_cpu", "it puts a cgroup CPU quota on the real Felix process; run `testbed up --control-plane real --agent calico`, or with the simulated agent use `queue` or `agent: {apply_time_floor}`"),
     ("agent_pause", "it stops the real Felix process (SIGSTOP) for a while; run `testbed up --control-plane real --agent calico`, or with the simulated agent use `resync_loop`"),
-    ("policies", "it loads the real Felix with NetworkPolicies to compute, which the simulated agent ignores; run `testbed up --control-plane real --agent calico`, or with the simulated agent use `queue`"),
+    ("policies", "it loads the real Felix with NetworkPolicies to compute; the simulated agent enforces policies, but its cost does not grow with policies that select nothing; run `testbed up --control-plane real --agent calico`, or with the simulated agent use `queue`"),
     ("agent_version", "it picks the real Felix release the nodes run; run `testbed up --control-plane real --agent calico` (the simulated agent has no release)"),
 ];
 
@@ -3037,8 +3097,9 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "fault file: rule 2 (line 8): `policies` does not apply to the simulated agent: it \
-             loads the real Felix with NetworkPolicies to compute, which the simulated agent \
-             ignores; run `testbed up --control-plane real --agent calico`, or with the \
+             loads the real Felix with NetworkPolicies to compute; the simulated agent \
+             enforces policies, but its cost does not grow with policies that select \
+             nothing; run `testbed up --control-plane real --agent calico`, or with the \
              simulated agent use `queue`"
         );
         let f = FaultFile::parse(yaml).unwrap();
@@ -3096,5 +3157,92 @@ mod tests {
         let yaml = "rules:\n- nodes: {all: true}\n  revoke: {after: 1s}\n- nodes: {all: true}\n  agent_cpu: {quota: 1%}\n";
         assert_eq!(refused_at(&calico_err(yaml)), (1, 3, "revoke"));
         assert_eq!(refused_at(&simulated_err(yaml)), (2, 5, "agent_cpu"));
+    }
+
+    #[test]
+    fn policy_primitives_parse_resolve_per_node_and_plan_changes() {
+        let yaml = "rules:\n\
+                    - nodes: {all: true}\n\
+                    \x20 policy_delay: {uniform: [1s, 2s]}\n\
+                    - nodes: {names: [node-2]}\n\
+                    \x20 from: 10s\n\
+                    \x20 policy_delay: 2s\n\
+                    \x20 policy_never: 1\n\
+                    \x20 isolation_lag: {lognormal: {median: 1s, p99: 5s}}\n";
+        let f = FaultFile::parse(yaml).unwrap();
+        let none = BTreeMap::new();
+        let n1 = f.for_node("node-1", &none, Duration::from_secs(20));
+        assert_eq!(
+            n1.policy_delay,
+            Some(DurationDist::Uniform(
+                Duration::from_secs(1),
+                Duration::from_secs(2)
+            ))
+        );
+        assert_eq!((n1.policy_never, n1.isolation_lag), (None, None));
+        let n2 = f.for_node("node-2", &none, Duration::from_secs(20));
+        assert_eq!(
+            n2.policy_delay,
+            Some(DurationDist::Fixed(Duration::from_secs(2)))
+        );
+        assert_eq!(n2.policy_never, Some(Probability(1.0)));
+        assert!(matches!(
+            n2.isolation_lag,
+            Some(DurationDist::Lognormal { .. })
+        ));
+        let early = f.for_node("node-2", &none, Duration::from_secs(1));
+        assert_eq!(early.policy_never, None, "from: 10s");
+        let mut rng = rand::rng();
+        // policy_never: new admissions only; every other change gets the delay.
+        assert_eq!(n2.plan_policy_change(true, &mut rng), None);
+        assert_eq!(
+            n2.plan_policy_change(false, &mut rng),
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(
+            NodeFaults::default().plan_policy_change(true, &mut rng),
+            Some(Duration::ZERO)
+        );
+        let d = n1.plan_policy_change(true, &mut rng).unwrap();
+        assert!((Duration::from_secs(1)..=Duration::from_secs(2)).contains(&d));
+        // Same error style as every primitive: bad values and unknown keys name the line.
+        let e = err("rules:\n- nodes: {all: true}\n  policy_never: 1.5\n");
+        assert!(e.contains("line 3"), "{e}");
+        let e = err("rules:\n- nodes: {all: true}\n  isolation_lag: {uniform: [2s]}\n");
+        assert!(e.contains("line 3"), "{e}");
+        let e = err("rules:\n- nodes: {all: true}\n  policy_delays: 1s\n");
+        assert!(
+            e.contains("unknown field `policy_delays`") && e.contains("line 3"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn policy_primitives_are_refused_with_real_felix_and_kept_with_real_kubelets() {
+        for (key, snippet) in [
+            ("policy_delay", "policy_delay: 1s"),
+            ("policy_never", "policy_never: 0.5"),
+            ("isolation_lag", "isolation_lag: {uniform: [1s, 3s]}"),
+        ] {
+            let yaml =
+                format!("rules:\n- nodes: {{all: true}}\n  teardown_delay: 1s\n  {snippet}\n");
+            let e = calico_err(&yaml);
+            assert_eq!(refused_at(&e), (1, 4, key), "{snippet}");
+            let text = e.to_string();
+            assert!(
+                text.starts_with(&format!(
+                    "fault file: rule 1 (line 4): `{key}` does not apply to real Calico Felix: "
+                )) && text.ends_with(ON_REAL_FELIX),
+                "{text}"
+            );
+            let f = FaultFile::parse(&yaml).unwrap();
+            for proxy in [ProxyKind::Simulated, ProxyKind::Real] {
+                f.check_components(&yaml, AgentKind::Simulated, proxy)
+                    .unwrap();
+            }
+            // The simulated agent enforces policy on real kubelets' pods too.
+            f.check_kubelet(&yaml, KubeletKind::Real, AgentKind::Simulated)
+                .unwrap();
+        }
     }
 }

@@ -8,8 +8,8 @@
 //!
 //! | family | type | fed by |
 //! |---|---|---|
-//! | `felix_int_dataplane_apply_time_seconds` | summary | every dataplane apply of the agent (endpoint programmed/removed/revoked, apply-loop iterations under `resync_loop`, `agent.route_resync` resyncs), including `queue` and `apply_time_floor` time |
-//! | `felix_int_dataplane_msg_batch_size` | summary | endpoint updates handled per apply (1 each) |
+//! | `felix_int_dataplane_apply_time_seconds` | summary | every dataplane apply of the agent (endpoint programmed/removed/revoked, NetworkPolicy applies, apply-loop iterations under `resync_loop`, `agent.route_resync` resyncs), including `queue` and `apply_time_floor` time |
+//! | `felix_int_dataplane_msg_batch_size` | summary | endpoint updates handled per apply (1 each), or the pods whose NetworkPolicy rules one policy apply rewrote |
 //! | `felix_int_dataplane_failures` | counter | failed applies + fault `agent.extra_failures_per_second` |
 //! | `felix_resyncs_started` | counter | 1 at (re)start + fault `agent.extra_resyncs_per_second` + 1 per `agent.datastore_resync` episode |
 //! | `felix_resync_state` | gauge | 3 (in sync, the value of the fixture); 2 (resync in progress) during an `agent.datastore_resync` episode (felix/calc/async_calc_graph.go: WaitForDatastore 1, ResyncInProgress 2, InSync 3) |

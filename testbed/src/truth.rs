@@ -73,6 +73,15 @@ pub enum TruthKind {
     /// rollout replaces it (`namespace`/`pod`/`uid` = the new pod; `detail`: `image`,
     /// `old_pod`, `old_uid`, `old_image`); stamped once the new pod is Running.
     AgentRolled,
+    /// `node`'s ruleset starts admitting a peer to or from a pod a NetworkPolicy
+    /// isolates (`namespace`/`pod`/`iface` = the isolated pod, `uid`/`ip` = the admitted
+    /// peer's; `detail`: `policy`, `direction`, `peer`, `ports`, …), or, with
+    /// `detail.isolated: true` and the pod's own `uid`/`ip`, the pod's deny itself
+    /// starts ([`crate::policy_sync`] has the shapes).
+    PolicyProgrammed,
+    /// The opposite of [`TruthKind::PolicyProgrammed`]: a peer no longer admitted, or
+    /// (`detail.isolated: true`) the pod no longer isolated in that direction.
+    PolicyRevoked,
 }
 
 /// One line of the truth log. Field order and names are the §6 contract.
