@@ -10,7 +10,8 @@
 //!
 //! Sections (`--only`, comma-separated): `accuracy` (accuracy, mesh, resolution),
 //! `footprint` (target-server, parser), `scale` (prober at 10/100/1 000 nodes, gate wall
-//! time).
+//! time), `policy` (NetworkPolicy latency next to kube-burner's and clusterloader2's
+//! methods).
 
 #[path = "../tests/bench/mod.rs"]
 mod bench;
@@ -19,7 +20,7 @@ mod common;
 
 use std::time::Instant;
 
-const SECTIONS: [&str; 3] = ["accuracy", "footprint", "scale"];
+const SECTIONS: [&str; 4] = ["accuracy", "footprint", "scale", "policy"];
 
 fn usage() -> ! {
     eprintln!(
@@ -105,6 +106,7 @@ fn main() {
             "accuracy" => bench::accuracy::run(&opts),
             "footprint" => bench::footprint::run(&opts),
             "scale" => bench::scale::run(&opts),
+            "policy" => bench::policy::run(&opts),
             _ => unreachable!(),
         };
         for table in &got {

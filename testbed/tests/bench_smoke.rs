@@ -4,7 +4,7 @@
 //! numbers are printed, not judged, except where a section checks a measurement against
 //! the testbed's truth.
 //!
-//! Needs root, `ip`, `kubectl`, `wget`, `nsenter` and the workspace binaries.
+//! Needs root, `ip`, `kubectl`, `wget`, `curl`, `nsenter` and the workspace binaries.
 
 mod bench;
 mod common;
@@ -90,6 +90,16 @@ fn scale_tables_are_complete() {
     }
     let tables = bench::scale::run(&smoke());
     check(&tables, bench::scale::TITLES);
+}
+
+#[test]
+fn policy_table_is_complete() {
+    let _g = serial();
+    if !root() {
+        return;
+    }
+    let tables = bench::policy::run(&smoke());
+    check(&tables, &[bench::policy::POLICY]);
 }
 
 #[test]

@@ -5,12 +5,14 @@
 //! docs/design.md §6): accuracy of firstpacket next to the operator's loop and a 1 s poller,
 //! what a long-lived mesh sees, resolution vs `--dial-interval`, the prober's footprint
 //! and API cost at 10 / 100 / 1 000 nodes (hollow beyond the netns ones), target-server's
-//! footprint and the exposition parser's throughput. Each section returns [`Table`]s;
+//! footprint and the exposition parser's throughput, and NetworkPolicy latency next to
+//! kube-burner's and clusterloader2's methods. Each section returns [`Table`]s;
 //! [`render`] writes them as Markdown with the machine and the commands.
 #![allow(dead_code)]
 
 pub mod accuracy;
 pub mod footprint;
+pub mod policy;
 pub mod scale;
 
 use std::fmt::Write as _;
