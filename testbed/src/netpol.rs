@@ -691,11 +691,6 @@ impl PodInfo {
             terminal: matches!(phase, "Succeeded" | "Failed"),
         })
     }
-
-    /// Whether it can be a peer (module docs).
-    fn is_peer(&self) -> bool {
-        self.ip.is_some() && !self.host_network && !self.terminal
-    }
 }
 
 /// The name and labels of a Namespace's JSON wire shape; `None` without a name.
@@ -807,28 +802,19 @@ impl Index {
             return out;
         }
         // Peers: pods with an address, local ones at the node's address.
-        let peers: Vec<PodInfo> = self
+        let peers: Vec<(&PodInfo, Ipv4Addr)> = self
             .pods
             .values()
-            .filter(|p| p.uid != pod.uid)
-            .map(|p| {
-                let mut p = p.clone();
-                if let Some(ip) = local_ips.get(&p.uid) {
-                    p.ip = Some(*ip);
-                }
-                p
-            })
-            .filter(PodInfo::is_peer)
+            .filter(|p| p.uid != pod.uid && !p.host_network && !p.terminal)
+            .filter_map(|p| Some((p, local_ips.get(&p.uid).copied().or(p.ip)?)))
             .collect();
         let mut by_ip: HashMap<Ipv4Addr, Vec<&PodInfo>> = HashMap::new();
-        for p in &peers {
-            if let Some(ip) = p.ip {
-                by_ip.entry(ip).or_default().push(p);
-            }
+        for (p, ip) in &peers {
+            by_ip.entry(*ip).or_default().push(p);
         }
         let ns_labels: HashMap<&str, BTreeMap<String, String>> = peers
             .iter()
-            .map(|p| (p.namespace.as_str(), self.namespace_labels(&p.namespace)))
+            .map(|(p, _)| (p.namespace.as_str(), self.namespace_labels(&p.namespace)))
             .collect();
         for d in Direction::BOTH {
             let dir = out.dir_mut(d);
@@ -865,7 +851,7 @@ impl Index {
                     for peer in list {
                         match peer {
                             Peer::Pods { pods, namespaces } => {
-                                for p in &peers {
+                                for &(p, ip) in &peers {
                                     let ns_ok = match namespaces {
                                         None => p.namespace == policy.namespace,
                                         Some(sel) => ns_labels
@@ -877,7 +863,6 @@ impl Index {
                                     {
                                         continue;
                                     }
-                                    let Some(ip) = p.ip else { continue };
                                     admit(
                                         PeerKey::Pod(p.uid.clone()),
                                         PeerMatch::Net {
