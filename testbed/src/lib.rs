@@ -21,6 +21,7 @@ pub mod felix;
 pub mod hollow;
 pub mod httpc;
 pub mod image;
+pub mod ipset_watch;
 pub mod kube_proxy;
 pub mod kube_proxy_real;
 pub mod kubelet;

@@ -53,6 +53,11 @@ impl Registry {
     pub fn by_ip(&self, ip: Ipv4Addr) -> Option<PodNet> {
         self.lock().get(&ip).cloned()
     }
+
+    /// The IPs of every live pod.
+    pub fn ips(&self) -> Vec<Ipv4Addr> {
+        self.lock().keys().copied().collect()
+    }
 }
 
 /// What a [`NodeWatch`] reports.
@@ -62,6 +67,9 @@ pub struct Watching {
     pub endpoints: bool,
     /// kube-proxy's service maps: `service_programmed`.
     pub services: bool,
+    /// Felix's selector IP sets: `policy_programmed` / `policy_revoked`
+    /// ([`crate::ipset_watch`]).
+    pub policies: bool,
 }
 
 struct Inner {
@@ -71,12 +79,14 @@ struct Inner {
     registry: Arc<Registry>,
     state: Mutex<RulesetState>,
     /// This node's live endpoints by interface.
-    local: Mutex<HashMap<String, PodNet>>,
+    local: crate::ipset_watch::Locals,
     /// UIDs whose endpoint is programmed now.
     programmed: Mutex<HashSet<String>>,
+    /// Commits to the `filter` table, for the IP set watch.
+    rules: Arc<crate::ipset_watch::RulesChanged>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -85,6 +95,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub struct NodeWatch {
     inner: Arc<Inner>,
     tasks: Vec<tokio::task::AbortHandle>,
+    _policies: Option<crate::ipset_watch::PolicyWatch>,
 }
 
 impl Drop for NodeWatch {
@@ -142,8 +153,9 @@ impl NodeWatch {
             truth,
             registry,
             state: Mutex::new(RulesetState::new()),
-            local: Mutex::new(HashMap::new()),
+            local: Arc::default(),
             programmed: Mutex::new(HashSet::new()),
+            rules: Arc::default(),
         });
         let mut tasks = Vec::new();
         for src in [Source::Nft, Source::Route] {
@@ -154,7 +166,24 @@ impl NodeWatch {
                 format!("start `{}` in {node}'s netns", src.monitor().join(" "))
             })?;
         }
-        Ok(NodeWatch { inner, tasks })
+        let policies = if watching.policies {
+            let (node, reg, truth) = (node.to_owned(), inner.registry.clone(), inner.truth.clone());
+            let (rules, locals) = (inner.rules.clone(), inner.local.clone());
+            let w = rt
+                .spawn(async move {
+                    crate::ipset_watch::PolicyWatch::start(&node, &reg, truth, rules, locals)
+                })
+                .await
+                .context("IP set watch task")??;
+            Some(w)
+        } else {
+            None
+        };
+        Ok(NodeWatch {
+            inner,
+            tasks,
+            _policies: policies,
+        })
     }
 
     /// A pod's sandbox exists on this node (the kubelet's CNI ADD): from now on its
@@ -278,6 +307,9 @@ impl Inner {
 
     /// Feeds one monitor line read at `at` (Unix seconds).
     fn feed(&self, src: Source, line: &str, at: f64) {
+        if matches!(src, Source::Nft) {
+            self.rules.note(line, at);
+        }
         let change = {
             let mut st = lock(&self.state);
             match src {
