@@ -484,6 +484,7 @@ pub async fn start_nodes(
             let watching = crate::truth_watch::Watching {
                 endpoints: args.agent.version().is_some(),
                 services: real_proxy,
+                policies: args.agent.version().is_some(),
             };
             let w = crate::truth_watch::NodeWatch::start(
                 &n.name,
@@ -891,7 +892,8 @@ async fn real_agent_loop(
         let since = a.applied_at.elapsed();
         let want = a.file.policies_in_force(since);
         if want != policies {
-            match crate::calico::datastore::sync_policy_load(&api, policies, want).await {
+            let nodes: Vec<String> = kubelets.iter().map(|k| k.node().to_owned()).collect();
+            match crate::calico::datastore::sync_policy_load(&api, &nodes, policies, want).await {
                 Ok(n) => {
                     tracing::info!(policies = n, "policy load");
                     policies = n;

@@ -42,7 +42,8 @@
 //!   write Felix makes takes D longer and fails with probability p), `agent_cpu: {quota:
 //!   P%}` (a cgroup CPU quota on Felix, 0.1–1000 % of one CPU), `agent_pause: {every: D,
 //!   for: D}` (Felix is stopped with SIGSTOP for `for` every `every`), `policies: N` (N
-//!   NetworkPolicies, selecting nothing the prober creates, in a namespace of their own:
+//!   NetworkPolicies active on every node and selecting nothing the prober creates, in a
+//!   namespace of their own, [`crate::calico::datastore::load_policy`]:
 //!   cluster-wide, [`FaultFile::policies_in_force`]) and `agent_version: v3.M.P` (the Felix
 //!   release the selected nodes run, [`FaultFile::agent_versions`]).
 //! - A primitive that does not apply to the running agent or service proxy is refused
@@ -1242,8 +1243,11 @@ pub struct Rule {
     /// Real Felix stopped (SIGSTOP) periodically.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent_pause: Option<AgentPause>,
-    /// NetworkPolicies that select nothing the prober creates, in a namespace of their
-    /// own (load on the agent); cluster-wide, see [`FaultFile::policies_in_force`].
+    /// NetworkPolicies active on every node (each isolating the load's own workload pod
+    /// there and admitting every pod through an IP set of its own) that select nothing
+    /// the prober creates, in a namespace of their own (load on the agent,
+    /// [`crate::calico::datastore::load_policy`]); cluster-wide, see
+    /// [`FaultFile::policies_in_force`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub policies: Option<u32>,
     /// The real Felix release (`v3.M.P`) the selected nodes run.

@@ -31,8 +31,8 @@ use std::time::Duration;
 /// API group and version of Calico's CRD-backed resources in Kubernetes-datastore mode.
 pub const CRD_API: &str = "crd.projectcalico.org/v1";
 
-/// Namespace of the `policies: N` load (NetworkPolicies selecting nothing the prober
-/// creates).
+/// Namespace of the `policies: N` load (NetworkPolicies selecting only the load's own
+/// workload pods, [`load_policy`]).
 pub const POLICY_LOAD_NAMESPACE: &str = "testbed-policy-load";
 
 /// How long [`apply_crds`] waits for every CRD to be Established.
@@ -227,30 +227,67 @@ pub async fn install(
     Ok(())
 }
 
-/// The `i`-th load NetworkPolicy: ingress and egress rules over a pod label nothing
-/// carries, so it selects nothing the prober (or anyone) creates, yet every Felix
-/// computes it.
+/// Label of the `policies: N` load's workload pods (value `workload`): every load policy
+/// selects them.
+pub const POLICY_LOAD_LABEL: &str = "testbed.firstpacket.io/policy-load";
+
+/// The `i`-th load NetworkPolicy: it isolates the load's own workload pods (one per node,
+/// [`load_pod`]) for ingress and admits, on TCP port `8000 + i % 1000`, every pod of every
+/// namespace that lacks the label `testbed.firstpacket.io/load-{i}` (nobody has it). So
+/// every Felix has all N policies active on a local endpoint, each with an IP set of its
+/// own holding every pod's IP (a distinct selector per policy): a new pod's IP goes into
+/// N sets on every node, as in a cluster with thousands of policies whose rules select
+/// broadly; and no pod the prober creates is selected (its isolation is its own).
 pub fn load_policy(i: u32) -> Value {
     json!({
         "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
         "metadata": { "name": format!("load-{i}"), "namespace": POLICY_LOAD_NAMESPACE,
                       "labels": { "app.kubernetes.io/managed-by": "testbed" } },
         "spec": {
-            "podSelector": { "matchLabels": { "testbed.firstpacket.io/policy-load": format!("{i}") } },
-            "policyTypes": ["Ingress", "Egress"],
-            "ingress": [{ "from": [{ "podSelector": { "matchLabels": { "testbed.firstpacket.io/peer": format!("{i}") } } }],
+            "podSelector": { "matchLabels": { POLICY_LOAD_LABEL: "workload" } },
+            "policyTypes": ["Ingress"],
+            "ingress": [{ "from": [{
+                              "namespaceSelector": {},
+                              "podSelector": { "matchExpressions": [{
+                                  "key": format!("testbed.firstpacket.io/load-{i}"),
+                                  "operator": "DoesNotExist" }] } }],
                           "ports": [{ "protocol": "TCP", "port": 8000 + (i % 1000) }] }],
-            "egress": [{ "to": [{ "ipBlock": { "cidr": format!("192.0.2.{}/32", i % 256) } }] }],
+        },
+    })
+}
+
+/// The load's workload pod on `node` (`load-NODE`, [`POLICY_LOAD_LABEL`]`: workload`): a
+/// `target-server serve` of the release's image under the restricted Pod Security
+/// profile, bound to the node.
+pub fn load_pod(node: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": format!("load-{node}"), "namespace": POLICY_LOAD_NAMESPACE,
+                      "labels": { POLICY_LOAD_LABEL: "workload",
+                                  "app.kubernetes.io/managed-by": "testbed" } },
+        "spec": {
+            "nodeName": node,
+            "securityContext": { "runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532,
+                                 "seccompProfile": { "type": "RuntimeDefault" } },
+            "containers": [{
+                "name": "serve",
+                "image": concat!("ghcr.io/firstpacket/target-server:", env!("CARGO_PKG_VERSION")),
+                "args": ["serve", "--port", "8080"],
+                "securityContext": { "allowPrivilegeEscalation": false,
+                                     "capabilities": { "drop": ["ALL"] } },
+            }],
         },
     })
 }
 
 /// Brings the `policies: N` load to `n` NetworkPolicies (`load-0`…`load-{n-1}` in
 /// [`POLICY_LOAD_NAMESPACE`], created with the namespace when missing; extra ones
-/// deleted). `have` is how many exist (as this function last left them). Returns the
-/// new count. Errors: a refused call (the count reached so far is lost only for this
-/// call: the next one starts from `have`).
-pub async fn sync_policy_load(api: &ApiClient, have: u32, n: u32) -> Result<u32> {
+/// deleted) with one [`load_pod`] per node of `nodes` while `n > 0` (deleted at 0).
+/// `have` is how many exist (as this function last left them). Returns the new count.
+/// Errors: a refused call (the count reached so far is lost only for this call: the
+/// next one starts from `have`).
+pub async fn sync_policy_load(api: &ApiClient, nodes: &[String], have: u32, n: u32) -> Result<u32> {
+    let pods = format!("/api/v1/namespaces/{POLICY_LOAD_NAMESPACE}/pods");
     if n > have {
         let ns = json!({ "apiVersion": "v1", "kind": "Namespace",
                          "metadata": { "name": POLICY_LOAD_NAMESPACE } });
@@ -269,6 +306,13 @@ pub async fn sync_policy_load(api: &ApiClient, have: u32, n: u32) -> Result<u32>
                 Err(e) => return Err(anyhow!("create NetworkPolicy load-{i}: {e}")),
             }
         }
+        for node in nodes {
+            match api.post(&pods, &load_pod(node)).await {
+                Ok(_) => {}
+                Err(e) if e.code == 409 => {}
+                Err(e) => return Err(anyhow!("create Pod load-{node}: {e}")),
+            }
+        }
     } else {
         for i in n..have {
             let path = format!(
@@ -278,6 +322,15 @@ pub async fn sync_policy_load(api: &ApiClient, have: u32, n: u32) -> Result<u32>
                 Ok(_) => {}
                 Err(e) if e.code == 404 => {}
                 Err(e) => return Err(anyhow!("delete NetworkPolicy load-{i}: {e}")),
+            }
+        }
+        if n == 0 {
+            for node in nodes {
+                match api.delete(&format!("{pods}/load-{node}"), &json!({})).await {
+                    Ok(_) => {}
+                    Err(e) if e.code == 404 => {}
+                    Err(e) => return Err(anyhow!("delete Pod load-{node}: {e}")),
+                }
             }
         }
     }
@@ -305,12 +358,24 @@ mod tests {
     }
 
     #[test]
-    fn load_policies_select_nothing_the_prober_labels() {
+    fn load_policies_select_their_workload_pods_and_admit_every_pod_by_a_set_of_their_own() {
         let p = load_policy(3);
         assert_eq!(p["metadata"]["name"], "load-3");
         let sel = &p["spec"]["podSelector"]["matchLabels"];
-        assert_eq!(sel["testbed.firstpacket.io/policy-load"], "3");
+        assert_eq!(sel[POLICY_LOAD_LABEL], "workload");
         assert!(sel.get("app.kubernetes.io/name").is_none());
+        let peer = &p["spec"]["ingress"][0]["from"][0];
+        assert_eq!(peer["namespaceSelector"], json!({}));
+        let e = &peer["podSelector"]["matchExpressions"][0];
+        assert_eq!(e["operator"], "DoesNotExist");
+        assert_ne!(
+            e["key"],
+            load_policy(4)["spec"]["ingress"][0]["from"][0]["podSelector"]["matchExpressions"][0]
+                ["key"]
+        );
+        let pod = load_pod("node-2");
+        assert_eq!(pod["metadata"]["labels"][POLICY_LOAD_LABEL], "workload");
+        assert_eq!(pod["spec"]["nodeName"], "node-2");
     }
 
     #[test]
