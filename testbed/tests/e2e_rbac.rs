@@ -351,7 +351,7 @@ fn gate_every_kind(tb: &Testbed, kubeconfig: &str) -> (i32, Value, String) {
         "--kubeconfig",
         kubeconfig,
         "--kinds",
-        "cross_node,same_node,recreate,service,burst",
+        "cross_node,same_node,recreate,service,burst,policy,policy_change",
         "--burst-size",
         "2",
         "--pairs",
