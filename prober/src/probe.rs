@@ -1371,19 +1371,39 @@ async fn policy_change(
         return e;
     }
     let waited = cfg.give_up + Duration::from_secs(2) + SOURCE_FINISH_MARGIN;
+    wait_source_done(
+        env,
+        &s_name,
+        waited,
+        cancel,
+        "the source was timing the revocation",
+    )
+    .await
+}
+
+/// Waits up to `waited` for the source `s_name` to end ([`source_done_check`]); on
+/// time-out one last read settles it ([`settle_timeout`]); `doing` names what was
+/// interrupted.
+async fn wait_source_done(
+    env: &ProbeEnv,
+    s_name: &str,
+    waited: Duration,
+    cancel: &mut watch::Receiver<bool>,
+    doing: &str,
+) -> Ending {
     let started = std::time::Instant::now();
     match env
         .watch
-        .wait_for(&s_name, Instant::now() + waited, cancel, source_done_check)
+        .wait_for(s_name, Instant::now() + waited, cancel, source_done_check)
         .await
     {
         Wait::Done(e) => e,
-        Wait::Cancelled => interrupted("the source was timing the revocation"),
+        Wait::Cancelled => interrupted(doing),
         Wait::TimedOut => {
             match settle_timeout(
                 env,
                 PodRole::Source,
-                &s_name,
+                s_name,
                 started,
                 waited,
                 source_done_check,
@@ -1581,30 +1601,7 @@ async fn run_source(
         return e;
     }
     let waited = cfg.give_up + cfg.hold + SOURCE_FINISH_MARGIN;
-    let started = std::time::Instant::now();
-    let deadline = Instant::now() + waited;
-    match env
-        .watch
-        .wait_for(&s_name, deadline, cancel, source_done_check)
-        .await
-    {
-        Wait::Done(e) => e,
-        Wait::Cancelled => interrupted("the source was measuring"),
-        Wait::TimedOut => {
-            match settle_timeout(
-                env,
-                PodRole::Source,
-                &s_name,
-                started,
-                waited,
-                source_done_check,
-            )
-            .await
-            {
-                Ok(e) | Err(e) => e,
-            }
-        }
-    }
+    wait_source_done(env, &s_name, waited, cancel, "the source was measuring").await
 }
 
 /// Drops the probe's pods from the watch's tracker (a kept `recreate` target stays).

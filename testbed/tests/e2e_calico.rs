@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{poll_until, Testbed, SERIAL};
+use common::{node_ips, poll_until, sample, Testbed, SERIAL};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -77,32 +77,6 @@ fn felix_pid(tb: &Testbed, node: &str) -> Option<i32> {
 /// Each node's Felix page (`http://NODE_IP:9091/metrics` from the host netns).
 fn felix_page(tb: &Testbed, node_ip: &str) -> String {
     common::curl(tb, &format!("http://{node_ip}:9091/metrics")).unwrap_or_default()
-}
-
-/// Node name → node IP (InternalIP).
-fn node_ips(tb: &Testbed) -> BTreeMap<String, String> {
-    tb.kubectl(&[
-        "get",
-        "nodes",
-        "-o",
-        "jsonpath={range .items[*]}{.metadata.name} {.status.addresses[?(@.type==\"InternalIP\")].address}{\"\\n\"}{end}",
-    ])
-    .lines()
-    .filter_map(|l| l.split_once(' '))
-    .map(|(n, ip)| (n.to_owned(), ip.to_owned()))
-    .collect()
-}
-
-/// The value of a sample line `name{…} value` / `name value` in a page (first match).
-fn sample(page: &str, name: &str) -> Option<f64> {
-    page.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|r| r.starts_with(' ') || r.starts_with('{'))
-        })
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
 }
 
 /// Per pod uid: (node, container_started t, endpoint_programmed t, readiness_ok t), for

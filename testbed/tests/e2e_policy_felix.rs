@@ -12,31 +12,11 @@
 mod common;
 
 use common::policy::{check_policy, check_policy_change, of_kind, probes, Egress};
-use common::{poll_until, validate, Testbed, SERIAL};
+use common::{node_ips, poll_until, sample, validate, Testbed, SERIAL};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::time::Duration;
 use testbed::calico::{Builds, DEFAULT_VERSION};
-
-/// The InternalIP of each node.
-fn node_ips(tb: &Testbed) -> BTreeMap<String, String> {
-    tb.kubectl(&[
-        "get",
-        "nodes",
-        "-o",
-        "jsonpath={range .items[*]}{.metadata.name} {.status.addresses[?(@.type==\"InternalIP\")].address}{\"\\n\"}{end}",
-    ])
-    .lines()
-    .filter_map(|l| l.split_once(' '))
-    .map(|(n, ip)| (n.to_owned(), ip.to_owned()))
-    .collect()
-}
-
-/// The value of the sample `name value` (no labels) on a metrics page.
-fn sample(page: &str, name: &str) -> Option<f64> {
-    page.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-}
 
 /// Every node's Felix (`felix_int_dataplane_apply_time_seconds` sum, count) and
 /// `felix_active_local_policies`.

@@ -752,3 +752,29 @@ pub fn started_unix(p: &Value) -> f64 {
     let ts: k8s_openapi::jiff::Timestamp = s.parse().expect("RFC 3339");
     ts.as_millisecond() as f64 / 1000.0
 }
+
+/// Node name → node IP (InternalIP).
+pub fn node_ips(tb: &Testbed) -> std::collections::BTreeMap<String, String> {
+    tb.kubectl(&[
+        "get",
+        "nodes",
+        "-o",
+        "jsonpath={range .items[*]}{.metadata.name} {.status.addresses[?(@.type==\"InternalIP\")].address}{\"\\n\"}{end}",
+    ])
+    .lines()
+    .filter_map(|l| l.split_once(' '))
+    .map(|(n, ip)| (n.to_owned(), ip.to_owned()))
+    .collect()
+}
+
+/// The value of a sample line `name{…} value` / `name value` in a page (first match).
+pub fn sample(page: &str, name: &str) -> Option<f64> {
+    page.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|r| r.starts_with(' ') || r.starts_with('{'))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
