@@ -1232,3 +1232,77 @@ fn an_api_outage_mid_run_does_not_end_the_run_and_probing_resumes_after_it() {
         r.assert_running("after the API outage");
     });
 }
+
+/// `prober run --kinds policy,policy_change` (issue 32): the policy kinds in the run loop,
+/// counted and timed under their own `kind` label (probes, TTFP histogram, baseline),
+/// with the policies of each probe gone once it ended.
+#[test]
+fn the_run_loop_probes_the_policy_kinds_under_their_own_kind_label() {
+    run(|| async {
+        let c = Cluster::start(2, Arc::new(|_: &PodView| ok(100))).await;
+        let _r = start_run(&c, &["--kinds", "policy,policy_change"]).await;
+        let succeeded = |page: &Value| -> BTreeSet<String> {
+            page["probes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|p| p["result"] == "success")
+                .filter_map(|p| p["kind"].as_str().map(str::to_owned))
+                .collect()
+        };
+        let end = Instant::now() + Duration::from_secs(60);
+        let page = loop {
+            let page = probes_page().await;
+            if succeeded(&page).len() == 2 {
+                break page;
+            }
+            assert!(Instant::now() < end, "no success of both kinds: {page:#}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let samples = metrics().await;
+        for kind in ["policy", "policy_change"] {
+            assert!(
+                sum(
+                    &samples,
+                    "firstpacket_probes_total",
+                    &[("kind", kind), ("result", "success")]
+                ) >= 1.0,
+                "{kind} not counted: {page:#}"
+            );
+            assert!(
+                sum(
+                    &samples,
+                    "firstpacket_ttfp_seconds_count",
+                    &[("kind", kind)]
+                ) >= 1.0,
+                "{kind} has no TTFP histogram"
+            );
+            assert!(
+                samples
+                    .iter()
+                    .any(|(n, l, _)| n == "firstpacket_baseline_samples"
+                        && l.get("kind").map(String::as_str) == Some(kind)),
+                "{kind} has no baseline series"
+            );
+        }
+        // The policies of the ended probes are gone: at most the in-flight probe's
+        // (its isolate and egress, or its isolate and allow) remain.
+        let ids: BTreeSet<String> = c
+            .store
+            .list(Kind::NetworkPolicy, Some(NS))
+            .0
+            .iter()
+            .filter_map(|p| p["metadata"]["name"].as_str())
+            .filter_map(|n| {
+                n.strip_prefix("fp-")?
+                    .rsplit_once('-')
+                    .map(|(id, _)| id.to_owned())
+            })
+            .collect();
+        assert!(
+            ids.len() <= 1,
+            "policies of {} probes left: {ids:?}",
+            ids.len()
+        );
+    });
+}
