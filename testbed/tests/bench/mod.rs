@@ -83,7 +83,15 @@ impl Table {
     /// The table as Markdown (title as `###`).
     pub fn markdown(&self) -> String {
         let mut s = format!("### {}\n\n{}\n\n", self.title, self.method);
-        let _ = writeln!(s, "| {} |", self.header.join(" | "));
+        // A `|` inside a cell (`p95 |err|`) would end it: escaped as GitHub's tables
+        // want.
+        let cells = |c: &[String]| {
+            c.iter()
+                .map(|x| x.replace('|', "\\|"))
+                .collect::<Vec<_>>()
+                .join(" | ")
+        };
+        let _ = writeln!(s, "| {} |", cells(&self.header));
         let _ = writeln!(
             s,
             "|{}|",
@@ -94,7 +102,7 @@ impl Table {
                 .join("|")
         );
         for r in &self.rows {
-            let _ = writeln!(s, "| {} |", r.join(" | "));
+            let _ = writeln!(s, "| {} |", cells(r));
         }
         if !self.notes.is_empty() {
             s.push('\n');

@@ -329,8 +329,10 @@ fn round(
         .as_second() as f64;
     let got_b = b.join().ok().flatten();
     let got_c = c.join().ok().flatten();
-    tb.kubectl(&["delete", "-f", &m, "--wait=false"]);
+    // From before the delete call: with no policy delay the agent revokes before
+    // kubectl has returned.
     let deleted = unix_now();
+    tb.kubectl(&["delete", "-f", &m, "--wait=false"]);
     // Revoked for both before the next round.
     let gone = (0..((limit.as_secs() + 5) * 10)).any(|_| {
         std::thread::sleep(Duration::from_millis(100));
