@@ -17,9 +17,10 @@
 //!
 //! The rules: `nft monitor` ([`crate::truth_watch`]) announces every commit to the
 //! `filter` table the moment it lands ([`RulesChanged::note`], stamped as the line is
-//! read); the next poll then reads which sets the rules match (`iptables-nft-save -t
-//! filter`, ~6 ms; `nft` prints the `set` match without its name) and stamps what that
-//! changes with the commit's moment.
+//! read) and wakes the poll, which reads at once which sets the rules match
+//! (`iptables-nft-save -t filter`, ~6 ms, more with hundreds of policies; `nft` prints
+//! the `set` match without its name) and stamps what that changes with the first commit
+//! since its last read.
 //!
 //! The kernel announces no IP set change (ipset has no monitor), so a [`PolicyWatch`]
 //! keeps one interactive `ipset -` per node (under `stdbuf -oL`, so each answer is
@@ -230,23 +231,46 @@ pub fn admitted_pairs(
     out
 }
 
-/// the moment (Unix seconds) of the last change.
+/// Commits to a node's `filter` table, fed by the ruleset monitor: a generation counter
+/// and the moment (Unix seconds) of the first commit the poller has not taken yet; a
+/// poller waiting in [`RulesChanged::wait`] wakes at once.
 #[derive(Debug, Default)]
 pub struct RulesChanged {
-    state: std::sync::Mutex<(u64, f64)>,
+    state: std::sync::Mutex<Commits>,
+    wake: std::sync::Condvar,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Commits {
+    gen: u64,
+    first_untaken: Option<f64>,
 }
 
 impl RulesChanged {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Commits> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// A monitor line read at `at`: counts when it is a commit to `ip filter`.
     pub fn note(&self, line: &str, at: f64) {
         if line.contains(" ip filter ") {
-            let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-            *s = (s.0 + 1, at);
+            let mut s = self.lock();
+            s.gen += 1;
+            s.first_untaken.get_or_insert(at);
+            self.wake.notify_all();
         }
     }
 
-    fn get(&self) -> (u64, f64) {
-        *self.state.lock().unwrap_or_else(|p| p.into_inner())
+    /// The generation now and the moment of the first commit since the last take.
+    fn take(&self) -> (u64, Option<f64>) {
+        let mut s = self.lock();
+        (s.gen, s.first_untaken.take())
+    }
+
+    /// Sleeps up to `d`, or until the generation is other than `seen`.
+    fn wait(&self, seen: Option<u64>, d: Duration) {
+        let s = self.lock();
+        let _ = self.wake.wait_timeout_while(s, d, |s| Some(s.gen) == seen);
     }
 }
 
@@ -385,7 +409,6 @@ impl Poller {
         // Who each pair was when admitted: its pods may be gone by the time it is
         // revoked.
         let mut who: BTreeMap<Pair, (PodNet, Option<PodNet>)> = BTreeMap::new();
-        let mut sets: BTreeMap<String, BTreeSet<Member>> = BTreeMap::new();
         let mut refs = BTreeMap::new();
         let mut seen_gen = None;
         while !self.stop.load(Ordering::Relaxed) {
@@ -393,20 +416,13 @@ impl Poller {
                 return;
             };
             let ips = registry.ips();
-            // The rules first: a commit since the last poll is stamped with its moment.
-            let (gen, changed_at) = self.rules.get();
-            if seen_gen != Some(gen) {
-                if let Some(r) = self.read_refs() {
-                    seen_gen = Some(gen);
-                    refs = r;
-                    let now = admitted_pairs(&sets, &refs, &ips);
-                    self.transitions(&registry, &mut who, &before, &now, changed_at);
-                    before = now;
-                }
-            }
+            // Woken by a commit (or the poll period): the sets first, at once (Felix
+            // writes a new policy's set before its rule, so the set is complete by the
+            // commit), then the rules when a commit came since the last read.
+            let (gen, first) = self.rules.take();
             let at = unix_now();
             let started = std::time::Instant::now();
-            sets = match io.read_sets() {
+            let sets = match io.read_sets() {
                 Ok(s) => s,
                 Err(e) => {
                     tracing::warn!(node = %self.node, error = %e, "IP set watch ended");
@@ -414,13 +430,24 @@ impl Poller {
                 }
             };
             let took = started.elapsed();
+            // What changes with new rules is stamped with the first commit since the
+            // last read (a later commit in the same read can only make it early, by
+            // less than a read); what changes with the sets alone, with this read.
+            let mut stamp = at;
+            if seen_gen != Some(gen) {
+                if let Some(r) = self.read_refs() {
+                    seen_gen = Some(gen);
+                    refs = r;
+                    stamp = first.unwrap_or(at);
+                }
+            }
             let now = admitted_pairs(&sets, &refs, &ips);
-            self.transitions(&registry, &mut who, &before, &now, at);
+            self.transitions(&registry, &mut who, &before, &now, stamp);
             before = now;
             drop(registry);
             // Many sets (thousands of policies) make a read cost more: never spend more
-            // than a fifth of a core on it.
-            std::thread::sleep(POLL.max(took * 4));
+            // than a fifth of a core on it. A commit wakes the poll at once.
+            self.rules.wait(seen_gen, POLL.max(took * 4));
         }
     }
 
@@ -450,13 +477,22 @@ impl Poller {
             who.insert(pair, (pod, peer));
         }
         for pair in gone {
-            if let Some((pod, peer)) = who.remove(&pair) {
+            let Some((pod, peer)) = who.remove(&pair) else {
+                continue;
+            };
+            // A pod's rules leaving with its endpoint are no revocation (`pod_deleted`
+            // says it), as with the simulated agent.
+            let live = crate::truth_watch::lock(&self.locals)
+                .get(&pair.0)
+                .is_some_and(|p| p.uid == pod.uid);
+            if live {
+                let sets = &before[&pair];
                 self.emit(
                     TruthKind::PolicyRevoked,
                     &pair,
                     &pod,
                     peer.as_ref(),
-                    &before[&pair],
+                    sets,
                     at,
                 );
             }
@@ -572,9 +608,17 @@ COMMIT
     fn filter_commits_count_and_others_do_not() {
         let r = RulesChanged::default();
         r.note("add rule ip nat cali-PREROUTING handle 4", 1.0);
-        assert_eq!(r.get(), (0, 0.0));
+        assert_eq!(r.take(), (0, None));
         r.note("add rule ip filter cali-pi-_x handle 9", 2.0);
-        assert_eq!(r.get(), (1, 2.0));
+        r.note("add rule ip filter cali-pi-_x handle 10", 2.5);
+        assert_eq!(r.take(), (2, Some(2.0)));
+        assert_eq!(r.take(), (2, None));
+        // A waiter on an older generation returns at once; on the current one it sleeps.
+        let t = std::time::Instant::now();
+        r.wait(Some(1), Duration::from_secs(5));
+        assert!(t.elapsed() < Duration::from_secs(1));
+        r.wait(Some(2), Duration::from_millis(50));
+        assert!(t.elapsed() >= Duration::from_millis(50));
     }
 
     #[test]
