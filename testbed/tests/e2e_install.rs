@@ -257,12 +257,40 @@ fn chart_lints_and_renders_the_continuous_overlay() {
     assert!(
         !names(&least)
             .iter()
-            .any(|n| n.starts_with("ClusterRoleBinding/-/firstpacket-pods-read"))
-            && !serde_json::to_string(&least)
-                .expect("json")
-                .contains("pods/proxy"),
-        "least privilege still binds pods cluster-wide or grants pods/proxy: {:?}",
+            .any(|n| n.starts_with("ClusterRoleBinding/-/firstpacket-pods-read")),
+        "least privilege still binds pods cluster-wide: {:?}",
         names(&least)
+    );
+    // No `get pods/proxy` (agent metrics through the API server) anywhere; the one
+    // pods/proxy rule left is the probe namespace's `create` (policy_change's marks).
+    let proxy_rules: Vec<(String, Value)> = least
+        .iter()
+        .flat_map(|d| {
+            let who = format!(
+                "{}/{}",
+                d["kind"].as_str().unwrap_or("?"),
+                d["metadata"]["name"].as_str().unwrap_or("?")
+            );
+            d["rules"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|r| {
+                    r["resources"]
+                        .as_array()
+                        .is_some_and(|rs| rs.iter().any(|x| x == "pods/proxy"))
+                })
+                .map(move |r| (who.clone(), r))
+        })
+        .collect();
+    assert_eq!(
+        proxy_rules
+            .iter()
+            .map(|(w, r)| (w.as_str(), r["verbs"].clone()))
+            .collect::<Vec<_>>(),
+        [("Role/firstpacket-probes", serde_json::json!(["create"]))],
+        "least privilege grants pods/proxy beyond create in the probe namespace: {proxy_rules:?}"
     );
     let with_agents = yaml_docs(&helm_template(
         &helm,
