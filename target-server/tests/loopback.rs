@@ -127,17 +127,22 @@ impl Proc {
 
 /// Minimal HTTP/1.1 GET; returns (status, body).
 fn get(port: u16, path: &str, user_agent: Option<&str>) -> (u16, String) {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
     let ua = user_agent
         .map(|u| format!("User-Agent: {u}\r\n"))
         .unwrap_or_default();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{ua}Connection: close\r\n\r\n"
+    request(
+        port,
+        &format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{ua}"),
     )
-    .expect("write");
+}
+
+/// Sends `head` (request line and headers, each ending in CRLF) with `Connection:
+/// close` and reads the answer to its end; returns (status, body).
+fn request(port: u16, head: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    write!(s, "{head}Connection: close\r\n\r\n").expect("write");
     let mut resp = String::new();
     s.read_to_string(&mut resp).expect("read");
     let status = resp
@@ -750,26 +755,10 @@ impl GatedTarget {
 
 /// Minimal HTTP/1.1 POST without a body; returns (status, body).
 fn post(port: u16, path: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
-    write!(
-        s,
-        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    request(
+        port,
+        &format!("POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n"),
     )
-    .expect("write");
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).expect("read");
-    let status = resp
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .expect("status code");
-    let body = resp
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
 }
 
 #[test]
