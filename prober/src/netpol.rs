@@ -361,23 +361,7 @@ mod tests {
     use super::*;
     use firstpacket_report::SourcePolicy;
 
-    fn cfg() -> PodConfig {
-        PodConfig {
-            namespace: "probes".into(),
-            image: "firstpacket/target-server:test".into(),
-            instance: "inst-1".into(),
-            tolerations: vec![],
-            image_pull_secrets: vec![],
-            priority_class: None,
-            dial_interval: Duration::from_millis(100),
-            attempt_timeout: Duration::from_millis(900),
-            give_up: Duration::from_secs(60),
-            hold: Duration::from_secs(5),
-            owner: None,
-            unsafe_privileged: false,
-            isolation_window: DEFAULT_ISOLATION_WINDOW,
-        }
-    }
+    use crate::podspec::tests::cfg;
 
     /// A source report that succeeded 0.2 s after Ready and held 5 s without failure.
     fn source_report() -> SourceReport {
@@ -433,7 +417,7 @@ mod tests {
         assert_eq!(p.metadata.name.as_deref(), Some("fp-abc-isolate"));
         let labels = p.metadata.labels.as_ref().expect("labels");
         assert_eq!(labels[LABEL_COMPONENT], POLICY_COMPONENT);
-        assert_eq!(labels[LABEL_INSTANCE], "inst-1");
+        assert_eq!(labels[LABEL_INSTANCE], cfg().instance);
         let spec = p.spec.expect("spec");
         let sel = spec
             .pod_selector
@@ -454,7 +438,7 @@ mod tests {
             .clone()
             .and_then(|s| s.match_labels)
             .expect("ns");
-        assert_eq!(ns[NAMESPACE_NAME_LABEL], "probes");
+        assert_eq!(ns[NAMESPACE_NAME_LABEL], cfg().namespace);
         let e = egress_policy(&cfg(), "abc", "10.1.2.3", Some("192.168.1.2"));
         let spec = e.spec.expect("spec");
         assert_eq!(spec.policy_types, Some(vec!["Egress".to_string()]));

@@ -618,7 +618,7 @@ pub fn filler_pod(cfg: &PodConfig, probe_id: &str, kind: &str, node: &str, i: u3
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -707,7 +707,9 @@ mod tests {
         assert_eq!(vals, Some(vec!["node-3".to_string()]));
     }
 
-    fn cfg() -> PodConfig {
+    /// A probe pod configuration with every optional field set (also the NetworkPolicy
+    /// builders' tests, `crate::netpol`).
+    pub(crate) fn cfg() -> PodConfig {
         PodConfig {
             namespace: "firstpacket".into(),
             image: "ghcr.io/firstpacket/target-server:0.1.0".into(),
