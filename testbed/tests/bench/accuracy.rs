@@ -25,7 +25,7 @@
 //! dataplane writes slowed (`agent_io`); in each run firstpacket's programming wait of
 //! every probe pod, and what the operator's loop and the poller report for the target,
 //! against the pod's true programming wait ([`testbed::truth::truth_programming_wait`]).
-use super::{ms, quantile, Opts, Table};
+use super::{enter_netns_of, ms, stats, Opts, Table};
 use crate::common::Testbed;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
@@ -162,12 +162,6 @@ fn long_lived_pods(tb: &Testbed) -> Vec<LongLived> {
 /// check ([`testbed::demo::http_ok`]).
 fn http_ok(ip: &str, timeout: Duration) -> bool {
     testbed::demo::http_ok(ip, PORT, timeout)
-}
-
-/// Moves the calling thread into the network namespace of process `pid`.
-fn enter_netns_of(pid: i32) -> Result<(), String> {
-    let f = std::fs::File::open(format!("/proc/{pid}/ns/net")).map_err(|e| format!("{e}"))?;
-    nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| format!("setns: {e}"))
 }
 
 /// A probe's pods as the watch shows them.
@@ -393,19 +387,6 @@ fn spawn_poller(
 
 fn probes(report: &Value) -> Vec<Value> {
     report["probes"].as_array().cloned().unwrap_or_default()
-}
-
-/// p5/p50/p95/max of signed errors, min, p95 of |error|.
-fn stats(errs: &[f64]) -> [f64; 6] {
-    let abs: Vec<f64> = errs.iter().map(|e| e.abs()).collect();
-    [
-        quantile(errs, 0.05),
-        quantile(errs, 0.5),
-        quantile(errs, 0.95),
-        errs.iter().copied().fold(f64::NAN, f64::max),
-        errs.iter().copied().fold(f64::NAN, f64::min),
-        quantile(&abs, 0.95),
-    ]
 }
 
 /// One gate run at one delay with methods (b) and (c) beside it, each judged against its

@@ -151,6 +151,25 @@ pub fn quantile(v: &[f64], q: f64) -> f64 {
     s[rank - 1]
 }
 
+/// p5/p50/p95/max of signed errors, min, p95 of |error|.
+pub fn stats(errs: &[f64]) -> [f64; 6] {
+    let abs: Vec<f64> = errs.iter().map(|e| e.abs()).collect();
+    [
+        quantile(errs, 0.05),
+        quantile(errs, 0.5),
+        quantile(errs, 0.95),
+        errs.iter().copied().fold(f64::NAN, f64::max),
+        errs.iter().copied().fold(f64::NAN, f64::min),
+        quantile(&abs, 0.95),
+    ]
+}
+
+/// Moves the calling thread into the network namespace of process `pid`.
+pub fn enter_netns_of(pid: i32) -> Result<(), String> {
+    let f = std::fs::File::open(format!("/proc/{pid}/ns/net")).map_err(|e| format!("{e}"))?;
+    nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| format!("setns: {e}"))
+}
+
 /// Seconds as milliseconds with a sign (`+12`, `-3`), `n/a` for NaN.
 pub fn ms(secs: f64) -> String {
     let v = (secs * 1000.0).round();

@@ -22,7 +22,7 @@
 //! each probe. Each method's truth is `policy_programmed` for its client on the
 //! target's node, counted from the moment the create call returned (on the same
 //! machine: (a)'s `policy.allow_created_unix`, the benchmark's own for (b) and (c)).
-use super::{ms, quantile, Opts, Table};
+use super::{enter_netns_of, ms, stats, Opts, Table};
 use crate::common::Testbed;
 use serde_json::Value;
 use std::process::{Command, Stdio};
@@ -236,12 +236,6 @@ fn reachable(pid: i32, ip: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// Moves the calling thread into the network namespace of process `pid`.
-fn enter_netns_of(pid: i32) -> Result<(), String> {
-    let f = std::fs::File::open(format!("/proc/{pid}/ns/net")).map_err(|e| format!("{e}"))?;
-    nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| format!("setns: {e}"))
-}
-
 /// kube-burner's client: from `pid`'s netns, a `GET /` on every 1 s tick (1.5 s timeout;
 /// a tick during a request is dropped) until one answers after `armed` turned true;
 /// returns the Unix time of that success (the client's `time.Now()`).
@@ -405,17 +399,4 @@ fn firstpacket(tb: &Testbed, pairs: usize, limit: Duration) -> (Vec<f64>, usize)
         }
     }
     (errs, lost)
-}
-
-/// p5/p50/p95/max of signed errors, min, p95 of |error|.
-fn stats(errs: &[f64]) -> [f64; 6] {
-    let abs: Vec<f64> = errs.iter().map(|e| e.abs()).collect();
-    [
-        quantile(errs, 0.05),
-        quantile(errs, 0.5),
-        quantile(errs, 0.95),
-        errs.iter().copied().fold(f64::NAN, f64::max),
-        errs.iter().copied().fold(f64::NAN, f64::min),
-        quantile(&abs, 0.95),
-    ]
 }
