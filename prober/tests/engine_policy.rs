@@ -182,57 +182,32 @@ fn an_intruder_answered_is_an_isolation_breach_and_fails_the_gate() {
     });
 }
 
+/// One `policy_change` gate (`extra` flags): exit 1 and the single probe `failed` with
+/// `reason`.
+async fn policy_change_fails_with(c: &Cluster, extra: &[&str], reason: &str) {
+    let mut args = vec!["--pairs", "1", "--kinds", "policy_change"];
+    args.extend_from_slice(extra);
+    let (code, report) = c.gate(&args).await;
+    let report = report.expect("report");
+    assert_eq!(code.expect("gate ran"), 1, "{report:#}");
+    assert_eq!(endings(&report), vec![("failed".into(), reason.into())]);
+}
+
 #[test]
 fn policy_change_endings_breach_not_revoked_and_never_admitted() {
     run(|| async {
         let c = Cluster::start(2, every(100, Outcome::Breach)).await;
-        let (code, report) = c.gate(&["--pairs", "1", "--kinds", "policy_change"]).await;
-        let report = report.expect("report");
-        assert_eq!(code.expect("gate ran"), 1, "{report:#}");
-        assert_eq!(
-            endings(&report),
-            vec![("failed".into(), "isolation_breach".into())]
-        );
+        policy_change_fails_with(&c, &[], "isolation_breach").await;
 
         c.set_script(every(100, Outcome::NotRevoked));
-        let (code, report) = c
-            .gate(&[
-                "--pairs",
-                "1",
-                "--kinds",
-                "policy_change",
-                "--give-up",
-                "1s",
-            ])
-            .await;
-        let report = report.expect("report");
-        assert_eq!(code.expect("gate ran"), 1, "{report:#}");
-        assert_eq!(
-            endings(&report),
-            vec![("failed".into(), "revocation_not_enforced".into())]
-        );
+        policy_change_fails_with(&c, &["--give-up", "1s"], "revocation_not_enforced").await;
 
         c.set_script(Arc::new(|_: &cluster::PodView| Act::Run {
             ready_after: Duration::from_millis(20),
             ttfp: None,
             outcome: Outcome::AsDialed,
         }));
-        let (code, report) = c
-            .gate(&[
-                "--pairs",
-                "1",
-                "--kinds",
-                "policy_change",
-                "--give-up",
-                "1s",
-            ])
-            .await;
-        let report = report.expect("report");
-        assert_eq!(code.expect("gate ran"), 1, "{report:#}");
-        assert_eq!(
-            endings(&report),
-            vec![("failed".into(), "no_success_before_give_up".into())]
-        );
+        policy_change_fails_with(&c, &["--give-up", "1s"], "no_success_before_give_up").await;
         assert!(policies_left(&c).is_empty());
     });
 }
