@@ -487,42 +487,44 @@ impl Policy {
             }
         };
         let mut warnings = Vec::new();
-        let ingress = match types.iter().any(|t| t == "Ingress") {
-            false => None,
-            true => Some(
-                spec.ingress
-                    .unwrap_or_default()
-                    .iter()
-                    .enumerate()
-                    .map(|(i, r)| {
-                        parse_rule(
-                            &format!("spec.ingress[{i}]"),
-                            r.from.as_deref(),
-                            r.ports.as_deref(),
-                            &mut warnings,
-                        )
-                    })
-                    .collect::<Result<Vec<_>, _>>()?,
-            ),
+        // One direction's rules, `None` when `policyTypes` leaves it out.
+        type Parts<'a> = (
+            Option<&'a [netv1::NetworkPolicyPeer]>,
+            Option<&'a [netv1::NetworkPolicyPort]>,
+        );
+        let mut direction = |ty: &str, field: &str, rules: Vec<Parts<'_>>| -> Result<_, String> {
+            if !types.iter().any(|t| t == ty) {
+                return Ok(None);
+            }
+            rules
+                .into_iter()
+                .enumerate()
+                .map(|(i, (peers, ports))| {
+                    parse_rule(&format!("spec.{field}[{i}]"), peers, ports, &mut warnings)
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(Some)
         };
-        let egress = match types.iter().any(|t| t == "Egress") {
-            false => None,
-            true => Some(
-                spec.egress
-                    .unwrap_or_default()
-                    .iter()
-                    .enumerate()
-                    .map(|(i, r)| {
-                        parse_rule(
-                            &format!("spec.egress[{i}]"),
-                            r.to.as_deref(),
-                            r.ports.as_deref(),
-                            &mut warnings,
-                        )
-                    })
-                    .collect::<Result<Vec<_>, _>>()?,
-            ),
-        };
+        let (ingress_rules, egress_rules) = (
+            spec.ingress.unwrap_or_default(),
+            spec.egress.unwrap_or_default(),
+        );
+        let ingress = direction(
+            "Ingress",
+            "ingress",
+            ingress_rules
+                .iter()
+                .map(|r| (r.from.as_deref(), r.ports.as_deref()))
+                .collect(),
+        )?;
+        let egress = direction(
+            "Egress",
+            "egress",
+            egress_rules
+                .iter()
+                .map(|r| (r.to.as_deref(), r.ports.as_deref()))
+                .collect(),
+        )?;
         Ok(Policy {
             namespace,
             name,
