@@ -20,8 +20,8 @@
 
 use crate::agent::Agent;
 use crate::api::{
-    ApiError, ApiServer, Binder, Kind, LogQuery, LogSource, ProxyFuture, ProxyRequest,
-    ProxyResponse, ProxySource, Store,
+    ApiError, ApiServer, Binder, Kind, LogQuery, LogSource, ProxyFuture, ProxyRequest, ProxySource,
+    Store,
 };
 use crate::client::{ClientIdentity, ClusterEndpoint};
 use crate::dataplane::Dataplane;
@@ -1417,90 +1417,23 @@ pub(crate) fn apply_fault(
     }
 }
 
-/// `pods/NAME[:PORT]/proxy/PATH`: an HTTP request from the host netns to the pod's IP
-/// (its node IP for hostNetwork pods); the port is a number or a containerPort name.
+/// `pods/NAME[:PORT]/proxy/PATH`: the built-in API server's own proxy
+/// ([`crate::api::proxy::pod_address`], [`crate::api::proxy::forward`], as kube-apiserver
+/// answers it), dialled from the host netns runtime `rt`, where pod IPs (and node IPs,
+/// for hostNetwork pods) are routable.
 struct PodProxy {
     rt: tokio::runtime::Handle,
 }
 
 impl ProxySource for PodProxy {
     fn proxy(&self, pod: &serde_json::Value, req: ProxyRequest) -> ProxyFuture {
-        let ip = pod["status"]["podIP"]
-            .as_str()
-            .and_then(|s| s.parse::<std::net::Ipv4Addr>().ok());
-        let ports: Vec<serde_json::Value> = pod["spec"]["containers"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .flat_map(|c| c["ports"].as_array().cloned().unwrap_or_default())
-            .collect();
-        let port = match req.port.as_deref() {
-            None => ports
-                .first()
-                .and_then(|p| p["containerPort"].as_u64())
-                .map(|p| p as u16),
-            Some(p) => p.parse::<u16>().ok().or_else(|| {
-                ports
-                    .iter()
-                    .find(|x| x["name"] == p)
-                    .and_then(|x| x["containerPort"].as_u64())
-                    .map(|p| p as u16)
-            }),
-        };
+        let addr = crate::api::proxy::pod_address(pod, req.port.as_deref());
         let rt = self.rt.clone();
         Box::pin(async move {
-            let ip = ip.ok_or_else(|| {
-                ApiError::new(
-                    503,
-                    "ServiceUnavailable",
-                    format!("pod {} has no IP yet", req.pod),
-                )
-            })?;
-            let port = port.ok_or_else(|| {
-                ApiError::new(
-                    503,
-                    "ServiceUnavailable",
-                    format!("no port {:?} on pod {}", req.port, req.pod),
-                )
-            })?;
-            let path = match &req.query {
-                Some(q) if !q.is_empty() => format!("{}?{q}", req.path),
-                _ => req.path.clone(),
-            };
-            let addr = std::net::SocketAddr::from((ip, port));
-            let method = req.method.clone();
-            let body = req.body.clone();
-            let answer = rt
-                .spawn(async move {
-                    crate::httpc::request(
-                        addr,
-                        &method,
-                        &path,
-                        // As kube-apiserver's proxy (Go's httputil.ReverseProxy) says
-                        // who asked; the client's address is not kept here.
-                        &[
-                            ("Accept", "text/plain;version=0.0.4,*/*"),
-                            ("X-Forwarded-For", "127.0.0.1"),
-                        ],
-                        &body,
-                        std::time::Duration::from_secs(10),
-                    )
-                    .await
-                })
+            let addr = addr?;
+            rt.spawn(crate::api::proxy::forward(addr, req))
                 .await
-                .map_err(|e| ApiError::internal(format!("proxy task: {e}")))?;
-            match answer {
-                Ok(r) => Ok(ProxyResponse {
-                    status: r.status,
-                    content_type: None,
-                    body: r.body,
-                }),
-                Err(e) => Err(ApiError::new(
-                    503,
-                    "ServiceUnavailable",
-                    format!("error trying to reach service: {e}"),
-                )),
-            }
+                .map_err(|e| ApiError::internal(format!("proxy task: {e}")))?
         })
     }
 }
