@@ -24,8 +24,8 @@
 //!
 //! The kernel announces no IP set change (ipset has no monitor), so a [`PolicyWatch`]
 //! keeps one interactive `ipset -` per node (under `stdbuf -oL`, so each answer is
-//! flushed) and asks it for `save` every [`POLL`]: a read of the kernel's sets that
-//! costs ~0.05 ms and no process spawn (with many sets, every four times the read's
+//! flushed) and asks it for `save` every [`POLL`]: a read of the kernel's sets without
+//! a process spawn (with many sets, every four times the read's
 //! duration, if longer). A change is stamped with the moment of the poll that first
 //! saw it, so the truth is at most one poll late.
 //!
