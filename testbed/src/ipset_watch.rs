@@ -18,7 +18,7 @@
 //! The rules: `nft monitor` ([`crate::truth_watch`]) announces every commit to the
 //! `filter` table the moment it lands ([`RulesChanged::note`], stamped as the line is
 //! read) and wakes the poll, which reads at once which sets the rules match
-//! (`iptables-nft-save -t filter`, ~6 ms, more with hundreds of policies; `nft` prints
+//! (`iptables-nft-save -t filter`, slower with hundreds of policies; `nft` prints
 //! the `set` match without its name) and stamps what that changes with the first commit
 //! since its last read.
 //!
