@@ -1626,6 +1626,7 @@ struct Echoed {
     uri: String,
     content_type: String,
     authorization: String,
+    forwarded_for: String,
     body: String,
 }
 
@@ -1637,7 +1638,7 @@ async fn echo_pod(ip: &str) -> std::net::SocketAddr {
         if req.uri().path() == "/missing" {
             return (axum::http::StatusCode::NOT_FOUND, "no such page\n").into_response();
         }
-        let (method, uri, content_type, authorization) = {
+        let (method, uri, content_type, authorization, forwarded_for) = {
             let header = |n: &str| {
                 req.headers()
                     .get(n)
@@ -1650,6 +1651,7 @@ async fn echo_pod(ip: &str) -> std::net::SocketAddr {
                 req.uri().to_string(),
                 header("content-type"),
                 header("authorization"),
+                header("x-forwarded-for"),
             )
         };
         let code = if method == "POST" { 201 } else { 200 };
@@ -1657,7 +1659,8 @@ async fn echo_pod(ip: &str) -> std::net::SocketAddr {
             .await
             .unwrap_or_default();
         let v = json!({"method": method, "uri": uri, "content_type": content_type,
-            "authorization": authorization, "body": String::from_utf8_lossy(&body)});
+            "authorization": authorization, "forwarded_for": forwarded_for,
+            "body": String::from_utf8_lossy(&body)});
         (
             axum::http::StatusCode::from_u16(code).unwrap(),
             [("content-type", "application/json; charset=utf-8")],
@@ -1684,6 +1687,21 @@ async fn raw_request(
     content_type: Option<&str>,
     body: &str,
 ) -> (u16, String, String) {
+    let headers: Vec<(&str, &str)> = content_type
+        .map(|ct| ("content-type", ct))
+        .into_iter()
+        .collect();
+    raw_request_with(base, method, path, &headers, body).await
+}
+
+/// [`raw_request`] with any request `headers` (beside `Host` and an `Authorization`).
+async fn raw_request_with(
+    base: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String, String) {
     use http_body_util::BodyExt;
     let addr = base.trim_start_matches("http://");
     let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
@@ -1697,8 +1715,8 @@ async fn raw_request(
         .uri(path)
         .header("host", addr)
         .header("authorization", "Bearer secret");
-    if let Some(ct) = content_type {
-        req = req.header("content-type", ct);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
     }
     let req = req
         .body(http_body_util::Full::new(hyper::body::Bytes::from(
@@ -1756,6 +1774,8 @@ async fn pod_proxy_forwards_get_and_post_with_query_body_and_content_type() {
         ("GET", "/a/b%2Fc/?x=1&y=a%20b&x=2")
     );
     assert_eq!(e.authorization, "", "the API's credentials stay behind");
+    // Who asked, as kube-apiserver's proxy (Go's httputil.ReverseProxy) says it.
+    assert_eq!(e.forwarded_for, "127.0.0.1");
 
     // POST to an explicit port: body and Content-Type go through, the status comes back.
     let (code, _, body) = raw_request(
@@ -1776,6 +1796,19 @@ async fn pod_proxy_forwards_get_and_post_with_query_body_and_content_type() {
         ("POST", "/dial?timeout=1s", "host=10.0.0.1&port=8080")
     );
     assert_eq!(e.content_type, "application/x-www-form-urlencoded");
+
+    // A client's own X-Forwarded-For is kept, the client's address appended.
+    let (code, _, body) = raw_request_with(
+        &url,
+        "GET",
+        "/api/v1/namespaces/default/pods/echo/proxy/x",
+        &[("X-Forwarded-For", "192.0.2.7")],
+        "",
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    let e: Echoed = serde_json::from_str(&body).unwrap();
+    assert_eq!(e.forwarded_for, "192.0.2.7, 127.0.0.1");
 
     // The pod's own error status and body pass through untouched.
     let (code, ct, body) = raw_request(

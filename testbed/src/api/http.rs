@@ -62,7 +62,11 @@ pub fn router(store: Arc<Store>) -> Router {
 
 /// Serves [`router`] on `listener` until the listener fails.
 pub async fn serve(store: Arc<Store>, listener: tokio::net::TcpListener) -> std::io::Result<()> {
-    axum::serve(listener, router(store)).await
+    axum::serve(
+        listener,
+        router(store).into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .await
 }
 
 fn json_response(code: u16, v: &Value) -> Response {
@@ -198,8 +202,13 @@ async fn dispatch(
     method: Method,
     uri: Uri,
     headers: HeaderMap,
+    extensions: axum::http::Extensions,
     body: Bytes,
 ) -> Response {
+    // The client's address (set by the listener), which the pod proxy passes on.
+    let client = extensions
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0.ip());
     let params: Params = Query::<Params>::try_from_uri(&uri)
         .map(|q| q.0)
         .unwrap_or_default();
@@ -207,7 +216,11 @@ async fn dispatch(
         Ok(t) => t,
         Err(e) => return error_response(&e),
     };
-    match handle(&store, &method, &uri, &headers, &params, target, body).await {
+    match handle(
+        &store, &method, &uri, &headers, client, &params, target, body,
+    )
+    .await
+    {
         Ok(r) => r,
         Err(e) => error_response(&e),
     }
@@ -218,6 +231,7 @@ async fn handle(
     method: &Method,
     uri: &Uri,
     headers: &HeaderMap,
+    client: Option<std::net::IpAddr>,
     params: &Params,
     target: Target,
     body: Bytes,
@@ -314,6 +328,7 @@ async fn handle(
                         uri,
                         method,
                         headers,
+                        client,
                         body,
                     )
                     .await
@@ -898,7 +913,8 @@ fn proxy_path(raw: &str, id: &str) -> String {
 /// for a malformed ID, 404 `pods "NAME" not found`, 400 `address not allowed` without a
 /// pod IP, 503 `error trying to reach service: …` when the pod cannot be reached (or
 /// the port is not a number), else the pod's status, `Content-Type` and body. The raw
-/// query string, the body and the end-to-end request headers go to the pod.
+/// query string, the body and the end-to-end request headers go to the pod, with the
+/// client's IP appended to `X-Forwarded-For` as kube-apiserver's proxy does.
 async fn pod_proxy(
     store: &Arc<Store>,
     ns: &str,
@@ -906,6 +922,7 @@ async fn pod_proxy(
     uri: &Uri,
     method: &Method,
     headers: &HeaderMap,
+    client: Option<std::net::IpAddr>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let (scheme, name, port) = super::proxy::split_id(id)?;
@@ -924,10 +941,13 @@ async fn pod_proxy(
         query: uri.query().map(str::to_string),
         method: method.to_string(),
         body: body.to_vec(),
-        headers: headers
-            .iter()
-            .filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string())))
-            .collect(),
+        headers: super::proxy::with_forwarded_for(
+            headers
+                .iter()
+                .filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string())))
+                .collect(),
+            client,
+        ),
     };
     let resp = match store.proxy_source() {
         Some(src) => src.proxy(&pod, req).await?,

@@ -47,6 +47,31 @@ const NOT_FORWARDED: [&str; 12] = [
     "authorization",
 ];
 
+/// `headers` with `client` appended to `X-Forwarded-For` (`A, B, client`, or just
+/// `client` when there was none), as Go's `httputil.ReverseProxy` — kube-apiserver's pod
+/// proxy — does; unchanged when the client's address is unknown.
+pub fn with_forwarded_for(
+    mut headers: Vec<(String, String)>,
+    client: Option<std::net::IpAddr>,
+) -> Vec<(String, String)> {
+    let Some(client) = client else {
+        return headers;
+    };
+    let prior: Vec<String> = headers
+        .iter()
+        .filter(|(k, _)| k.eq_ignore_ascii_case("x-forwarded-for"))
+        .map(|(_, v)| v.clone())
+        .collect();
+    headers.retain(|(k, _)| !k.eq_ignore_ascii_case("x-forwarded-for"));
+    let value = prior
+        .into_iter()
+        .chain(std::iter::once(client.to_string()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    headers.push(("X-Forwarded-For".into(), value));
+    headers
+}
+
 /// Whether a client request header goes on to the pod (see [`NOT_FORWARDED`]).
 pub(crate) fn forwards_header(name: &str) -> bool {
     let n = name.to_ascii_lowercase();

@@ -38,8 +38,8 @@ async fn accept_loop(
     loop {
         tokio::select! {
             r = listener.accept() => {
-                let stream = match r {
-                    Ok((s, _)) => s,
+                let (stream, peer) = match r {
+                    Ok(accepted) => accepted,
                     Err(e) if matches!(e.kind(), io::ErrorKind::ConnectionAborted
                         | io::ErrorKind::ConnectionReset | io::ErrorKind::Interrupted) => continue,
                     Err(e) if e.raw_os_error().is_some_and(|c| c == 23 || c == 24) => {
@@ -53,7 +53,14 @@ async fn accept_loop(
                 let app = app.clone();
                 let acceptor = acceptor.clone();
                 conns.spawn(async move {
-                    let svc = TowerToHyperService::new(app);
+                    // Each request knows its client's address (`ConnectInfo`, as
+                    // `axum::serve` with connect info gives it): the pod proxy passes it
+                    // on in `X-Forwarded-For`.
+                    let app = TowerToHyperService::new(app);
+                    let svc = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+                        req.extensions_mut().insert(axum::extract::ConnectInfo(peer));
+                        hyper::service::Service::call(&app, req)
+                    });
                     let http = hyper::server::conn::http1::Builder::new();
                     match acceptor {
                         Some(a) => {
