@@ -1312,15 +1312,44 @@ async fn pod_proxy(
     }
 }
 
-/// Posts mark `name` (`arm`, `allow`, `revoke`) to the `policy_change` source.
+/// [`pod_proxy`] to a probe pod, given up as soon as the pod watch says the pod has
+/// terminated: `None` then. (A finished pod's IP may answer nothing at all, and the call
+/// would wait its whole [`API_CALL_TIMEOUT`] for it.)
+async fn pod_proxy_while_running(
+    env: &ProbeEnv,
+    pod: &str,
+    method: http::Method,
+    path: &str,
+) -> Option<Result<String, String>> {
+    let call = pod_proxy(env, pod, method, path);
+    tokio::pin!(call);
+    loop {
+        if env
+            .watch
+            .snapshot(pod)
+            .is_some_and(|s| s.terminated.is_some())
+        {
+            return None;
+        }
+        tokio::select! {
+            r = &mut call => return Some(r),
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+    }
+}
+
+/// Posts mark `name` (`arm`, `allow`, `revoke`) to the `policy_change` source. Errors:
+/// [`Ending::SourceTerminated`] when the source has ended (its report says why), an
+/// `api_error` ending when the mark cannot be posted.
 async fn post_mark(env: &ProbeEnv, pod: &str, name: &str) -> Result<(), Ending> {
-    pod_proxy(env, pod, http::Method::POST, &format!("mark/{name}"))
-        .await
-        .map(|_| ())
-        .map_err(|e| Ending::Aborted {
+    match pod_proxy_while_running(env, pod, http::Method::POST, &format!("mark/{name}")).await {
+        None => Err(Ending::SourceTerminated),
+        Some(Ok(_)) => Ok(()),
+        Some(Err(e)) => Err(Ending::Aborted {
             reason: Reason::ApiError,
             detail: format!("cannot mark `{name}` on the source through the pod proxy: {e}"),
-        })
+        }),
+    }
 }
 
 /// `policy_change` (issue 32), T Ready and isolated by its deny-all policy: creates S
@@ -1492,16 +1521,13 @@ async fn wait_until_held(
         if *cancel.borrow() {
             return Some(interrupted("waiting for the policy to admit the source"));
         }
-        if env
-            .watch
-            .snapshot(s_name)
-            .is_some_and(|s| s.terminated.is_some())
-        {
-            return Some(Ending::SourceTerminated);
-        }
         // A POST (the source answers both): `create pods/proxy` is then the only verb.
-        match pod_proxy(env, s_name, http::Method::POST, "policy").await {
-            Ok(body) => {
+        // Bounded by `by` too: a slow answer must not hold the deletion back.
+        let read = pod_proxy_while_running(env, s_name, http::Method::POST, "policy");
+        match tokio::time::timeout_at(by, read).await {
+            Err(_) => break,
+            Ok(None) => return Some(Ending::SourceTerminated),
+            Ok(Some(Ok(body))) => {
                 let held = serde_json::from_str::<serde_json::Value>(&body)
                     .ok()
                     .is_some_and(|v| v["held_at"].is_number());
@@ -1509,14 +1535,17 @@ async fn wait_until_held(
                     return None;
                 }
             }
-            Err(e) => tracing::debug!(error = %e, "reading the source's policy status"),
+            Ok(Some(Err(e))) => tracing::debug!(error = %e, "reading the source's policy status"),
         }
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
             _ = cancel.changed() => {}
         }
     }
-    None
+    env.watch
+        .snapshot(s_name)
+        .is_some_and(|s| s.terminated.is_some())
+        .then_some(Ending::SourceTerminated)
 }
 
 /// `burst`: creates the plan's fillers on the target node and waits (at most 10 s) until

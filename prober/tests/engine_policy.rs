@@ -208,6 +208,16 @@ fn policy_change_endings_breach_not_revoked_and_never_admitted() {
             outcome: Outcome::AsDialed,
         }));
         policy_change_fails_with(&c, &["--give-up", "1s"], "no_success_before_give_up").await;
+
+        // Never admitted, and the prober's reads of its status hang (a pod gone under
+        // the proxied connection): its own report still decides, not an `api_error`
+        // from marking a source that has ended.
+        c.set_script(Arc::new(|_: &cluster::PodView| Act::Run {
+            ready_after: Duration::from_millis(20),
+            ttfp: None,
+            outcome: Outcome::StatusUnanswered,
+        }));
+        policy_change_fails_with(&c, &["--give-up", "1s"], "no_success_before_give_up").await;
         assert!(policies_left(&c).is_empty());
     });
 }

@@ -93,6 +93,9 @@ pub enum Outcome {
     Breach,
     /// A `policy_change` source stays admitted after the revoke mark.
     NotRevoked,
+    /// A `policy_change` source's `/policy` reads are never answered (as a pod whose
+    /// network went away under the proxied connection); its marks are.
+    StatusUnanswered,
 }
 
 /// A pod as the script sees it.
@@ -648,7 +651,7 @@ fn scripted_report(
     use firstpacket_report::SourceOutcome;
     let mut report = source_report(pod, probe, start_unix, ready_at, success);
     match outcome {
-        Outcome::AsDialed | Outcome::Breach | Outcome::NotRevoked => {}
+        Outcome::AsDialed | Outcome::Breach | Outcome::NotRevoked | Outcome::StatusUnanswered => {}
         Outcome::WrongPeer => {
             report.outcome = SourceOutcome::WrongPeer;
             report.wrong_peer = Some("someone-else".into());
@@ -676,6 +679,8 @@ struct Marks {
     allow: Option<f64>,
     revoke: Option<f64>,
     held: Option<f64>,
+    /// `/policy` is never answered ([`Outcome::StatusUnanswered`]).
+    status_unanswered: bool,
 }
 
 /// The marks of a scripted `policy_change` source, when it took them, and a wake-up for
@@ -710,6 +715,9 @@ async fn serve_marks(ip: Ipv4Addr, t0: Instant) -> (SharedMarks, JoinHandle<()>)
         }
     }
     async fn status(State(sh): State<SharedMarks>) -> String {
+        if lock(&sh.1).status_unanswered {
+            std::future::pending::<()>().await;
+        }
         let m = lock(&sh.1);
         json!({"arm_at": m.arm, "allow_at": m.allow, "revoke_at": m.revoke, "held_at": m.held})
             .to_string()
@@ -765,6 +773,7 @@ async fn policy_change_source(
             }
         }
     };
+    lock(&shared.1).status_unanswered = outcome == Outcome::StatusUnanswered;
     let mut p = SourcePolicy::default();
     if outcome == Outcome::Breach {
         p.admitted_before_arm = 3;
