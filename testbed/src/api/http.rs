@@ -216,26 +216,38 @@ async fn dispatch(
         Ok(t) => t,
         Err(e) => return error_response(&e),
     };
-    match handle(
-        &store, &method, &uri, &headers, client, &params, target, body,
-    )
-    .await
-    {
+    let asked = Asked {
+        method: &method,
+        uri: &uri,
+        headers: &headers,
+        client,
+    };
+    match handle(&store, asked, &params, target, body).await {
         Ok(r) => r,
         Err(e) => error_response(&e),
     }
 }
 
+/// A request as the client sent it, but its body.
+#[derive(Clone, Copy)]
+struct Asked<'a> {
+    method: &'a Method,
+    uri: &'a Uri,
+    headers: &'a HeaderMap,
+    /// The client's IP, when the listener knows it.
+    client: Option<std::net::IpAddr>,
+}
+
 async fn handle(
     store: &Arc<Store>,
-    method: &Method,
-    uri: &Uri,
-    headers: &HeaderMap,
-    client: Option<std::net::IpAddr>,
+    asked: Asked<'_>,
     params: &Params,
     target: Target,
     body: Bytes,
 ) -> Result<Response, ApiError> {
+    let Asked {
+        method, headers, ..
+    } = asked;
     let verb = verb_of(method, &target, params);
     let node = headers
         .get(header::AUTHORIZATION)
@@ -321,17 +333,7 @@ async fn handle(
                     pod_log(store, ns.unwrap_or("default"), name, params)
                 }
                 (Some("proxy"), _) if *kind == Kind::Pod => {
-                    pod_proxy(
-                        store,
-                        ns.unwrap_or("default"),
-                        name,
-                        uri,
-                        method,
-                        headers,
-                        client,
-                        body,
-                    )
-                    .await
+                    pod_proxy(store, ns.unwrap_or("default"), name, asked, body).await
                 }
                 (Some("token"), &Method::POST) if *kind == Kind::ServiceAccount => {
                     token_request(store, ns.unwrap_or("default"), name, &body)
@@ -919,12 +921,15 @@ async fn pod_proxy(
     store: &Arc<Store>,
     ns: &str,
     id: &str,
-    uri: &Uri,
-    method: &Method,
-    headers: &HeaderMap,
-    client: Option<std::net::IpAddr>,
+    asked: Asked<'_>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
+    let Asked {
+        method,
+        uri,
+        headers,
+        client,
+    } = asked;
     let (scheme, name, port) = super::proxy::split_id(id)?;
     let pod = store.get(Kind::Pod, Some(ns), name)?;
     if scheme == "https" {
