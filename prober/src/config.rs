@@ -333,6 +333,33 @@ pub struct ProbeArgs {
     #[arg(long, env = "FIRSTPACKET_ISOLATION_WINDOW", default_value = "5s", value_parser = parse_duration)]
     pub isolation_window: Duration,
 
+    /// Transport protocols each pod-to-pod probe measures, comma-separated: tcp (a fresh
+    /// connection and HTTP exchange per attempt), udp (a datagram and its answer per
+    /// attempt, from a fresh socket). Every path is dialed by the same source pod, on
+    /// its clock, from its first instant: no extra pod or API write, one more attempt
+    /// per --dial-interval per path. `service` and the policy kinds measure tcp only.
+    #[arg(long, env = "FIRSTPACKET_PROTOCOLS", value_delimiter = ',', default_value = "tcp",
+          value_parser = crate::paths::parse_protocol)]
+    pub protocols: Vec<firstpacket_report::PathProtocol>,
+
+    /// What each attempt carries: small (a few hundred bytes), or mtu (small attempts
+    /// plus, on each protocol, attempts exchanging packets of the pod interface's full
+    /// MTU with Don't Fragment set each way). An mtu path that never passes while small
+    /// packets do fails with reason mtu_black_hole (full-size packets dropped without
+    /// the ICMP that would let senders adapt: an encapsulation change, a lower underlay
+    /// MTU).
+    #[arg(long, env = "FIRSTPACKET_PAYLOAD", default_value = "small",
+          value_parser = crate::paths::parse_payload)]
+    pub payload: firstpacket_report::Payload,
+
+    /// IP families each pod-to-pod probe measures, comma-separated (ipv4, ipv6); by
+    /// default the target pod's primary one (its first status.podIPs). On dual-stack
+    /// clusters each family is measured separately; a family the target pod has no
+    /// address of is inconclusive (reason family_missing), never guessed.
+    #[arg(long, env = "FIRSTPACKET_IP_FAMILIES", value_delimiter = ',',
+          value_parser = crate::paths::parse_family)]
+    pub ip_families: Vec<firstpacket_report::IpFamily>,
+
     /// Filler pods created on the target's node together with a `burst` probe's target.
     #[arg(long, env = "FIRSTPACKET_BURST_SIZE", default_value_t = 10,
           value_parser = clap::value_parser!(u32).range(0..=200))]

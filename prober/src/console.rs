@@ -350,6 +350,7 @@ mod tests {
             burst: None,
             service: None,
             policy: None,
+            paths: Vec::new(),
             drift: None,
         }
     }

@@ -1520,6 +1520,7 @@ mod tests {
             burst: None,
             service: None,
             policy: None,
+            paths: Vec::new(),
             drift: None,
         }
     }

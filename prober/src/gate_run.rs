@@ -1319,6 +1319,7 @@ mod tests {
             owner: None,
             unsafe_privileged: false,
             isolation_window: crate::netpol::DEFAULT_ISOLATION_WINDOW,
+            paths: Default::default(),
         };
         let kinds = [ProbeKind::CrossNode, ProbeKind::Recreate, ProbeKind::Burst];
         let plan = plan_kinds(&["n1".into(), "n2".into()], &kinds, 2, 1).expect("plan");

@@ -39,6 +39,15 @@ pub enum ProbeKind {
 }
 
 impl ProbeKind {
+    /// Pod to pod, so every path of `--protocols`/`--payload`/`--ip-families` is
+    /// measured ([`crate::paths`]): all but `service`, `policy` and `policy_change`.
+    pub fn pod_to_pod(self) -> bool {
+        !matches!(
+            self,
+            ProbeKind::Service | ProbeKind::Policy | ProbeKind::PolicyChange
+        )
+    }
+
     /// The label / JSON string.
     pub fn as_str(self) -> &'static str {
         match self {

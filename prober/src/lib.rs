@@ -58,6 +58,7 @@ pub mod leader;
 pub mod lease;
 pub mod metrics;
 pub mod netpol;
+pub mod paths;
 pub mod podspec;
 pub mod podwatch;
 pub mod probe;

@@ -137,6 +137,8 @@ pub struct PodConfig {
     pub unsafe_privileged: bool,
     /// `--isolation-window`: how long a `policy` probe's intruder dials (issue 32).
     pub isolation_window: Duration,
+    /// `--protocols`, `--payload`, `--ip-families` ([`crate::paths`], issue 33).
+    pub paths: crate::paths::PathsConfig,
 }
 
 impl PodConfig {
@@ -164,6 +166,7 @@ impl PodConfig {
             owner,
             unsafe_privileged: p.unsafe_probe_pod_privileged,
             isolation_window: p.isolation_window,
+            paths: crate::paths::PathsConfig::new(&p.protocols, p.payload, &p.ip_families),
         }
     }
 }
@@ -724,6 +727,7 @@ pub(crate) mod tests {
             owner: None,
             unsafe_privileged: false,
             isolation_window: crate::netpol::DEFAULT_ISOLATION_WINDOW,
+            paths: Default::default(),
         }
     }
 

@@ -562,6 +562,8 @@ struct ProbeState {
     /// creation order, and what the probe learnt about them.
     policies: Vec<String>,
     policy: Option<firstpacket_report::PolicyInfo>,
+    /// The paths the source was asked to dial ([`crate::paths`]; empty: the main one).
+    paths: Vec<crate::paths::PlannedPath>,
 }
 
 impl ProbeState {
@@ -1611,6 +1613,24 @@ async fn run_source(
     let cfg = &env.pod_config;
     let kind = plan.kind.as_str();
     let s_name = pod_name(&plan.id, PodRole::Source);
+    let args = match st.service.as_ref().and_then(|s| s.cluster_ip.as_deref()) {
+        Some(cluster_ip) => source_args_to(cfg, &host_port(cluster_ip, SERVICE_PORT), t_name),
+        None => {
+            let mut args = source_args(cfg, ip, t_name);
+            if plan.kind.pod_to_pod() {
+                // Every path the run asks for, to the target's addresses (issue 33).
+                let ips = env
+                    .watch
+                    .snapshot(t_name)
+                    .map(|s| s.ips)
+                    .filter(|v| !v.is_empty())
+                    .unwrap_or_else(|| vec![ip.to_string()]);
+                st.paths = cfg.paths.plan(&ips, crate::podspec::SERVER_PORT as u16);
+                args.extend(crate::paths::source_args(&st.paths));
+            }
+            args
+        }
+    };
     let s_pod = probe_pod_named(
         cfg,
         &s_name,
@@ -1618,10 +1638,7 @@ async fn run_source(
         kind,
         PodRole::Source,
         &plan.source_node,
-        match st.service.as_ref().and_then(|s| s.cluster_ip.as_deref()) {
-            Some(cluster_ip) => source_args_to(cfg, &host_port(cluster_ip, SERVICE_PORT), t_name),
-            None => source_args(cfg, ip, t_name),
-        },
+        args,
     );
     if *cancel.borrow() {
         return interrupted("starting the source");
@@ -1826,6 +1843,7 @@ async fn finish_record(
     }
     record.service = st.service.take();
     record.policy = st.policy.take();
+    crate::paths::apply(&mut record, &st.paths, env.slow_threshold);
     match plan.kind {
         ProbeKind::PolicyChange => {
             crate::netpol::apply_policy_change(&mut record, env.slow_threshold)

@@ -483,6 +483,7 @@ pub fn build_record(
         burst: None,
         service: None,
         policy: None,
+        paths: Vec::new(),
         drift: None,
     }
 }
@@ -560,9 +561,32 @@ pub(crate) fn test_record(id: &str, src: &str, dst: &str, result: ProbeResult) -
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::tracker::{Terminated, Tracker};
+
+    /// A healthy source's report (Ready at 1.0 s, first success sent at 1.2 s), for
+    /// other modules' tests.
+    pub(crate) fn sample_report() -> SourceReport {
+        report(SourceOutcome::Success, Some(1.0), Some(1.2))
+    }
+
+    /// A record with no pods seen (an `api_error` ending), for other modules' tests to
+    /// reshape.
+    pub(crate) fn sample_record() -> ProbeRecord {
+        let t0 = Instant::now();
+        build_record(
+            &meta(t0),
+            None,
+            None,
+            &Ending::Aborted {
+                reason: Reason::ApiError,
+                detail: "sample".into(),
+            },
+            Duration::from_secs(5),
+            t0,
+        )
+    }
     use firstpacket_report::{ErrorKind, SourceHold};
     use k8s_openapi::api::core::v1::Pod;
     use std::collections::BTreeMap;
@@ -614,6 +638,7 @@ mod tests {
             programming: None,
             target_programming: None,
             policy: None,
+            paths: Vec::new(),
         }
     }
 

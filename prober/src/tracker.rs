@@ -91,6 +91,9 @@ pub struct PodState {
     pub node: Option<String>,
     /// `status.podIP`.
     pub ip: Option<String>,
+    /// `status.podIPs` in order (the first is `ip`; a second one of the other family
+    /// on dual-stack clusters).
+    pub ips: Vec<String>,
     /// `status.phase` (latest).
     pub phase: Option<String>,
     /// Create call returned (set by the probe) or first seen, whichever is earlier.
@@ -120,6 +123,7 @@ impl PodState {
             uid: None,
             node: None,
             ip: None,
+            ips: Vec::new(),
             phase: None,
             created: None,
             scheduled: None,
@@ -178,6 +182,20 @@ impl PodState {
             .and_then(|s| s.pod_ip.clone())
             .filter(|ip| !ip.is_empty())
         {
+            let ips: Vec<String> = status
+                .and_then(|s| s.pod_ips.as_ref())
+                .map(|v| {
+                    v.iter()
+                        .map(|p| p.ip.clone())
+                        .filter(|i| !i.is_empty())
+                        .collect()
+                })
+                .unwrap_or_default();
+            self.ips = if ips.is_empty() {
+                vec![ip.clone()]
+            } else {
+                ips
+            };
             self.ip = Some(ip);
             if self.ip_assigned.is_none() {
                 self.ip_assigned = Some(now);

@@ -53,6 +53,7 @@ fn source_report(outcome: SourceOutcome, ready: Option<f64>, success: Option<f64
         programming: None,
         target_programming: None,
         policy: None,
+        paths: Vec::new(),
     }
 }
 

@@ -129,11 +129,21 @@ pub enum Reason {
     /// working until `--give-up` (a `policy_change` probe's revocation never took
     /// effect). Added reason (issue 32).
     RevocationNotEnforced,
+    /// `failed`: a `payload: mtu` path (full-size packets, DF set) never got an answer
+    /// before `--give-up` while the same protocol and family with small packets did:
+    /// full-size packets are dropped somewhere on the path without the ICMP
+    /// "fragmentation needed" that would let the sender adapt (an encapsulation change
+    /// that shifted the pod MTU, an underlay with a lower MTU). Added reason (issue 33).
+    MtuBlackHole,
+    /// `inconclusive`: a requested IP family (`--ip-families`) is one the pod does not
+    /// have (`status.podIPs` has no address of it): nothing was measured on it, nothing
+    /// guessed. Added reason (issue 33).
+    FamilyMissing,
 }
 
 impl Reason {
     /// Every reason, in declaration order.
-    pub const ALL: [Reason; 17] = [
+    pub const ALL: [Reason; 19] = [
         Reason::TtfpOverThreshold,
         Reason::NoSuccessBeforeGiveUp,
         Reason::LostAfterSuccess,
@@ -151,6 +161,8 @@ impl Reason {
         Reason::EndpointNeverProgrammed,
         Reason::IsolationBreach,
         Reason::RevocationNotEnforced,
+        Reason::MtuBlackHole,
+        Reason::FamilyMissing,
     ];
 
     /// The JSON / metric-label string.
@@ -173,6 +185,8 @@ impl Reason {
             Reason::EndpointNeverProgrammed => "endpoint_never_programmed",
             Reason::IsolationBreach => "isolation_breach",
             Reason::RevocationNotEnforced => "revocation_not_enforced",
+            Reason::MtuBlackHole => "mtu_black_hole",
+            Reason::FamilyMissing => "family_missing",
         }
     }
 
@@ -187,14 +201,16 @@ impl Reason {
             | Reason::WrongPeer
             | Reason::EndpointNeverProgrammed
             | Reason::IsolationBreach
-            | Reason::RevocationNotEnforced => ProbeResult::Failed,
+            | Reason::RevocationNotEnforced
+            | Reason::MtuBlackHole => ProbeResult::Failed,
             Reason::Unschedulable
             | Reason::ImagePull
             | Reason::ContainerFailed
             | Reason::NodeNotReady
             | Reason::ApiError
             | Reason::AdmissionRejected
-            | Reason::Interrupted => ProbeResult::Inconclusive,
+            | Reason::Interrupted
+            | Reason::FamilyMissing => ProbeResult::Inconclusive,
         }
     }
 }
@@ -374,6 +390,178 @@ impl ProbeProgramming {
 /// period (a pod is normally Ready within about that anyway).
 pub const NOTABLE_DELAY_SECONDS: f64 = 1.0;
 
+/// A path's transport protocol (issue 33, `--protocols`). Closed set; the JSON and the
+/// metric label use these exact strings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PathProtocol {
+    /// A fresh TCP connection and an HTTP/1.1 exchange per attempt.
+    Tcp,
+    /// One UDP datagram and its answer per attempt, from a fresh socket (a new flow for
+    /// conntrack each time, as a fresh TCP connection is).
+    Udp,
+}
+
+impl PathProtocol {
+    /// Every protocol, in declaration order.
+    pub const ALL: [PathProtocol; 2] = [PathProtocol::Tcp, PathProtocol::Udp];
+
+    /// The JSON / metric-label string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PathProtocol::Tcp => "tcp",
+            PathProtocol::Udp => "udp",
+        }
+    }
+}
+
+/// A path's IP family (issue 33, `--ip-families`). Closed set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IpFamily {
+    Ipv4,
+    Ipv6,
+}
+
+impl IpFamily {
+    /// Every family, in declaration order.
+    pub const ALL: [IpFamily; 2] = [IpFamily::Ipv4, IpFamily::Ipv6];
+
+    /// The JSON / metric-label string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IpFamily::Ipv4 => "ipv4",
+            IpFamily::Ipv6 => "ipv6",
+        }
+    }
+
+    /// The family of `ip`.
+    pub fn of(ip: std::net::IpAddr) -> IpFamily {
+        match ip {
+            std::net::IpAddr::V4(_) => IpFamily::Ipv4,
+            std::net::IpAddr::V6(_) => IpFamily::Ipv6,
+        }
+    }
+}
+
+/// What a path's attempts carry (issue 33, `--payload`). Closed set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Payload {
+    /// A few hundred bytes each way (the identity exchange).
+    Small,
+    /// Packets of the pod interface's full MTU each way, Don't Fragment set.
+    Mtu,
+}
+
+impl Payload {
+    /// Every payload, in declaration order.
+    pub const ALL: [Payload; 2] = [Payload::Small, Payload::Mtu];
+
+    /// The JSON / metric-label string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Payload::Small => "small",
+            Payload::Mtu => "mtu",
+        }
+    }
+}
+
+/// Which path: protocol, family and payload; written `tcp/ipv4/small` (the JSON of
+/// [`SourcePath::path`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PathId {
+    pub protocol: PathProtocol,
+    pub family: IpFamily,
+    pub payload: Payload,
+}
+
+impl std::fmt::Display for PathId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}/{}/{}",
+            self.protocol.as_str(),
+            self.family.as_str(),
+            self.payload.as_str()
+        )
+    }
+}
+
+impl std::str::FromStr for PathId {
+    type Err = String;
+
+    /// `PROTOCOL/FAMILY/PAYLOAD`, e.g. `udp/ipv6/mtu`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut it = s.split('/');
+        let (Some(p), Some(f), Some(l), None) = (it.next(), it.next(), it.next(), it.next()) else {
+            return Err(format!("{s:?}: expected PROTOCOL/FAMILY/PAYLOAD"));
+        };
+        let find = |all: &[&'static str], v: &str, what: &str| {
+            all.iter()
+                .position(|x| *x == v)
+                .ok_or_else(|| format!("{s:?}: unknown {what} {v:?}"))
+        };
+        Ok(PathId {
+            protocol: PathProtocol::ALL[find(&["tcp", "udp"], p, "protocol")?],
+            family: IpFamily::ALL[find(&["ipv4", "ipv6"], f, "family")?],
+            payload: Payload::ALL[find(&["small", "mtu"], l, "payload")?],
+        })
+    }
+}
+
+impl Serialize for PathId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for PathId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// One extra path a source dialed beside its main one (`target-server probe --path`;
+/// issue 33), as its report carries it (short keys: up to seven of these share the
+/// termination message's [`MAX_SOURCE_REPORT_BYTES`]). Times are seconds since the
+/// source's process start, on its clock; the attempts have the main path's spacing,
+/// timeout, give-up and hold.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SourcePath {
+    pub path: PathId,
+    /// `payload: mtu`: the IP packet size of the full-size packets each way (the route's
+    /// MTU to the target when the source started, or `--mtu`); absent for `small`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u32>,
+    /// Earliest send time among successful attempts (null without one).
+    pub first_success_sent: Option<f64>,
+    /// Attempts sent before that one (all of them without a success).
+    pub attempts: u64,
+    /// Of those, how many failed.
+    pub failures: u64,
+    /// Kind of the most recent failure before the first success (absent without one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<ErrorKind>,
+    /// Failures during the hold after the first success.
+    pub hold_failures: u64,
+    pub outcome: SourceOutcome,
+}
+
+/// One path's result in a probe record (issue 33; [`ProbeRecord::paths`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PathResult {
+    pub protocol: PathProtocol,
+    pub family: IpFamily,
+    pub payload: Payload,
+    pub result: ProbeResult,
+    pub reason: Option<Reason>,
+    /// This path's first good packet after the source's Ready (its `ready_at`, as the
+    /// main TTFP), floored at 0; null without a success.
+    pub ttfp_seconds: Option<f64>,
+}
+
 /// What `target-server probe` writes to its termination log and stdout (one JSON line).
 ///
 /// All `f64` times are seconds on the source's monotonic clock since its own process
@@ -451,6 +639,10 @@ pub struct SourceReport {
     /// met around them ([`SourcePolicy`]). Added field (issue 32; absent otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<SourcePolicy>,
+    /// The extra paths dialed beside the main one (`--path`; issue 33), in the order
+    /// given. Added field (absent when there are none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<SourcePath>,
 }
 
 /// How a `--policy-change` source's run ended (issue 32). Closed set.
@@ -709,6 +901,13 @@ pub struct ProbeRecord {
     /// and what they did. Added field (issue 32).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<PolicyInfo>,
+    /// Every path the run asked for (`--protocols`, `--payload`, `--ip-families`; issue
+    /// 33), the main one (TCP, small, the pod's primary family) first; absent when the
+    /// run asked for the main path only. The record's `result`/`reason` are the worst
+    /// of these (failed, then inconclusive, then slow); `ttfp_seconds` stays the main
+    /// path's. Added field.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<PathResult>,
     /// `prober run` only: whether the probe counted as drift off the learned baseline
     /// (the prober's `baseline` module). Absent in gate reports. Added field (issue 14).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -81,6 +81,7 @@ fn source_report() -> SourceReport {
             ..PodProgramming::default()
         }),
         policy: None,
+        paths: Vec::new(),
     }
 }
 
@@ -161,6 +162,7 @@ fn probe(id: &str, result: ProbeResult, reason: Option<Reason>) -> ProbeRecord {
         burst: None,
         service: None,
         policy: None,
+        paths: Vec::new(),
         drift: None,
     }
 }

@@ -16,7 +16,7 @@
 
 use crate::ProcessStart;
 use firstpacket_report::{ErrorKind, PodProgramming};
-use http_body_util::{BodyExt, Empty, Limited};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Bytes;
 use hyper::header::{CONNECTION, HOST, USER_AGENT};
 use hyper::{Request, StatusCode};
@@ -119,53 +119,59 @@ async fn exchange_body(
     expect_pod: &str,
     timeout: Duration,
 ) -> (AttemptResult, Option<Bytes>) {
-    let fail = |k| (AttemptResult::fail(k), None);
-    let stream = match TcpStream::connect(target).await {
-        Ok(s) => s,
-        Err(e) => return fail(classify_io(&e)),
+    let req = Request::get("/")
+        .header(HOST, target.to_string())
+        .header(CONNECTION, "close")
+        .header(USER_AGENT, USER_AGENT_VALUE)
+        .body(Full::new(Bytes::new()));
+    let Ok(req) = req else {
+        // Cannot happen with these static parts; count it as a failed exchange.
+        return (AttemptResult::fail(ErrorKind::Reset), None);
     };
+    match http_exchange(target, timeout, req).await {
+        Ok((status, body)) => (judge(status, &body, expect_pod), Some(body)),
+        Err(kind) => (AttemptResult::fail(kind), None),
+    }
+}
+
+/// One HTTP/1.1 exchange over a fresh TCP connection to `target` (`TCP_NODELAY`; the
+/// connection driver bounded by `timeout`): the answer's status and body (at most
+/// [`MAX_BODY_BYTES`]). Errors: the failure's [`ErrorKind`] (a body over the limit
+/// is `wrong_peer` under a 200 — something answered, but not a target-server — else
+/// `http_status`).
+pub async fn http_exchange(
+    target: SocketAddr,
+    timeout: Duration,
+    req: Request<Full<Bytes>>,
+) -> Result<(StatusCode, Bytes), ErrorKind> {
+    let stream = TcpStream::connect(target)
+        .await
+        .map_err(|e| classify_io(&e))?;
     let _ = stream.set_nodelay(true);
-    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
-    {
-        Ok(pair) => pair,
-        Err(e) => return fail(classify_hyper(&e)),
-    };
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| classify_hyper(&e))?;
     // The connection driver must run on its own task: it finishes after the body is read
     // (Connection: close). Bounded so a stuck peer cannot keep it alive.
     tokio::spawn(async move {
         let _ = tokio::time::timeout(timeout, conn).await;
     });
-    let req = match Request::get("/")
-        .header(HOST, target.to_string())
-        .header(CONNECTION, "close")
-        .header(USER_AGENT, USER_AGENT_VALUE)
-        .body(Empty::<Bytes>::new())
-    {
-        Ok(r) => r,
-        // Cannot happen with these static parts; count it as a failed exchange.
-        Err(_) => return fail(ErrorKind::Reset),
-    };
-    let resp = match sender.send_request(req).await {
-        Ok(r) => r,
-        Err(e) => return fail(classify_hyper(&e)),
-    };
+    let resp = sender
+        .send_request(req)
+        .await
+        .map_err(|e| classify_hyper(&e))?;
     let status = resp.status();
-    let body = match Limited::new(resp.into_body(), MAX_BODY_BYTES)
+    match Limited::new(resp.into_body(), MAX_BODY_BYTES)
         .collect()
         .await
     {
-        Ok(b) => b.to_bytes(),
-        Err(e) => {
-            let kind = match e.downcast_ref::<hyper::Error>() {
-                Some(h) => classify_hyper(h),
-                // Body over the limit: something answered, but not a target-server.
-                None if status == StatusCode::OK => ErrorKind::WrongPeer,
-                None => ErrorKind::HttpStatus,
-            };
-            return fail(kind);
-        }
-    };
-    (judge(status, &body, expect_pod), Some(body))
+        Ok(b) => Ok((status, b.to_bytes())),
+        Err(e) => Err(match e.downcast_ref::<hyper::Error>() {
+            Some(h) => classify_hyper(h),
+            None if status == StatusCode::OK => ErrorKind::WrongPeer,
+            None => ErrorKind::HttpStatus,
+        }),
+    }
 }
 
 /// Decide an answer: 200 + `{"pod": expect_pod}` is the only success (pure).

@@ -176,6 +176,19 @@ pub struct ProbeArgs {
     /// `--attempt-timeout`, so those attempts have all ended.
     #[arg(long, env = "FIRSTPACKET_REVOKE_QUIET", default_value = "2s", value_parser = humantime::parse_duration)]
     pub revoke_quiet: Duration,
+    /// An extra path to dial beside `--target` (issue 33), `PROTOCOL/PAYLOAD=IP:PORT`:
+    /// protocol `tcp` or `udp`, payload `small` or `mtu` (packets of the route's full
+    /// MTU each way, Don't Fragment set), the target's address of the path's family,
+    /// e.g. `udp/mtu=10.1.2.3:8080`. Repeat it (or comma-separate) for several; each has
+    /// the main path's spacing, timeout, give-up and hold, and its own line in the
+    /// report's `paths`. Ignored with `--policy-change`.
+    #[arg(long = "path", env = "FIRSTPACKET_PATHS", value_delimiter = ',')]
+    pub paths: Vec<crate::paths::PathSpec>,
+    /// The full-size packets' IP size for `mtu` paths, bytes (576–9216). Default: the
+    /// route's MTU towards each path's target when the probe starts (the pod
+    /// interface's MTU unless the kernel knows a smaller path MTU).
+    #[arg(long, env = "FIRSTPACKET_MTU", value_parser = clap::value_parser!(u32).range(576..=9216))]
+    pub mtu: Option<u32>,
     #[command(flatten)]
     pub node: NodeArgs,
 }
@@ -201,7 +214,8 @@ impl ProbeArgs {
         } else {
             self.give_up + self.hold + self.attempt_timeout
         };
-        let max_attempts = span.as_secs_f64() / self.interval.as_secs_f64();
+        let max_attempts =
+            span.as_secs_f64() / self.interval.as_secs_f64() * (1 + self.paths.len()) as f64;
         if max_attempts > MAX_ATTEMPTS as f64 {
             return Err(Error::Config(format!(
                 "give-up + hold at --interval {:?} allows {max_attempts:.0} attempts (max {MAX_ATTEMPTS})",
@@ -220,6 +234,12 @@ impl ProbeArgs {
             termination_log: self.termination_log.clone(),
             node: self.node.addr(),
             policy_change: self.policy_change.then_some(self.revoke_quiet),
+            paths: if self.policy_change {
+                Vec::new()
+            } else {
+                self.paths.clone()
+            },
+            mtu: self.mtu,
         })
     }
 }

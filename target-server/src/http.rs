@@ -8,6 +8,7 @@
 //! | `/healthz` | 200 `ok` |
 //! | `/hostname` | 200, the pod name as text |
 //! | `POST /mark/{arm,allow,revoke}`, `GET`/`POST /policy` | a `--policy-change` source only: [`crate::policy`] |
+//! | `POST /pad` | 200, the identity and a `pad` as long as the body (a `tcp/mtu` path's full-size exchange, [`crate::paths`]; the one endpoint that reads a body, ≤ [`crate::paths::MAX_PACKET_BYTES`]) |
 //! | anything else | 404 |
 //!
 //! The first `/readyz` request with a `User-Agent: kube-probe/…` header (the kubelet's
@@ -25,7 +26,7 @@
 //! - request head (request line + headers) at most [`MAX_HEAD_BYTES`] bytes and
 //!   [`MAX_HEADERS`] header lines, else `431 Request Header Fields Too Large` and close
 //!   (hyper's parser enforces both);
-//! - the body is never read: a request announcing more than [`MAX_BODY_BYTES`] or a
+//! - the body is never read (but `POST /pad`'s, see the table): a request announcing more than [`MAX_BODY_BYTES`] or a
 //!   chunked body gets `413 Content Too Large` ([`ServerState::respond`]) and the
 //!   connection is closed;
 //! - a complete head within [`HEADER_READ_TIMEOUT`] of the connection's start, and the
@@ -393,6 +394,68 @@ impl ServerState {
     }
 }
 
+impl ServerState {
+    /// `POST /pad` (issue 33, a `tcp/mtu` path's attempt, [`crate::paths`]): reads the
+    /// body — the one endpoint that does, bounded by a `Content-Length` of at most
+    /// [`crate::paths::MAX_PACKET_BYTES`] (else 413, or 411 without one) and by the
+    /// connection's deadlines — and answers 200 with the identity and a `pad` string as
+    /// long as the body, so full-size segments go both ways.
+    pub async fn respond_pad(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        use http_body_util::BodyExt;
+        let max = u64::from(crate::paths::MAX_PACKET_BYTES);
+        let announced = req
+            .headers()
+            .get(hyper::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        match announced {
+            None => {
+                return text(
+                    StatusCode::LENGTH_REQUIRED,
+                    Bytes::from_static(b"Content-Length required"),
+                    "text/plain",
+                )
+            }
+            Some(n) if n > max || req.headers().contains_key(hyper::header::TRANSFER_ENCODING) => {
+                return text(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    Bytes::from_static(b"request body too large"),
+                    "text/plain",
+                )
+            }
+            Some(_) => {}
+        }
+        let body = match http_body_util::Limited::new(req.into_body(), max as usize)
+            .collect()
+            .await
+        {
+            Ok(b) => b.to_bytes(),
+            Err(_) => {
+                return text(
+                    StatusCode::BAD_REQUEST,
+                    Bytes::from_static(b"body not read"),
+                    "text/plain",
+                )
+            }
+        };
+        #[derive(serde::Serialize)]
+        struct Padded<'a> {
+            #[serde(flatten)]
+            identity: &'a Identity,
+            pad: String,
+        }
+        let doc = Padded {
+            identity: &self.identity,
+            pad: "x".repeat(body.len()),
+        };
+        text(
+            StatusCode::OK,
+            Bytes::from(serde_json::to_vec(&doc).unwrap_or_default()),
+            "application/json",
+        )
+    }
+}
+
 /// `GET /`: the [`Identity`] fields, flattened, plus `programming`.
 #[derive(serde::Serialize)]
 struct IdentityDocument<'a> {
@@ -488,8 +551,13 @@ where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-        let resp = state.respond(&req);
-        async move { Ok::<_, Infallible>(resp) }
+        let state = Arc::clone(&state);
+        async move {
+            if req.method() == hyper::Method::POST && req.uri().path() == "/pad" {
+                return Ok::<_, Infallible>(state.respond_pad(req).await);
+            }
+            Ok(state.respond(&req))
+        }
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .keep_alive(false)

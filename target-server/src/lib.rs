@@ -18,6 +18,7 @@ pub mod cli;
 pub mod http;
 pub mod identity;
 pub mod node_path;
+pub mod paths;
 pub mod policy;
 pub mod probe;
 pub mod serve;

@@ -23,10 +23,11 @@ use crate::attempt::dial;
 use crate::http::{self, ServerState};
 use crate::identity::Identity;
 use crate::node_path::{dial_node, NodeDialConfig};
+use crate::paths::PathSpec;
 use crate::serve::{bind, Termination};
 use crate::tally::{encode_bounded, ReportContext, Tally};
 use crate::{Error, ProcessStart};
-use firstpacket_report::SourceReport;
+use firstpacket_report::{SourcePath, SourceReport};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -60,6 +61,10 @@ pub struct ProbeConfig {
     pub node: Option<SocketAddr>,
     /// `--policy-change` with its `--revoke-quiet` ([`crate::policy`]).
     pub policy_change: Option<Duration>,
+    /// Extra paths dialed beside `target` (`--path`, [`crate::paths`]).
+    pub paths: Vec<PathSpec>,
+    /// `--mtu`: the full-size packets' IP size; else each path's route MTU.
+    pub mtu: Option<u32>,
 }
 
 impl ProbeConfig {
@@ -110,8 +115,13 @@ pub async fn run(
         (m, quiet)
     });
     let mut policy = None;
+    let mut paths = Vec::new();
     let mut run = match &marks {
-        None => dial_loop(&config, origin, &mut termination).await,
+        None => {
+            let (main, extra) = dial_all(&config, origin, &mut termination).await;
+            paths = extra;
+            main
+        }
         Some((m, quiet)) => {
             let loop_config = crate::policy::PolicyLoopConfig {
                 interval: config.interval,
@@ -183,6 +193,10 @@ pub async fn run(
     });
     report.programming = Some(state.programming());
     report.policy = policy;
+    report.paths = paths
+        .into_iter()
+        .map(|(spec, bytes, path_run)| source_path(&spec, bytes, &path_run, state.ready_at()))
+        .collect();
     let line = encode_bounded(&report);
     write_report(&config.termination_log, &line);
     println!("{line}");
@@ -201,11 +215,119 @@ pub fn write_report(path: &std::path::Path, line: &str) {
     }
 }
 
-/// The search / hold / drain loop (module docs). Never fails.
-pub async fn dial_loop(
+/// What one dial loop dials: the main path (`--target`, [`dial`]) or an extra one.
+#[derive(Debug, Clone, Copy)]
+enum Dialer {
+    Main(SocketAddr),
+    /// An extra path and its full-size packets' IP size (`mtu` paths).
+    Path(PathSpec, Option<u32>),
+}
+
+/// The main dial loop and one per extra path, side by side until all have ended;
+/// SIGTERM/SIGINT stops them all. Returns the main run and each path's (its spec,
+/// packet size and run).
+async fn dial_all(
     config: &ProbeConfig,
     origin: ProcessStart,
     termination: &mut Termination,
+) -> (DialRun, Vec<(PathSpec, Option<u32>, DialRun)>) {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let dialers: Vec<(PathSpec, Option<u32>)> = config
+        .paths
+        .iter()
+        .map(|spec| {
+            let mtu = config
+                .mtu
+                .or_else(|| match crate::paths::route_mtu(spec.target) {
+                    Ok(m) => Some(m),
+                    Err(e) => {
+                        eprintln!(
+                            "target-server: no route MTU towards {}: {e}; using 1500",
+                            spec.target
+                        );
+                        Some(1500)
+                    }
+                });
+            (*spec, crate::paths::packet_bytes(spec, mtu.unwrap_or(1500)))
+        })
+        .collect();
+    // The extra paths on tasks of their own, the main one on this task.
+    let handles: Vec<_> = dialers
+        .iter()
+        .map(|(spec, bytes)| {
+            let (cfg, dialer, stop) =
+                (config.clone(), Dialer::Path(*spec, *bytes), stop_rx.clone());
+            tokio::spawn(async move { dial_loop(&cfg, origin, dialer, stop).await })
+        })
+        .collect();
+    let all = async {
+        let main = dial_loop(config, origin, Dialer::Main(config.target), stop_rx.clone()).await;
+        let mut runs = Vec::with_capacity(handles.len());
+        for h in handles {
+            // A path task cannot panic short of a bug; such a path reports as stopped.
+            runs.push(h.await.unwrap_or_else(|_| DialRun {
+                tally: Tally::new(),
+                dial_end: origin.elapsed_seconds(),
+                terminated: true,
+            }));
+        }
+        (main, runs)
+    };
+    tokio::pin!(all);
+    let (main, runs) = tokio::select! {
+        r = &mut all => r,
+        _ = termination.recv() => {
+            let _ = stop_tx.send(true);
+            all.await
+        }
+    };
+    let paths = dialers
+        .into_iter()
+        .zip(runs)
+        .map(|((spec, bytes), run)| (spec, bytes, run))
+        .collect();
+    (main, paths)
+}
+
+/// One path's summary for the report ([`SourcePath`]), from its run's attempt log.
+fn source_path(
+    spec: &PathSpec,
+    packet_bytes: Option<u32>,
+    run: &DialRun,
+    ready_at: Option<f64>,
+) -> SourcePath {
+    let r = run.tally.report(&ReportContext {
+        pod: String::new(),
+        target: spec.target.to_string(),
+        expect_pod: String::new(),
+        interval_seconds: 0.0,
+        attempt_timeout_seconds: 0.0,
+        give_up_seconds: 0.0,
+        hold_seconds: 0.0,
+        process_start_unix: 0.0,
+        ready_at,
+        dial_end: run.dial_end,
+        terminated: run.terminated,
+    });
+    SourcePath {
+        path: spec.id(),
+        bytes: packet_bytes,
+        first_success_sent: r.first_success_sent,
+        attempts: r.attempts_before_success,
+        failures: r.failures_before_success,
+        last_error: r.last_error,
+        hold_failures: r.hold.failures,
+        outcome: r.outcome,
+    }
+}
+
+/// The search / hold / drain loop (module docs) of one path, until it ends or `stop`
+/// turns true (then `terminated`). Never fails.
+async fn dial_loop(
+    config: &ProbeConfig,
+    origin: ProcessStart,
+    dialer: Dialer,
+    mut stop: watch::Receiver<bool>,
 ) -> DialRun {
     let mut tally = Tally::new();
     let mut tasks: JoinSet<(usize, crate::attempt::AttemptOutcome)> = JoinSet::new();
@@ -216,6 +338,10 @@ pub async fn dial_loop(
     let mut sending = true;
     let mut dial_end: Option<f64> = None;
     let expect: Arc<str> = Arc::from(config.expect_pod.as_str());
+    let name = match dialer {
+        Dialer::Main(_) => String::new(),
+        Dialer::Path(spec, _) => format!(" on path {}", spec.id()),
+    };
 
     loop {
         if !sending && tasks.is_empty() {
@@ -225,7 +351,7 @@ pub async fn dial_loop(
         let phase_end = hold_until.unwrap_or(give_up_at);
         tokio::select! {
             biased;
-            _ = termination.recv() => {
+            _ = stop.wait_for(|s| *s) => {
                 let now = origin.elapsed_seconds();
                 tasks.abort_all();
                 return DialRun { tally, dial_end: dial_end.unwrap_or(now), terminated: true };
@@ -235,7 +361,7 @@ pub async fn dial_loop(
                 if let Ok((seq, outcome)) = joined {
                     if tally.finish(seq, outcome) {
                         eprintln!(
-                            "target-server: first success observed at {:.3}s, holding {}",
+                            "target-server: first success{name} observed at {:.3}s, holding {}",
                             origin.elapsed_seconds(),
                             humantime::format_duration(config.hold)
                         );
@@ -250,7 +376,7 @@ pub async fn dial_loop(
                 dial_end = Some(origin.elapsed_seconds());
                 if !tally.has_success() {
                     eprintln!(
-                        "target-server: no success after {}, giving up",
+                        "target-server: no success{name} after {}, giving up",
                         humantime::format_duration(config.give_up)
                     );
                 }
@@ -258,9 +384,16 @@ pub async fn dial_loop(
             _ = ticker.tick(), if sending => {
                 let seq = tally.start(origin.elapsed_seconds());
                 let expect = Arc::clone(&expect);
-                let target = config.target;
                 let timeout = config.attempt_timeout;
-                tasks.spawn(async move { (seq, dial(origin, target, &expect, timeout).await) });
+                tasks.spawn(async move {
+                    let outcome = match dialer {
+                        Dialer::Main(target) => dial(origin, target, &expect, timeout).await,
+                        Dialer::Path(spec, bytes) => {
+                            crate::paths::attempt(origin, spec, bytes, seq as u64, &expect, timeout).await
+                        }
+                    };
+                    (seq, outcome)
+                });
             }
         }
     }

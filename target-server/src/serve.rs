@@ -65,13 +65,23 @@ impl Termination {
 pub async fn run(args: ServeArgs, identity: Identity, origin: ProcessStart) -> Result<(), Error> {
     let mut termination = Termination::install()?;
     let listener = bind(args.port).await?;
+    let port = listener.local_addr().map_or(args.port, |a| a.port());
     let node_dial = args.node_dial()?;
     let state = ServerState::with_node_dial(identity, origin, node_dial.node, node_dial.interval);
     let (stop_tx, stop_rx) = watch::channel(false);
     let server = tokio::spawn(http::serve(listener, Arc::clone(&state), stop_rx));
     let dial = tokio::spawn(dial_node(node_dial, origin, Arc::clone(&state)));
+    // UDP on the same port for `udp/*` paths (issue 33): a source's datagrams are
+    // answered with this pod's identity.
+    let pod = state.identity().pod.clone();
+    let udp = tokio::spawn(async move {
+        if let Err(e) = crate::paths::serve_udp(port, pod).await {
+            eprintln!("target-server: cannot serve UDP on port {port}: {e}");
+        }
+    });
     termination.recv().await;
     dial.abort();
+    udp.abort();
     state.set_not_ready();
     eprintln!(
         "target-server: SIGTERM, /readyz now 503, closing in {}",

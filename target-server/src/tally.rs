@@ -298,6 +298,7 @@ impl Tally {
             programming: None,
             target_programming: self.target_programming.as_ref().map(|(_, p)| p.clone()),
             policy: None,
+            paths: Vec::new(),
         }
     }
 }
@@ -319,7 +320,7 @@ pub const MAX_NODE_ADDR: usize = 64;
 /// Serialise `report` as one compact JSON line (no newline) of at most
 /// [`MAX_SOURCE_REPORT_BYTES`] bytes: strings are cut to [`MAX_REPORT_STRING`]
 /// characters, then, if still too long, the hold's per-second series is shortened from
-/// its end (totals stay). The kubelet keeps only the last 4096 bytes of a termination
+/// its end (totals stay), and then extra `paths` are dropped from the end. The kubelet keeps only the last 4096 bytes of a termination
 /// message, so an over-long report would lose its start and not parse.
 pub fn encode_bounded(report: &SourceReport) -> String {
     let mut r = report.clone();
@@ -345,7 +346,15 @@ pub fn encode_bounded(report: &SourceReport) -> String {
     }
     loop {
         let line = serde_json::to_string(&r).unwrap_or_default();
-        if line.len() <= MAX_SOURCE_REPORT_BYTES || r.hold.failures_per_second.is_empty() {
+        if line.len() <= MAX_SOURCE_REPORT_BYTES {
+            return line;
+        }
+        if r.hold.failures_per_second.is_empty() {
+            // Last resort: the extra paths, from the end (the prober reports a path
+            // without a line as inconclusive, never guesses it).
+            if r.paths.pop().is_some() {
+                continue;
+            }
             return line;
         }
         let excess = line.len() - MAX_SOURCE_REPORT_BYTES;
@@ -662,6 +671,7 @@ mod tests {
             outcome: SourceOutcome::LostAfterSuccess,
             programming: Some(worst_programming()),
             target_programming: Some(worst_programming()),
+            paths: Vec::new(),
             policy: Some(firstpacket_report::SourcePolicy {
                 arm_at: Some(123456.123457),
                 allow_at: Some(123456.123457),
@@ -743,6 +753,63 @@ mod tests {
         assert_eq!(back.outcome, SourceOutcome::LostAfterSuccess);
         assert_eq!(back.pod.chars().count(), MAX_REPORT_STRING);
         assert_eq!(back.hold.failures, u64::MAX);
+    }
+
+    #[test]
+    fn extra_paths_are_dropped_from_the_end_only_when_nothing_else_is_left_to_cut() {
+        let path = firstpacket_report::SourcePath {
+            path: "udp/ipv6/mtu".parse().unwrap(),
+            bytes: Some(9216),
+            first_success_sent: Some(123456.123457),
+            attempts: u64::MAX,
+            failures: u64::MAX,
+            last_error: Some(ErrorKind::HttpStatus),
+            hold_failures: u64::MAX,
+            outcome: SourceOutcome::LostAfterSuccess,
+        };
+        let mut worst = worst_case_report();
+        worst.paths = vec![path.clone(); 7];
+        let line = encode_bounded(&worst);
+        assert!(
+            line.len() <= MAX_SOURCE_REPORT_BYTES,
+            "{} bytes",
+            line.len()
+        );
+        let back: SourceReport = serde_json::from_str(&line).expect("parses");
+        assert!(back.paths.len() < 7 && back.hold.failures_per_second.is_empty());
+        // A realistic report keeps all seven (short names, counts of a 65 s probe; the
+        // hold's series may be cut first).
+        let mut real = worst_case_report();
+        real.pod = "fp-4k2j9x7q-0-s".into();
+        real.expect_pod = "fp-4k2j9x7q-0-t".into();
+        real.target = "10.244.17.203:8080".into();
+        real.wrong_peer = None;
+        for p in [&mut real.programming, &mut real.target_programming]
+            .into_iter()
+            .flatten()
+        {
+            p.node_addr = Some("10.0.17.4:10250".into());
+            p.node_dial_attempts = 650;
+            p.node_dial_failures = 650;
+        }
+        real.attempts_before_success = 650;
+        real.failures_before_success = 650;
+        real.errors = ErrorKind::ALL.iter().map(|k| (*k, 650)).collect();
+        real.hold.attempts = 650;
+        real.hold.failures = 650;
+        real.hold.failures_per_second = vec![10; 30];
+        real.paths = (0..7)
+            .map(|_| firstpacket_report::SourcePath {
+                attempts: 650,
+                failures: 650,
+                hold_failures: 650,
+                ..path.clone()
+            })
+            .collect();
+        let line = encode_bounded(&real);
+        let back: SourceReport = serde_json::from_str(&line).expect("parses");
+        assert_eq!(back.paths.len(), 7, "{} bytes", line.len());
+        assert!(line.len() <= MAX_SOURCE_REPORT_BYTES);
     }
 
     #[test]

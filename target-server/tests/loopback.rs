@@ -878,3 +878,73 @@ fn a_policy_change_source_answered_before_any_mark_counts_breaches() {
     assert!(u(p, "admitted_before_arm") >= 10, "{p}");
     assert!(p["first_admitted_before_arm_sent"].is_number());
 }
+
+/// Extra paths (issue 33): `tcp/mtu`, `udp/small`, `udp/mtu` to `serve` all succeed
+/// with the expected identity, each with its own line in `paths`; a UDP path to a port
+/// nothing answers on fails `refused` without touching the main path's result.
+#[test]
+fn extra_paths_are_dialed_beside_the_main_one_and_reported_each() {
+    let target = Proc::spawn(&["serve", "--port", "0"], &[("POD_NAME", "tgt-paths")]);
+    let scratch = Scratch::new("paths");
+    let log = scratch.log();
+    let addr = format!("127.0.0.1:{}", target.port);
+    let dead = format!("127.0.0.1:{}", free_port());
+    let paths = format!("tcp/mtu={addr},udp/small={addr},udp/mtu={addr},udp/small={dead}");
+    let src = Proc::spawn(
+        &[
+            "probe",
+            "--target",
+            &addr,
+            "--expect-pod",
+            "tgt-paths",
+            "--port",
+            "0",
+            "--hold",
+            "1s",
+            "--give-up",
+            "3s",
+            "--mtu",
+            "1500",
+            "--path",
+            &paths,
+            "--termination-log",
+            log.to_str().expect("path"),
+        ],
+        &[("POD_NAME", "src-paths")],
+    );
+    src.wait_stderr("first success observed", Duration::from_secs(10));
+    assert_eq!(kubelet_readyz(src.port), 200);
+    let (status, stdout) = src.finish(Duration::from_secs(15));
+    assert_eq!(status.code(), Some(0));
+    assert!(stdout.len() <= MAX_SOURCE_REPORT_BYTES + 1);
+    let r = parse_report(&stdout);
+    assert_eq!(r["outcome"], "success", "{r:#}");
+    let p = r["paths"].as_array().expect("paths");
+    let shape: Vec<(&str, Option<u64>, &str)> = p
+        .iter()
+        .map(|x| {
+            (
+                x["path"].as_str().unwrap(),
+                x["bytes"].as_u64(),
+                x["outcome"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shape,
+        vec![
+            ("tcp/ipv4/mtu", Some(1500), "success"),
+            ("udp/ipv4/small", None, "success"),
+            ("udp/ipv4/mtu", Some(1500), "success"),
+            ("udp/ipv4/small", None, "no_success"),
+        ]
+    );
+    for x in &p[..3] {
+        assert!(x["first_success_sent"].as_f64().is_some(), "{x}");
+        assert_eq!(x["hold_failures"], 0, "{x}");
+    }
+    assert_eq!(p[3]["last_error"], "refused", "{}", p[3]);
+    assert!(p[3]["first_success_sent"].is_null());
+    target.sigterm();
+    let _ = target.finish(Duration::from_secs(5));
+}

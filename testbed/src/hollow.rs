@@ -854,6 +854,7 @@ pub fn source_report(
         programming: None,
         target_programming: None,
         policy: None,
+        paths: Vec::new(),
     }
 }
 
