@@ -1107,6 +1107,7 @@ pub fn render_text(report: &GateReport, group_by: &[String]) -> String {
     out.push_str(&render_headline(report));
     out.push_str(&diagnosis_lines(report));
     out.push_str(&isolation_lines(&report.probes));
+    out.push_str(&crate::paths::text_lines(&report.probes));
     if let Some(why) = &report.stopped_early {
         let _ = writeln!(out, "stopped early: {why}");
     }

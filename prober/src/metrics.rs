@@ -17,6 +17,12 @@
 //! by inconclusive probes too). The alerts reading them are in
 //! `alerts/firstpacket.rules.yaml`.
 //!
+//! Paths (issue 33): when a run measures several paths per probe (`--protocols`,
+//! `--payload`, `--ip-families`), `firstpacket_path_probes_total{kind, protocol,
+//! family, payload, result, reason}` and `firstpacket_path_ttfp_seconds{kind,
+//! protocol, family, payload}` count each path; every label is a closed set (2 × 2 × 2
+//! paths per kind), so the series stay bounded. They appear with the first such probe.
+//!
 //! [`Metrics::observe`] turns one finished probe record into every metric at once; the
 //! continuous mode calls it under the same lock that appends the record to the recent
 //! records, so `/metrics` and `/api/v1/probes` agree (a scrape sees
@@ -54,6 +60,9 @@ pub struct Metrics {
     registry: Registry,
     ttfp: HistogramVec,
     probes: IntCounterVec,
+    /// Issue 33: per path, when the run measures more than the main one.
+    path_probes: IntCounterVec,
+    path_ttfp: HistogramVec,
     pod_startup: HistogramVec,
     hold_failures: IntCounterVec,
     first_attempt_failures: IntCounterVec,
@@ -153,6 +162,17 @@ impl Metrics {
                 "firstpacket_probes_total",
                 "Finished probes by kind, result and reason (reason none for success).",
                 &["kind", "result", "reason"],
+            )),
+            path_probes: reg(&r, counter(
+                "firstpacket_path_probes_total",
+                "Finished paths of probes that measure several (--protocols, --payload, --ip-families) by kind, protocol (tcp, udp), family (ipv4, ipv6), payload (small, mtu), result and reason (reason none for success).",
+                &["kind", "protocol", "family", "payload", "result", "reason"],
+            )),
+            path_ttfp: reg(&r, hist(
+                "firstpacket_path_ttfp_seconds",
+                "Time to first packet per path of probes that measure several and saw a success on it (seconds; source-node monotonic clock).",
+                TTFP_BUCKETS,
+                &["kind", "protocol", "family", "payload"],
             )),
             pod_startup: reg(&r, hist(
                 "firstpacket_pod_startup_seconds",
@@ -434,6 +454,25 @@ impl Metrics {
         if let Some(t) = rec.ttfp_seconds {
             self.ttfp.with_label_values(&[kind]).observe(t);
         }
+        for p in &rec.paths {
+            let (protocol, family, payload) =
+                (p.protocol.as_str(), p.family.as_str(), p.payload.as_str());
+            self.path_probes
+                .with_label_values(&[
+                    kind,
+                    protocol,
+                    family,
+                    payload,
+                    p.result.as_str(),
+                    reason_label(p.reason),
+                ])
+                .inc();
+            if let Some(t) = p.ttfp_seconds {
+                self.path_ttfp
+                    .with_label_values(&[kind, protocol, family, payload])
+                    .observe(t);
+            }
+        }
         self.hold_failures
             .with_label_values(&[kind])
             .inc_by(rec.hold.failures);
@@ -620,6 +659,59 @@ mod tests {
         m.node_removed("node-2");
         let text = m.render();
         assert!(!text.contains(r#"node="node-2""#), "{text}");
+    }
+
+    #[test]
+    fn each_path_is_counted_by_its_bounded_labels_and_its_ttfp_observed() {
+        use firstpacket_report::{IpFamily, PathProtocol, PathResult, Payload};
+        let m = Metrics::new(&[ProbeKind::CrossNode]);
+        assert!(!m.render().contains("firstpacket_path_probes_total{"));
+        let mut rec = crate::record::test_record("a", "node-1", "node-2", ProbeResult::Failed);
+        rec.reason = Some(Reason::MtuBlackHole);
+        let path = |protocol, payload, result, reason, ttfp| PathResult {
+            protocol,
+            family: IpFamily::Ipv4,
+            payload,
+            result,
+            reason,
+            ttfp_seconds: ttfp,
+        };
+        rec.paths = vec![
+            path(
+                PathProtocol::Tcp,
+                Payload::Small,
+                ProbeResult::Success,
+                None,
+                Some(0.3),
+            ),
+            path(
+                PathProtocol::Udp,
+                Payload::Mtu,
+                ProbeResult::Failed,
+                Some(Reason::MtuBlackHole),
+                None,
+            ),
+        ];
+        m.observe(&rec, 1.0);
+        let text = m.render();
+        assert_eq!(
+            value(
+                &text,
+                r#"firstpacket_path_probes_total{family="ipv4",kind="cross_node",payload="mtu",protocol="udp",reason="mtu_black_hole",result="failed"}"#
+            ),
+            Some(1.0),
+            "{text}"
+        );
+        assert_eq!(
+            value(
+                &text,
+                r#"firstpacket_path_ttfp_seconds_count{family="ipv4",kind="cross_node",payload="small",protocol="tcp"}"#
+            ),
+            Some(1.0)
+        );
+        assert!(!text.contains(
+            r#"firstpacket_path_ttfp_seconds_count{family="ipv4",kind="cross_node",payload="mtu""#
+        ));
     }
 
     #[test]

@@ -331,6 +331,80 @@ pub fn apply(record: &mut ProbeRecord, planned: &[PlannedPath], slow_threshold: 
     record.paths = paths;
 }
 
+/// The gate's text lines for probes that measured several paths: per path, the
+/// results, the median TTFP and, for paths that did not pass, the reasons and up to
+/// three node pairs. Empty when no probe measured more than its main path.
+pub fn text_lines(probes: &[ProbeRecord]) -> String {
+    use std::collections::BTreeMap;
+    use std::fmt::Write as _;
+    #[derive(Default)]
+    struct Row {
+        counts: [usize; 4],
+        ttfps: Vec<f64>,
+        bad: BTreeMap<&'static str, Vec<String>>,
+    }
+    let mut rows: BTreeMap<(u8, PathId), Row> = BTreeMap::new();
+    for p in probes {
+        for (i, x) in p.paths.iter().enumerate() {
+            let id = PathId {
+                protocol: x.protocol,
+                family: x.family,
+                payload: x.payload,
+            };
+            // The main path first, then in id order.
+            let row = rows.entry((u8::from(i != 0), id)).or_default();
+            row.counts[severity(x.result) as usize] += 1;
+            row.ttfps.extend(x.ttfp_seconds);
+            if matches!(
+                x.result,
+                ProbeResult::Failed | ProbeResult::Inconclusive | ProbeResult::Slow
+            ) {
+                row.bad
+                    .entry(x.reason.map_or("none", |r| r.as_str()))
+                    .or_default()
+                    .push(format!("{} → {}", p.source.node, p.target.node));
+            }
+        }
+    }
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from("\npaths (each probe's source dialed all of them):\n");
+    let _ = writeln!(
+        out,
+        "  {:<15} {:>7} {:>5} {:>6} {:>12} {:>9}  not passing",
+        "path", "success", "slow", "failed", "inconclusive", "p50 ttfp"
+    );
+    for ((_, id), mut row) in rows {
+        row.ttfps.sort_by(f64::total_cmp);
+        let p50 = row
+            .ttfps
+            .get(row.ttfps.len().saturating_sub(1) / 2)
+            .map_or("-".to_string(), |t| format!("{t:.2}s"));
+        let bad: Vec<String> = row
+            .bad
+            .iter()
+            .map(|(reason, pairs)| {
+                let shown: Vec<&str> = pairs.iter().take(3).map(String::as_str).collect();
+                let more = if pairs.len() > 3 { ", …" } else { "" };
+                format!("{reason} ×{} ({}{more})", pairs.len(), shown.join(", "))
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "  {:<15} {:>7} {:>5} {:>6} {:>12} {:>9}  {}",
+            id.to_string(),
+            row.counts[0],
+            row.counts[1],
+            row.counts[3],
+            row.counts[2],
+            p50,
+            bad.join("; ")
+        );
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -495,6 +569,30 @@ mod tests {
             .unwrap()
             .starts_with("path tcp/ipv4/mtu: full-size"));
         assert_eq!(r.ttfp_seconds, Some(0.2), "the main path's TTFP stays");
+    }
+
+    #[test]
+    fn the_text_lists_each_path_with_its_results_and_the_pairs_that_did_not_pass() {
+        let planned = cfg(&[PathProtocol::Tcp], Payload::Mtu, &[]).plan(&["10.1.0.5".into()], 8080);
+        let mut report = crate::record::tests::sample_report();
+        report.paths = vec![line("tcp/ipv4/mtu", None, SourceOutcome::NoSuccess)];
+        let mut bad = record(ProbeResult::Success, None, report.clone());
+        apply(&mut bad, &planned, Duration::from_secs(5));
+        report.paths = vec![line("tcp/ipv4/mtu", Some(1.3), SourceOutcome::Success)];
+        let mut good = record(ProbeResult::Success, None, report);
+        apply(&mut good, &planned, Duration::from_secs(5));
+        let text = text_lines(&[bad.clone(), good]);
+        let lines: Vec<&str> = text.lines().filter(|l| l.contains("/ipv4/")).collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert!(
+            lines[0].starts_with("  tcp/ipv4/small"),
+            "main path first: {text}"
+        );
+        assert!(
+            lines[1].contains("mtu_black_hole ×1 (node-1 → node-2)"),
+            "{text}"
+        );
+        assert_eq!(text_lines(&[crate::record::tests::sample_record()]), "");
     }
 
     #[test]

@@ -182,20 +182,7 @@ impl PodState {
             .and_then(|s| s.pod_ip.clone())
             .filter(|ip| !ip.is_empty())
         {
-            let ips: Vec<String> = status
-                .and_then(|s| s.pod_ips.as_ref())
-                .map(|v| {
-                    v.iter()
-                        .map(|p| p.ip.clone())
-                        .filter(|i| !i.is_empty())
-                        .collect()
-                })
-                .unwrap_or_default();
-            self.ips = if ips.is_empty() {
-                vec![ip.clone()]
-            } else {
-                ips
-            };
+            self.ips = pod_ips(status, &ip);
             self.ip = Some(ip);
             if self.ip_assigned.is_none() {
                 self.ip_assigned = Some(now);
@@ -425,6 +412,24 @@ impl Tracker {
 
 /// Test helper: names every container (spec and status) of a fixture pod
 /// [`CONTAINER_NAME`], as in a probe pod (the tracker reads the status of that name).
+/// `status.podIPs` in order, or just `ip` (`status.podIP`) when the list is empty.
+fn pod_ips(status: Option<&k8s_openapi::api::core::v1::PodStatus>, ip: &str) -> Vec<String> {
+    let ips: Vec<String> = status
+        .and_then(|s| s.pod_ips.as_ref())
+        .map(|v| {
+            v.iter()
+                .map(|p| p.ip.clone())
+                .filter(|i| !i.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    if ips.is_empty() {
+        vec![ip.to_string()]
+    } else {
+        ips
+    }
+}
+
 #[cfg(test)]
 pub(crate) fn as_probe_containers(pod: &mut Pod) {
     if let Some(spec) = pod.spec.as_mut() {
