@@ -6,67 +6,8 @@
 
 mod common;
 
-use common::{validate, Testbed, DIAL_INTERVAL, SERIAL};
-use serde_json::Value;
-
-/// `protocol/family/payload` of a record's path.
-fn id(p: &Value) -> String {
-    format!(
-        "{}/{}/{}",
-        p["protocol"].as_str().unwrap_or("?"),
-        p["family"].as_str().unwrap_or("?"),
-        p["payload"].as_str().unwrap_or("?")
-    )
-}
-
-/// Every probe's paths as (kind, path, result, reason).
-fn paths(report: &Value) -> Vec<(String, String, String, String)> {
-    let mut out = Vec::new();
-    for p in report["probes"].as_array().expect("probes") {
-        for x in p["paths"].as_array().cloned().unwrap_or_default() {
-            out.push((
-                p["kind"].as_str().unwrap_or("").to_string(),
-                id(&x),
-                x["result"].as_str().unwrap_or("").to_string(),
-                x["reason"].as_str().unwrap_or("none").to_string(),
-            ));
-        }
-    }
-    out
-}
-
-/// Each successful path's TTFP within [−50 ms, dial interval + 50 ms] of the probe's
-/// truth TTFP (the pair's dataplane is one for every protocol and size).
-fn paths_near_truth(tb: &Testbed, report: &Value, out: &str) {
-    let truth = tb.truth();
-    for p in report["probes"].as_array().expect("probes") {
-        let want = testbed::truth::truth_ttfp(
-            &truth,
-            p["source"]["uid"].as_str().unwrap(),
-            p["target"]["uid"].as_str().unwrap(),
-        )
-        .unwrap_or_else(|| panic!("no truth for {p:#}"));
-        for x in p["paths"].as_array().expect("paths") {
-            let Some(t) = x["ttfp_seconds"].as_f64() else {
-                continue;
-            };
-            let err = t - want;
-            eprintln!(
-                "{} {} {}: ttfp {t:.3} truth {want:.3} error {:+.0} ms",
-                p["kind"],
-                p["id"],
-                id(x),
-                err * 1000.0
-            );
-            assert!(
-                (-0.05..=DIAL_INTERVAL + 0.05).contains(&err),
-                "{} path {}: TTFP {t:.3}s vs truth {want:.3}s\n{out}",
-                p["id"],
-                id(x)
-            );
-        }
-    }
-}
+use common::paths::{paths, paths_near_truth};
+use common::{validate, Testbed, SERIAL};
 
 #[test]
 fn every_path_passes_healthy_and_a_missing_family_is_family_missing() {
@@ -102,7 +43,7 @@ fn every_path_passes_healthy_and_a_missing_family_is_family_missing() {
             "{kind} {path}\n{out}"
         );
     }
-    paths_near_truth(&tb, &report, &out);
+    paths_near_truth(&tb.truth(), &report, &out);
     assert!(
         out.contains("udp/ipv4/mtu"),
         "the text lists the paths:\n{out}"

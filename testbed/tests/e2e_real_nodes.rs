@@ -426,6 +426,27 @@ fn the_all_real_stack_passes_s1_names_the_s2_nodes_and_diagnoses_s4() {
         }
     }
 
+    // Every path (issue 33) on real Felix, kube-proxy and kubelets: UDP and full-size
+    // packets pass, each path's TTFP within tolerance of the ruleset's truth.
+    let (code, report, out) = tb.gate(&[
+        "--pairs",
+        "2",
+        "--kinds",
+        "cross_node,same_node",
+        "--hold",
+        "1s",
+        "--protocols",
+        "tcp,udp",
+        "--payload",
+        "mtu",
+    ]);
+    assert_eq!(code, 0, "every path must pass on the healthy all-real stack: {out}");
+    validate(&report);
+    let got = common::paths::paths(&report);
+    assert_eq!(got.len(), 4 * 4, "four probes of four paths: {out}");
+    assert!(got.iter().all(|(_, _, r, _)| r == "success"), "{got:?}\n{out}");
+    common::paths::paths_near_truth(&tb.truth(), &report, &out);
+
     kubectl_suite(&tb);
 
     // S2 on real Felix.

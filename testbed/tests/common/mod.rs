@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod monitoring;
+pub mod paths;
 pub mod policy;
 
 use serde_json::Value;
