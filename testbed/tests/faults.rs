@@ -1160,8 +1160,9 @@ fn proto_drop_drops_udp_across_the_link_then_on_the_node_too() {
 /// `link_mtu: 1400` on node-1: the bridge-side end of its link gets MTU 1400 while its
 /// `eth0` keeps 1500, so full-size packets to and from its pods vanish on the link
 /// without an ICMP error while small ones and same-node traffic pass; the host keeps
-/// talking to the node's pods (the bridge follows its smallest port); clearing restores
-/// the MTUs; teardown leaves no netns and no link.
+/// talking to the node's pods (the bridge follows its smallest port); clearing the
+/// fault, or its `until` passing, restores the MTUs; teardown leaves no netns and no
+/// link.
 #[test]
 fn link_mtu_lowers_the_far_end_of_the_nodes_link_and_full_size_vanishes() {
     let bed = new_bed("linkmtu", 2);
@@ -1227,6 +1228,24 @@ fn link_mtu_lowers_the_far_end_of_the_nodes_link_and_full_size_vanishes() {
     assert_eq!(udp(&b.netns, a1.ip, FULL, 3), Udp::Echoed(FULL));
     assert_eq!(fetch_bulk(&a1.netns, b.ip), Bulk::Complete(BULK));
     assert_eq!(fetch_bulk(&b.netns, a1.ip), Bulk::Complete(BULK));
+
+    // A rule whose `until` passes is undone like a cleared one.
+    bed_set(
+        &f,
+        "rules:\n- nodes: {names: [node-1]}\n  until: 2s\n  link_mtu: 1300\n",
+    );
+    wait_net(
+        &bed,
+        "node-1",
+        &NetFaults {
+            link_mtu: Some(1300),
+            ..NetFaults::default()
+        },
+    );
+    assert_eq!(link_attr(&host, &port, "mtu"), Some(1300));
+    wait_net(&bed, "node-1", &NetFaults::default());
+    assert_eq!(link_attr(&host, &port, "mtu"), Some(1500));
+    assert!(!bed.dp.underlay_segmented());
 
     // Teardown (with the fault back in force) leaves nothing: the links go with the
     // namespaces (checked by the bed's drop guard too).
