@@ -36,6 +36,8 @@
 //! inside a tokio runtime) that re-evaluates the fault file on every change, at every
 //! `from`/`until` boundary and every second: `cross_node` (peer block routes removed /
 //! restored, truth `peer_route_removed` / `peer_route_restored` with `detail.peer`),
+//! `link_mtu`, `encap_mtu` and `proto_drop` ([`Dataplane::set_net_faults`], with real
+//! Felix too),
 //! `agent.not_ready` ([`Agent::is_ready`]), `agent.restarts` ([`Agent::restart_count`],
 //! metrics reset), `agent.extra_failures_per_second` / `extra_resyncs_per_second`,
 //! `agent.route_resync` (a slow route-table resync in the apply loop) and
@@ -60,7 +62,7 @@
 //!
 //! [`FaultFile::for_node`]: crate::fault::FaultFile::for_node
 
-use crate::dataplane::{Dataplane, PodNet};
+use crate::dataplane::{Dataplane, NetFaults, PodNet};
 use crate::fault::{FaultFile, Faults, NodeFaults};
 use crate::felix::{FelixMetrics, ROUTE_REFRESH_INTERVAL};
 use crate::plan::NodePlan;
@@ -808,6 +810,30 @@ impl Inner {
         }
     }
 
+    /// Brings the faults on the node's network in line with `link_mtu`, `encap_mtu` and
+    /// `proto_drop` ([`Dataplane::set_net_faults`]; blocking `ip`/`nft` calls). They are
+    /// the network's, not the agent's: kept with either agent, and while the agent is
+    /// down. No truth line (the file's `fault_changed` says what is in force); a failure
+    /// is logged and retried on the next pass.
+    fn reconcile_net(&self, nf: &NodeFaults) {
+        let want = NetFaults {
+            link_mtu: nf.link_mtu,
+            encap_mtu: nf.encap_mtu,
+            proto_drop: nf.proto_drop.clone(),
+        };
+        if self.dataplane.net_faults(&self.node.name) == want {
+            return;
+        }
+        match self.dataplane.set_net_faults(&self.node.name, &want) {
+            Ok(()) => {
+                tracing::info!(node = %self.node.name, faults = ?want, "agent: network faults set")
+            }
+            Err(e) => {
+                tracing::error!(node = %self.node.name, error = %e, "agent: network faults not set")
+            }
+        }
+    }
+
     /// Brings the node's readiness gate in line with `agent.gates_readiness` (simulated
     /// agent only; [`Dataplane::set_readiness_gate`]): while on — the default, as on
     /// Calico, unless a rule sets `gates_readiness: false` — a new pod's traffic to its
@@ -944,6 +970,7 @@ async fn node_loop(weak: Weak<Inner>) {
             let nf2 = nf.clone();
             let _ = tokio::task::spawn_blocking(move || {
                 i2.reconcile_peers(&nf2);
+                i2.reconcile_net(&nf2);
                 i2.reconcile_gate(&nf2);
             })
             .await;

@@ -19,15 +19,21 @@
 //!   Calico CNI plugin's pod-side setup, cni-plugin/internal/pkg/utils/network_linux.go);
 //!   the node side is `cali<11 hex>` with MAC `ee:ee:ee:ee:ee:ee` and a `<ip>/32 dev
 //!   cali…` route installed at once, so the node (and kubelet probes) reach the pod
-//!   immediately, while forwarded traffic waits for [`Dataplane::allow`].
+//!   immediately, while forwarded traffic waits for [`Dataplane::allow`];
+//! - faults on a node's network (`link_mtu`, `encap_mtu`, `proto_drop`), put in and taken
+//!   out by [`Dataplane::set_net_faults`]: the MTU of its bridge port `vn<i>`, table
+//!   `netdev firstpacket_vn<i>` in the host netns, table `inet firstpacket_faults` in the
+//!   node netns, and `gso_max_segs 1` on every node's `eth0` and on `br0` while a size
+//!   limit is in force anywhere.
 //!
 //! All work is done with the `ip` (iproute2) and `nft` (nftables) commands and runs
 //! only inside the namespaces named by the plan. Every method blocks (a few ms per
 //! command); call them from `spawn_blocking` or a plain thread when latency of the
 //! calling runtime matters.
 
+use crate::fault::ProtoDrop;
 use crate::netns::{netns_path, run_in_netns};
-use crate::plan::{owned_by_prefix, NodePlan, Plan};
+use crate::plan::{owned_by_prefix, Ipv4Cidr, NodePlan, Plan};
 use serde::{Deserialize, Serialize};
 use sha1::{Digest, Sha1};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -78,6 +84,29 @@ pub const NFT_POLICY_IN: &str = "pol_in";
 
 /// Verdict map (pod IP → `jump pout_<ip>`) of egress-isolated pods ([`NFT_POLICY_CHAIN`]).
 pub const NFT_POLICY_OUT: &str = "pol_out";
+
+/// A node's underlay interface in its netns (the peer of its bridge port,
+/// [`Plan::bridge_port`]).
+pub const UNDERLAY_IFACE: &str = "eth0";
+
+/// nftables table (family `inet`) in a node's netns carrying the `proto_drop` fault
+/// ([`proto_drop_script`]): one `forward` chain at [`NFT_FAULT_PRIORITY`], apart from
+/// the agent's tables, so the simulated agent's allow set and real Felix's iptables-nft
+/// chains are never touched. Present only while the fault is in force.
+pub const NFT_FAULT_TABLE: &str = "firstpacket_faults";
+
+/// Priority of the fault chains' `forward` hook: after the agents' filter chains
+/// (priority 0, the simulated agent's [`NFT_TABLE`] and iptables-nft's `filter`), so a
+/// packet an agent accepts still meets them — an nftables `accept` ends only its own base
+/// chain, a `drop` is final — and a packet an agent drops is not counted twice.
+pub const NFT_FAULT_PRIORITY: i32 = 10;
+
+/// nftables table (family `netdev`) in the host netns carrying node `port`'s
+/// `encap_mtu` fault ([`encap_script`]): `firstpacket_vn<i>`, hooked to the node's
+/// bridge port.
+pub fn link_table(port: &str) -> String {
+    format!("{NFT_TABLE}_{port}")
+}
 
 /// Host-order offsets in a node's /24 block handed to pods: `.2`–`.254` (`.0`/`.255`
 /// are network/broadcast to most tools, `.1` is kept free by convention).
@@ -322,12 +351,48 @@ struct NodeState {
     block: Mutex<Block>,
 }
 
+/// The faults on a node's network that the dataplane itself carries out
+/// ([`Dataplane::set_net_faults`]; fault primitives `link_mtu`, `encap_mtu`,
+/// `proto_drop`, [`crate::fault`]). The default is none.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NetFaults {
+    /// MTU, in bytes, of the node's bridge port (the bridge-side end of its underlay
+    /// veth, [`Plan::bridge_port`]); `None`: as built. The node's own `eth0` keeps its
+    /// MTU.
+    pub link_mtu: Option<u32>,
+    /// Largest IP packet, in bytes, of the node's pods (source or destination in its pod
+    /// block) that crosses its bridge port; `None`: no limit.
+    pub encap_mtu: Option<u32>,
+    /// Forwarded pod packets dropped in the node by protocol.
+    pub proto_drop: Option<ProtoDrop>,
+}
+
+impl NetFaults {
+    /// Whether a size limit is on the node's link (`link_mtu` or `encap_mtu`).
+    fn limits_size(&self) -> bool {
+        self.link_mtu.is_some() || self.encap_mtu.is_some()
+    }
+}
+
+/// What [`Dataplane::set_net_faults`] changed, to undo it.
+#[derive(Default)]
+struct NetState {
+    /// Per node, the faults in force (nodes without any are absent).
+    faults: BTreeMap<String, NetFaults>,
+    /// The MTU each lowered bridge port had before (`link_mtu`).
+    port_mtu: BTreeMap<String, u64>,
+    /// While the underlay segments (a size limit is in force on some node): each sender's
+    /// (netns, device, original `gso_max_segs`).
+    segmenting: Option<Vec<(String, &'static str, u64)>>,
+}
+
 /// A created dataplane (see the module docs). Shareable (`Arc<Dataplane>`); every
 /// method takes `&self` and is safe to call concurrently.
 pub struct Dataplane {
     plan: Plan,
     nodes: BTreeMap<String, NodeState>,
     pod_counter: AtomicU64,
+    net: Mutex<NetState>,
 }
 
 impl std::fmt::Debug for Dataplane {
@@ -392,6 +457,7 @@ impl Dataplane {
             plan: plan.clone(),
             nodes,
             pod_counter: AtomicU64::new(last_pod),
+            net: Mutex::new(NetState::default()),
         }
     }
 
@@ -881,6 +947,159 @@ impl Dataplane {
         .map(drop)
     }
 
+    /// Makes the faults on `node`'s network exactly `want` (fault primitives
+    /// `link_mtu`, `encap_mtu`, `proto_drop`; what a rule no longer sets is undone).
+    /// Nothing is ever answered with an ICMP error: every drop is silent.
+    ///
+    /// - `link_mtu: N`: the node's bridge port (`vn<i>` in the host netns) gets MTU N
+    ///   (its MTU before is restored when the fault goes); the node's `eth0` keeps its
+    ///   own, so the node neither fragments nor sends "fragmentation needed". Linux drops
+    ///   larger frames on the link itself, silently (a bridge has no address to answer
+    ///   from): the veth drops a frame from the node longer than the port's MTU +
+    ///   Ethernet header + 4 bytes of VLAN slack (`__is_skb_forwardable`, counted in the
+    ///   port's `rx_dropped`); towards the node the bridge checks the port it would leave
+    ///   by — with br_netfilter on (as on this machine: `net.bridge.bridge-nf-call-iptables`
+    ///   is 1 in new namespaces) `br_nf_dev_queue_xmit` drops a DF packet longer than the
+    ///   MTU, else `br_dev_queue_push_xmit` allows the same 4 bytes of slack. Measured
+    ///   here (kernel 6.18, DF packets): from the node up to N + 4 bytes pass, to it up to
+    ///   N (N + 4 with `bridge-nf-call-iptables` 0). The bridge
+    ///   follows its smallest port (`br0`'s MTU drops to N too), so the host netns
+    ///   (API server) sends at most N to every node and TCP between a node and the host
+    ///   negotiates segments that fit: the control plane keeps working.
+    /// - `encap_mtu: N`: IP packets longer than N bytes whose source (leaving the node)
+    ///   or destination (reaching it) is in the node's pod block are dropped on its
+    ///   bridge port: nftables table [`link_table`] in the host netns (family `netdev`,
+    ///   `ingress` and `egress` hooks of the port), matching `ip length` — the IPv4
+    ///   header's total length; `meta length` would be the same at `ingress` but include
+    ///   the 14-byte Ethernet header at `egress` (measured). Same-node traffic never
+    ///   reaches the port.
+    /// - Both size limits see single frames only because, while either is in force on
+    ///   any node, every sender onto the underlay (each node's `eth0`, the host's `br0`)
+    ///   has `gso_max_segs 1`: a pod's TCP hands its veth GSO batches of up to 64 KB
+    ///   that cross veths and the bridge whole (measured: 25 KB on average for a 200 KB
+    ///   reply, in the node's forward hook, with `ip length` = `meta length` = the
+    ///   batch) and pass the MTU checks above (they are exempt as "to be segmented
+    ///   later"); with `gso_max_segs 1` Linux segments them when they leave for the
+    ///   underlay, as a NIC's TSO does before the wire. Restored when no size limit is
+    ///   left.
+    /// - `proto_drop`: table [`NFT_FAULT_TABLE`] in the node netns ([`proto_drop_script`]).
+    ///
+    /// Errors: unknown node, an `ip`/`nft` failure (what was done before it stays and is
+    /// reported by [`Dataplane::net_faults`], so calling again finishes the job).
+    pub fn set_net_faults(&self, node: &str, want: &NetFaults) -> Result<()> {
+        let st = self.node(node)?;
+        let port = self
+            .plan
+            .bridge_port(node)
+            .ok_or_else(|| DataplaneError::UnknownNode(node.to_owned()))?;
+        let mut net = self.net.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cur = net.faults.get(node).cloned().unwrap_or_default();
+        let r = self.apply_net_faults(&mut net, st, &port, &mut cur, want);
+        if cur == NetFaults::default() {
+            net.faults.remove(node);
+        } else {
+            net.faults.insert(node.to_owned(), cur);
+        }
+        if !net.faults.values().any(NetFaults::limits_size) {
+            if let Some(saved) = net.segmenting.take() {
+                if let Err(e) = restore_segmentation(&saved) {
+                    net.segmenting = Some(saved);
+                    return r.and(Err(e));
+                }
+            }
+        }
+        r
+    }
+
+    fn apply_net_faults(
+        &self,
+        net: &mut NetState,
+        st: &NodeState,
+        port: &str,
+        cur: &mut NetFaults,
+        want: &NetFaults,
+    ) -> Result<()> {
+        let host = self.plan.host_netns.as_str();
+        // Segmentation first: no GSO batch may meet a size limit.
+        if want.limits_size() && net.segmenting.is_none() {
+            net.segmenting = Some(self.segment_underlay()?);
+        }
+        if cur.proto_drop != want.proto_drop {
+            let script = proto_drop_script(want.proto_drop.as_ref());
+            run(Some(&st.plan.netns), &["nft", "-f", "-"], Some(&script))?;
+            cur.proto_drop = want.proto_drop.clone();
+        }
+        if cur.encap_mtu != want.encap_mtu {
+            let script = encap_script(port, st.plan.pod_cidr, want.encap_mtu);
+            run(Some(host), &["nft", "-f", "-"], Some(&script))?;
+            cur.encap_mtu = want.encap_mtu;
+        }
+        if cur.link_mtu != want.link_mtu {
+            let mtu = match want.link_mtu {
+                Some(m) => {
+                    if !net.port_mtu.contains_key(port) {
+                        let before = link_attr(host, port, "mtu")?;
+                        net.port_mtu.insert(port.to_owned(), before);
+                    }
+                    u64::from(m)
+                }
+                None => net.port_mtu.get(port).copied().unwrap_or(1500),
+            };
+            let mtu = mtu.to_string();
+            run(
+                None,
+                &["ip", "-n", host, "link", "set", "dev", port, "mtu", &mtu],
+                None,
+            )?;
+            if want.link_mtu.is_none() {
+                net.port_mtu.remove(port);
+            }
+            cur.link_mtu = want.link_mtu;
+        }
+        Ok(())
+    }
+
+    /// Sets `gso_max_segs 1` on every sender onto the underlay (each node's `eth0`, the
+    /// host's `br0`) and returns what each had, to restore; on a failure part-way
+    /// restores the ones done.
+    fn segment_underlay(&self) -> Result<Vec<(String, &'static str, u64)>> {
+        let mut senders: Vec<(String, &'static str)> = self
+            .plan
+            .nodes
+            .iter()
+            .map(|n| (n.netns.clone(), UNDERLAY_IFACE))
+            .collect();
+        senders.push((self.plan.host_netns.clone(), "br0"));
+        let mut saved = Vec::new();
+        for (ns, dev) in senders {
+            let r = link_attr(&ns, dev, "gso_max_segs")
+                .and_then(|before| set_gso_max_segs(&ns, dev, 1).map(|()| before));
+            match r {
+                Ok(before) => saved.push((ns, dev, before)),
+                Err(e) => {
+                    let _ = restore_segmentation(&saved);
+                    return Err(e);
+                }
+            }
+        }
+        tracing::info!(prefix = %self.plan.prefix, "underlay segments GSO batches (a size limit is in force)");
+        Ok(saved)
+    }
+
+    /// The faults on `node`'s network in force now ([`Dataplane::set_net_faults`]; the
+    /// default when none or the node is unknown).
+    pub fn net_faults(&self, node: &str) -> NetFaults {
+        let net = self.net.lock().unwrap_or_else(|p| p.into_inner());
+        net.faults.get(node).cloned().unwrap_or_default()
+    }
+
+    /// Whether the underlay's senders segment GSO batches now (a size limit is in force
+    /// on some node, see [`Dataplane::set_net_faults`]).
+    pub fn underlay_segmented(&self) -> bool {
+        let net = self.net.lock().unwrap_or_else(|p| p.into_inner());
+        net.segmenting.is_some()
+    }
+
     /// Adds `blackhole <ip>/32` on `node` (fault `stale_routes`: a stale route for a
     /// pod IP that now lives elsewhere). Idempotent. Errors: unknown node, `ip` failure.
     pub fn add_blackhole(&self, node: &str, ip: Ipv4Addr) -> Result<()> {
@@ -1090,6 +1309,124 @@ fn policy_script(ip: Ipv4Addr, p: &crate::netpol::PodPolicy) -> String {
     s
 }
 
+/// Attribute `key` (a number: `mtu`, `gso_max_segs`) of device `dev` in netns `netns`
+/// (`ip -j -d link show`). Errors: `ip` failure, [`DataplaneError::Missing`] when the
+/// output has no such number.
+fn link_attr(netns: &str, dev: &str, key: &str) -> Result<u64> {
+    let out = run(
+        None,
+        &["ip", "-n", netns, "-j", "-d", "link", "show", "dev", dev],
+        None,
+    )?;
+    serde_json::from_str::<serde_json::Value>(&out)
+        .ok()
+        .and_then(|v| v[0][key].as_u64())
+        .ok_or_else(|| DataplaneError::Missing {
+            node: netns.to_owned(),
+            what: format!("{key} of {dev} in `ip -j -d link show`"),
+        })
+}
+
+fn set_gso_max_segs(netns: &str, dev: &str, segs: u64) -> Result<()> {
+    let segs = segs.to_string();
+    run(
+        None,
+        &[
+            "ip",
+            "-n",
+            netns,
+            "link",
+            "set",
+            "dev",
+            dev,
+            "gso_max_segs",
+            &segs,
+        ],
+        None,
+    )
+    .map(drop)
+}
+
+/// Puts every sender's `gso_max_segs` back; a device already gone is fine. Errors: the
+/// first other failure (the rest are still tried).
+fn restore_segmentation(saved: &[(String, &'static str, u64)]) -> Result<()> {
+    let mut first = None;
+    for (ns, dev, segs) in saved {
+        if let Err(e) = set_gso_max_segs(ns, dev, *segs) {
+            if !is_gone(&e) {
+                first.get_or_insert(e);
+            }
+        }
+    }
+    first.map_or(Ok(()), Err)
+}
+
+/// The nft transaction making a node's `proto_drop` state exactly `p`: table
+/// [`NFT_FAULT_TABLE`] added, deleted and, with a fault, written anew (one transaction,
+/// whether or not it was there). Its `forward` chain ([`NFT_FAULT_PRIORITY`]) drops the
+/// protocols' packets from and to `cali*` interfaces: with `cross_node` only those
+/// whose other side is [`UNDERLAY_IFACE`], else every forwarded one (same-node pod↔pod
+/// too). A pod's traffic with its own node is not forwarded and never dropped.
+pub fn proto_drop_script(p: Option<&ProtoDrop>) -> String {
+    use std::fmt::Write as _;
+    let t = format!("inet {NFT_FAULT_TABLE}");
+    let mut s = format!("add table {t}\ndelete table {t}\n");
+    let Some(p) = p else { return s };
+    let protos: Vec<&str> = p.protocols.iter().map(|x| x.nft()).collect();
+    let l4 = match protos.as_slice() {
+        [one] => (*one).to_owned(),
+        many => format!("{{ {} }}", many.join(", ")),
+    };
+    let (from_pod, to_pod) = if p.cross_node {
+        (
+            format!("iifname \"cali*\" oifname \"{UNDERLAY_IFACE}\""),
+            format!("iifname \"{UNDERLAY_IFACE}\" oifname \"cali*\""),
+        )
+    } else {
+        (
+            "iifname \"cali*\"".to_owned(),
+            "oifname \"cali*\"".to_owned(),
+        )
+    };
+    let _ = write!(
+        s,
+        "table {t} {{\n\
+         \tchain forward {{\n\
+         \t\ttype filter hook forward priority {NFT_FAULT_PRIORITY}; policy accept;\n\
+         \t\t{from_pod} meta l4proto {l4} counter drop\n\
+         \t\t{to_pod} meta l4proto {l4} counter drop\n\
+         \t}}\n\
+         }}\n"
+    );
+    s
+}
+
+/// The nft transaction (host netns) making node `port`'s `encap_mtu` state exactly
+/// `mtu`: table [`link_table`] (family `netdev`) added, deleted and, with a limit,
+/// written anew. Chain `from_node` (the port's `ingress`: frames the node sends) drops
+/// IPv4 packets from `block` longer than `mtu`, chain `to_node` (its `egress`: frames
+/// to the node) those to `block`, by `ip length` (see [`Dataplane::set_net_faults`]).
+pub fn encap_script(port: &str, block: Ipv4Cidr, mtu: Option<u32>) -> String {
+    use std::fmt::Write as _;
+    let t = format!("netdev {}", link_table(port));
+    let mut s = format!("add table {t}\ndelete table {t}\n");
+    let Some(mtu) = mtu else { return s };
+    let _ = write!(
+        s,
+        "table {t} {{\n\
+         \tchain from_node {{\n\
+         \t\ttype filter hook ingress device \"{port}\" priority 0; policy accept;\n\
+         \t\tip saddr {block} ip length > {mtu} counter drop\n\
+         \t}}\n\
+         \tchain to_node {{\n\
+         \t\ttype filter hook egress device \"{port}\" priority 0; policy accept;\n\
+         \t\tip daddr {block} ip length > {mtu} counter drop\n\
+         \t}}\n\
+         }}\n"
+    );
+    s
+}
+
 /// Name of the per-endpoint `first_connections_dropped` chain: `fcd_<a>_<b>_<c>_<d>`.
 fn fcd_chain(ip: Ipv4Addr) -> String {
     let o = ip.octets();
@@ -1121,10 +1458,12 @@ fn build(plan: &Plan, gate: bool) -> Result<()> {
         format!("addr add {}/24 dev br0", plan.bridge_ip),
         "link set br0 up".to_owned(),
     ];
-    for (i, n) in plan.nodes.iter().enumerate() {
-        let vn = format!("vn{}", i + 1);
+    for n in &plan.nodes {
+        let vn = plan
+            .bridge_port(&n.name)
+            .ok_or_else(|| DataplaneError::UnknownNode(n.name.clone()))?;
         host.push(format!(
-            "link add {vn} type veth peer name eth0 netns {}",
+            "link add {vn} type veth peer name {UNDERLAY_IFACE} netns {}",
             n.netns
         ));
         host.push(format!("link set {vn} master br0"));
@@ -1360,6 +1699,106 @@ mod tests {
         );
         let input = &r[r.find("chain input").unwrap()..];
         assert!(!input.contains("jump netpol") && !input.contains("pol_"));
+    }
+
+    #[test]
+    fn proto_drop_rules_drop_the_protocols_across_the_underlay_or_everywhere() {
+        use crate::fault::DropProtocol;
+        let none = proto_drop_script(None);
+        assert_eq!(
+            none, "add table inet firstpacket_faults\ndelete table inet firstpacket_faults\n",
+            "no fault: the table goes (whether or not it was there)"
+        );
+        let udp = ProtoDrop {
+            protocols: [DropProtocol::Udp].into(),
+            cross_node: true,
+        };
+        let s = proto_drop_script(Some(&udp));
+        assert!(s.starts_with(&none), "{s}");
+        let lines: Vec<&str> = s.lines().map(str::trim).collect();
+        assert_eq!(
+            lines[2..],
+            [
+                "table inet firstpacket_faults {",
+                "chain forward {",
+                "type filter hook forward priority 10; policy accept;",
+                "iifname \"cali*\" oifname \"eth0\" meta l4proto udp counter drop",
+                "iifname \"eth0\" oifname \"cali*\" meta l4proto udp counter drop",
+                "}",
+                "}",
+            ]
+        );
+        // Several protocols in one set; same-node too: every forwarded pod packet.
+        let all = ProtoDrop {
+            protocols: [DropProtocol::Icmp, DropProtocol::Tcp, DropProtocol::Udp].into(),
+            cross_node: false,
+        };
+        let s = proto_drop_script(Some(&all));
+        assert!(
+            s.contains("\t\tiifname \"cali*\" meta l4proto { tcp, udp, icmp } counter drop\n"),
+            "{s}"
+        );
+        assert!(
+            s.contains("\t\toifname \"cali*\" meta l4proto { tcp, udp, icmp } counter drop\n"),
+            "{s}"
+        );
+        assert!(!s.contains("eth0"), "{s}");
+        // Never the agent's table.
+        assert!(!s.contains(&format!("inet {NFT_TABLE} ")));
+    }
+
+    #[test]
+    fn encap_rules_drop_long_pod_packets_both_ways_on_the_bridge_port() {
+        let block: Ipv4Cidr = "10.7.1.0/24".parse().unwrap();
+        assert_eq!(link_table("vn1"), "firstpacket_vn1");
+        let none = encap_script("vn1", block, None);
+        assert_eq!(
+            none,
+            "add table netdev firstpacket_vn1\ndelete table netdev firstpacket_vn1\n"
+        );
+        let s = encap_script("vn1", block, Some(1400));
+        assert!(s.starts_with(&none), "{s}");
+        let lines: Vec<&str> = s.lines().map(str::trim).collect();
+        assert_eq!(
+            lines[2..],
+            [
+                "table netdev firstpacket_vn1 {",
+                "chain from_node {",
+                "type filter hook ingress device \"vn1\" priority 0; policy accept;",
+                "ip saddr 10.7.1.0/24 ip length > 1400 counter drop",
+                "}",
+                "chain to_node {",
+                "type filter hook egress device \"vn1\" priority 0; policy accept;",
+                "ip daddr 10.7.1.0/24 ip length > 1400 counter drop",
+                "}",
+                "}",
+            ]
+        );
+    }
+
+    #[test]
+    fn only_size_limits_make_the_underlay_segment() {
+        assert!(!NetFaults::default().limits_size());
+        let proto = NetFaults {
+            proto_drop: Some(ProtoDrop {
+                protocols: [crate::fault::DropProtocol::Tcp].into(),
+                cross_node: true,
+            }),
+            ..NetFaults::default()
+        };
+        assert!(!proto.limits_size());
+        for f in [
+            NetFaults {
+                link_mtu: Some(1400),
+                ..NetFaults::default()
+            },
+            NetFaults {
+                encap_mtu: Some(9000),
+                ..proto
+            },
+        ] {
+            assert!(f.limits_size(), "{f:?}");
+        }
     }
 
     #[test]

@@ -25,6 +25,7 @@
 //!   from the file's application), `never_program: p`, `queue: {per_endpoint: D}`,
 //!   `revoke: {after: D}`, `name_reuse_race: p`, `first_connections_dropped: N`,
 //!   `cross_node: {broken_peers: all | [names]}`, `stale_routes: {k: N, for: D}`,
+//!   `link_mtu: N`, `encap_mtu: N`, `proto_drop: {protocols, cross_node}` (below),
 //!   `clock_skew: ±D`, `agent: {not_ready, restarts: {every: D},
 //!   extra_failures_per_second, extra_resyncs_per_second, apply_time_floor,
 //!   route_resync: {every: D, takes: D}, datastore_resync: {every: D, takes: D},
@@ -59,7 +60,8 @@
 //!   `name_reuse_race`, `first_connections_dropped`, `stale_routes`, `isolation_lag`,
 //!   `clock_skew` at container start) select endpoints added in the window; node-wide
 //!   ones (`cross_node`, `agent`, `teardown_delay`, `cni_add_delay`, `agent_io`,
-//!   `agent_cpu`, `agent_pause`, `policies`, `agent_version`) are in force during the
+//!   `agent_cpu`, `agent_pause`, `policies`, `agent_version`, `link_mtu`, `encap_mtu`,
+//!   `proto_drop`) are in force during the
 //!   window, and so are `policy_delay` and `policy_never` for the policy changes the
 //!   agent learns meanwhile.
 //! - `teardown_delay: D` (duration distribution): time the node's kubelet takes, after a
@@ -67,6 +69,24 @@
 //!   remove the pod from the API, as a slow CNI plugin or a busy container runtime makes
 //!   it ([`crate::kubelet`]). A StatefulSet-style recreate waits this long for the name.
 //!   A CNI DEL through `testbed cni` ([`crate::cni`]) takes this long too.
+//! - Primitives of the node's network, carried out by the dataplane
+//!   ([`crate::dataplane::Dataplane::set_net_faults`]), node-wide, silent (no ICMP, no
+//!   RST): `link_mtu: N` (bytes, 576–9000: the bridge-side end of the node's underlay
+//!   veth gets MTU N, the node's own `eth0` keeps its MTU, so Linux's veth and bridge
+//!   MTU checks drop larger frames on the link both ways while the node believes in its
+//!   link; restored when the rule stops applying), `encap_mtu: N` (bytes, 576–9000: IP
+//!   packets of the node's pods longer than N crossing its link are dropped, as an
+//!   overlay whose overhead the pod MTU does not leave room for black-holes them — the
+//!   handshake and small packets pass, full-size ones vanish; Calico's IP-in-IP adds 20
+//!   bytes, VXLAN 50, and kubespray's switch of its Calico default from IP-in-IP to
+//!   VXLAN shifted the room needed by 30) and `proto_drop: {protocols: [udp, tcp,
+//!   icmp], cross_node: true|false}` (forwarded pod packets of those protocols dropped
+//!   in the node: with `cross_node: true`, the default, only those crossing the
+//!   underlay, else same-node pod↔pod ones too). They apply with every agent, service
+//!   proxy and kubelet: the MTU ones live on the host side of the link, where no agent
+//!   is, and `proto_drop`'s chain (a table of its own, forward hook, after the agents'
+//!   filter chains) drops what an agent's chain accepted, as an nftables `accept` ends
+//!   only its own base chain.
 //! - `cni_add_delay: D` (duration distribution): time a CNI ADD through `testbed cni`
 //!   ([`crate::cni`], a real container runtime's sandbox) waits before the pod's
 //!   network is wired, as a slow CNI plugin (IPAM, datastore writes) makes it; the
@@ -1138,6 +1158,155 @@ impl<'de> Deserialize<'de> for AgentFaults {
     }
 }
 
+/// Smallest MTU `encap_mtu` and `link_mtu` accept, in bytes: the datagram size every
+/// IPv4 host must be able to receive (RFC 791).
+pub const MTU_MIN: u32 = 576;
+
+/// Largest MTU `encap_mtu` and `link_mtu` accept, in bytes (a common jumbo-frame MTU).
+pub const MTU_MAX: u32 = 9000;
+
+/// Reads an MTU in bytes for `key`: an integer within [`MTU_MIN`]..=[`MTU_MAX`]. Errors
+/// name the key, the bounds and the value (serde_yaml_ng adds the line).
+fn de_mtu<'de, D: Deserializer<'de>>(d: D, key: &'static str) -> Result<Option<u32>, D::Error> {
+    struct V(&'static str);
+    impl V {
+        fn out_of_range<E: de::Error>(&self, got: impl fmt::Display) -> E {
+            E::custom(format!(
+                "{} must be an integer number of bytes between {MTU_MIN} and {MTU_MAX}, got {got}",
+                self.0
+            ))
+        }
+    }
+    impl Visitor<'_> for V {
+        type Value = u32;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            write!(
+                f,
+                "{}: an MTU in bytes, an integer between {MTU_MIN} and {MTU_MAX}",
+                self.0
+            )
+        }
+        fn visit_u64<E: de::Error>(self, n: u64) -> Result<u32, E> {
+            match u32::try_from(n) {
+                Ok(m) if (MTU_MIN..=MTU_MAX).contains(&m) => Ok(m),
+                _ => Err(self.out_of_range(n)),
+            }
+        }
+        fn visit_i64<E: de::Error>(self, n: i64) -> Result<u32, E> {
+            match u64::try_from(n) {
+                Ok(n) => self.visit_u64(n),
+                Err(_) => Err(self.out_of_range(n)),
+            }
+        }
+        fn visit_f64<E: de::Error>(self, x: f64) -> Result<u32, E> {
+            Err(self.out_of_range(x))
+        }
+        fn visit_str<E: de::Error>(self, s: &str) -> Result<u32, E> {
+            Err(self.out_of_range(format!("{s:?}")))
+        }
+    }
+    d.deserialize_any(V(key)).map(Some)
+}
+
+fn de_encap_mtu<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    de_mtu(d, "encap_mtu")
+}
+
+fn de_link_mtu<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    de_mtu(d, "link_mtu")
+}
+
+/// A protocol `proto_drop` can drop (IPv4: the IP header's protocol field).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DropProtocol {
+    /// Protocol 6.
+    Tcp,
+    /// Protocol 17.
+    Udp,
+    /// Protocol 1 (every ICMP message: echo, and errors such as "fragmentation needed").
+    Icmp,
+}
+
+impl DropProtocol {
+    /// The name nftables' `meta l4proto` takes (`tcp`, `udp`, `icmp`).
+    pub fn nft(self) -> &'static str {
+        match self {
+            DropProtocol::Tcp => "tcp",
+            DropProtocol::Udp => "udp",
+            DropProtocol::Icmp => "icmp",
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for DropProtocol {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = DropProtocol;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a protocol: udp, tcp or icmp")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<DropProtocol, E> {
+                match s.trim() {
+                    "tcp" => Ok(DropProtocol::Tcp),
+                    "udp" => Ok(DropProtocol::Udp),
+                    "icmp" => Ok(DropProtocol::Icmp),
+                    _ => Err(E::custom(format!(
+                        "proto_drop.protocols: unknown protocol `{s}` (expected udp, tcp or icmp)"
+                    ))),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `proto_drop: {protocols: [udp, tcp, icmp], cross_node: true|false}` (node-wide): the
+/// selected nodes drop forwarded pod packets of these protocols silently (no ICMP, no
+/// RST), both ways: with `cross_node: true` (the default) only those crossing the node's
+/// underlay link (a pod of the node talking to another node, a pod elsewhere or a
+/// client outside), with `false` also same-node pod↔pod ones. A later rule's
+/// `proto_drop` replaces an earlier one as a whole.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ProtoDrop {
+    /// The protocols dropped; never empty.
+    pub protocols: BTreeSet<DropProtocol>,
+    /// Only packets crossing the node's underlay link (`true`), or every forwarded pod
+    /// packet (`false`).
+    pub cross_node: bool,
+}
+
+impl<'de> Deserialize<'de> for ProtoDrop {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        fn yes() -> bool {
+            true
+        }
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Raw {
+            protocols: Vec<DropProtocol>,
+            #[serde(default = "yes")]
+            cross_node: bool,
+        }
+        checked_map(
+            d,
+            "proto_drop: {protocols: [udp, tcp, icmp], cross_node: true|false}",
+            |r: Raw| {
+                if r.protocols.is_empty() {
+                    return Err(
+                        "proto_drop.protocols: give at least one of udp, tcp, icmp".to_owned()
+                    );
+                }
+                Ok(ProtoDrop {
+                    protocols: r.protocols.into_iter().collect(),
+                    cross_node: r.cross_node,
+                })
+            },
+        )
+    }
+}
+
 /// Calls macro `$m` with the primitive keys a [`Rule`] has besides `nodes`, `from`,
 /// `until` and `agent`, in declaration order (one list for resolving and for naming them).
 macro_rules! rule_primitives {
@@ -1163,10 +1332,22 @@ macro_rules! rule_primitives {
             agent_version,
             policy_delay,
             policy_never,
-            isolation_lag
+            isolation_lag,
+            encap_mtu,
+            link_mtu,
+            proto_drop
         )
     };
 }
+
+/// Every key a rule takes besides `nodes`, `from` and `until`: the primitives (for
+/// checks that each one is documented).
+pub const PRIMITIVE_KEYS: &[&str] = {
+    macro_rules! names {
+        ($($k:ident),*) => { &[$(stringify!($k),)* "agent"] };
+    }
+    rule_primitives!(names)
+};
 
 /// One rule as written.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -1176,8 +1357,8 @@ pub struct Rule {
     /// In force from this long since the file was applied: for per-endpoint primitives
     /// (everything decided when an endpoint is added) it selects endpoints added at or
     /// after it; node-wide primitives (`cross_node`, `agent`, `teardown_delay`, `cni_add_delay`,
-    /// `agent_io`, `agent_cpu`, `agent_pause`, `policies`, `agent_version`) are in force
-    /// from then.
+    /// `agent_io`, `agent_cpu`, `agent_pause`, `policies`, `agent_version`, `link_mtu`,
+    /// `encap_mtu`, `proto_drop`) are in force from then.
     #[serde(serialize_with = "ser_opt_duration")]
     pub from: Option<Duration>,
     /// … and before this long since the file was applied.
@@ -1269,6 +1450,19 @@ pub struct Rule {
     /// when its endpoint is programmed, with the rule in force when it was added).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub isolation_lag: Option<DurationDist>,
+    /// Largest IP packet, in bytes ([`MTU_MIN`]..=[`MTU_MAX`]), of the node's pods that
+    /// crosses the node's underlay link; larger ones are dropped silently, as an
+    /// encapsulation whose overhead the pod MTU does not leave room for loses them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub encap_mtu: Option<u32>,
+    /// MTU, in bytes ([`MTU_MIN`]..=[`MTU_MAX`]), of the far (bridge-side) end of the
+    /// node's underlay link: larger frames are lost on the link both ways while the node
+    /// keeps its own MTU.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub link_mtu: Option<u32>,
+    /// Forwarded pod packets of some protocols dropped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proto_drop: Option<ProtoDrop>,
 }
 
 impl<'de> Deserialize<'de> for Rule {
@@ -1326,6 +1520,12 @@ impl<'de> Deserialize<'de> for Rule {
             policy_never: Option<Probability>,
             #[serde(default)]
             isolation_lag: Option<DurationDist>,
+            #[serde(default, deserialize_with = "de_encap_mtu")]
+            encap_mtu: Option<u32>,
+            #[serde(default, deserialize_with = "de_link_mtu")]
+            link_mtu: Option<u32>,
+            #[serde(default)]
+            proto_drop: Option<ProtoDrop>,
         }
         let r = Raw::deserialize(d)?;
         let (from, until) = (r.from.map(|h| h.0), r.until.map(|h| h.0));
@@ -1362,6 +1562,9 @@ impl<'de> Deserialize<'de> for Rule {
             policy_delay: r.policy_delay,
             policy_never: r.policy_never,
             isolation_lag: r.isolation_lag,
+            encap_mtu: r.encap_mtu,
+            link_mtu: r.link_mtu,
+            proto_drop: r.proto_drop,
         })
     }
 }
@@ -1406,6 +1609,12 @@ pub struct NodeFaults {
     pub policy_delay: Option<DurationDist>,
     pub policy_never: Option<Probability>,
     pub isolation_lag: Option<DurationDist>,
+    /// Bytes; see [`Rule::encap_mtu`].
+    pub encap_mtu: Option<u32>,
+    /// Bytes; see [`Rule::link_mtu`].
+    pub link_mtu: Option<u32>,
+    /// A later rule's `proto_drop` replaces an earlier one as a whole.
+    pub proto_drop: Option<ProtoDrop>,
 }
 
 impl NodeFaults {
@@ -1644,7 +1853,9 @@ impl FaultFile {
     /// - With [`ProxyKind::Real`] `service_delay` (a delay of the simulated kube-proxy)
     ///   is refused.
     /// - `cross_node`, `stale_routes`, `clock_skew`, `teardown_delay`, `cni_add_delay`
-    ///   and `agent.restarts` apply to both agents.
+    ///   and `agent.restarts` apply to both agents; `link_mtu`, `encap_mtu` and
+    ///   `proto_drop` (the node's network, beside whatever the agent programs) to every
+    ///   agent, proxy and kubelet.
     ///
     /// Error: [`FaultError::NotForComponent`] for the first offending key, the first in
     /// the file among several in the same rule. Its line is the first line inside the
@@ -3248,5 +3459,139 @@ mod tests {
             f.check_kubelet(&yaml, KubeletKind::Real, AgentKind::Simulated)
                 .unwrap();
         }
+    }
+
+    #[test]
+    fn mtu_primitives_take_bytes_within_bounds_and_name_line_and_key() {
+        let f = FaultFile::parse(
+            "rules:\n- nodes: {all: true}\n  encap_mtu: 1450\n  link_mtu: 576\n\
+             - nodes: {names: [node-2]}\n  encap_mtu: 9000\n",
+        )
+        .unwrap();
+        let l = labels(&[]);
+        let n1 = f.for_node("node-1", &l, Duration::ZERO);
+        assert_eq!((n1.encap_mtu, n1.link_mtu), (Some(1450), Some(576)));
+        // A later rule overrides key by key: node-2's encap_mtu, node-1's link_mtu stays.
+        let n2 = f.for_node("node-2", &l, Duration::ZERO);
+        assert_eq!((n2.encap_mtu, n2.link_mtu), (Some(9000), Some(576)));
+        for key in ["encap_mtu", "link_mtu"] {
+            for bad in [
+                "575", "9001", "0", "-1500", "1400.5", "1400b", "\"1500\"", "big",
+            ] {
+                let e = err(&format!(
+                    "rules:\n- nodes: {{all: true}}\n  teardown_delay: 1s\n  {key}: {bad}\n"
+                ));
+                assert!(
+                    e.contains(&format!(
+                        "{key} must be an integer number of bytes between 576 and 9000, got"
+                    )) && e.contains("line 4"),
+                    "{key}: {bad}: {e}"
+                );
+            }
+            let e = err(&format!(
+                "rules:\n- nodes: {{all: true}}\n  {key}: [1400]\n"
+            ));
+            assert!(e.contains(key) && e.contains("line 3"), "{e}");
+        }
+    }
+
+    #[test]
+    fn proto_drop_parses_protocols_defaults_cross_node_and_refuses_the_unknown() {
+        let f = FaultFile::parse(
+            "rules:\n- nodes: {all: true}\n  proto_drop: {protocols: [udp]}\n\
+             - nodes: {names: [node-2]}\n  proto_drop: {protocols: [icmp, tcp, icmp], cross_node: false}\n",
+        )
+        .unwrap();
+        let l = labels(&[]);
+        assert_eq!(
+            f.for_node("node-1", &l, Duration::ZERO).proto_drop,
+            Some(ProtoDrop {
+                protocols: [DropProtocol::Udp].into(),
+                cross_node: true,
+            }),
+            "cross_node defaults to true"
+        );
+        // A later rule's proto_drop replaces the earlier one as a whole.
+        assert_eq!(
+            f.for_node("node-2", &l, Duration::ZERO).proto_drop,
+            Some(ProtoDrop {
+                protocols: [DropProtocol::Tcp, DropProtocol::Icmp].into(),
+                cross_node: false,
+            })
+        );
+        let e = err("rules:\n- nodes: {all: true}\n  proto_drop: {protocols: [udp, sctp]}\n");
+        assert!(
+            e.contains("proto_drop.protocols: unknown protocol `sctp` (expected udp, tcp or icmp)")
+                && e.contains("line 3"),
+            "{e}"
+        );
+        let e = err("rules:\n- nodes: {all: true}\n  proto_drop: {protocols: []}\n");
+        assert!(
+            e.contains("proto_drop.protocols: give at least one of udp, tcp, icmp")
+                && e.contains("line 3"),
+            "{e}"
+        );
+        let e = err("rules:\n- nodes: {all: true}\n  proto_drop: {cross_node: false}\n");
+        assert!(e.contains("missing field `protocols`"), "{e}");
+        let e =
+            err("rules:\n- nodes: {all: true}\n  proto_drop: {protocols: [tcp], ports: [53]}\n");
+        assert!(
+            e.contains("unknown field `ports`") && e.contains("line 3"),
+            "{e}"
+        );
+        let e = err("rules:\n- nodes: {all: true}\n  proto_drop: udp\n");
+        assert!(e.contains("expected proto_drop: {protocols"), "{e}");
+        let e = err(
+            "rules:\n- nodes: {all: true}\n  proto_drop: {protocols: [udp], cross_node: maybe}\n",
+        );
+        assert!(e.contains("line 3"), "{e}");
+    }
+
+    #[test]
+    fn network_primitives_are_node_wide_in_their_window_and_serialise() {
+        let f = FaultFile::parse(
+            "rules:\n- nodes: {names: [node-1]}\n  from: 10s\n  until: 20s\n  link_mtu: 1400\n  \
+             encap_mtu: 1450\n  proto_drop: {protocols: [udp, tcp]}\n",
+        )
+        .unwrap();
+        let l = labels(&[]);
+        assert!(f.for_node("node-1", &l, Duration::from_secs(9)).is_empty());
+        let on = f.for_node("node-1", &l, Duration::from_secs(10));
+        assert_eq!((on.link_mtu, on.encap_mtu), (Some(1400), Some(1450)));
+        assert!(on.proto_drop.is_some());
+        assert!(f.for_node("node-1", &l, Duration::from_secs(20)).is_empty());
+        assert!(f.for_node("node-2", &l, Duration::from_secs(15)).is_empty());
+        assert_eq!(
+            f.boundaries("node-1", &l),
+            [Duration::from_secs(10), Duration::from_secs(20)]
+        );
+        let v = serde_json::to_value(&f.rules).unwrap();
+        assert_eq!(v[0]["link_mtu"], 1400);
+        assert_eq!(v[0]["encap_mtu"], 1450);
+        assert_eq!(
+            v[0]["proto_drop"],
+            serde_json::json!({"protocols": ["tcp", "udp"], "cross_node": true})
+        );
+    }
+
+    /// They act on the node's link and its forward path, beside whatever the agent
+    /// programs: every agent, service proxy and kubelet.
+    #[test]
+    fn network_primitives_apply_with_every_agent_proxy_and_kubelet() {
+        let yaml = "rules:\n- nodes: {all: true}\n  link_mtu: 1400\n  encap_mtu: 1450\n  \
+                    proto_drop: {protocols: [udp], cross_node: false}\n";
+        let f = FaultFile::parse(yaml).unwrap();
+        for agent in [AgentKind::Simulated, AgentKind::Calico] {
+            for proxy in [ProxyKind::Simulated, ProxyKind::Real] {
+                f.check_components(yaml, agent, proxy).unwrap();
+            }
+            for kubelet in [KubeletKind::Simulated, KubeletKind::Real] {
+                f.check_kubelet(yaml, kubelet, agent).unwrap();
+            }
+        }
+        for key in ["link_mtu", "encap_mtu", "proto_drop"] {
+            assert!(PRIMITIVE_KEYS.contains(&key), "{key}");
+        }
+        assert!(PRIMITIVE_KEYS.contains(&"agent") && PRIMITIVE_KEYS.contains(&"cross_node"));
     }
 }

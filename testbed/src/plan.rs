@@ -10,7 +10,8 @@
 //!   netns the testbed makes is named `<prefix>-…` (host: `<prefix>-host`, node *i*:
 //!   `<prefix>-node-<i>`, pods: `<prefix>-p<counter>`);
 //! - underlay bridge `br0` in the host netns at `172.20.X.1/24` (the API server listens
-//!   there, port 6443);
+//!   there, port 6443), node *i*'s underlay veth `vn<i>` (host netns, enslaved to `br0`)
+//!   ↔ `eth0` (node netns);
 //! - node *i* (1-based, `node-<i>`) at `172.20.X.(10+i)/24`;
 //! - node *i*'s pod block `10.X.i.0/24` (Calico's default block size is /26; a /24 keeps
 //!   the numbers readable and is a valid `blockSize` too).
@@ -254,6 +255,15 @@ impl Plan {
         self.nodes.iter().find(|n| n.name == name)
     }
 
+    /// The bridge-side end of node `name`'s underlay veth in the host netns, `vn<i>`
+    /// (the node's own end is its `eth0`), if the node is in the plan.
+    pub fn bridge_port(&self, name: &str) -> Option<String> {
+        self.nodes
+            .iter()
+            .position(|n| n.name == name)
+            .map(|i| format!("vn{}", i + 1))
+    }
+
     /// Name of the pod netns with counter `n`: `<prefix>-p<n>`.
     pub fn pod_netns(&self, n: u64) -> String {
         format!("{}-p{n}", self.prefix)
@@ -319,6 +329,8 @@ mod tests {
         assert!(!p.nodes[1].pod_cidr.contains(Ipv4Addr::new(10, x, 1, 77)));
         assert!(p.owns_netns(&p.pod_netns(7)));
         assert!(!p.owns_netns(&format!("{}x-host", p.prefix)));
+        assert_eq!(p.bridge_port("node-2").as_deref(), Some("vn2"));
+        assert_eq!(p.bridge_port("node-3"), None);
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! outside the repository (the team's design notes are not shipped), every repository
 //! path they cite exists, every fault file in `testbed/faults/` parses, and the
 //! `--agent-config` example in `docs/agent-config.md` is a valid profiles file. README is
-//! the front door (at most [`README_MAX_LINES`] lines, the two set-up commands); the docs
+//! the front door (at most [`README_MAX_LINES`] lines, the two set-up commands); every
+//! fault key is in the fault reference; the docs
 //! book (`docs/book.toml`, `docs/src/SUMMARY.md`) lists every chapter, every relative
 //! link and `#anchor` of README and the book resolves, and the reference tables (results
 //! and reasons, alerts) list everything the code has. No testbed is started (the `--help`
@@ -304,6 +305,24 @@ fn every_fault_file_parses_and_names_its_scenario() {
             }
         }
     }
+}
+
+/// Every key a fault rule takes is in the fault reference — `docs/src/faults.md`, or the
+/// real-agent table of `docs/src/testbed.md` — written as `` `key: `` or `` `key` ``.
+#[test]
+fn every_fault_primitive_is_in_the_fault_reference() {
+    let docs = ["docs/src/faults.md", "docs/src/testbed.md"]
+        .map(|p| std::fs::read_to_string(repo_file(p)).expect(p))
+        .join("\n");
+    let missing: Vec<&str> = testbed::fault::PRIMITIVE_KEYS
+        .iter()
+        .copied()
+        .filter(|k| !docs.contains(&format!("`{k}:")) && !docs.contains(&format!("`{k}`")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "fault keys documented in neither docs/src/faults.md nor docs/src/testbed.md: {missing:?}"
+    );
 }
 
 #[test]

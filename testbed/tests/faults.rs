@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use netns_support::{
     dial, dial_within, first_success, poll_until, rt, serve, Bed, Server, EFFECT_TIMEOUT,
 };
-use testbed::dataplane::PodNet;
+use testbed::dataplane::{NetFaults, PodNet};
 use testbed::fault::{FaultFile, Faults};
 use testbed::felix::{bind_and_serve, FELIX_METRICS_PORT};
 use testbed::netns::{run_in_netns, NetnsThread};
@@ -801,4 +801,467 @@ fn scenario_fault_files_parse_and_say_how_to_run_them() {
         .for_node("node-1", &BTreeMap::new(), Duration::ZERO)
         .resync_loop
         .is_none());
+}
+
+// ---------------------------------------------------------------------------------
+// Faults of the node's network: link_mtu, encap_mtu, proto_drop (real packets).
+
+/// UDP port of the pods' echo servers.
+const UDP_PORT: u16 = 9000;
+/// TCP port of the pods' bulk servers.
+const BULK_PORT: u16 = 8081;
+/// Bytes a bulk server sends per connection: many full-size segments.
+const BULK: usize = 64 * 1024;
+/// UDP payload of a full-size datagram: a 1500-byte IP packet (20 IP + 8 UDP header),
+/// the pods' MTU.
+const FULL: usize = 1472;
+/// How long a UDP exchange waits for its echo.
+const UDP_WAIT: Duration = Duration::from_millis(500);
+
+/// `IP_MTU_DISCOVER` = `IP_PMTUDISC_DO` on a socket: DF on every datagram, never
+/// fragmented locally, and a "fragmentation needed" answer surfaces as `EMSGSIZE`.
+fn pmtudisc_do(fd: std::os::fd::RawFd) {
+    use nix::libc;
+    let v: libc::c_int = libc::IP_PMTUDISC_DO;
+    // SAFETY: a valid socket fd and a pointer to a c_int of the size given.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(
+        r,
+        0,
+        "setsockopt IP_MTU_DISCOVER: {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+/// A pod's servers besides [`serve`]: a UDP echo on [`UDP_PORT`] (answers with DF too)
+/// and a TCP server on [`BULK_PORT`] that reads a request, then sends [`BULK`] bytes
+/// and closes. Stop when dropped.
+fn serve_net(netns: &str) -> NetnsThread {
+    let t = NetnsThread::spawn(netns).expect("netns thread");
+    let (tx, rx) = std::sync::mpsc::channel();
+    t.handle().spawn(async move {
+        use std::os::fd::AsRawFd;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let udp = tokio::net::UdpSocket::bind(("0.0.0.0", UDP_PORT)).await;
+        let tcp = tokio::net::TcpListener::bind(("0.0.0.0", BULK_PORT)).await;
+        let (udp, tcp) = match (udp, tcp) {
+            (Ok(u), Ok(t)) => (u, t),
+            (Err(e), _) | (_, Err(e)) => {
+                let _ = tx.send(Err(e));
+                return;
+            }
+        };
+        pmtudisc_do(udp.as_raw_fd());
+        let _ = tx.send(Ok(()));
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 65536];
+            loop {
+                if let Ok((n, from)) = udp.recv_from(&mut buf).await {
+                    let _ = udp.send_to(&buf[..n], from).await;
+                }
+            }
+        });
+        loop {
+            if let Ok((mut s, _)) = tcp.accept().await {
+                tokio::spawn(async move {
+                    let mut req = [0u8; 64];
+                    let _ = tokio::time::timeout(Duration::from_secs(1), s.read(&mut req)).await;
+                    let _ = s.write_all(&vec![b'y'; BULK]).await;
+                    let _ = s.shutdown().await;
+                });
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(5))
+        .expect("server start")
+        .expect("bind");
+    t
+}
+
+/// What one UDP exchange saw.
+#[derive(Debug, PartialEq)]
+enum Udp {
+    /// The echo came back with this many bytes.
+    Echoed(usize),
+    /// No answer within [`UDP_WAIT`] and no error: the datagram (or its echo) vanished
+    /// silently. `path_mtu` is the sender's path MTU afterwards (`IP_MTU`): an ICMP
+    /// "fragmentation needed" would have lowered it (and failed the receive with
+    /// `EMSGSIZE`).
+    Lost { path_mtu: i32 },
+    /// The socket reported an error (e.g. `EMSGSIZE` after an ICMP error).
+    Failed(String),
+}
+
+/// Sends a `payload`-byte datagram with DF ([`pmtudisc_do`]) from netns `from` to
+/// `ip:`[`UDP_PORT`] on a connected socket and waits for the echo; up to `tries` times
+/// (a new datagram each time) until one is echoed. Returns the last outcome.
+fn udp(from: &str, ip: std::net::Ipv4Addr, payload: usize, tries: usize) -> Udp {
+    use std::os::fd::AsRawFd;
+    run_in_netns(from, move || {
+        let s = std::net::UdpSocket::bind("0.0.0.0:0").expect("bind udp");
+        pmtudisc_do(s.as_raw_fd());
+        s.connect((ip, UDP_PORT)).expect("connect udp");
+        s.set_read_timeout(Some(UDP_WAIT)).expect("timeout");
+        let msg = vec![b'x'; payload];
+        let mut buf = vec![0u8; 65536];
+        let mut last = Udp::Failed("never tried".into());
+        for _ in 0..tries {
+            if let Err(e) = s.send(&msg) {
+                return Udp::Failed(format!("send: {e}"));
+            }
+            last = match s.recv(&mut buf) {
+                Ok(n) => return Udp::Echoed(n),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    let path_mtu =
+                        nix::sys::socket::getsockopt(&s, nix::sys::socket::sockopt::IpMtu)
+                            .unwrap_or(-1);
+                    Udp::Lost { path_mtu }
+                }
+                Err(e) => return Udp::Failed(format!("recv: {e}")),
+            };
+        }
+        last
+    })
+    .expect("netns")
+}
+
+/// How long a bulk body may take on a healthy path (it takes milliseconds; a path
+/// that loses TCP's GSO batches and gets through by single-segment retransmissions
+/// takes seconds).
+const BULK_FAST: Duration = Duration::from_secs(1);
+
+/// What fetching a bulk body saw.
+#[derive(Debug, PartialEq)]
+enum Bulk {
+    /// The whole body, then the server's close, within [`BULK_FAST`].
+    Complete(usize),
+    /// The whole body, but slower than [`BULK_FAST`].
+    Slow(usize, Duration),
+    /// Connected (the handshake passed), then only this many bytes before the reads
+    /// stalled for 1.5 s.
+    Stalled(usize),
+    /// The connection never opened.
+    NoConnection(String),
+}
+
+/// One request to `ip:`[`BULK_PORT`] from netns `from`, reading the body until the
+/// server closes or 1.5 s pass without data; the time counts from the request.
+fn fetch_bulk(from: &str, ip: std::net::Ipv4Addr) -> Bulk {
+    run_in_netns(from, move || {
+        let addr = SocketAddr::from((ip, BULK_PORT));
+        let mut s = match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+            Ok(s) => s,
+            Err(e) => return Bulk::NoConnection(e.to_string()),
+        };
+        s.set_read_timeout(Some(Duration::from_millis(1500)))
+            .expect("timeout");
+        let started = Instant::now();
+        let _ = s.write_all(b"hi\n");
+        let mut got = 0;
+        let mut buf = vec![0u8; 65536];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) if started.elapsed() < BULK_FAST => return Bulk::Complete(got),
+                Ok(0) => return Bulk::Slow(got, started.elapsed()),
+                Ok(n) => got += n,
+                Err(_) => return Bulk::Stalled(got),
+            }
+        }
+    })
+    .expect("netns")
+}
+
+/// Attribute `key` (`mtu`, `gso_max_segs`) of `dev` in `netns`, from `ip -j -d link`.
+fn link_attr(netns: &str, dev: &str, key: &str) -> Option<u64> {
+    let out = std::process::Command::new("ip")
+        .args(["-n", netns, "-j", "-d", "link", "show", "dev", dev])
+        .output()
+        .ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    v[0][key].as_u64()
+}
+
+/// Waits (≤ [`EFFECT_TIMEOUT`]) until the node task has put `want` in on `node`.
+fn wait_net(bed: &Bed, node: &str, want: &NetFaults) {
+    let got = poll_until(
+        EFFECT_TIMEOUT,
+        Duration::from_millis(20),
+        || bed.dp.net_faults(node),
+        |f| f == want,
+    );
+    assert_eq!(&got, want, "{node}'s network faults");
+}
+
+/// A pod's three servers ([`serve`] on 8080, [`serve_net`]).
+fn serve_pod(p: &PodNet) -> (Server, NetnsThread) {
+    (serve(&p.netns, &p.pod), serve_net(&p.netns))
+}
+
+/// `encap_mtu: 1400` on node-1: its pods' packets crossing its link lose everything
+/// above 1400 bytes silently, both ways, while handshakes and small packets pass;
+/// same-node traffic and other nodes' traffic keep full size; clearing the fault brings
+/// full size back and stops the underlay segmenting.
+#[test]
+fn encap_mtu_black_holes_full_size_packets_of_the_nodes_pods_across_its_link() {
+    let bed = new_bed("encap", 3);
+    let rt = rt();
+    let _g = rt.enter();
+    let f = faults("rules:\n- nodes: {names: [node-1]}\n  encap_mtu: 1400\n");
+    let ag = bed.agents(&f, &[]);
+    let a1 = bed.add(&ag[0], 0, "a1");
+    let a2 = bed.add(&ag[0], 0, "a2");
+    let b = bed.add(&ag[1], 1, "b");
+    let c = bed.add(&ag[2], 2, "c");
+    let _s = [&a1, &a2, &b, &c].map(serve_pod);
+    for p in [&a1, &a2, &b, &c] {
+        bed.wait_programmed(&p.uid, Duration::from_secs(2));
+    }
+    wait_net(
+        &bed,
+        "node-1",
+        &NetFaults {
+            encap_mtu: Some(1400),
+            ..NetFaults::default()
+        },
+    );
+    assert_eq!(bed.dp.net_faults("node-2"), NetFaults::default());
+    assert!(bed.dp.underlay_segmented());
+    // The pods' MTU is the veth default: a full-size packet is 1500 bytes.
+    assert_eq!(link_attr(&a1.netns, "eth0", "mtu"), Some(1500));
+    assert_eq!(link_attr(&bed.node_ns(0), "eth0", "gso_max_segs"), Some(1));
+    // Handshakes and small packets cross, both ways.
+    assert_eq!(dial(&a1.netns, b.ip).as_deref(), Ok("b\n"));
+    assert_eq!(dial(&b.netns, a1.ip).as_deref(), Ok("a1\n"));
+    assert_eq!(udp(&a1.netns, b.ip, 100, 3), Udp::Echoed(100));
+    // Exactly N passes (there and back), N + 1 does not.
+    assert_eq!(udp(&a1.netns, b.ip, 1400 - 28, 3), Udp::Echoed(1372));
+    assert_eq!(udp(&b.netns, a1.ip, 1400 - 28, 3), Udp::Echoed(1372));
+    assert_eq!(
+        udp(&a1.netns, b.ip, 1401 - 28, 2),
+        Udp::Lost { path_mtu: 1500 }
+    );
+    // Full size vanishes both ways without an ICMP error (the path MTU stays 1500).
+    assert_eq!(udp(&a1.netns, b.ip, FULL, 2), Udp::Lost { path_mtu: 1500 });
+    assert_eq!(udp(&b.netns, a1.ip, FULL, 2), Udp::Lost { path_mtu: 1500 });
+    let stalled = |r: Bulk| matches!(r, Bulk::Stalled(n) if n < BULK);
+    assert!(stalled(fetch_bulk(&a1.netns, b.ip)), "node-2 → node-1 bulk");
+    assert!(stalled(fetch_bulk(&b.netns, a1.ip)), "node-1 → node-2 bulk");
+    // Same node, and pods of other nodes: full size works.
+    assert_eq!(udp(&a1.netns, a2.ip, FULL, 3), Udp::Echoed(FULL));
+    assert_eq!(fetch_bulk(&a1.netns, a2.ip), Bulk::Complete(BULK));
+    assert_eq!(udp(&b.netns, c.ip, FULL, 3), Udp::Echoed(FULL));
+    assert_eq!(fetch_bulk(&c.netns, b.ip), Bulk::Complete(BULK));
+
+    // A limit at the pods' MTU loses nothing: TCP's GSO batches (up to 64 KB inside the
+    // node) are measured segment by segment, as they go on the wire.
+    bed_set(
+        &f,
+        "rules:\n- nodes: {names: [node-1]}\n  encap_mtu: 1500\n",
+    );
+    wait_net(
+        &bed,
+        "node-1",
+        &NetFaults {
+            encap_mtu: Some(1500),
+            ..NetFaults::default()
+        },
+    );
+    assert_eq!(udp(&a1.netns, b.ip, FULL, 3), Udp::Echoed(FULL));
+    assert_eq!(fetch_bulk(&a1.netns, b.ip), Bulk::Complete(BULK));
+    assert_eq!(fetch_bulk(&b.netns, a1.ip), Bulk::Complete(BULK));
+
+    // Cleared: the rules go, the underlay stops segmenting, full size crosses again.
+    f.set(FaultFile::default());
+    wait_net(&bed, "node-1", &NetFaults::default());
+    assert!(!bed.dp.underlay_segmented());
+    assert_eq!(
+        link_attr(&bed.node_ns(0), "eth0", "gso_max_segs"),
+        Some(65535)
+    );
+    assert_eq!(
+        link_attr(&bed.plan.host_netns, "br0", "gso_max_segs"),
+        Some(65535)
+    );
+    assert_eq!(udp(&a1.netns, b.ip, FULL, 3), Udp::Echoed(FULL));
+    assert_eq!(udp(&b.netns, a1.ip, FULL, 3), Udp::Echoed(FULL));
+    assert_eq!(fetch_bulk(&a1.netns, b.ip), Bulk::Complete(BULK));
+    assert_eq!(fetch_bulk(&b.netns, a1.ip), Bulk::Complete(BULK));
+}
+
+/// `proto_drop: {protocols: [udp]}` on node-1: UDP across its link fails both ways
+/// while TCP works and same-node UDP works; `cross_node: false` takes same-node UDP
+/// too (never the node's own); clearing brings UDP back.
+#[test]
+fn proto_drop_drops_udp_across_the_link_then_on_the_node_too() {
+    let bed = new_bed("proto", 2);
+    let rt = rt();
+    let _g = rt.enter();
+    let f = faults(
+        "rules:\n- nodes: {names: [node-1]}\n  proto_drop: {protocols: [udp], cross_node: true}\n",
+    );
+    let ag = bed.agents(&f, &[]);
+    let a1 = bed.add(&ag[0], 0, "a1");
+    let a2 = bed.add(&ag[0], 0, "a2");
+    let b = bed.add(&ag[1], 1, "b");
+    let _s = [&a1, &a2, &b].map(serve_pod);
+    for p in [&a1, &a2, &b] {
+        bed.wait_programmed(&p.uid, Duration::from_secs(2));
+    }
+    let udp_only = |cross_node| NetFaults {
+        proto_drop: Some(testbed::fault::ProtoDrop {
+            protocols: [testbed::fault::DropProtocol::Udp].into(),
+            cross_node,
+        }),
+        ..NetFaults::default()
+    };
+    wait_net(&bed, "node-1", &udp_only(true));
+    assert!(!bed.dp.underlay_segmented(), "no size limit, no segmenting");
+    // Cross-node UDP request/response fails both ways, silently.
+    assert!(matches!(udp(&a1.netns, b.ip, 100, 2), Udp::Lost { .. }));
+    assert!(matches!(udp(&b.netns, a1.ip, 100, 2), Udp::Lost { .. }));
+    // TCP crosses; same-node UDP works.
+    assert_eq!(dial(&a1.netns, b.ip).as_deref(), Ok("b\n"));
+    assert_eq!(dial(&b.netns, a1.ip).as_deref(), Ok("a1\n"));
+    assert_eq!(fetch_bulk(&a1.netns, b.ip), Bulk::Complete(BULK));
+    assert_eq!(udp(&a1.netns, a2.ip, 100, 3), Udp::Echoed(100));
+
+    // A later file: same-node too.
+    bed_set(
+        &f,
+        "rules:\n- nodes: {names: [node-1]}\n  proto_drop: {protocols: [udp], cross_node: false}\n",
+    );
+    wait_net(&bed, "node-1", &udp_only(false));
+    assert!(matches!(udp(&a1.netns, a2.ip, 100, 2), Udp::Lost { .. }));
+    assert!(matches!(udp(&a1.netns, b.ip, 100, 2), Udp::Lost { .. }));
+    assert_eq!(dial(&a1.netns, a2.ip).as_deref(), Ok("a2\n"));
+    // A pod's traffic with its own node is not forwarded: never dropped.
+    assert_eq!(udp(&bed.node_ns(0), a1.ip, 100, 3), Udp::Echoed(100));
+
+    f.set(FaultFile::default());
+    wait_net(&bed, "node-1", &NetFaults::default());
+    assert_eq!(udp(&a1.netns, b.ip, 100, 3), Udp::Echoed(100));
+    assert_eq!(udp(&b.netns, a1.ip, 100, 3), Udp::Echoed(100));
+    assert_eq!(udp(&a1.netns, a2.ip, 100, 3), Udp::Echoed(100));
+}
+
+/// `link_mtu: 1400` on node-1: the bridge-side end of its link gets MTU 1400 while its
+/// `eth0` keeps 1500, so full-size packets to and from its pods vanish on the link
+/// without an ICMP error while small ones and same-node traffic pass; the host keeps
+/// talking to the node's pods (the bridge follows its smallest port); clearing the
+/// fault, or its `until` passing, restores the MTUs; teardown leaves no netns and no
+/// link.
+#[test]
+fn link_mtu_lowers_the_far_end_of_the_nodes_link_and_full_size_vanishes() {
+    let bed = new_bed("linkmtu", 2);
+    let rt = rt();
+    let _g = rt.enter();
+    let f = faults("rules:\n- nodes: {names: [node-1]}\n  link_mtu: 1400\n");
+    let ag = bed.agents(&f, &[]);
+    let a1 = bed.add(&ag[0], 0, "a1");
+    let a2 = bed.add(&ag[0], 0, "a2");
+    let b = bed.add(&ag[1], 1, "b");
+    let servers = [&a1, &a2, &b].map(serve_pod);
+    for p in [&a1, &a2, &b] {
+        bed.wait_programmed(&p.uid, Duration::from_secs(2));
+    }
+    wait_net(
+        &bed,
+        "node-1",
+        &NetFaults {
+            link_mtu: Some(1400),
+            ..NetFaults::default()
+        },
+    );
+    let host = bed.plan.host_netns.clone();
+    let port = bed.plan.bridge_port("node-1").expect("port");
+    assert_eq!(port, "vn1");
+    assert_eq!(link_attr(&host, &port, "mtu"), Some(1400));
+    assert_eq!(link_attr(&host, "vn2", "mtu"), Some(1500));
+    assert_eq!(
+        link_attr(&host, "br0", "mtu"),
+        Some(1400),
+        "the bridge follows"
+    );
+    assert_eq!(
+        link_attr(&bed.node_ns(0), "eth0", "mtu"),
+        Some(1500),
+        "the node believes in its link"
+    );
+    // Small packets and handshakes cross both ways; 1400 bytes too.
+    assert_eq!(dial(&a1.netns, b.ip).as_deref(), Ok("b\n"));
+    assert_eq!(dial(&b.netns, a1.ip).as_deref(), Ok("a1\n"));
+    assert_eq!(udp(&a1.netns, b.ip, 1400 - 28, 3), Udp::Echoed(1372));
+    assert_eq!(udp(&b.netns, a1.ip, 1400 - 28, 3), Udp::Echoed(1372));
+    // Full size vanishes on the link both ways, and nobody says so: no EMSGSIZE, the
+    // senders' path MTU stays 1500 (no "fragmentation needed" reached them).
+    assert_eq!(udp(&a1.netns, b.ip, FULL, 2), Udp::Lost { path_mtu: 1500 });
+    assert_eq!(udp(&b.netns, a1.ip, FULL, 2), Udp::Lost { path_mtu: 1500 });
+    let stalled = |r: Bulk| matches!(r, Bulk::Stalled(n) if n < BULK);
+    assert!(stalled(fetch_bulk(&a1.netns, b.ip)), "node-2 → node-1 bulk");
+    assert!(stalled(fetch_bulk(&b.netns, a1.ip)), "node-1 → node-2 bulk");
+    // Same node: full size.
+    assert_eq!(udp(&a1.netns, a2.ip, FULL, 3), Udp::Echoed(FULL));
+    assert_eq!(fetch_bulk(&a2.netns, a1.ip), Bulk::Complete(BULK));
+    // The host (API server side) and the node's pods agree on segments that fit.
+    assert_eq!(fetch_bulk(&host, a1.ip), Bulk::Complete(BULK));
+
+    // Cleared: the port's MTU (and the bridge's) back, full size crosses again.
+    f.set(FaultFile::default());
+    wait_net(&bed, "node-1", &NetFaults::default());
+    assert_eq!(link_attr(&host, &port, "mtu"), Some(1500));
+    assert_eq!(link_attr(&host, "br0", "mtu"), Some(1500));
+    assert!(!bed.dp.underlay_segmented());
+    assert_eq!(udp(&a1.netns, b.ip, FULL, 3), Udp::Echoed(FULL));
+    assert_eq!(udp(&b.netns, a1.ip, FULL, 3), Udp::Echoed(FULL));
+    assert_eq!(fetch_bulk(&a1.netns, b.ip), Bulk::Complete(BULK));
+    assert_eq!(fetch_bulk(&b.netns, a1.ip), Bulk::Complete(BULK));
+
+    // A rule whose `until` passes is undone like a cleared one.
+    bed_set(
+        &f,
+        "rules:\n- nodes: {names: [node-1]}\n  until: 2s\n  link_mtu: 1300\n",
+    );
+    wait_net(
+        &bed,
+        "node-1",
+        &NetFaults {
+            link_mtu: Some(1300),
+            ..NetFaults::default()
+        },
+    );
+    assert_eq!(link_attr(&host, &port, "mtu"), Some(1300));
+    wait_net(&bed, "node-1", &NetFaults::default());
+    assert_eq!(link_attr(&host, &port, "mtu"), Some(1500));
+    assert!(!bed.dp.underlay_segmented());
+
+    // Teardown (with the fault back in force) leaves nothing: the links go with the
+    // namespaces (checked by the bed's drop guard too).
+    f.set(FaultFile::parse("rules:\n- nodes: {all: true}\n  link_mtu: 1280\n").expect("faults"));
+    wait_net(
+        &bed,
+        "node-2",
+        &NetFaults {
+            link_mtu: Some(1280),
+            ..NetFaults::default()
+        },
+    );
+    let prefix = bed.plan.prefix.clone();
+    drop(servers);
+    drop(ag);
+    drop(bed);
+    assert!(testbed::dataplane::list_netns(&prefix).is_empty());
+    assert_eq!(link_attr(&host, &port, "mtu"), None, "no link left");
 }
