@@ -83,4 +83,74 @@ fn every_path_passes_healthy_and_a_missing_family_is_family_missing() {
     .collect();
     assert_eq!(got, want, "{out}");
     assert_eq!(report["probes"][0]["reason"], "family_missing", "{out}");
+
+    // encap_mtu: 1400 (pod MTU 1500): cross-node packets over 1400 bytes vanish without
+    // an ICMP. Small packets pass on both protocols; the full-size paths fail as MTU
+    // black holes on every cross-node probe and pass on the same-node control, so the
+    // diagnosis is cross-node.
+    let faults = [
+        (
+            "encap_mtu: 1400",
+            ["tcp/ipv4/mtu", "udp/ipv4/mtu"],
+            "mtu_black_hole",
+        ),
+        (
+            "proto_drop: {protocols: [udp], cross_node: true}",
+            ["udp/ipv4/small", "udp/ipv4/mtu"],
+            "no_success_before_give_up",
+        ),
+    ];
+    for (fault, broken, reason) in faults {
+        tb.set_fault(&format!(
+            "rules:\n  - nodes: {{all: true}}\n    program_delay: 200ms\n    {fault}\n"
+        ));
+        let (code, report, out) = tb.gate(&[
+            "--kinds",
+            "cross_node,same_node",
+            "--pairs",
+            "3",
+            "--hold",
+            "1s",
+            "--give-up",
+            "5s",
+            "--protocols",
+            "tcp,udp",
+            "--payload",
+            "mtu",
+        ]);
+        validate(&report);
+        assert_eq!(code, 1, "{fault} must fail the gate: {out}");
+        let got = paths(&report);
+        assert_eq!(got.len(), 6 * 4, "{fault}: {got:?}\n{out}");
+        for (kind, path, result, why) in &got {
+            let hit = kind == "cross_node" && broken.contains(&path.as_str());
+            let want = if hit {
+                ("failed", reason)
+            } else {
+                ("success", "none")
+            };
+            assert_eq!(
+                (result.as_str(), why.as_str()),
+                want,
+                "{fault}: {kind} {path}\n{out}"
+            );
+        }
+        for p in report["probes"].as_array().unwrap() {
+            if p["kind"] == "cross_node" {
+                assert_eq!(
+                    (p["result"].as_str(), p["reason"].as_str()),
+                    (Some("failed"), Some(reason)),
+                    "{p:#}"
+                );
+                assert!(
+                    p["detail"].as_str().unwrap_or("").contains(broken[0]),
+                    "the detail names the path: {p:#}"
+                );
+            }
+        }
+        assert_eq!(
+            report["summary"]["diagnosis"], "cross_node_broken",
+            "{fault}: {out}"
+        );
+    }
 }

@@ -440,11 +440,17 @@ fn the_all_real_stack_passes_s1_names_the_s2_nodes_and_diagnoses_s4() {
         "--payload",
         "mtu",
     ]);
-    assert_eq!(code, 0, "every path must pass on the healthy all-real stack: {out}");
+    assert_eq!(
+        code, 0,
+        "every path must pass on the healthy all-real stack: {out}"
+    );
     validate(&report);
     let got = common::paths::paths(&report);
     assert_eq!(got.len(), 4 * 4, "four probes of four paths: {out}");
-    assert!(got.iter().all(|(_, _, r, _)| r == "success"), "{got:?}\n{out}");
+    assert!(
+        got.iter().all(|(_, _, r, _)| r == "success"),
+        "{got:?}\n{out}"
+    );
     common::paths::paths_near_truth(&tb.truth(), &report, &out);
 
     kubectl_suite(&tb);
