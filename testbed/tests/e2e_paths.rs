@@ -1,8 +1,10 @@
 //! End-to-end: every path a new pod depends on (issue 33) — `prober gate --protocols
 //! tcp,udp --payload mtu [--ip-families …]` on the simulated agent: healthy, each path's
 //! TTFP against the testbed's truth; a family the pods lack is `family_missing`; and each
-//! path fault (`encap_mtu`, `proto_drop`, `link_mtu`: docs/src/testbed.md) caught on the
-//! right path with the gate failing, the unaffected paths passing.
+//! path fault of the simulated agent (`encap_mtu`, `proto_drop`: docs/src/faults.md) caught
+//! on the right path with the gate failing, the unaffected paths passing. The real
+//! lowered link MTU on the all-real stack is `e2e_real_nodes.rs`' (a real Felix must
+//! not run in the second CI lane, where this binary runs).
 
 mod common;
 

@@ -10,36 +10,13 @@
 
 mod common;
 
-use common::{
-    assert_ttfp_near_truth, built_image_dir, poll_until, proc_status, validate, Testbed, SERIAL,
-};
+use common::{assert_ttfp_near_truth, poll_until, proc_status, validate, Testbed, SERIAL};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// Starts a real-node testbed, or `None` after printing why it cannot run here.
 fn up(name: &str, nodes: usize, fault: &str) -> Option<Testbed> {
-    up_with(name, nodes, fault, &[])
-}
-
-/// [`up`] with more `testbed up` flags.
-fn up_with(name: &str, nodes: usize, fault: &str, extra: &[&str]) -> Option<Testbed> {
-    for tool in ["containerd", "runc", "ctr"] {
-        if !std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
-            .any(|d| d.join(tool).is_file())
-        {
-            eprintln!("SKIPPED: no {tool} on PATH (bash scripts/setup.sh)");
-            return None;
-        }
-    }
-    let images = built_image_dir();
-    let mut args = vec![
-        "--kubelet",
-        "real",
-        "--image-dir",
-        images.to_str().expect("path"),
-    ];
-    args.extend_from_slice(extra);
-    Testbed::up_real(name, nodes, fault, &args)
+    Testbed::up_real_nodes(name, nodes, fault, &[])
 }
 
 /// The parent pid of `pid`.
@@ -365,7 +342,7 @@ fn the_all_real_stack_passes_s1_names_the_s2_nodes_and_diagnoses_s4() {
         eprintln!("SKIPPED: {e}");
         return;
     }
-    let Some(tb) = up_with(
+    let Some(tb) = Testbed::up_real_nodes(
         "allreal",
         4,
         "rules: []\n",
@@ -589,4 +566,59 @@ fn kubectl_suite(tb: &Testbed) {
 /// The probe records of a report.
 fn probes_of(report: &serde_json::Value) -> Vec<serde_json::Value> {
     report["probes"].as_array().cloned().unwrap_or_default()
+}
+
+/// The real thing on the all-real stack (real Calico Felix, kube-proxy, kubelets with
+/// containerd): the underlay's MTU lowered to 1400 on every node's link to the testbed
+/// bridge (`link_mtu`: the kernel drops larger frames there, no ICMP), from `up` on —
+/// connections made before an MTU drop black-hole their full-size packets too,
+/// the control plane's among them, as on a real underlay. Small packets still cross
+/// nodes on both protocols; full-size ones never do; the same-node control keeps
+/// full size.
+#[test]
+fn a_lowered_link_mtu_is_caught_on_real_felix_and_real_kubelets() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    if let Err(e) = testbed::calico::Builds::locate().require([testbed::calico::DEFAULT_VERSION]) {
+        eprintln!("SKIPPED: {e}");
+        return;
+    }
+    let Some(tb) = Testbed::up_real_nodes(
+        "paths-mtu",
+        3,
+        "rules:\n  - nodes: {all: true}\n    link_mtu: 1400\n",
+        &["--agent", "calico", "--kube-proxy", "real"],
+    ) else {
+        return;
+    };
+    let (code, report, out) = tb.gate(&[
+        "--pairs",
+        "3",
+        "--kinds",
+        "cross_node,same_node",
+        "--hold",
+        "1s",
+        "--give-up",
+        "5s",
+        "--protocols",
+        "tcp,udp",
+        "--payload",
+        "mtu",
+    ]);
+    assert_eq!(code, 1, "a lowered link MTU must fail the gate: {out}");
+    validate(&report);
+    let got = common::paths::paths(&report);
+    assert_eq!(got.len(), 6 * 4, "{out}");
+    for (kind, path, result, why) in got {
+        let want = if kind == "cross_node" && path.ends_with("/mtu") {
+            ("failed", "mtu_black_hole")
+        } else {
+            ("success", "none")
+        };
+        assert_eq!(
+            (result.as_str(), why.as_str()),
+            want,
+            "{kind} {path}\n{out}"
+        );
+    }
+    assert_eq!(report["summary"]["diagnosis"], "cross_node_broken", "{out}");
 }

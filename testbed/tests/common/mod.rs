@@ -162,6 +162,29 @@ impl Testbed {
         Some(Testbed::up(name, nodes, fault, &args))
     }
 
+    /// [`Testbed::up_real`] with real kubelets (containerd, runc, the built images of
+    /// [`built_image_dir`]) and `extra`, or `None` after printing why not (no
+    /// containerd, runc or ctr on PATH, or what `up_real` skips for).
+    pub fn up_real_nodes(name: &str, nodes: usize, fault: &str, extra: &[&str]) -> Option<Testbed> {
+        for tool in ["containerd", "runc", "ctr"] {
+            if !std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+                .any(|d| d.join(tool).is_file())
+            {
+                eprintln!("SKIPPED: no {tool} on PATH (bash scripts/setup.sh)");
+                return None;
+            }
+        }
+        let images = built_image_dir();
+        let mut args = vec![
+            "--kubelet",
+            "real",
+            "--image-dir",
+            images.to_str().expect("path"),
+        ];
+        args.extend_from_slice(extra);
+        Testbed::up_real(name, nodes, fault, &args)
+    }
+
     pub fn up(name: &str, nodes: usize, fault: &str, extra: &[&str]) -> Testbed {
         bin("prober");
         bin("target-server");
