@@ -11,7 +11,7 @@
 //! Sections (`--only`, comma-separated): `accuracy` (accuracy, mesh, resolution),
 //! `footprint` (target-server, parser), `scale` (prober at 10/100/1 000 nodes, gate wall
 //! time), `policy` (NetworkPolicy latency next to kube-burner's and clusterloader2's
-//! methods).
+//! methods), `paths` (each path's accuracy: TCP and UDP, small and full-size).
 
 #[path = "../tests/bench/mod.rs"]
 mod bench;
@@ -20,7 +20,7 @@ mod common;
 
 use std::time::Instant;
 
-const SECTIONS: [&str; 4] = ["accuracy", "footprint", "scale", "policy"];
+const SECTIONS: [&str; 5] = ["accuracy", "footprint", "scale", "policy", "paths"];
 
 fn usage() -> ! {
     eprintln!(
@@ -107,6 +107,7 @@ fn main() {
             "footprint" => bench::footprint::run(&opts),
             "scale" => bench::scale::run(&opts),
             "policy" => bench::policy::run(&opts),
+            "paths" => bench::paths::run(&opts),
             _ => unreachable!(),
         };
         for table in &got {

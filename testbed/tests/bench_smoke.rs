@@ -103,6 +103,16 @@ fn policy_table_is_complete() {
 }
 
 #[test]
+fn paths_table_is_complete() {
+    let _g = serial();
+    if !root() {
+        return;
+    }
+    let tables = bench::paths::run(&smoke());
+    check(&tables, &[bench::paths::PATHS]);
+}
+
+#[test]
 fn update_replaces_only_the_re_run_tables() {
     let table = |title: &str, cell: &str| {
         let mut t = bench::Table::new(title, "how", &["a", "b"]);

@@ -12,6 +12,7 @@
 
 pub mod accuracy;
 pub mod footprint;
+pub mod paths;
 pub mod policy;
 pub mod scale;
 
