@@ -71,8 +71,26 @@ fn probe_line(p: &ProbeRecord) -> String {
             )
         })
         .collect();
+    // Issue 33: the paths that did not pass, by name.
+    let paths: Vec<String> = p
+        .paths
+        .iter()
+        .filter(|x| x.result != ProbeResult::Success)
+        .map(|x| {
+            format!(
+                "{}/{}/{} {}{}",
+                x.protocol.as_str(),
+                x.family.as_str(),
+                x.payload.as_str(),
+                x.result.as_str(),
+                x.reason
+                    .map(|r| format!("/{}", r.as_str()))
+                    .unwrap_or_default()
+            )
+        })
+        .collect();
     format!(
-        "{} {} {} -> {}: {}{} ttfp {}{}",
+        "{} {} {} -> {}: {}{} ttfp {}{}{}",
         p.id,
         p.kind,
         p.source.node,
@@ -82,6 +100,11 @@ fn probe_line(p: &ProbeRecord) -> String {
             .map(|r| format!("/{}", r.as_str()))
             .unwrap_or_default(),
         p.ttfp_seconds.map_or("-".into(), |t| format!("{t:.3}s")),
+        if paths.is_empty() {
+            String::new()
+        } else {
+            format!("; paths: {}", paths.join(", "))
+        },
         if suspects.is_empty() {
             String::new()
         } else {
@@ -474,6 +497,35 @@ mod tests {
             crate::gate::apply_baseline(&mut rep, cmp);
         }
         rep
+    }
+
+    #[test]
+    fn a_failed_path_is_named_in_its_kinds_failure() {
+        use firstpacket_report::{IpFamily, PathProtocol, PathResult, Payload, Reason};
+        let mut r = crate::record::test_record("p", "n1", "n2", ProbeResult::Failed);
+        r.reason = Some(Reason::MtuBlackHole);
+        let path = |payload, result, reason| PathResult {
+            protocol: PathProtocol::Udp,
+            family: IpFamily::Ipv4,
+            payload,
+            result,
+            reason,
+            ttfp_seconds: None,
+        };
+        r.paths = vec![
+            path(Payload::Small, ProbeResult::Success, None),
+            path(
+                Payload::Mtu,
+                ProbeResult::Failed,
+                Some(Reason::MtuBlackHole),
+            ),
+        ];
+        let xml = render(&report_of(vec![r], None));
+        assert!(
+            xml.contains("failed/mtu_black_hole ttfp -; paths: udp/ipv4/mtu failed/mtu_black_hole"),
+            "{xml}"
+        );
+        assert!(!xml.contains("udp/ipv4/small"), "{xml}");
     }
 
     #[test]
