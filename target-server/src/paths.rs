@@ -28,7 +28,7 @@ use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper::header::{CONNECTION, CONTENT_TYPE, HOST, USER_AGENT};
 use hyper::Request;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::str::FromStr;
 use std::time::Duration;
 use tokio::net::UdpSocket;
@@ -378,23 +378,28 @@ pub async fn serve_udp(port: u16, pod: String) -> std::io::Result<()> {
     Ok(())
 }
 
-/// A v6-only UDP socket on `[::]:port`, DF set; `None` where the pod has no IPv6.
+/// A v6-only UDP socket on `[::]:port` (`IPV6_V6ONLY` set before the bind, so it does
+/// not collide with the IPv4 socket's port), DF set; `None` where the pod has no IPv6.
 async fn bind_v6_only(port: u16) -> Option<UdpSocket> {
-    let sock = std::net::UdpSocket::bind((IpAddr::V6(Ipv6Addr::UNSPECIFIED), port)).ok()?;
-    // A dual-stack bind would collide with the IPv4 socket's port: v6 only.
-    let on: libc::c_int = 1;
-    // SAFETY: `sock` is open; `on` is a c_int read for its size.
-    unsafe {
-        libc::setsockopt(
-            std::os::fd::AsRawFd::as_raw_fd(&sock),
-            libc::IPPROTO_IPV6,
-            libc::IPV6_V6ONLY,
-            (&on as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        );
-    }
-    sock.set_nonblocking(true).ok()?;
-    let sock = UdpSocket::from_std(sock).ok()?;
+    use nix::sys::socket::{
+        bind, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, SockaddrIn6,
+    };
+    let fd = socket(
+        AddressFamily::Inet6,
+        SockType::Datagram,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    )
+    .ok()?;
+    setsockopt(&fd, sockopt::Ipv6V6Only, &true).ok()?;
+    let addr = SockaddrIn6::from(std::net::SocketAddrV6::new(
+        Ipv6Addr::UNSPECIFIED,
+        port,
+        0,
+        0,
+    ));
+    bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr).ok()?;
+    let sock = UdpSocket::from_std(std::net::UdpSocket::from(fd)).ok()?;
     let _ = set_dont_fragment(&sock, true);
     Some(sock)
 }

@@ -889,7 +889,11 @@ fn extra_paths_are_dialed_beside_the_main_one_and_reported_each() {
     let log = scratch.log();
     let addr = format!("127.0.0.1:{}", target.port);
     let dead = format!("127.0.0.1:{}", free_port());
-    let paths = format!("tcp/mtu={addr},udp/small={addr},udp/mtu={addr},udp/small={dead}");
+    // The same server on IPv6 too (serve listens on both families).
+    let v6 = format!("[::1]:{}", target.port);
+    let paths = format!(
+        "tcp/mtu={addr},udp/small={addr},udp/mtu={addr},udp/small={dead},tcp/small={v6},udp/mtu={v6}"
+    );
     let src = Proc::spawn(
         &[
             "probe",
@@ -937,6 +941,8 @@ fn extra_paths_are_dialed_beside_the_main_one_and_reported_each() {
             ("udp/ipv4/small", None, "success"),
             ("udp/ipv4/mtu", Some(1500), "success"),
             ("udp/ipv4/small", None, "no_success"),
+            ("tcp/ipv6/small", None, "success"),
+            ("udp/ipv6/mtu", Some(1500), "success"),
         ]
     );
     for x in &p[..3] {
