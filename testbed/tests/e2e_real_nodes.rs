@@ -590,35 +590,13 @@ fn a_lowered_link_mtu_is_caught_on_real_felix_and_real_kubelets() {
     ) else {
         return;
     };
-    let (code, report, out) = tb.gate(&[
-        "--pairs",
-        "3",
-        "--kinds",
-        "cross_node,same_node",
-        "--hold",
-        "1s",
-        "--give-up",
-        "5s",
-        "--protocols",
-        "tcp,udp",
-        "--payload",
-        "mtu",
-    ]);
+    let (code, report, out) = common::paths::gate_every_path(&tb, 3);
     assert_eq!(code, 1, "a lowered link MTU must fail the gate: {out}");
-    validate(&report);
-    let got = common::paths::paths(&report);
-    assert_eq!(got.len(), 6 * 4, "{out}");
-    for (kind, path, result, why) in got {
-        let want = if kind == "cross_node" && path.ends_with("/mtu") {
-            ("failed", "mtu_black_hole")
-        } else {
-            ("success", "none")
-        };
-        assert_eq!(
-            (result.as_str(), why.as_str()),
-            want,
-            "{kind} {path}\n{out}"
-        );
-    }
-    assert_eq!(report["summary"]["diagnosis"], "cross_node_broken", "{out}");
+    assert_eq!(common::paths::paths(&report).len(), 6 * 4, "{out}");
+    common::paths::assert_only_cross_node_paths_fail(
+        &report,
+        &["tcp/ipv4/mtu", "udp/ipv4/mtu"],
+        "mtu_black_hole",
+        &out,
+    );
 }

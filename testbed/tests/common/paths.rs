@@ -63,3 +63,47 @@ pub fn paths_near_truth(truth: &[TruthEvent], report: &Value, out: &str) {
         }
     }
 }
+
+/// `prober gate --kinds cross_node,same_node --pairs PAIRS --hold 1s --give-up 5s
+/// --protocols tcp,udp --payload mtu`: every path of the pod-to-pod kinds, four per
+/// probe, a failing path given up after 5 s.
+pub fn gate_every_path(tb: &super::Testbed, pairs: usize) -> (i32, Value, String) {
+    let pairs = pairs.to_string();
+    let (code, report, out) = tb.gate(&[
+        "--kinds",
+        "cross_node,same_node",
+        "--pairs",
+        &pairs,
+        "--hold",
+        "1s",
+        "--give-up",
+        "5s",
+        "--protocols",
+        "tcp,udp",
+        "--payload",
+        "mtu",
+    ]);
+    super::validate(&report);
+    (code, report, out)
+}
+
+/// Asserts that exactly the `broken` paths (`protocol/family/payload`) of every
+/// `cross_node` probe failed with `reason`, and every other path of the report (the
+/// same-node control's included) succeeded; and that the diagnosis is
+/// `cross_node_broken`.
+pub fn assert_only_cross_node_paths_fail(report: &Value, broken: &[&str], reason: &str, out: &str) {
+    for (kind, path, result, why) in paths(report) {
+        let hit = kind == "cross_node" && broken.contains(&path.as_str());
+        let want = if hit {
+            ("failed", reason)
+        } else {
+            ("success", "none")
+        };
+        assert_eq!(
+            (result.as_str(), why.as_str()),
+            want,
+            "{kind} {path}\n{out}"
+        );
+    }
+    assert_eq!(report["summary"]["diagnosis"], "cross_node_broken", "{out}");
+}
