@@ -717,6 +717,9 @@ pub struct ProbeArgs {
     pub attempt_timeout: Duration,
     pub give_up: Duration,
     pub hold: Duration,
+    /// `--path PROTOCOL/PAYLOAD=IP:PORT` (issue 33): each gets a line like the main
+    /// path's (a hollow node's dataplane carries every protocol and size alike).
+    pub paths: Vec<firstpacket_report::PathId>,
 }
 
 impl ProbeArgs {
@@ -734,6 +737,7 @@ impl ProbeArgs {
             attempt_timeout: Duration::from_millis(900),
             give_up: Duration::from_secs(60),
             hold: Duration::from_secs(5),
+            paths: Vec::new(),
         };
         let mut it = args[1..].iter();
         while let Some(a) = it.next() {
@@ -756,11 +760,26 @@ impl ProbeArgs {
                 "--attempt-timeout" => dur(&mut p.attempt_timeout),
                 "--give-up" => dur(&mut p.give_up),
                 "--hold" => dur(&mut p.hold),
+                "--path" => p.paths.extend(value.split(',').filter_map(path_id)),
                 _ => {}
             }
         }
         Some(p)
     }
+}
+
+/// The path of a `--path` value `PROTOCOL/PAYLOAD=IP:PORT`, if it parses.
+fn path_id(v: &str) -> Option<firstpacket_report::PathId> {
+    use firstpacket_report::{IpFamily, PathProtocol, Payload};
+    let (what, addr) = v.split_once('=')?;
+    let (proto, payload) = what.split_once('/')?;
+    Some(firstpacket_report::PathId {
+        protocol: PathProtocol::ALL
+            .into_iter()
+            .find(|p| p.as_str() == proto)?,
+        family: IpFamily::of(addr.parse::<std::net::SocketAddr>().ok()?.ip()),
+        payload: Payload::ALL.into_iter().find(|p| p.as_str() == payload)?,
+    })
 }
 
 /// The report a hollow source writes, in `target-server probe`'s shape: times in
@@ -854,7 +873,20 @@ pub fn source_report(
         programming: None,
         target_programming: None,
         policy: None,
-        paths: Vec::new(),
+        paths: a
+            .paths
+            .iter()
+            .map(|id| firstpacket_report::SourcePath {
+                path: *id,
+                bytes: (id.payload == firstpacket_report::Payload::Mtu).then_some(1500),
+                first_success_sent: success,
+                attempts,
+                failures,
+                last_error: (failures > 0).then_some(ErrorKind::Timeout),
+                hold_failures: 0,
+                outcome,
+            })
+            .collect(),
     }
 }
 
@@ -1028,6 +1060,17 @@ mod tests {
         assert_eq!(p.hold, Duration::from_secs(2));
         assert_eq!(p.give_up, Duration::from_secs(60));
         assert!(ProbeArgs::parse(&args("serve --port 8080")).is_none());
+        // Extra paths (issue 33) get a line each, like the main path's.
+        let p = ProbeArgs::parse(&args(
+            "probe --target 10.1.232.5:8080 --expect-pod t --path udp/mtu=10.1.232.5:8080 --path tcp/small=[fd00::5]:8080,bad",
+        ))
+        .unwrap();
+        let ids: Vec<String> = p.paths.iter().map(ToString::to_string).collect();
+        assert_eq!(ids, ["udp/ipv4/mtu", "tcp/ipv6/small"]);
+        let r = source_report("s", &p, 1.0e9, 0.01, Some(2.01));
+        assert_eq!(r.paths.len(), 2);
+        assert!(r.paths.iter().all(|x| x.first_success_sent == Some(2.01)));
+        assert_eq!((r.paths[0].bytes, r.paths[1].bytes), (Some(1500), None));
     }
 
     #[test]
