@@ -432,6 +432,59 @@ fn family_broken_ipv6_breaks_only_cross_node_ipv6_until_cleared() {
 }
 
 #[test]
+fn cross_node_on_a_dual_stack_testbed_breaks_both_families_with_one_event_per_peer() {
+    let bed = Bed::dual_stack("fp-faults", "xnode6", 2).checking_leftovers();
+    let rt = rt();
+    let _g = rt.enter();
+    let f = faults("rules:\n- nodes: {names: [node-1]}\n  cross_node: {broken_peers: all}\n");
+    let ag = bed.agents(&f, &[]);
+    let a1 = bed.add(&ag[0], 0, "a1");
+    let a2 = bed.add(&ag[0], 0, "a2");
+    let b = bed.add(&ag[1], 1, "b");
+    let _s = [
+        serve_any(&a1.netns, "a1"),
+        serve_any(&a2.netns, "a2"),
+        serve_any(&b.netns, "b"),
+    ];
+    for p in [&a1, &a2, &b] {
+        bed.wait_programmed(&p.uid, Duration::from_secs(2));
+    }
+    let removed = bed.events_until(TruthKind::PeerRouteRemoved, 1, EFFECT_TIMEOUT);
+    // Both families go in the same reconcile pass; give IPv6 a moment after the event.
+    let v6 = poll_until(
+        Duration::from_secs(2),
+        Duration::from_millis(10),
+        || dial6(&a1.netns, b.ip6.unwrap()),
+        Result::is_err,
+    );
+    assert!(v6.is_err(), "cross-node IPv6 still flows: {v6:?}");
+    assert!(dial(&a1.netns, b.ip).is_err(), "cross-node IPv4");
+    assert_eq!(
+        dial6(&a1.netns, a2.ip6.unwrap()).as_deref(),
+        Ok("a2\n"),
+        "same node"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let removed_now = bed.events(TruthKind::PeerRouteRemoved);
+    assert_eq!(
+        removed_now.len(),
+        1,
+        "one event per peer, not per family: {removed_now:?}"
+    );
+    assert_eq!(removed[0].detail["reason"], "cross_node");
+    ag[0].set_faults(FaultFile::default());
+    let back = poll_until(
+        Duration::from_secs(3),
+        Duration::from_millis(20),
+        || dial6(&a1.netns, b.ip6.unwrap()),
+        Result::is_ok,
+    );
+    assert_eq!(back.as_deref(), Ok("b\n"), "IPv6 restored");
+    assert_eq!(dial(&a1.netns, b.ip).as_deref(), Ok("b\n"), "IPv4 restored");
+    assert_eq!(bed.events(TruthKind::PeerRouteRestored).len(), 1);
+}
+
+#[test]
 fn family_broken_ipv4_on_a_dual_stack_testbed_keeps_ipv6_and_says_so_in_truth() {
     let bed = Bed::dual_stack("fp-faults", "fam4", 2).checking_leftovers();
     let rt = rt();
