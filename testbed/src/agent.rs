@@ -36,6 +36,9 @@
 //! inside a tokio runtime) that re-evaluates the fault file on every change, at every
 //! `from`/`until` boundary and every second: `cross_node` (peer block routes removed /
 //! restored, truth `peer_route_removed` / `peer_route_restored` with `detail.peer`),
+//! `family_broken` (one family's peer block routes removed / restored; truth as for
+//! `cross_node` with `detail.reason` `family_broken` for IPv4, none for IPv6, see
+//! [`crate::fault::Rule::family_broken`]),
 //! `link_mtu`, `encap_mtu` and `proto_drop` ([`Dataplane::set_net_faults`], with real
 //! Felix too),
 //! `agent.not_ready` ([`Agent::is_ready`]), `agent.restarts` ([`Agent::restart_count`],
@@ -65,14 +68,14 @@
 use crate::dataplane::{Dataplane, NetFaults, PodNet};
 use crate::fault::{FaultFile, Faults, NodeFaults};
 use crate::felix::{FelixMetrics, ROUTE_REFRESH_INTERVAL};
-use crate::plan::NodePlan;
+use crate::plan::{IpFamily, NodePlan};
 use crate::policy_sync::{Change, PolicySync};
 use crate::truth::{unix_now, Truth, TruthEvent, TruthKind};
 use rand::seq::SliceRandom;
 use rand::RngExt;
 use serde::Serialize;
 use serde_json::json;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -157,8 +160,9 @@ struct Inner {
     /// The node's apply loop: one dataplane apply at a time (Felix's
     /// `InternalDataplane` applies from one goroutine, felix/dataplane/linux/int_dataplane.go).
     apply_loop: tokio::sync::Mutex<()>,
-    /// Peers whose block route this node has removed now (fault `cross_node`).
-    broken_peers: Mutex<BTreeSet<String>>,
+    /// (peer, family) whose block route this node has removed now, and the fault it
+    /// was removed for (`cross_node` or `family_broken`).
+    broken_peers: Mutex<BTreeMap<(String, IpFamily), &'static str>>,
     ready: AtomicBool,
     /// The agent's process is down (`testbed agent roll --down`): not Ready, no applies.
     down: AtomicBool,
@@ -238,7 +242,7 @@ impl Agent {
             endpoints: Mutex::new(HashMap::new()),
             used_ifaces: Mutex::new(HashSet::new()),
             apply_loop: tokio::sync::Mutex::new(()),
-            broken_peers: Mutex::new(BTreeSet::new()),
+            broken_peers: Mutex::new(BTreeMap::new()),
             ready: AtomicBool::new(true),
             down: AtomicBool::new(false),
             next_token: AtomicU64::new(1),
@@ -764,47 +768,73 @@ impl Inner {
         }
     }
 
-    /// Brings the node's peer routes in line with `cross_node` (blocking `ip` calls).
+    /// Brings the node's peer routes in line with `cross_node` (every family the plan
+    /// has) and `family_broken` (one family) (blocking `ip` calls). Truth events are
+    /// written for IPv4 routes only (`detail.reason` names the fault): they describe the
+    /// IPv4 path [`crate::truth::truth_ttfp`] follows.
     fn reconcile_peers(&self, nf: &NodeFaults) {
-        let want: BTreeSet<String> = match &nf.cross_node {
-            None => BTreeSet::new(),
-            Some(c) => self
-                .dataplane
-                .plan()
-                .nodes
-                .iter()
-                .filter(|n| n.name != self.node.name && c.broken_peers.includes(&n.name))
-                .map(|n| n.name.clone())
-                .collect(),
+        let plan = self.dataplane.plan();
+        let families: &[IpFamily] = if plan.has_ipv6() {
+            &[IpFamily::Ipv4, IpFamily::Ipv6]
+        } else {
+            &[IpFamily::Ipv4]
         };
-        let mut have = self.broken_peers.lock().unwrap_or_else(|p| p.into_inner());
-        for peer in want.difference(&have.clone()) {
-            match self.dataplane.remove_peer_route(&self.node.name, peer) {
-                Ok(()) => {
-                    have.insert(peer.clone());
-                    self.truth.emit(TruthEvent::node(
-                        TruthKind::PeerRouteRemoved,
-                        &self.node.name,
-                        json!({"peer": peer, "reason": "cross_node"}),
-                    ));
-                }
-                Err(e) => {
-                    tracing::error!(peer = %peer, error = %e, "agent: peer route not removed")
+        let mut want: BTreeMap<(String, IpFamily), &'static str> = BTreeMap::new();
+        for n in plan.nodes.iter().filter(|n| n.name != self.node.name) {
+            if let Some(f) = nf.family_broken.filter(|f| families.contains(f)) {
+                want.insert((n.name.clone(), f), "family_broken");
+            }
+            if let Some(c) = nf.cross_node.as_ref() {
+                if c.broken_peers.includes(&n.name) {
+                    for f in families {
+                        want.insert((n.name.clone(), *f), "cross_node");
+                    }
                 }
             }
         }
-        for peer in have.clone().difference(&want) {
-            match self.dataplane.restore_peer_route(&self.node.name, peer) {
+        let mut have = self.broken_peers.lock().unwrap_or_else(|p| p.into_inner());
+        let emit = |kind: TruthKind, peer: &str, family: IpFamily, reason: &str| {
+            if family == IpFamily::Ipv4 {
+                self.truth.emit(TruthEvent::node(
+                    kind,
+                    &self.node.name,
+                    json!({"peer": peer, "reason": reason}),
+                ));
+            } else {
+                tracing::info!(node = %self.node.name, peer, %family, reason, ?kind, "agent: peer route");
+            }
+        };
+        for ((peer, family), reason) in &want {
+            if have.contains_key(&(peer.clone(), *family)) {
+                continue;
+            }
+            match self
+                .dataplane
+                .remove_peer_route_family(&self.node.name, peer, *family)
+            {
                 Ok(()) => {
-                    have.remove(peer);
-                    self.truth.emit(TruthEvent::node(
-                        TruthKind::PeerRouteRestored,
-                        &self.node.name,
-                        json!({"peer": peer, "reason": "cross_node"}),
-                    ));
+                    have.insert((peer.clone(), *family), *reason);
+                    emit(TruthKind::PeerRouteRemoved, peer, *family, reason);
                 }
                 Err(e) => {
-                    tracing::error!(peer = %peer, error = %e, "agent: peer route not restored")
+                    tracing::error!(peer = %peer, %family, error = %e, "agent: peer route not removed")
+                }
+            }
+        }
+        for ((peer, family), reason) in have.clone() {
+            if want.contains_key(&(peer.clone(), family)) {
+                continue;
+            }
+            match self
+                .dataplane
+                .restore_peer_route_family(&self.node.name, &peer, family)
+            {
+                Ok(()) => {
+                    have.remove(&(peer.clone(), family));
+                    emit(TruthKind::PeerRouteRestored, &peer, family, reason);
+                }
+                Err(e) => {
+                    tracing::error!(peer = %peer, %family, error = %e, "agent: peer route not restored")
                 }
             }
         }

@@ -270,6 +270,59 @@ pub struct UpArgs {
     /// `--control-plane real`).
     #[arg(long, env = crate::realnode::KUBELET_ENV, value_enum, default_value_t = crate::realnode::KubeletChoice::Sim)]
     pub kubelet: crate::realnode::KubeletChoice,
+    /// IP families of the nodes and pods, comma-separated: `ipv4` (the default) or
+    /// `ipv4,ipv6` (dual-stack, IPv4 primary: every node gets an IPv6 address and pod
+    /// block beside its IPv4 ones and every pod an IPv6 address, second in
+    /// `status.podIPs`; docs/src/testbed.md). IPv6 needs the simulated agent, kubelet
+    /// and kube-proxy and no hollow nodes.
+    #[arg(long, value_delimiter = ',', default_value = "ipv4")]
+    pub ip_families: Vec<crate::plan::IpFamily>,
+}
+
+impl UpArgs {
+    /// Whether `--ip-families` asks for a dual-stack testbed. Errors: a list that is
+    /// not `ipv4` or `ipv4,ipv6` (IPv4 is always the primary family; IPv6-only
+    /// testbeds do not exist), or IPv6 with a component that does not support it yet
+    /// (`--agent calico`, `--kubelet real`, `--kube-proxy real`, `--hollow-nodes`).
+    pub fn dual_stack(&self) -> Result<bool> {
+        use crate::plan::IpFamily::{Ipv4, Ipv6};
+        let ipv6 = match self.ip_families.as_slice() {
+            [Ipv4] => false,
+            [Ipv4, Ipv6] | [Ipv6, Ipv4] => true,
+            other => bail!(
+                "--ip-families {}: expected `ipv4` or `ipv4,ipv6` (IPv4 is always there and primary)",
+                other
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+        };
+        if ipv6 {
+            let mut not_yet = Vec::new();
+            if self.agent != crate::calico::AgentChoice::Sim {
+                not_yet.push(format!("--agent {}", self.agent.as_arg()));
+            }
+            if self.kubelet == crate::realnode::KubeletChoice::Real {
+                not_yet.push("--kubelet real".to_owned());
+            }
+            if self.kube_proxy == crate::kube_proxy_real::ProxyChoice::Real {
+                not_yet.push("--kube-proxy real".to_owned());
+            }
+            if self.hollow_nodes > 0 {
+                not_yet.push("--hollow-nodes".to_owned());
+            }
+            if !not_yet.is_empty() {
+                bail!(
+                    "--ip-families ipv4,ipv6: IPv6 is not yet supported with {} (dual-stack \
+                     testbeds run the simulated agent, kubelet and kube-proxy, without hollow \
+                     nodes); drop it or use --ip-families ipv4",
+                    not_yet.join(", ")
+                );
+            }
+        }
+        Ok(ipv6)
+    }
 }
 
 fn parse_agent(s: &str) -> Result<crate::calico::AgentChoice, String> {
@@ -377,6 +430,7 @@ pub fn up_with(state: &Path, args: &UpArgs, hints: bool) -> Result<()> {
                 .map_err(|e| anyhow!("--hostname-label-suffix {sfx:?}: {e}"))?;
         }
     }
+    let ipv6 = args.dual_stack()?;
     let real_kubelet = args.kubelet == crate::realnode::KubeletChoice::Real;
     let real_components = args.agent != crate::calico::AgentChoice::Sim
         || args.kube_proxy == crate::kube_proxy_real::ProxyChoice::Real
@@ -406,6 +460,7 @@ pub fn up_with(state: &Path, args: &UpArgs, hints: bool) -> Result<()> {
             args.agent.kind(),
             args.kube_proxy.kind(),
             args.kubelet.kind(),
+            ipv6,
         )?),
         None => None,
     };
@@ -488,6 +543,9 @@ pub fn up_with(state: &Path, args: &UpArgs, hints: bool) -> Result<()> {
     cmd.arg("--agent").arg(args.agent.as_arg());
     cmd.arg("--kube-proxy").arg(args.kube_proxy.as_arg());
     cmd.arg("--kubelet").arg(args.kubelet.as_arg());
+    if ipv6 {
+        cmd.arg("--ip-families").arg("ipv4,ipv6");
+    }
     if args.hollow_nodes > 0 {
         cmd.arg("--hollow-nodes")
             .arg(args.hollow_nodes.to_string())
@@ -909,6 +967,7 @@ pub fn main_with(cli: Cli) -> Result<i32> {
             Err(anyhow!("container start failed: {e}"))
         }
         Cmd::Daemon(a) => {
+            let ipv6 = a.dual_stack()?;
             let mut node_labels = parse_node_labels(&a.node_labels)?;
             if let Some(sfx) = &a.hostname_label_suffix {
                 for i in 1..=a.nodes {
@@ -942,6 +1001,7 @@ pub fn main_with(cli: Cli) -> Result<i32> {
                 agent: a.agent,
                 kube_proxy: a.kube_proxy,
                 kubelet: a.kubelet,
+                ipv6,
             })?;
             Ok(0)
         }
@@ -1115,6 +1175,54 @@ mod tests {
         assert!(check_label_value("node-1.").is_err());
         assert!(check_label_value("node-1/x").is_err());
         assert!(check_label_value(&"a".repeat(64)).is_err());
+    }
+
+    fn up_args(extra: &[&str]) -> Result<UpArgs, clap::Error> {
+        let mut argv = vec!["testbed", "--state-dir", "/tmp/x", "up"];
+        argv.extend(extra);
+        Cli::try_parse_from(argv).map(|c| match c.cmd {
+            Cmd::Up(a) => a,
+            _ => panic!("not up"),
+        })
+    }
+
+    #[test]
+    fn ip_families_default_to_ipv4_and_refuse_ipv6_with_real_or_hollow_components() {
+        assert!(!up_args(&[]).unwrap().dual_stack().unwrap(), "default ipv4");
+        for f in ["ipv4,ipv6", "ipv6,ipv4"] {
+            assert!(up_args(&["--ip-families", f])
+                .unwrap()
+                .dual_stack()
+                .unwrap());
+        }
+        assert!(up_args(&["--ip-families", "ipv5"]).is_err());
+        let only6 = up_args(&["--ip-families", "ipv6"]).unwrap().dual_stack();
+        assert!(only6
+            .unwrap_err()
+            .to_string()
+            .contains("IPv4 is always there"));
+        for extra in [
+            &["--agent", "calico"][..],
+            &["--kubelet", "real"],
+            &["--kube-proxy", "real"],
+            &["--hollow-nodes", "3"],
+        ] {
+            let mut argv = vec!["--ip-families", "ipv4,ipv6"];
+            argv.extend(extra);
+            let e = up_args(&argv)
+                .unwrap()
+                .dual_stack()
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("IPv6 is not yet supported with") && e.contains(extra[0]),
+                "{extra:?}: {e}"
+            );
+            // IPv4-only, the same components are fine here.
+            let mut argv = vec!["--ip-families", "ipv4"];
+            argv.extend(extra);
+            assert!(!up_args(&argv).unwrap().dual_stack().unwrap());
+        }
     }
 
     #[test]

@@ -1217,6 +1217,7 @@ mod tests {
             pod: "web-0".into(),
             uid: "u1".into(),
             ip: Ipv4Addr::new(10, 7, 1, 5),
+            ip6: None,
             iface: "calic440f455693".into(),
             netns: "fp123456-p3".into(),
         }

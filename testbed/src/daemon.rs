@@ -67,6 +67,9 @@ pub struct DaemonArgs {
     pub kube_proxy: crate::kube_proxy_real::ProxyChoice,
     /// The kubelet and container runtime on the nodes (`--kubelet`).
     pub kubelet: crate::realnode::KubeletChoice,
+    /// Dual-stack (`--ip-families ipv4,ipv6`): the plan gets IPv6 addresses and blocks
+    /// ([`Plan::with_ipv6`]); false: IPv4 only, as before.
+    pub ipv6: bool,
 }
 
 /// Contents of `ready.json`.
@@ -995,7 +998,10 @@ pub async fn start_hollow(
 
 /// Runs the daemon until asked to stop; always removes what it built.
 pub fn run(args: DaemonArgs) -> Result<()> {
-    let plan = Plan::new(&args.state_dir, args.nodes).context("plan the cluster")?;
+    let mut plan = Plan::new(&args.state_dir, args.nodes).context("plan the cluster")?;
+    if args.ipv6 {
+        plan = plan.with_ipv6();
+    }
     plan.save().context("save plan.json")?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -1037,6 +1043,7 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
             args.agent.kind(),
             args.kube_proxy.kind(),
             args.kubelet.kind(),
+            plan.has_ipv6(),
         )?,
         None => FaultFile::default(),
     };
@@ -1096,7 +1103,7 @@ async fn run_inner(args: &DaemonArgs, plan: &Plan) -> Result<()> {
             _ = sigint.recv() => break,
             conn = control.accept() => {
                 let Ok((stream, _)) = conn else { continue };
-                if handle_control(stream, &mut Control { faults: &faults, truth: &truth, builtin: cp.builtin.as_mut(), kubelets: &nodes.kubelets, nodes: node_names(plan) }).await {
+                if handle_control(stream, &mut Control { faults: &faults, truth: &truth, builtin: cp.builtin.as_mut(), kubelets: &nodes.kubelets, nodes: node_names(plan), ipv6: plan.has_ipv6() }).await {
                     break;
                 }
             }
@@ -1115,6 +1122,8 @@ struct Control<'a> {
     builtin: Option<&'a mut BuiltIn>,
     /// The cluster's node names (fault files are checked against them).
     nodes: Vec<String>,
+    /// The testbed is dual-stack (fault files are checked against it too).
+    ipv6: bool,
     faults: &'a Faults,
     truth: &'a Truth,
     kubelets: &'a [Arc<Kubelet>],
@@ -1144,6 +1153,7 @@ async fn handle_control(stream: tokio::net::UnixStream, c: &mut Control<'_>) -> 
                 &crate::calico::AgentChoice::Sim,
                 crate::kube_proxy_real::ProxyChoice::Sim,
                 crate::realnode::KubeletChoice::Sim,
+                c.ipv6,
             ),
             false,
         ),
@@ -1390,7 +1400,9 @@ fn emit_node_stopped(truth: &Truth, node: &str, stopped: bool) {
 
 /// `fault set FILE`: parses and checks the file for `nodes` and the running components
 /// (a primitive that does not apply to them is refused naming its line; with real Felix
-/// every `agent_version` must be built) and puts it in force. Answers `ok` or `error …`.
+/// every `agent_version` must be built) and puts it in force. `ipv6`: the testbed is
+/// dual-stack (`family_broken: ipv6` is refused otherwise). Answers `ok` or `error …`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn apply_fault(
     path: &Path,
     faults: &Faults,
@@ -1399,15 +1411,23 @@ pub(crate) fn apply_fault(
     agent: &crate::calico::AgentChoice,
     proxy: crate::kube_proxy_real::ProxyChoice,
     kubelet: crate::realnode::KubeletChoice,
+    ipv6: bool,
 ) -> String {
-    let checked = FaultFile::load_checked(path, nodes, agent.kind(), proxy.kind(), kubelet.kind())
-        .and_then(|f| {
-            if agent.version().is_some() {
-                let versions = f.agent_versions();
-                crate::calico::Builds::locate().require(versions.iter().map(String::as_str))?;
-            }
-            Ok(f)
-        });
+    let checked = FaultFile::load_checked(
+        path,
+        nodes,
+        agent.kind(),
+        proxy.kind(),
+        kubelet.kind(),
+        ipv6,
+    )
+    .and_then(|f| {
+        if agent.version().is_some() {
+            let versions = f.agent_versions();
+            crate::calico::Builds::locate().require(versions.iter().map(String::as_str))?;
+        }
+        Ok(f)
+    });
     match checked {
         Ok(f) => {
             faults.set_and_record(f, truth);

@@ -20,6 +20,16 @@
 //!   the node side is `cali<11 hex>` with MAC `ee:ee:ee:ee:ee:ee` and a `<ip>/32 dev
 //!   cali…` route installed at once, so the node (and kubelet probes) reach the pod
 //!   immediately, while forwarded traffic waits for [`Dataplane::allow`];
+//! - dual-stack plans ([`Plan::with_ipv6`]) add, per family IPv6: `br0` at
+//!   `bridge_ip6/64` and host routes to every node's IPv6 block via its IPv6 address;
+//!   in each node `eth0` at its IPv6 address/64, `net.ipv6.conf.all.forwarding=1`,
+//!   `accept_dad=0` (addresses usable at once), `blackhole <own IPv6 block>`,
+//!   `<peer IPv6 block> via <peer IPv6 node address>`, and set [`NFT_SET6`] gating IPv6
+//!   like [`NFT_SET`] gates IPv4; each pod gets `<ip6>/128` (`nodad`) beside its /32,
+//!   default route via [`POD_GATEWAY6`] (the EUI-64 link-local of [`WORKLOAD_MAC`],
+//!   which the node-side veth is given explicitly) with a permanent neighbour entry for
+//!   it, and the node a `<ip6>/128 dev cali…` route at once. NetworkPolicy rules and
+//!   `first_connections_dropped` stay IPv4-only (IPv6 packets pass them unchanged);
 //! - faults on a node's network (`link_mtu`, `encap_mtu`, `proto_drop`), put in and taken
 //!   out by [`Dataplane::set_net_faults`]: the MTU of its bridge port `vn<i>`, table
 //!   `netdev firstpacket_vn<i>` in the host netns, table `inet firstpacket_faults` in the
@@ -33,12 +43,12 @@
 
 use crate::fault::ProtoDrop;
 use crate::netns::{netns_path, run_in_netns};
-use crate::plan::{owned_by_prefix, Ipv4Cidr, NodePlan, Plan};
+use crate::plan::{owned_by_prefix, IpFamily, Ipv4Cidr, NodePlan, Plan};
 use serde::{Deserialize, Serialize};
 use sha1::{Digest, Sha1};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::Write;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::unix::fs::MetadataExt;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -51,6 +61,17 @@ pub const WORKLOAD_MAC: &str = "ee:ee:ee:ee:ee:ee";
 
 /// The pods' link-local gateway (Calico's fixed next hop, never assigned anywhere).
 pub const POD_GATEWAY: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
+
+/// The pods' IPv6 next hop: `fe80::ecee:eeff:feee:eeee`, the EUI-64 link-local address
+/// of [`WORKLOAD_MAC`] (flip bit 1 of the first byte, insert `ff:fe`). Calico's CNI plugin
+/// routes a pod's IPv6 default via the host-side veth's link-local address
+/// (cni-plugin/internal/pkg/utils/network_linux.go, `SetupRoutes`/`configureContainerSysctls`),
+/// which is this one because every host-side veth has that MAC.
+pub const POD_GATEWAY6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0xecee, 0xeeff, 0xfeee, 0xeeee);
+
+/// Name of the IPv6 allow set (type `ipv6_addr`) in [`NFT_TABLE`], on dual-stack plans
+/// only: a pod's IPv6 address goes in with its IPv4 one ([`Dataplane::allow`]).
+pub const NFT_SET6: &str = "allowed6";
 
 /// nftables table (family `inet`) holding the allow set in each node netns.
 pub const NFT_TABLE: &str = "firstpacket";
@@ -177,6 +198,10 @@ pub struct PodNet {
     pub uid: String,
     /// Pod IP (from the node's block).
     pub ip: Ipv4Addr,
+    /// Pod IPv6 address on a dual-stack plan (same offset in the node's IPv6 block,
+    /// [`NodePlan::ipv6_of`]), else `None` (absent from the JSON).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip6: Option<Ipv6Addr>,
     /// Node-side veth, `cali` + 11 hex chars ([`calico_iface_name`]).
     pub iface: String,
     /// Pod netns name, `<prefix>-p<n>`.
@@ -291,12 +316,30 @@ fn sysctls(netns: &str, kv: &[(&str, &str)]) -> Result<()> {
 /// drop for unknown workloads in `forward`, and an `input` chain that
 /// [`Dataplane::set_readiness_gate`] fills; without (real Felix programs the node), the
 /// table holds only empty chains, so it never decides a packet.
-fn node_ruleset(gate: bool) -> String {
+///
+/// With `ipv6` (dual-stack plan) the table also holds set [`NFT_SET6`] and, with
+/// `gate`, the same two drops for IPv6 (`ip6 saddr`/`ip6 daddr`), so IPv6 neither slips
+/// past the gate nor stays dropped once the endpoint is programmed.
+fn node_ruleset(gate: bool, ipv6: bool) -> String {
+    let gate6 = if gate && ipv6 {
+        format!(
+            "\t\tiifname \"cali*\" ip6 saddr != @{NFT_SET6} drop\n\
+             \t\toifname \"cali*\" ip6 daddr != @{NFT_SET6} drop\n"
+        )
+    } else {
+        String::new()
+    };
+    let set6 = if ipv6 {
+        format!("\tset {NFT_SET6} {{ type ipv6_addr; }}\n")
+    } else {
+        String::new()
+    };
     let (rules, policy) = if gate {
         (
             format!(
                 "\t\tiifname \"cali*\" ip saddr != @{NFT_SET} drop\n\
                  \t\toifname \"cali*\" ip daddr != @{NFT_SET} drop\n\
+                 {gate6}\
                  \t\tjump {NFT_POLICY_CHAIN}\n\
                  \t\ttcp flags & (syn | ack) == syn ip saddr vmap @{NFT_FCD_MAP}\n\
                  \t\ttcp flags & (syn | ack) == syn ip daddr vmap @{NFT_FCD_MAP}\n"
@@ -317,6 +360,7 @@ fn node_ruleset(gate: bool) -> String {
     format!(
         "table inet {NFT_TABLE} {{\n\
          \tset {NFT_SET} {{ type ipv4_addr; }}\n\
+         {set6}\
          \tmap {NFT_FCD_MAP} {{ type ipv4_addr : verdict; }}\n\
          {policy}\
          \tchain forward {{\n\
@@ -553,6 +597,7 @@ impl Dataplane {
             pod: pod.to_owned(),
             uid: uid.to_owned(),
             ip: st.plan.pod_cidr.nth(offset),
+            ip6: st.plan.ipv6.map(|v6| v6.pod_cidr.nth(offset)),
             iface: calico_iface_name(namespace, pod),
             netns: self.plan.pod_netns(n),
         };
@@ -609,28 +654,49 @@ impl Dataplane {
                 ifname
             }
         };
-        ip_batch(
-            Some(&st.plan.netns),
-            &[
+        let mut node = vec![format!(
+            "link add {} address {WORKLOAD_MAC} type veth peer name {pod_if} netns {}",
+            net.iface, net.netns
+        )];
+        if net.ip6.is_some() {
+            // The kernel would derive the same EUI-64 address once the link is up; put it
+            // there explicitly (and without DAD) so it is there from the first packet.
+            node.push(format!(
+                "addr add {POD_GATEWAY6}/64 dev {} nodad",
+                net.iface
+            ));
+        }
+        node.push(format!("link set {} up", net.iface));
+        node.push(format!(
+            "route add {}/32 dev {} scope link",
+            net.ip, net.iface
+        ));
+        if let Some(ip6) = net.ip6 {
+            node.push(format!("route add {ip6}/128 dev {}", net.iface));
+        }
+        ip_batch(Some(&st.plan.netns), &node)?;
+        let mut pod = vec![
+            "link set lo up".to_owned(),
+            format!("addr add {}/32 dev {pod_if}", net.ip),
+        ];
+        if let Some(ip6) = net.ip6 {
+            pod.push(format!("addr add {ip6}/128 dev {pod_if} nodad"));
+        }
+        pod.extend([
+            format!("link set {pod_if} up"),
+            format!("route add {POD_GATEWAY} dev {pod_if} scope link"),
+            format!("route add default via {POD_GATEWAY} dev {pod_if}"),
+            format!("neigh add {POD_GATEWAY} lladdr {WORKLOAD_MAC} dev {pod_if} nud permanent"),
+        ]);
+        if net.ip6.is_some() {
+            pod.extend([
                 format!(
-                    "link add {} address {WORKLOAD_MAC} type veth peer name {pod_if} netns {}",
-                    net.iface, net.netns
+                    "neigh add {POD_GATEWAY6} lladdr {WORKLOAD_MAC} dev {pod_if} nud permanent"
                 ),
-                format!("link set {} up", net.iface),
-                format!("route add {}/32 dev {} scope link", net.ip, net.iface),
-            ],
-        )?;
-        ip_batch(
-            Some(&net.netns),
-            &[
-                "link set lo up".to_owned(),
-                format!("addr add {}/32 dev {pod_if}", net.ip),
-                format!("link set {pod_if} up"),
-                format!("route add {POD_GATEWAY} dev {pod_if} scope link"),
-                format!("route add default via {POD_GATEWAY} dev {pod_if}"),
-                format!("neigh add {POD_GATEWAY} lladdr {WORKLOAD_MAC} dev {pod_if} nud permanent"),
-            ],
-        )
+                format!("route add ::/0 via {POD_GATEWAY6} dev {pod_if}"),
+            ]);
+        }
+        ip_batch(Some(&net.netns), &pod)
     }
 
     /// The hardware address of interface `ifname` in `pod`'s netns
@@ -774,22 +840,19 @@ impl Dataplane {
 
     /// Programs an endpoint: adds `ip` to `node`'s allow set (forwarded traffic from/to
     /// its `cali*` interface flows). Idempotent. Errors: unknown node, `nft` failure.
+    ///
+    /// On a dual-stack plan the pod's IPv6 address ([`NodePlan::ipv6_of`]) goes into
+    /// [`NFT_SET6`] in the same nftables transaction: both families of an endpoint are
+    /// programmed together, never one without the other.
     pub fn allow(&self, node: &str, ip: Ipv4Addr) -> Result<()> {
         let st = self.node(node)?;
-        run(
-            Some(&st.plan.netns),
-            &[
-                "nft",
-                "add",
-                "element",
-                "inet",
-                NFT_TABLE,
-                NFT_SET,
-                &format!("{{ {ip} }}"),
-            ],
-            None,
-        )
-        .map(drop)
+        let mut script = format!("add element inet {NFT_TABLE} {NFT_SET} {{ {ip} }}\n");
+        if let Some(ip6) = st.plan.ipv6_of(ip) {
+            script.push_str(&format!(
+                "add element inet {NFT_TABLE} {NFT_SET6} {{ {ip6} }}\n"
+            ));
+        }
+        run(Some(&st.plan.netns), &["nft", "-f", "-"], Some(&script)).map(drop)
     }
 
     /// Turns `node`'s readiness gate on or off (see [`NFT_INPUT`]). Idempotent when
@@ -802,6 +865,13 @@ impl Dataplane {
             script.push_str(&format!(
                 "add rule inet {NFT_TABLE} {NFT_INPUT} iifname \"cali*\" ip saddr != @{NFT_SET} drop\n"
             ));
+            if st.plan.ipv6.is_some() {
+                // Neighbour discovery stays open: the node must resolve the pod's /128.
+                script.push_str(&format!(
+                    "add rule inet {NFT_TABLE} {NFT_INPUT} iifname \"cali*\" icmpv6 type {{ nd-neighbor-solicit, nd-neighbor-advert }} accept\n\
+                     add rule inet {NFT_TABLE} {NFT_INPUT} iifname \"cali*\" ip6 saddr != @{NFT_SET6} drop\n"
+                ));
+            }
         }
         run(Some(&st.plan.netns), &["nft", "-f", "-"], Some(&script)).map(drop)
     }
@@ -837,7 +907,7 @@ impl Dataplane {
         run(
             Some(&st.plan.netns),
             &["nft", "-f", "-"],
-            Some(&disallow_script(ip)),
+            Some(&disallow_script(ip, st.plan.ipv6_of(ip))),
         )
         .map(drop)
     }
@@ -866,6 +936,11 @@ impl Dataplane {
             script.push_str(&format!(
                 "add element inet {NFT_TABLE} {NFT_SET} {{ {ip} }}\n"
             ));
+            if let Some(ip6) = st.plan.ipv6_of(ip) {
+                script.push_str(&format!(
+                    "add element inet {NFT_TABLE} {NFT_SET6} {{ {ip6} }}\n"
+                ));
+            }
         }
         run(Some(&st.plan.netns), &["nft", "-f", "-"], Some(&script)).map(drop)
     }
@@ -875,7 +950,7 @@ impl Dataplane {
     /// there). Errors: unknown node, `nft` failure.
     pub fn forget(&self, node: &str, ip: Ipv4Addr) -> Result<()> {
         let st = self.node(node)?;
-        let mut script = disallow_script(ip);
+        let mut script = disallow_script(ip, st.plan.ipv6_of(ip));
         script.push_str(&policy_script(ip, &crate::netpol::PodPolicy::default()));
         run(Some(&st.plan.netns), &["nft", "-f", "-"], Some(&script)).map(drop)
     }
@@ -903,21 +978,55 @@ impl Dataplane {
         .map(drop)
     }
 
-    /// Removes `node`'s route to `peer`'s pod block (fault `cross_node`). Idempotent.
-    /// Errors: unknown node or peer, `ip` failure.
+    /// Removes `node`'s routes to `peer`'s pod blocks, every family the plan has (fault
+    /// `cross_node`). Idempotent. Errors: unknown node or peer, `ip` failure.
     pub fn remove_peer_route(&self, node: &str, peer: &str) -> Result<()> {
-        let st = self.node(node)?;
+        self.remove_peer_route_family(node, peer, IpFamily::Ipv4)?;
+        if self.plan.has_ipv6() {
+            self.remove_peer_route_family(node, peer, IpFamily::Ipv6)?;
+        }
+        Ok(())
+    }
+
+    /// Puts `node`'s routes to `peer`'s pod blocks back, every family the plan has (as
+    /// built). Idempotent. Errors: unknown node or peer, `ip` failure.
+    pub fn restore_peer_route(&self, node: &str, peer: &str) -> Result<()> {
+        self.restore_peer_route_family(node, peer, IpFamily::Ipv4)?;
+        if self.plan.has_ipv6() {
+            self.restore_peer_route_family(node, peer, IpFamily::Ipv6)?;
+        }
+        Ok(())
+    }
+
+    /// `node`'s route to `peer`'s pod block of `family` as built: `(block, via)`, e.g.
+    /// `("10.7.2.0/24", "172.20.7.12")`. Errors: unknown node or peer,
+    /// [`DataplaneError::Missing`] for `ipv6` on an IPv4-only plan.
+    fn peer_route(&self, node: &str, peer: &str, family: IpFamily) -> Result<(String, String)> {
+        self.node(node)?;
         let p = self.node(peer)?;
+        match family {
+            IpFamily::Ipv4 => Ok((p.plan.pod_cidr.to_string(), p.plan.ip.to_string())),
+            IpFamily::Ipv6 => p
+                .plan
+                .ipv6
+                .map(|v6| (v6.pod_cidr.to_string(), v6.ip.to_string()))
+                .ok_or_else(|| DataplaneError::Missing {
+                    node: node.to_owned(),
+                    what: "IPv6 (the testbed is IPv4-only)".into(),
+                }),
+        }
+    }
+
+    /// Removes `node`'s route of `family` to `peer`'s pod block (faults `cross_node`,
+    /// `family_broken`): that family's traffic from `node` to `peer`'s pods has no route
+    /// any more (the nodes have no default route). Idempotent. Errors: unknown node or
+    /// peer, `ipv6` on an IPv4-only plan, `ip` failure.
+    pub fn remove_peer_route_family(&self, node: &str, peer: &str, family: IpFamily) -> Result<()> {
+        let (block, _) = self.peer_route(node, peer, family)?;
+        let st = self.node(node)?;
         match run(
             None,
-            &[
-                "ip",
-                "-n",
-                &st.plan.netns,
-                "route",
-                "del",
-                &p.plan.pod_cidr.to_string(),
-            ],
+            &["ip", "-n", &st.plan.netns, "route", "del", &block],
             None,
         ) {
             Err(e) if is_gone(&e) => Ok(()),
@@ -925,11 +1034,17 @@ impl Dataplane {
         }
     }
 
-    /// Puts `node`'s route to `peer`'s pod block back (`<block> via <peer node IP>`, as
-    /// built). Idempotent. Errors: unknown node or peer, `ip` failure.
-    pub fn restore_peer_route(&self, node: &str, peer: &str) -> Result<()> {
+    /// Puts `node`'s route of `family` to `peer`'s pod block back (`<block> via <peer's
+    /// node address of that family>`, as built). Idempotent. Errors: as
+    /// [`Dataplane::remove_peer_route_family`].
+    pub fn restore_peer_route_family(
+        &self,
+        node: &str,
+        peer: &str,
+        family: IpFamily,
+    ) -> Result<()> {
+        let (block, via) = self.peer_route(node, peer, family)?;
         let st = self.node(node)?;
-        let p = self.node(peer)?;
         run(
             None,
             &[
@@ -938,9 +1053,9 @@ impl Dataplane {
                 &st.plan.netns,
                 "route",
                 "replace",
-                &p.plan.pod_cidr.to_string(),
+                &block,
                 "via",
-                &p.plan.ip.to_string(),
+                &via,
             ],
             None,
         )
@@ -1221,10 +1336,17 @@ impl Dataplane {
     }
 }
 
-/// [`Dataplane::disallow`]'s transaction.
-fn disallow_script(ip: Ipv4Addr) -> String {
+/// [`Dataplane::disallow`]'s transaction (`ip6`: the pod's IPv6 address on a dual-stack
+/// plan, removed from [`NFT_SET6`] in the same transaction).
+fn disallow_script(ip: Ipv4Addr, ip6: Option<Ipv6Addr>) -> String {
     let chain = fcd_chain(ip);
-    format!(
+    let v6 = ip6.map_or(String::new(), |ip6| {
+        format!(
+            "add element inet {NFT_TABLE} {NFT_SET6} {{ {ip6} }}\n\
+             delete element inet {NFT_TABLE} {NFT_SET6} {{ {ip6} }}\n"
+        )
+    });
+    v6 + &format!(
         "add element inet {NFT_TABLE} {NFT_SET} {{ {ip} }}\n\
          delete element inet {NFT_TABLE} {NFT_SET} {{ {ip} }}\n\
          add chain inet {NFT_TABLE} {chain}\n\
@@ -1450,6 +1572,25 @@ fn build(plan: &Plan, gate: bool) -> Result<()> {
                 ("net.ipv4.conf.default.rp_filter", "0"),
             ],
         )?;
+        if plan.has_ipv6() {
+            sysctls(
+                &n.netns,
+                &[
+                    ("net.ipv6.conf.all.forwarding", "1"),
+                    ("net.ipv6.conf.all.accept_dad", "0"),
+                    ("net.ipv6.conf.default.accept_dad", "0"),
+                ],
+            )?;
+        }
+    }
+    if plan.has_ipv6() {
+        sysctls(
+            &plan.host_netns,
+            &[
+                ("net.ipv6.conf.all.accept_dad", "0"),
+                ("net.ipv6.conf.default.accept_dad", "0"),
+            ],
+        )?;
     }
     // 3. Host side: bridge and one veth per node.
     let mut host = vec![
@@ -1458,6 +1599,9 @@ fn build(plan: &Plan, gate: bool) -> Result<()> {
         format!("addr add {}/24 dev br0", plan.bridge_ip),
         "link set br0 up".to_owned(),
     ];
+    if let Some(b6) = plan.bridge_ip6 {
+        host.push(format!("addr add {b6}/64 dev br0 nodad"));
+    }
     for n in &plan.nodes {
         let vn = plan
             .bridge_port(&n.name)
@@ -1481,19 +1625,34 @@ fn build(plan: &Plan, gate: bool) -> Result<()> {
         for p in plan.nodes.iter().filter(|p| p.name != n.name) {
             l.push(format!("route add {} via {}", p.pod_cidr, p.ip));
         }
+        if let Some(v6) = n.ipv6 {
+            l.push(format!("addr add {}/64 dev eth0 nodad", v6.ip));
+            l.push(format!("route add blackhole {}", v6.pod_cidr));
+            for p in plan.nodes.iter().filter(|p| p.name != n.name) {
+                if let Some(p6) = p.ipv6 {
+                    l.push(format!("route add {} via {}", p6.pod_cidr, p6.ip));
+                }
+            }
+        }
         ip_batch(Some(&n.netns), &l)?;
         run(
             Some(&n.netns),
             &["nft", "-f", "-"],
-            Some(&node_ruleset(gate)),
+            Some(&node_ruleset(gate, plan.has_ipv6())),
         )?;
     }
     // 5. Host routes to every block via its node.
-    let routes: Vec<String> = plan
+    let mut routes: Vec<String> = plan
         .nodes
         .iter()
         .map(|n| format!("route add {} via {}", n.pod_cidr, n.ip))
         .collect();
+    routes.extend(
+        plan.nodes
+            .iter()
+            .filter_map(|n| n.ipv6)
+            .map(|v6| format!("route add {} via {}", v6.pod_cidr, v6.ip)),
+    );
     ip_batch(Some(&plan.host_netns), &routes)
 }
 
@@ -1662,10 +1821,14 @@ mod tests {
 
     #[test]
     fn ruleset_drops_unknown_workloads_both_ways() {
-        let off = node_ruleset(false);
+        let off = node_ruleset(false, false);
         assert!(!off.contains("drop"), "{off}");
         assert!(off.contains("chain input"));
-        let r = node_ruleset(true);
+        let r = node_ruleset(true, false);
+        assert!(
+            !r.contains("ip6") && !r.contains("allowed6"),
+            "IPv4-only: {r}"
+        );
         assert!(r.contains("iifname \"cali*\" ip saddr != @allowed drop"));
         assert!(r.contains("oifname \"cali*\" ip daddr != @allowed drop"));
         assert!(r.contains("hook forward"));
@@ -1699,6 +1862,26 @@ mod tests {
         );
         let input = &r[r.find("chain input").unwrap()..];
         assert!(!input.contains("jump netpol") && !input.contains("pol_"));
+    }
+
+    #[test]
+    fn dual_stack_ruleset_gates_ipv6_like_ipv4() {
+        let r = node_ruleset(true, true);
+        assert!(r.contains("set allowed6 { type ipv6_addr; }"), "{r}");
+        assert!(r.contains("iifname \"cali*\" ip6 saddr != @allowed6 drop"));
+        assert!(r.contains("oifname \"cali*\" ip6 daddr != @allowed6 drop"));
+        let fwd = r.find("chain forward").unwrap();
+        let drop6 = r.find("ip6 saddr != @allowed6").unwrap();
+        assert!(fwd < drop6 && drop6 < r.find("jump netpol").unwrap());
+        let off = node_ruleset(false, true);
+        assert!(off.contains("allowed6") && !off.contains("drop"), "{off}");
+        // Both families of an endpoint leave together.
+        let ip6: Ipv6Addr = "fd00:1:2:1::5".parse().unwrap();
+        let s = disallow_script(Ipv4Addr::new(10, 7, 1, 5), Some(ip6));
+        assert!(s.contains("delete element inet firstpacket allowed6 { fd00:1:2:1::5 }"));
+        assert!(s.contains("delete element inet firstpacket allowed { 10.7.1.5 }"));
+        assert!(!disallow_script(Ipv4Addr::new(10, 7, 1, 5), None).contains("allowed6"));
+        assert_eq!(POD_GATEWAY6.to_string(), "fe80::ecee:eeff:feee:eeee");
     }
 
     #[test]

@@ -209,6 +209,7 @@ pub fn demo(state: &Path, args: &DemoArgs) -> Result<i32> {
         agent: Default::default(),
         kube_proxy: Default::default(),
         kubelet: Default::default(),
+        ip_families: vec![crate::plan::IpFamily::Ipv4],
     };
     up_with(state, &up_args, false)?;
     let result = match single {

@@ -24,7 +24,8 @@
 //!   elapsed is programmed only inside the next open window; windows start every `period`
 //!   from the file's application), `never_program: p`, `queue: {per_endpoint: D}`,
 //!   `revoke: {after: D}`, `name_reuse_race: p`, `first_connections_dropped: N`,
-//!   `cross_node: {broken_peers: all | [names]}`, `stale_routes: {k: N, for: D}`,
+//!   `cross_node: {broken_peers: all | [names]}`, `family_broken: ipv4 | ipv6` (below),
+//!   `stale_routes: {k: N, for: D}`,
 //!   `link_mtu: N`, `encap_mtu: N`, `proto_drop: {protocols, cross_node}` (below),
 //!   `clock_skew: ±D`, `agent: {not_ready, restarts: {every: D},
 //!   extra_failures_per_second, extra_resyncs_per_second, apply_time_floor,
@@ -59,7 +60,7 @@
 //!   `program_delay`, `resync_loop`, `never_program`, `queue`, `revoke`,
 //!   `name_reuse_race`, `first_connections_dropped`, `stale_routes`, `isolation_lag`,
 //!   `clock_skew` at container start) select endpoints added in the window; node-wide
-//!   ones (`cross_node`, `agent`, `teardown_delay`, `cni_add_delay`, `agent_io`,
+//!   ones (`cross_node`, `family_broken`, `agent`, `teardown_delay`, `cni_add_delay`, `agent_io`,
 //!   `agent_cpu`, `agent_pause`, `policies`, `agent_version`, `link_mtu`, `encap_mtu`,
 //!   `proto_drop`) are in force during the
 //!   window, and so are `policy_delay` and `policy_never` for the policy changes the
@@ -87,12 +88,20 @@
 //!   is, and `proto_drop`'s chain (a table of its own, forward hook, after the agents'
 //!   filter chains) drops what an agent's chain accepted, as an nftables `accept` ends
 //!   only its own base chain.
+//! - `family_broken: ipv4 | ipv6` (node-wide): the selected nodes lose their routes of
+//!   that family to every peer's pod block while the rule is in force (cross-node
+//!   traffic of that family from them has no route; same-node traffic and the other
+//!   family are unaffected), restored after; see [`Rule::family_broken`] for the truth
+//!   it writes. `ipv6` is refused on an IPv4-only testbed naming the line
+//!   ([`FaultFile::check_families`]). It applies with either agent like `cross_node`
+//!   (dual-stack testbeds run only the simulated one).
 //! - `cni_add_delay: D` (duration distribution): time a CNI ADD through `testbed cni`
 //!   ([`crate::cni`], a real container runtime's sandbox) waits before the pod's
 //!   network is wired, as a slow CNI plugin (IPAM, datastore writes) makes it; the
 //!   pod's `endpoint_added` comes that much later. Node-wide, sampled per ADD. The
 //!   simulated kubelet does not call CNI and ignores it.
 
+use crate::plan::IpFamily;
 use crate::truth::{Truth, TruthEvent, TruthKind};
 use rand::{Rng, RngExt};
 use serde::de::{self, Deserializer, MapAccess, Visitor};
@@ -1323,6 +1332,7 @@ macro_rules! rule_primitives {
             name_reuse_race,
             first_connections_dropped,
             cross_node,
+            family_broken,
             stale_routes,
             clock_skew,
             agent_io,
@@ -1356,7 +1366,7 @@ pub struct Rule {
     pub nodes: NodeSelector,
     /// In force from this long since the file was applied: for per-endpoint primitives
     /// (everything decided when an endpoint is added) it selects endpoints added at or
-    /// after it; node-wide primitives (`cross_node`, `agent`, `teardown_delay`, `cni_add_delay`,
+    /// after it; node-wide primitives (`cross_node`, `family_broken`, `agent`, `teardown_delay`, `cni_add_delay`,
     /// `agent_io`, `agent_cpu`, `agent_pause`, `policies`, `agent_version`, `link_mtu`,
     /// `encap_mtu`, `proto_drop`) are in force from then.
     #[serde(serialize_with = "ser_opt_duration")]
@@ -1406,6 +1416,18 @@ pub struct Rule {
     /// Peer pod-block routes missing on the selected nodes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cross_node: Option<CrossNode>,
+    /// `family_broken: ipv4 | ipv6` (node-wide): while the rule is in force the
+    /// selected nodes have no route of that family to any peer's pod block, so that
+    /// family's cross-node pod traffic from them has nowhere to go (the nodes have no
+    /// default route); same-node traffic and the other family are unaffected. Restored
+    /// when the rule stops applying. `ipv6` needs a dual-stack testbed
+    /// ([`FaultFile::check_families`]). Truth: for `ipv4`, `peer_route_removed` /
+    /// `peer_route_restored` per peer with `detail.reason` `family_broken` (the IPv4
+    /// path [`crate::truth::truth_ttfp`] models); for `ipv6` only the `fault_changed`
+    /// of the file (`truth_ttfp` is about the IPv4 path, so a route event there would
+    /// mark the IPv4 path down). Carried out by [`crate::agent`] with either agent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub family_broken: Option<IpFamily>,
     /// New pod IPs blackholed on k other nodes for a while.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stale_routes: Option<StaleRoutes>,
@@ -1493,6 +1515,8 @@ impl<'de> Deserialize<'de> for Rule {
             #[serde(default)]
             cross_node: Option<CrossNode>,
             #[serde(default)]
+            family_broken: Option<IpFamily>,
+            #[serde(default)]
             stale_routes: Option<StaleRoutes>,
             #[serde(default)]
             service_delay: Option<DurationDist>,
@@ -1551,6 +1575,7 @@ impl<'de> Deserialize<'de> for Rule {
             name_reuse_race: r.name_reuse_race,
             first_connections_dropped: r.first_connections_dropped,
             cross_node: r.cross_node,
+            family_broken: r.family_broken,
             stale_routes: r.stale_routes,
             clock_skew: r.clock_skew,
             agent: r.agent,
@@ -1593,6 +1618,8 @@ pub struct NodeFaults {
     pub name_reuse_race: Option<Probability>,
     pub first_connections_dropped: Option<u32>,
     pub cross_node: Option<CrossNode>,
+    /// A later rule's `family_broken` replaces an earlier one (one family per node).
+    pub family_broken: Option<IpFamily>,
     pub stale_routes: Option<StaleRoutes>,
     pub clock_skew: Option<ClockSkew>,
     /// Merged key by key across rules; all `None` when no rule sets `agent`.
@@ -1737,12 +1764,15 @@ impl FaultFile {
     /// ([`FaultFile::check_components`]): what `testbed up --fault` and `fault set` do.
     /// Errors (anyhow, one line): the file unreadable, or the parse/check error prefixed
     /// with the path.
+    ///
+    /// `ipv6`: whether the testbed is dual-stack ([`FaultFile::check_families`]).
     pub fn load_checked(
         path: &std::path::Path,
         nodes: &[String],
         agent: AgentKind,
         proxy: ProxyKind,
         kubelet: KubeletKind,
+        ipv6: bool,
     ) -> anyhow::Result<FaultFile> {
         use anyhow::Context as _;
         let text = std::fs::read_to_string(path)
@@ -1751,6 +1781,7 @@ impl FaultFile {
             .and_then(|ff| ff.check_nodes(nodes).map(|()| ff))
             .and_then(|ff| ff.check_components(&text, agent, proxy).map(|()| ff))
             .and_then(|ff| ff.check_kubelet(&text, kubelet, agent).map(|()| ff))
+            .and_then(|ff| ff.check_families(&text, ipv6).map(|()| ff))
             .map_err(|e| {
                 // FaultError's text starts with "fault file: "; name the file there.
                 let text = e.to_string();
@@ -1852,7 +1883,8 @@ impl FaultFile {
     ///   refused: `agent_io`, `agent_cpu`, `agent_pause`, `policies`, `agent_version`.
     /// - With [`ProxyKind::Real`] `service_delay` (a delay of the simulated kube-proxy)
     ///   is refused.
-    /// - `cross_node`, `stale_routes`, `clock_skew`, `teardown_delay`, `cni_add_delay`
+    /// - `cross_node`, `family_broken`, `stale_routes`, `clock_skew`, `teardown_delay`,
+    ///   `cni_add_delay`
     ///   and `agent.restarts` apply to both agents; `link_mtu`, `encap_mtu` and
     ///   `proto_drop` (the node's network, beside whatever the agent programs) to every
     ///   agent, proxy and kubelet.
@@ -1895,6 +1927,38 @@ impl FaultFile {
                         format!("{why}; drop `--kubelet real` to use it"),
                     )
                 }),
+        })
+    }
+
+    /// Refuses `family_broken: ipv6` on an IPv4-only testbed (`ipv6` false: `testbed up`
+    /// without `--ip-families ipv4,ipv6`): there is no IPv6 route to remove, so the rule
+    /// would silently do nothing. Error: [`FaultError::NotForComponent`] (component "an
+    /// IPv4-only testbed") naming the first such rule and the line of its key.
+    pub fn check_families(&self, text: &str, ipv6: bool) -> Result<(), FaultError> {
+        if ipv6 {
+            return Ok(());
+        }
+        let Some(i) = self
+            .rules
+            .iter()
+            .position(|r| r.family_broken == Some(IpFamily::Ipv6))
+        else {
+            return Ok(());
+        };
+        let lines: Vec<&str> = text.lines().collect();
+        let span = rule_spans(text).get(i).copied();
+        let line = span
+            .and_then(|s| find_key(&lines, s, "family_broken"))
+            .map(|pos| pos.0 + 1)
+            .unwrap_or_else(|| span.map_or_else(|| rules_line(&lines), |s| s.0 + 1));
+        Err(FaultError::NotForComponent {
+            component: "an IPv4-only testbed",
+            rule: i + 1,
+            line,
+            key: "family_broken".into(),
+            message: "the testbed has no IPv6 routes to break; start it with \
+                      `testbed up --ip-families ipv4,ipv6`"
+                .into(),
         })
     }
 
@@ -3593,5 +3657,39 @@ mod tests {
             assert!(PRIMITIVE_KEYS.contains(&key), "{key}");
         }
         assert!(PRIMITIVE_KEYS.contains(&"agent") && PRIMITIVE_KEYS.contains(&"cross_node"));
+    }
+
+    #[test]
+    fn family_broken_parses_and_ipv6_is_refused_on_an_ipv4_only_testbed() {
+        let yaml = "rules:\n- nodes: {all: true}\n  program_delay: 1s\n- nodes: {names: [node-1]}\n  until: 2s\n  family_broken: ipv6\n";
+        let f = FaultFile::parse(yaml).unwrap();
+        let nf = f.for_node("node-1", &BTreeMap::new(), Duration::ZERO);
+        assert_eq!(nf.family_broken, Some(IpFamily::Ipv6));
+        assert_eq!(
+            f.for_node("node-2", &BTreeMap::new(), Duration::ZERO)
+                .family_broken,
+            None
+        );
+        assert_eq!(
+            f.for_node("node-1", &BTreeMap::new(), Duration::from_secs(2))
+                .family_broken,
+            None,
+            "until"
+        );
+        f.check_families(yaml, true).unwrap();
+        let e = f.check_families(yaml, false).unwrap_err().to_string();
+        assert!(
+            e.contains("rule 2 (line 6): `family_broken` does not apply to an IPv4-only testbed")
+                && e.contains("--ip-families ipv4,ipv6"),
+            "{e}"
+        );
+        let v4 = "rules:\n- nodes: {all: true}\n  family_broken: ipv4\n";
+        FaultFile::parse(v4)
+            .unwrap()
+            .check_families(v4, false)
+            .unwrap();
+        let e = err("rules:\n- nodes: {all: true}\n  family_broken: ipv5\n");
+        assert!(e.contains("ipv5") && e.contains("line 3"), "{e}");
+        assert!(PRIMITIVE_KEYS.contains(&"family_broken"));
     }
 }

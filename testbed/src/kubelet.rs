@@ -1787,11 +1787,12 @@ impl PodWorker {
                     pod_ip.clone(),
                     image_id.clone(),
                 );
+                let pod_ips = pod_ips_status(&net);
                 let last_state_now = last_state.clone();
                 self.update(move |st| {
                     st["phase"] = json!("Running");
                     st["podIP"] = json!(pod_ip);
-                    st["podIPs"] = json!([{ "ip": pod_ip }]);
+                    st["podIPs"] = pod_ips;
                     set_condition(st, "PodReadyToStartContainers", true, None, None);
                     st["containerStatuses"] = json!([{
                         "name": cname, "image": image, "imageID": iid,
@@ -2563,6 +2564,18 @@ pub const SHIM_EXEC_FD: i32 = 3;
 
 /// Resolves a downward-API `fieldPath` (Kubernetes docs, "Expose Pod Information to
 /// Containers Through Environment Variables"); unknown paths give "".
+/// `status.podIPs` of a pod whose sandbox is `net`: `[{ip: <IPv4>}]`, or on a dual-stack
+/// testbed `[{ip: <IPv4>}, {ip: <IPv6>}]` (IPv4 first: it is the primary family and
+/// `status.podIP`; the API server requires `podIPs[0]` to equal `podIP` and at most one
+/// address per family).
+fn pod_ips_status(net: &crate::dataplane::PodNet) -> Value {
+    let mut v = vec![json!({ "ip": net.ip.to_string() })];
+    if let Some(ip6) = net.ip6 {
+        v.push(json!({ "ip": ip6.to_string() }));
+    }
+    Value::Array(v)
+}
+
 fn downward_field(pod: &Value, path: &str, pod_ip: &str, cfg: &KubeletConfig) -> String {
     let m = &pod["metadata"];
     match path {

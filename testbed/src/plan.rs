@@ -15,11 +15,20 @@
 //! - node *i* (1-based, `node-<i>`) at `172.20.X.(10+i)/24`;
 //! - node *i*'s pod block `10.X.i.0/24` (Calico's default block size is /26; a /24 keeps
 //!   the numbers readable and is a valid `blockSize` too).
+//!
+//! With IPv6 ([`Plan::with_ipv6`], `testbed up --ip-families ipv4,ipv6`) the plan also
+//! holds a ULA prefix `G::/48` (RFC 4193: `fd` + a 40-bit global ID, here 5 further
+//! bytes of the same SHA-1, so two testbeds get different prefixes):
+//! - bridge `br0` at `G::1/64`, node *i* at `G::<10+i>/64` (the last group is the
+//!   number 10+i, printed in hex: node-1 is `G::b`);
+//! - node *i*'s IPv6 pod block `G:<i>::/120` (256 addresses like the IPv4 /24; a
+//!   valid Calico IPv6 `blockSize`, which must lie in 116..=128). A pod gets the
+//!   address at the same offset in both blocks (`10.X.i.5` and `G:i::5`).
 
 use serde::{Deserialize, Serialize};
 use sha1::{Digest, Sha1};
 use std::fmt;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
@@ -139,6 +148,108 @@ impl From<Ipv4Cidr> for String {
     }
 }
 
+/// An IPv6 prefix such as `fd12:3456:789a:1::/120`. Serialised as that string.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Ipv6Cidr {
+    /// Network address (host bits zero).
+    pub addr: Ipv6Addr,
+    /// Prefix length, 0..=128.
+    pub prefix_len: u8,
+}
+
+impl Ipv6Cidr {
+    /// Whether `ip` lies inside this prefix.
+    pub fn contains(&self, ip: Ipv6Addr) -> bool {
+        let mask = if self.prefix_len == 0 {
+            0
+        } else {
+            u128::MAX << (128 - u32::from(self.prefix_len))
+        };
+        (u128::from(ip) & mask) == (u128::from(self.addr) & mask)
+    }
+
+    /// The address at offset `n` from the network address
+    /// (`fd00:1:2:1::/120`.nth(5) = `fd00:1:2:1::5`). No range check.
+    pub fn nth(&self, n: u32) -> Ipv6Addr {
+        Ipv6Addr::from(u128::from(self.addr).wrapping_add(u128::from(n)))
+    }
+}
+
+impl fmt::Display for Ipv6Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix_len)
+    }
+}
+
+impl FromStr for Ipv6Cidr {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (a, l) = s
+            .split_once('/')
+            .ok_or_else(|| format!("{s:?}: not ADDR/LEN"))?;
+        let addr: Ipv6Addr = a.parse().map_err(|e| format!("{s:?}: {e}"))?;
+        let prefix_len: u8 = l.parse().map_err(|e| format!("{s:?}: {e}"))?;
+        if prefix_len > 128 {
+            return Err(format!("{s:?}: prefix length above 128"));
+        }
+        Ok(Ipv6Cidr { addr, prefix_len })
+    }
+}
+
+impl TryFrom<String> for Ipv6Cidr {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
+    }
+}
+
+impl From<Ipv6Cidr> for String {
+    fn from(c: Ipv6Cidr) -> String {
+        c.to_string()
+    }
+}
+
+/// An IP family, as `--ip-families` and fault `family_broken` spell it: `ipv4` or
+/// `ipv6`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IpFamily {
+    /// IPv4.
+    Ipv4,
+    /// IPv6.
+    Ipv6,
+}
+
+impl fmt::Display for IpFamily {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            IpFamily::Ipv4 => "ipv4",
+            IpFamily::Ipv6 => "ipv6",
+        })
+    }
+}
+
+impl FromStr for IpFamily {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "ipv4" => Ok(IpFamily::Ipv4),
+            "ipv6" => Ok(IpFamily::Ipv6),
+            w => Err(format!("unknown IP family {w:?} (expected ipv4 or ipv6)")),
+        }
+    }
+}
+
+/// The IPv6 side of a node ([`Plan::with_ipv6`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeIpv6 {
+    /// Node (underlay) IPv6 address, `G::<10+i>` on the bridge's /64.
+    pub ip: Ipv6Addr,
+    /// The node's IPv6 pod block, `G:<i>::/120`.
+    pub pod_cidr: Ipv6Cidr,
+}
+
 /// One node of the plan.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodePlan {
@@ -151,6 +262,26 @@ pub struct NodePlan {
     pub ip: Ipv4Addr,
     /// The node's pod block, `10.<index>.<i>.0/24` (`spec.podCIDR`).
     pub pod_cidr: Ipv4Cidr,
+    /// The node's IPv6 address and pod block on a dual-stack plan, else `None` (and
+    /// absent from `plan.json`, so IPv4-only plans read and write as before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6: Option<NodeIpv6>,
+}
+
+impl NodePlan {
+    /// The IPv6 address at the same offset in the node's IPv6 block as `ip4` has in its
+    /// IPv4 block (a pod's second address), if the plan is dual-stack and `ip4` lies in
+    /// the node's IPv4 block.
+    pub fn ipv6_of(&self, ip4: Ipv4Addr) -> Option<Ipv6Addr> {
+        let v6 = self.ipv6?;
+        if !self.pod_cidr.contains(ip4) {
+            return None;
+        }
+        Some(
+            v6.pod_cidr
+                .nth(u32::from(ip4).wrapping_sub(u32::from(self.pod_cidr.addr))),
+        )
+    }
 }
 
 /// The whole naming/addressing plan of one testbed. Deterministic in the canonical
@@ -172,6 +303,10 @@ pub struct Plan {
     pub api_port: u16,
     /// Nodes `node-1`…`node-N`.
     pub nodes: Vec<NodePlan>,
+    /// Bridge IPv6 address `G::1` (/64) on a dual-stack plan ([`Plan::with_ipv6`]),
+    /// else `None` (absent from `plan.json`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bridge_ip6: Option<Ipv6Addr>,
 }
 
 impl Plan {
@@ -205,6 +340,7 @@ impl Plan {
                     addr: Ipv4Addr::new(10, index, i as u8, 0),
                     prefix_len: 24,
                 },
+                ipv6: None,
             })
             .collect();
         Ok(Plan {
@@ -215,7 +351,40 @@ impl Plan {
             bridge_ip: Ipv4Addr::new(172, 20, index, 1),
             api_port: API_PORT,
             nodes,
+            bridge_ip6: None,
         })
+    }
+
+    /// The same plan, dual-stack: adds the IPv6 underlay addresses and pod blocks of the
+    /// module docs (ULA `G::/48`, `G` = `fd` + bytes 5..10 of the state dir's SHA-1).
+    /// Idempotent.
+    pub fn with_ipv6(mut self) -> Plan {
+        let digest = Sha1::digest(self.state_dir.as_os_str().as_encoded_bytes());
+        let g = |a: u8, b: u8| u16::from_be_bytes([a, b]);
+        let seg = [
+            g(0xfd, digest[5]),
+            g(digest[6], digest[7]),
+            g(digest[8], digest[9]),
+        ];
+        let addr =
+            |subnet: u16, host: u16| Ipv6Addr::new(seg[0], seg[1], seg[2], subnet, 0, 0, 0, host);
+        self.bridge_ip6 = Some(addr(0, 1));
+        for (i, n) in self.nodes.iter_mut().enumerate() {
+            let i = i as u16 + 1;
+            n.ipv6 = Some(NodeIpv6 {
+                ip: addr(0, 10 + i),
+                pod_cidr: Ipv6Cidr {
+                    addr: addr(i, 0),
+                    prefix_len: 120,
+                },
+            });
+        }
+        self
+    }
+
+    /// Whether the plan is dual-stack ([`Plan::with_ipv6`]).
+    pub fn has_ipv6(&self) -> bool {
+        self.bridge_ip6.is_some()
     }
 
     /// Path of `plan.json` for a state dir.
@@ -339,6 +508,44 @@ mod tests {
         let p = Plan::new(d.path(), 2).unwrap();
         p.save().unwrap();
         assert_eq!(Plan::load(d.path()).unwrap(), p);
+    }
+
+    #[test]
+    fn dual_stack_plan_adds_ula_addresses_and_blocks_beside_ipv4() {
+        let d = tmp("v6");
+        let v4 = Plan::new(d.path(), 2).unwrap();
+        assert!(!v4.has_ipv6() && v4.nodes.iter().all(|n| n.ipv6.is_none()));
+        let p = v4.clone().with_ipv6();
+        assert!(p.has_ipv6());
+        assert_eq!(p.nodes[1].ip, v4.nodes[1].ip, "IPv4 side unchanged");
+        let b = p.bridge_ip6.unwrap();
+        assert_eq!(b.segments()[0] >> 8, 0xfd, "ULA fd00::/8: {b}");
+        let g = &b.segments()[..3];
+        let n2 = p.nodes[1].ipv6.unwrap();
+        assert_eq!(&n2.ip.segments()[..3], g);
+        assert_eq!(n2.ip.segments()[3..], [0, 0, 0, 0, 12]);
+        assert_eq!(
+            n2.pod_cidr.to_string(),
+            format!("{:x}:{:x}:{:x}:2::/120", g[0], g[1], g[2])
+        );
+        let pod4 = Ipv4Addr::new(10, p.index, 2, 77);
+        let pod6 = p.nodes[1].ipv6_of(pod4).unwrap();
+        assert_eq!(pod6, n2.pod_cidr.nth(77));
+        assert!(n2.pod_cidr.contains(pod6));
+        assert!(!p.nodes[0].ipv6.unwrap().pod_cidr.contains(pod6));
+        assert_eq!(p.nodes[0].ipv6_of(pod4), None, "not node-1's block");
+        assert_eq!(v4.nodes[1].ipv6_of(pod4), None, "IPv4-only plan");
+        let other = Plan::new(tmp("v6-other").path(), 2).unwrap().with_ipv6();
+        assert_ne!(
+            other.bridge_ip6.unwrap().segments()[..3],
+            *g,
+            "another state dir, another prefix"
+        );
+        // Round trip; an IPv4-only plan.json has no IPv6 keys at all.
+        p.save().unwrap();
+        assert_eq!(Plan::load(d.path()).unwrap(), p);
+        let j = serde_json::to_string(&v4).unwrap();
+        assert!(!j.contains("ipv6") && !j.contains("bridge_ip6"), "{j}");
     }
 
     #[test]

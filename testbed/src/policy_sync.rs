@@ -787,6 +787,7 @@ mod tests {
             pod: uid.trim_start_matches("uid-").into(),
             uid: uid.into(),
             ip: ip.parse().unwrap(),
+            ip6: None,
             iface: "cali0123456789a".into(),
             netns: "x-p1".into(),
         }

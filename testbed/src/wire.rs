@@ -240,6 +240,7 @@ mod tests {
             pod: "s".into(),
             uid: "u1".into(),
             ip,
+            ip6: None,
             iface: "cali0123456789a".into(),
             netns: "x".into(),
         }

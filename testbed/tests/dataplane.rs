@@ -9,7 +9,9 @@ use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use netns_support::{dial, events, first_success, rt, serve, Bed, Server, EFFECT_TIMEOUT};
+use netns_support::{
+    dial, dial6, events, first_success, rt, serve, serve_any, Bed, Server, EFFECT_TIMEOUT,
+};
 use testbed::agent::Agent;
 use testbed::dataplane::{
     calico_iface_name, list_netns, netns_pids, Dataplane, DataplaneError, PodNet,
@@ -350,4 +352,171 @@ fn destroy_leaves_no_netns_and_no_processes() {
     )
     .into_owned();
     assert!(!listed.contains(&bed.plan.prefix), "left over: {listed}");
+}
+
+/// `ip -n NETNS ARGS…`'s stdout; panics when it fails.
+fn ip_out(netns: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new("ip")
+        .arg("-n")
+        .arg(netns)
+        .args(args)
+        .output()
+        .expect("run ip");
+    assert!(out.status.success(), "ip -n {netns} {args:?}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn dual_stack_pods_get_both_families_and_the_gate_holds_ipv6_too() {
+    let bed = Bed::dual_stack("fp-dp", "dual", 2);
+    let a = bed
+        .dp
+        .add_pod("node-1", "default", "a", "uid-a")
+        .expect("add a");
+    let a2 = bed
+        .dp
+        .add_pod("node-1", "default", "a2", "uid-a2")
+        .expect("add a2");
+    let b = bed
+        .dp
+        .add_pod("node-2", "default", "b", "uid-b")
+        .expect("add b");
+    let (n1, n2) = (
+        bed.plan.nodes[0].ipv6.unwrap(),
+        bed.plan.nodes[1].ipv6.unwrap(),
+    );
+    let (a6, a26, b6) = (a.ip6.unwrap(), a2.ip6.unwrap(), b.ip6.unwrap());
+    assert!(n1.pod_cidr.contains(a6) && n2.pod_cidr.contains(b6));
+    assert_eq!(
+        Some(a6),
+        bed.plan.nodes[0].ipv6_of(a.ip),
+        "same offset in both blocks"
+    );
+
+    // What the pod and its node look like.
+    let addrs = ip_out(&a.netns, &["-6", "-o", "addr", "show", "dev", "eth0"]);
+    assert!(
+        addrs.contains(&format!("inet6 {a6}/128 scope global")),
+        "{addrs}"
+    );
+    let global = addrs.lines().find(|l| l.contains("scope global")).unwrap();
+    assert!(!global.contains("tentative"), "usable at once: {addrs}");
+    let routes = ip_out(&a.netns, &["-6", "route", "show", "default"]);
+    assert!(
+        routes.contains("via fe80::ecee:eeff:feee:eeee dev eth0"),
+        "{routes}"
+    );
+    let neigh = ip_out(&a.netns, &["-6", "neigh", "show", "dev", "eth0"]);
+    assert!(
+        neigh.contains("fe80::ecee:eeff:feee:eeee lladdr ee:ee:ee:ee:ee:ee PERMANENT"),
+        "{neigh}"
+    );
+    let node_ns = bed.node_ns(0);
+    let ll = ip_out(&node_ns, &["-6", "-o", "addr", "show", "dev", &a.iface]);
+    assert!(
+        ll.contains("inet6 fe80::ecee:eeff:feee:eeee/64 scope link"),
+        "{ll}"
+    );
+    let r = ip_out(&node_ns, &["-6", "route", "show"]);
+    assert!(r.contains(&format!("{a6} dev {}", a.iface)), "{r}");
+    assert!(r.contains(&format!("blackhole {}", n1.pod_cidr)), "{r}");
+    assert!(
+        r.contains(&format!("{} via {} dev eth0", n2.pod_cidr, n2.ip)),
+        "{r}"
+    );
+    // The IPv4 side is as in an IPv4-only testbed.
+    let r4 = ip_out(&node_ns, &["route", "show"]);
+    assert!(
+        r4.contains(&format!("{} dev {} scope link", a.ip, a.iface)),
+        "{r4}"
+    );
+
+    let _s = [
+        serve_any(&a.netns, "a"),
+        serve_any(&a2.netns, "a2"),
+        serve_any(&b.netns, "b"),
+    ];
+    // The node reaches its own pods over IPv6 at once; forwarded IPv6 waits, like IPv4.
+    assert_eq!(dial6(&bed.node_ns(1), b6).as_deref(), Ok("b\n"));
+    assert_eq!(dial6(&node_ns, a6).as_deref(), Ok("a\n"));
+    assert!(
+        dial6(&a.netns, b6).is_err(),
+        "IPv6 cross-node before programming"
+    );
+    assert!(
+        dial6(&a.netns, a26).is_err(),
+        "IPv6 same-node before programming"
+    );
+    assert!(dial(&a.netns, b.ip).is_err(), "IPv4 before programming");
+
+    for (node, p) in [("node-1", &a), ("node-1", &a2), ("node-2", &b)] {
+        bed.dp.allow(node, p.ip).expect("allow");
+    }
+    assert_eq!(dial6(&a.netns, b6).as_deref(), Ok("b\n"), "IPv6 cross-node");
+    assert_eq!(dial6(&b.netns, a6).as_deref(), Ok("a\n"), "IPv6 back");
+    assert_eq!(
+        dial6(&a.netns, a26).as_deref(),
+        Ok("a2\n"),
+        "IPv6 same node"
+    );
+    assert_eq!(
+        dial(&a.netns, b.ip).as_deref(),
+        Ok("b\n"),
+        "IPv4 cross-node"
+    );
+    assert_eq!(
+        dial(&a.netns, a2.ip).as_deref(),
+        Ok("a2\n"),
+        "IPv4 same node"
+    );
+    assert_eq!(
+        dial6(&bed.plan.host_netns, b6).as_deref(),
+        Ok("b\n"),
+        "host"
+    );
+
+    // Revoking the endpoint takes both families away together.
+    bed.dp.disallow("node-1", a.ip).expect("disallow a");
+    assert!(dial6(&a.netns, b6).is_err(), "IPv6 after revoke");
+    assert!(dial(&a.netns, b.ip).is_err(), "IPv4 after revoke");
+    bed.dp.remove_pod(&a).expect("remove a");
+    assert!(!ip_out(&node_ns, &["-6", "route", "show"]).contains(&a6.to_string()));
+}
+
+#[test]
+fn ipv4_only_testbeds_have_no_ipv6_anywhere() {
+    let bed = new_bed("v4only", 2);
+    let a = bed
+        .dp
+        .add_pod("node-1", "default", "a", "uid-a")
+        .expect("add a");
+    assert_eq!(a.ip6, None);
+    assert!(bed.plan.nodes.iter().all(|n| n.ipv6.is_none()));
+    let global = ip_out(&a.netns, &["-6", "addr", "show", "scope", "global"]);
+    assert!(global.trim().is_empty(), "{global}");
+    let r6 = ip_out(&bed.node_ns(0), &["-6", "route", "show"]);
+    assert!(!r6.contains("via") && !r6.contains("blackhole"), "{r6}");
+    let link = ip_out(
+        &bed.node_ns(0),
+        &["-6", "-o", "addr", "show", "dev", &a.iface],
+    );
+    assert!(!link.contains("nodad"), "no explicit link-local: {link}");
+    let nft = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &bed.node_ns(0),
+            "nft",
+            "list",
+            "table",
+            "inet",
+            "firstpacket",
+        ])
+        .output()
+        .expect("nft");
+    let nft = String::from_utf8_lossy(&nft.stdout);
+    assert!(
+        nft.contains("set allowed") && !nft.contains("allowed6") && !nft.contains("ip6"),
+        "{nft}"
+    );
 }

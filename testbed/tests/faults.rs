@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use netns_support::{
-    dial, dial_within, first_success, poll_until, rt, serve, Bed, Server, EFFECT_TIMEOUT,
+    dial, dial6, dial_within, first_success, poll_until, rt, serve, serve_any, Bed, Server,
+    EFFECT_TIMEOUT,
 };
 use testbed::dataplane::{NetFaults, PodNet};
 use testbed::fault::{FaultFile, Faults};
@@ -351,6 +352,173 @@ fn cross_node_breaks_cross_node_pairs_and_same_node_still_works() {
         .expect("truth ttfp");
     let ready = bed.pod_events(TruthKind::ReadinessOk, &a1.uid)[0].t;
     assert!((ttfp - (last_restored - ready)).abs() < 1e-6);
+}
+
+#[test]
+fn family_broken_ipv6_breaks_only_cross_node_ipv6_until_cleared() {
+    let bed = Bed::dual_stack("fp-faults", "fam6", 2).checking_leftovers();
+    let rt = rt();
+    let _g = rt.enter();
+    let f = faults("rules:\n- nodes: {names: [node-1]}\n  family_broken: ipv6\n");
+    let ag = bed.agents(&f, &[]);
+    let a1 = bed.add(&ag[0], 0, "a1");
+    let a2 = bed.add(&ag[0], 0, "a2");
+    let b = bed.add(&ag[1], 1, "b");
+    let _s = [
+        serve_any(&a1.netns, "a1"),
+        serve_any(&a2.netns, "a2"),
+        serve_any(&b.netns, "b"),
+    ];
+    for p in [&a1, &a2, &b] {
+        bed.wait_programmed(&p.uid, Duration::from_secs(2));
+    }
+    let (a16, a26, b6) = (a1.ip6.unwrap(), a2.ip6.unwrap(), b.ip6.unwrap());
+    let block6 = bed.plan.nodes[1].ipv6.unwrap().pod_cidr.to_string();
+    let node1_v6_routes = || {
+        let out = std::process::Command::new("ip")
+            .args(["-n", &bed.node_ns(0), "-6", "route", "show", &block6])
+            .output()
+            .expect("ip");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // The node task removes node-1's IPv6 route to node-2's block at its first tick.
+    let left = poll_until(
+        EFFECT_TIMEOUT,
+        Duration::from_millis(10),
+        node1_v6_routes,
+        |r| r.trim().is_empty(),
+    );
+    assert!(
+        left.trim().is_empty(),
+        "IPv6 peer route still there: {left}"
+    );
+    assert!(dial6(&a1.netns, b6).is_err(), "cross-node IPv6 from node-1");
+    assert!(
+        dial6(&b.netns, a16).is_err(),
+        "cross-node IPv6 to node-1 (no way back)"
+    );
+    assert_eq!(
+        dial6(&a1.netns, a26).as_deref(),
+        Ok("a2\n"),
+        "same-node IPv6"
+    );
+    assert_eq!(
+        dial(&a1.netns, b.ip).as_deref(),
+        Ok("b\n"),
+        "cross-node IPv4"
+    );
+    assert_eq!(
+        dial(&b.netns, a1.ip).as_deref(),
+        Ok("a1\n"),
+        "cross-node IPv4 back"
+    );
+    assert!(
+        bed.events(TruthKind::PeerRouteRemoved).is_empty(),
+        "IPv6 routes write no route truth: the IPv4 path is up"
+    );
+
+    let cleared = unix_now();
+    ag[0].set_faults(FaultFile::default());
+    let back = poll_until(
+        Duration::from_secs(3),
+        Duration::from_millis(20),
+        || dial6(&a1.netns, b6),
+        Result::is_ok,
+    );
+    assert_eq!(back.as_deref(), Ok("b\n"), "IPv6 never came back");
+    assert!(unix_now() - cleared < 2.0);
+    assert!(node1_v6_routes().contains("via"), "route as built");
+    assert!(bed.events(TruthKind::PeerRouteRestored).is_empty());
+}
+
+#[test]
+fn cross_node_on_a_dual_stack_testbed_breaks_both_families_with_one_event_per_peer() {
+    let bed = Bed::dual_stack("fp-faults", "xnode6", 2).checking_leftovers();
+    let rt = rt();
+    let _g = rt.enter();
+    let f = faults("rules:\n- nodes: {names: [node-1]}\n  cross_node: {broken_peers: all}\n");
+    let ag = bed.agents(&f, &[]);
+    let a1 = bed.add(&ag[0], 0, "a1");
+    let a2 = bed.add(&ag[0], 0, "a2");
+    let b = bed.add(&ag[1], 1, "b");
+    let _s = [
+        serve_any(&a1.netns, "a1"),
+        serve_any(&a2.netns, "a2"),
+        serve_any(&b.netns, "b"),
+    ];
+    for p in [&a1, &a2, &b] {
+        bed.wait_programmed(&p.uid, Duration::from_secs(2));
+    }
+    let removed = bed.events_until(TruthKind::PeerRouteRemoved, 1, EFFECT_TIMEOUT);
+    // Both families go in the same reconcile pass; give IPv6 a moment after the event.
+    let v6 = poll_until(
+        Duration::from_secs(2),
+        Duration::from_millis(10),
+        || dial6(&a1.netns, b.ip6.unwrap()),
+        Result::is_err,
+    );
+    assert!(v6.is_err(), "cross-node IPv6 still flows: {v6:?}");
+    assert!(dial(&a1.netns, b.ip).is_err(), "cross-node IPv4");
+    assert_eq!(
+        dial6(&a1.netns, a2.ip6.unwrap()).as_deref(),
+        Ok("a2\n"),
+        "same node"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let removed_now = bed.events(TruthKind::PeerRouteRemoved);
+    assert_eq!(
+        removed_now.len(),
+        1,
+        "one event per peer, not per family: {removed_now:?}"
+    );
+    assert_eq!(removed[0].detail["reason"], "cross_node");
+    ag[0].set_faults(FaultFile::default());
+    let back = poll_until(
+        Duration::from_secs(3),
+        Duration::from_millis(20),
+        || dial6(&a1.netns, b.ip6.unwrap()),
+        Result::is_ok,
+    );
+    assert_eq!(back.as_deref(), Ok("b\n"), "IPv6 restored");
+    assert_eq!(dial(&a1.netns, b.ip).as_deref(), Ok("b\n"), "IPv4 restored");
+    assert_eq!(bed.events(TruthKind::PeerRouteRestored).len(), 1);
+}
+
+#[test]
+fn family_broken_ipv4_on_a_dual_stack_testbed_keeps_ipv6_and_says_so_in_truth() {
+    let bed = Bed::dual_stack("fp-faults", "fam4", 2).checking_leftovers();
+    let rt = rt();
+    let _g = rt.enter();
+    let f = faults("rules:\n- nodes: {names: [node-1]}\n  family_broken: ipv4\n");
+    let ag = bed.agents(&f, &[]);
+    let a1 = bed.add(&ag[0], 0, "a1");
+    let b = bed.add(&ag[1], 1, "b");
+    let _s = [serve_any(&a1.netns, "a1"), serve_any(&b.netns, "b")];
+    for p in [&a1, &b] {
+        bed.wait_programmed(&p.uid, Duration::from_secs(2));
+    }
+    let removed = bed.events_until(TruthKind::PeerRouteRemoved, 1, EFFECT_TIMEOUT);
+    assert_eq!(removed.len(), 1, "{removed:?}");
+    assert_eq!(removed[0].node.as_deref(), Some("node-1"));
+    assert_eq!(removed[0].detail["peer"], "node-2");
+    assert_eq!(removed[0].detail["reason"], "family_broken");
+    assert!(dial(&a1.netns, b.ip).is_err(), "cross-node IPv4");
+    assert_eq!(
+        dial6(&a1.netns, b.ip6.unwrap()).as_deref(),
+        Ok("b\n"),
+        "IPv6 unaffected"
+    );
+    ag[0].set_faults(FaultFile::default());
+    let restored = bed.events_until(TruthKind::PeerRouteRestored, 1, EFFECT_TIMEOUT);
+    assert_eq!(restored.len(), 1, "{restored:?}");
+    assert_eq!(restored[0].detail["reason"], "family_broken");
+    assert!(first_success(
+        &a1.netns,
+        b.ip,
+        Duration::from_millis(20),
+        Duration::from_secs(3)
+    )
+    .is_some());
 }
 
 #[test]

@@ -348,6 +348,7 @@ async fn answer(
                 &args.agent,
                 args.kube_proxy,
                 args.kubelet,
+                args.ipv6,
             ),
             false,
         ),

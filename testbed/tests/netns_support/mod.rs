@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -48,10 +48,23 @@ impl Bed {
     /// Creates the dataplane of `nodes` nodes for scenario `name`; `prefix` names the
     /// test binary in the state dir. Panics when the plan or dataplane cannot be made.
     pub fn new(prefix: &str, name: &str, nodes: usize) -> Bed {
+        Bed::with_families(prefix, name, nodes, false)
+    }
+
+    /// [`Bed::new`] with a dual-stack plan (`Plan::with_ipv6`): every node and pod has
+    /// an IPv6 address beside its IPv4 one.
+    pub fn dual_stack(prefix: &str, name: &str, nodes: usize) -> Bed {
+        Bed::with_families(prefix, name, nodes, true)
+    }
+
+    fn with_families(prefix: &str, name: &str, nodes: usize, ipv6: bool) -> Bed {
         let serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
         let dir = std::env::temp_dir().join(format!("{prefix}-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let plan = Plan::new(&dir, nodes).expect("plan");
+        let mut plan = Plan::new(&dir, nodes).expect("plan");
+        if ipv6 {
+            plan = plan.with_ipv6();
+        }
         let dp = Arc::new(Dataplane::create(&plan).expect("create dataplane"));
         let truth_path = dir.join("truth.jsonl");
         let truth = Truth::open(&truth_path).expect("truth");
@@ -228,12 +241,22 @@ pub struct Server {
 
 /// Starts a [`Server`] in `netns`; panics when it cannot bind within 5 s.
 pub fn serve(netns: &str, name: &str) -> Server {
+    serve_on(netns, name, IpAddr::V4(Ipv4Addr::UNSPECIFIED))
+}
+
+/// [`serve`] on `[::]:`[`PORT`]: answers over IPv6 and (as a dual-stack socket, Linux's
+/// `bindv6only` 0 default) over IPv4 too.
+pub fn serve_any(netns: &str, name: &str) -> Server {
+    serve_on(netns, name, IpAddr::V6(Ipv6Addr::UNSPECIFIED))
+}
+
+fn serve_on(netns: &str, name: &str, bind: IpAddr) -> Server {
     let thread = NetnsThread::spawn(netns).expect("netns thread");
     let (tx, rx) = std::sync::mpsc::channel();
     let reply = format!("{name}\n");
     thread.handle().spawn(async move {
         // Bound inside the runtime's thread, hence inside the pod netns.
-        let l = match tokio::net::TcpListener::bind(("0.0.0.0", PORT)).await {
+        let l = match tokio::net::TcpListener::bind((bind, PORT)).await {
             Ok(l) => {
                 let _ = tx.send(Ok(()));
                 l
@@ -266,6 +289,11 @@ pub fn serve(netns: &str, name: &str) -> Server {
 /// `connect` as connect budget and 300 ms to read. Returns the peer's answer or the
 /// error text.
 pub fn dial_port(from: &str, ip: Ipv4Addr, port: u16, connect: Duration) -> Result<String, String> {
+    dial_ip(from, IpAddr::V4(ip), port, connect)
+}
+
+/// [`dial_port`] to an address of either family.
+pub fn dial_ip(from: &str, ip: IpAddr, port: u16, connect: Duration) -> Result<String, String> {
     run_in_netns(from, || {
         let addr = SocketAddr::from((ip, port));
         let mut s = TcpStream::connect_timeout(&addr, connect).map_err(|e| e.to_string())?;
@@ -283,6 +311,11 @@ pub fn dial_port(from: &str, ip: Ipv4Addr, port: u16, connect: Duration) -> Resu
 /// retransmit, a dropped SYN is one failed connection).
 pub fn dial_within(from: &str, ip: Ipv4Addr, connect: Duration) -> Result<String, String> {
     dial_port(from, ip, PORT, connect)
+}
+
+/// [`dial_ip`] to `[ip]:`[`PORT`] (IPv6) with a 300 ms connect budget.
+pub fn dial6(from: &str, ip: Ipv6Addr) -> Result<String, String> {
+    dial_ip(from, IpAddr::V6(ip), PORT, Duration::from_millis(300))
 }
 
 /// [`dial_port`] to `ip:`[`PORT`] with a 300 ms connect budget.
