@@ -125,3 +125,61 @@ fn every_path_passes_healthy_and_a_missing_family_is_family_missing() {
         }
     }
 }
+
+/// A dual-stack testbed (`testbed up --ip-families ipv4,ipv6`): S1 passes per family,
+/// every path within tolerance of truth; `family_broken: ipv6` (the nodes' IPv6 routes
+/// to their peers' pod blocks gone) fails only the cross-node IPv6 paths, the IPv4 ones
+/// and the same-node control pass.
+#[test]
+fn a_dual_stack_testbed_passes_per_family_and_a_broken_family_fails_only_its_paths() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let tb = Testbed::up(
+        "paths-ds",
+        3,
+        "rules:\n  - nodes: {all: true}\n    agent: {gates_readiness: false}\n    program_delay: 2s\n",
+        &["--ip-families", "ipv4,ipv6"],
+    );
+    let families = ["--ip-families", "ipv4,ipv6", "--protocols", "tcp,udp"];
+    let gate = |extra: &[&str]| {
+        let mut args = vec![
+            "--kinds",
+            "cross_node,same_node",
+            "--pairs",
+            "3",
+            "--hold",
+            "1s",
+        ];
+        args.extend_from_slice(&families);
+        args.extend_from_slice(extra);
+        tb.gate(&args)
+    };
+    let (code, report, out) = gate(&[]);
+    validate(&report);
+    assert_eq!(code, 0, "S1 on a dual-stack testbed: {out}");
+    let got = paths(&report);
+    assert_eq!(got.len(), 6 * 4, "{got:?}\n{out}");
+    let v6: Vec<&(String, String, String, String)> =
+        got.iter().filter(|p| p.1.contains("/ipv6/")).collect();
+    assert_eq!(v6.len(), 6 * 2, "{out}");
+    for (kind, path, result, reason) in &got {
+        assert_eq!(
+            (result.as_str(), reason.as_str()),
+            ("success", "none"),
+            "{kind} {path}\n{out}"
+        );
+    }
+    paths_near_truth(&tb.truth(), &report, &out);
+
+    tb.set_fault(
+        "rules:\n  - nodes: {all: true}\n    agent: {gates_readiness: false}\n    program_delay: 200ms\n    family_broken: ipv6\n",
+    );
+    let (code, report, out) = gate(&["--give-up", "5s"]);
+    validate(&report);
+    assert_eq!(code, 1, "{out}");
+    assert_only_cross_node_paths_fail(
+        &report,
+        &["tcp/ipv6/small", "udp/ipv6/small"],
+        "no_success_before_give_up",
+        &out,
+    );
+}
