@@ -21,7 +21,9 @@
 //! `--payload`, `--ip-families`), `firstpacket_path_probes_total{kind, protocol,
 //! family, payload, result, reason}` and `firstpacket_path_ttfp_seconds{kind,
 //! protocol, family, payload}` count each path; every label is a closed set (2 × 2 × 2
-//! paths per kind), so the series stay bounded. They appear with the first such probe.
+//! paths per kind), so the series stay bounded. A run that asks for more than the main
+//! path exports its paths' success and failure series at 0 from the start
+//! ([`Metrics::initialise_paths`]); one that does not has none.
 //!
 //! [`Metrics::observe`] turns one finished probe record into every metric at once; the
 //! continuous mode calls it under the same lock that appends the record to the recent
@@ -444,6 +446,36 @@ impl Metrics {
         }
     }
 
+    /// Issue 33: `firstpacket_path_probes_total` at 0 for each of `kinds` that measures
+    /// paths (the pod-to-pod ones) and each path of `ids`
+    /// ([`crate::paths::PathsConfig::metric_ids`]), results `success` and `failed` with
+    /// the reasons a path fails with, so an alert's `increase()` counts a path's first
+    /// failure. Nothing for an empty `ids` (a run that measures the main path only).
+    pub fn initialise_paths(&self, kinds: &[ProbeKind], ids: &[firstpacket_report::PathId]) {
+        for kind in kinds.iter().filter(|k| k.pod_to_pod()) {
+            for id in ids {
+                let mut reasons = vec![
+                    ("success", "none"),
+                    ("failed", Reason::NoSuccessBeforeGiveUp.as_str()),
+                    ("failed", Reason::LostAfterSuccess.as_str()),
+                ];
+                if id.payload == firstpacket_report::Payload::Mtu {
+                    reasons.push(("failed", Reason::MtuBlackHole.as_str()));
+                }
+                for (result, reason) in reasons {
+                    let _ = self.path_probes.with_label_values(&[
+                        kind.as_str(),
+                        id.protocol.as_str(),
+                        id.family.as_str(),
+                        id.payload.as_str(),
+                        result,
+                        reason,
+                    ]);
+                }
+            }
+        }
+    }
+
     /// Counts one finished probe everywhere (module docs), `now_unix` = wall time.
     pub fn observe(&self, rec: &ProbeRecord, now_unix: f64) {
         let kind = rec.kind.as_str();
@@ -659,6 +691,37 @@ mod tests {
         m.node_removed("node-2");
         let text = m.render();
         assert!(!text.contains(r#"node="node-2""#), "{text}");
+    }
+
+    #[test]
+    fn a_multi_path_run_exports_its_paths_series_at_zero_and_a_main_only_run_none() {
+        let main_only = crate::paths::PathsConfig::default();
+        assert!(main_only.metric_ids().is_empty());
+        let m = Metrics::new(&[ProbeKind::CrossNode, ProbeKind::Service]);
+        let cfg = crate::paths::PathsConfig::new(
+            &[firstpacket_report::PathProtocol::Udp],
+            firstpacket_report::Payload::Mtu,
+            &[firstpacket_report::IpFamily::Ipv4],
+        );
+        // tcp (the main path's protocol) and udp, small and mtu, on IPv4.
+        assert_eq!(cfg.metric_ids().len(), 4);
+        m.initialise_paths(
+            &[ProbeKind::CrossNode, ProbeKind::Service],
+            &cfg.metric_ids(),
+        );
+        let text = m.render();
+        assert_eq!(
+            value(
+                &text,
+                r#"firstpacket_path_probes_total{family="ipv4",kind="cross_node",payload="mtu",protocol="udp",reason="mtu_black_hole",result="failed"}"#
+            ),
+            Some(0.0),
+            "{text}"
+        );
+        assert!(
+            !text.contains(r#"kind="service",payload"#),
+            "service measures no paths: {text}"
+        );
     }
 
     #[test]

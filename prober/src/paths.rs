@@ -119,6 +119,45 @@ impl PathsConfig {
         }
     }
 
+    /// The paths a run's metrics pre-initialise (`Metrics::initialise_paths`): every
+    /// protocol × payload of the requested families (both, when none is named: the
+    /// primary one is known only from the pods), the main TCP/small one included; none
+    /// when the run asks for the main path only.
+    pub fn metric_ids(&self) -> Vec<PathId> {
+        if self.protocols == [PathProtocol::Tcp]
+            && self.payload == Payload::Small
+            && self.families.len() <= 1
+        {
+            return Vec::new();
+        }
+        let families = if self.families.is_empty() {
+            IpFamily::ALL.to_vec()
+        } else {
+            self.families.clone()
+        };
+        let payloads: &[Payload] = match self.payload {
+            Payload::Small => &[Payload::Small],
+            Payload::Mtu => &[Payload::Small, Payload::Mtu],
+        };
+        let mut protocols = self.protocols.clone();
+        if !protocols.contains(&PathProtocol::Tcp) {
+            protocols.insert(0, PathProtocol::Tcp);
+        }
+        let mut out = Vec::new();
+        for family in families {
+            for protocol in &protocols {
+                for payload in payloads {
+                    out.push(PathId {
+                        protocol: *protocol,
+                        family,
+                        payload: *payload,
+                    });
+                }
+            }
+        }
+        out
+    }
+
     /// Whether only the main path is asked for (then records carry no `paths`).
     pub fn main_only(&self, primary: IpFamily) -> bool {
         self.protocols == [PathProtocol::Tcp]

@@ -562,6 +562,12 @@ fn new_admin_state(
         },
     ));
     admin.metrics.leader.set(i64::from(!args.leader_elect));
+    let paths = crate::paths::PathsConfig::new(
+        &args.probe.protocols,
+        args.probe.payload,
+        &args.probe.ip_families,
+    );
+    admin.metrics.initialise_paths(kinds, &paths.metric_ids());
     *lock(&admin.baselines) = Some(crate::baseline::Baselines::new(drift_cfg));
     admin.metrics.drift_threshold_ratio.set(drift_cfg.ratio);
     admin.metrics.drift_floor_seconds.set(drift_cfg.floor);

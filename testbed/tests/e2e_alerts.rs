@@ -97,6 +97,10 @@ const RUN_FLAGS: &[&str] = &[
     "8s",
     "--kinds",
     "cross_node,same_node",
+    // Every probe also measures UDP (issue 33): the per-path series the path alert and
+    // panel read exist from the start.
+    "--protocols",
+    "tcp,udp",
     "--log-format",
     "json",
 ];
