@@ -339,7 +339,7 @@ pub struct ProbeArgs {
     /// its clock, from its first instant: no extra pod or API write, one more attempt
     /// per --dial-interval per path. `service` and the policy kinds measure tcp only.
     #[arg(long, env = "FIRSTPACKET_PROTOCOLS", value_delimiter = ',', default_value = "tcp",
-          value_parser = crate::paths::parse_protocol)]
+          value_parser = str::parse::<firstpacket_report::PathProtocol>)]
     pub protocols: Vec<firstpacket_report::PathProtocol>,
 
     /// What each attempt carries: small (a few hundred bytes), or mtu (small attempts
@@ -349,7 +349,7 @@ pub struct ProbeArgs {
     /// the ICMP that would let senders adapt: an encapsulation change, a lower underlay
     /// MTU).
     #[arg(long, env = "FIRSTPACKET_PAYLOAD", default_value = "small",
-          value_parser = crate::paths::parse_payload)]
+          value_parser = str::parse::<firstpacket_report::Payload>)]
     pub payload: firstpacket_report::Payload,
 
     /// IP families each pod-to-pod probe measures, comma-separated (ipv4, ipv6); by
@@ -357,7 +357,7 @@ pub struct ProbeArgs {
     /// clusters each family is measured separately; a family the target pod has no
     /// address of is inconclusive (reason family_missing), never guessed.
     #[arg(long, env = "FIRSTPACKET_IP_FAMILIES", value_delimiter = ',',
-          value_parser = crate::paths::parse_family)]
+          value_parser = str::parse::<firstpacket_report::IpFamily>)]
     pub ip_families: Vec<firstpacket_report::IpFamily>,
 
     /// Filler pods created on the target's node together with a `burst` probe's target.

@@ -38,30 +38,6 @@ use firstpacket_report::{
 };
 use std::time::Duration;
 
-/// `--protocols` values: `tcp`, `udp`.
-pub fn parse_protocol(s: &str) -> Result<PathProtocol, String> {
-    PathProtocol::ALL
-        .into_iter()
-        .find(|p| p.as_str() == s)
-        .ok_or_else(|| format!("unknown protocol {s:?} (expected tcp or udp)"))
-}
-
-/// `--payload` values: `small`, `mtu`.
-pub fn parse_payload(s: &str) -> Result<Payload, String> {
-    Payload::ALL
-        .into_iter()
-        .find(|p| p.as_str() == s)
-        .ok_or_else(|| format!("unknown payload {s:?} (expected small or mtu)"))
-}
-
-/// `--ip-families` values: `ipv4`, `ipv6`.
-pub fn parse_family(s: &str) -> Result<IpFamily, String> {
-    IpFamily::ALL
-        .into_iter()
-        .find(|p| p.as_str() == s)
-        .ok_or_else(|| format!("unknown IP family {s:?} (expected ipv4 or ipv6)"))
-}
-
 /// The paths a run asks for (`--protocols`, `--payload`, `--ip-families`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PathsConfig {

@@ -467,6 +467,30 @@ impl Payload {
     }
 }
 
+/// `FromStr` for the path's closed sets: the exact JSON string, else an error naming the
+/// value and the set (`unknown protocol "sctp" (expected tcp or udp)`).
+macro_rules! path_set_from_str {
+    ($t:ty, $what:literal, $expected:literal) => {
+        impl std::str::FromStr for $t {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                <$t>::ALL
+                    .into_iter()
+                    .find(|x| x.as_str() == s)
+                    .ok_or_else(|| {
+                        format!(
+                            concat!("unknown ", $what, " {:?} (expected ", $expected, ")"),
+                            s
+                        )
+                    })
+            }
+        }
+    };
+}
+path_set_from_str!(PathProtocol, "protocol", "tcp or udp");
+path_set_from_str!(IpFamily, "IP family", "ipv4 or ipv6");
+path_set_from_str!(Payload, "payload", "small or mtu");
+
 /// Which path: protocol, family and payload; written `tcp/ipv4/small` (the JSON of
 /// [`SourcePath::path`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -497,15 +521,11 @@ impl std::str::FromStr for PathId {
         let (Some(p), Some(f), Some(l), None) = (it.next(), it.next(), it.next(), it.next()) else {
             return Err(format!("{s:?}: expected PROTOCOL/FAMILY/PAYLOAD"));
         };
-        let find = |all: &[&'static str], v: &str, what: &str| {
-            all.iter()
-                .position(|x| *x == v)
-                .ok_or_else(|| format!("{s:?}: unknown {what} {v:?}"))
-        };
+        let why = |e: String| format!("{s:?}: {e}");
         Ok(PathId {
-            protocol: PathProtocol::ALL[find(&["tcp", "udp"], p, "protocol")?],
-            family: IpFamily::ALL[find(&["ipv4", "ipv6"], f, "family")?],
-            payload: Payload::ALL[find(&["small", "mtu"], l, "payload")?],
+            protocol: p.parse().map_err(why)?,
+            family: f.parse().map_err(why)?,
+            payload: l.parse().map_err(why)?,
         })
     }
 }

@@ -81,14 +81,8 @@ impl FromStr for PathSpec {
         let (proto, payload) = what
             .split_once('/')
             .ok_or_else(|| format!("{s:?}: expected PROTOCOL/PAYLOAD before '='"))?;
-        let protocol = PathProtocol::ALL
-            .into_iter()
-            .find(|p| p.as_str() == proto)
-            .ok_or_else(|| format!("{s:?}: protocol {proto:?} is not tcp or udp"))?;
-        let payload = Payload::ALL
-            .into_iter()
-            .find(|p| p.as_str() == payload)
-            .ok_or_else(|| format!("{s:?}: payload {payload:?} is not small or mtu"))?;
+        let protocol: PathProtocol = proto.parse().map_err(|e| format!("{s:?}: {e}"))?;
+        let payload: Payload = payload.parse().map_err(|e| format!("{s:?}: {e}"))?;
         let target = addr
             .parse::<SocketAddr>()
             .map_err(|e| format!("{s:?}: {addr:?} is not IP:PORT ({e})"))?;
@@ -425,8 +419,14 @@ mod tests {
         for (bad, why) in [
             ("udp/mtu", "PROTOCOL/PAYLOAD=IP:PORT"),
             ("udp=10.0.0.1:1", "PROTOCOL/PAYLOAD before"),
-            ("sctp/small=10.0.0.1:1", "not tcp or udp"),
-            ("tcp/jumbo=10.0.0.1:1", "not small or mtu"),
+            (
+                "sctp/small=10.0.0.1:1",
+                "unknown protocol \"sctp\" (expected tcp or udp)",
+            ),
+            (
+                "tcp/jumbo=10.0.0.1:1",
+                "unknown payload \"jumbo\" (expected small or mtu)",
+            ),
             ("tcp/small=10.0.0.1", "is not IP:PORT"),
         ] {
             let e = bad.parse::<PathSpec>().unwrap_err();

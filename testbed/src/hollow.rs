@@ -770,15 +770,12 @@ impl ProbeArgs {
 
 /// The path of a `--path` value `PROTOCOL/PAYLOAD=IP:PORT`, if it parses.
 fn path_id(v: &str) -> Option<firstpacket_report::PathId> {
-    use firstpacket_report::{IpFamily, PathProtocol, Payload};
     let (what, addr) = v.split_once('=')?;
     let (proto, payload) = what.split_once('/')?;
     Some(firstpacket_report::PathId {
-        protocol: PathProtocol::ALL
-            .into_iter()
-            .find(|p| p.as_str() == proto)?,
-        family: IpFamily::of(addr.parse::<std::net::SocketAddr>().ok()?.ip()),
-        payload: Payload::ALL.into_iter().find(|p| p.as_str() == payload)?,
+        protocol: proto.parse().ok()?,
+        family: firstpacket_report::IpFamily::of(addr.parse::<std::net::SocketAddr>().ok()?.ip()),
+        payload: payload.parse().ok()?,
     })
 }
 
