@@ -78,10 +78,8 @@ fn probe_line(p: &ProbeRecord) -> String {
         .filter(|x| x.result != ProbeResult::Success)
         .map(|x| {
             format!(
-                "{}/{}/{} {}{}",
-                x.protocol.as_str(),
-                x.family.as_str(),
-                x.payload.as_str(),
+                "{} {}{}",
+                x.id(),
                 x.result.as_str(),
                 x.reason
                     .map(|r| format!("/{}", r.as_str()))

@@ -263,9 +263,9 @@ pub fn path_results(
             if p.addr.is_none() {
                 return out(ProbeResult::Inconclusive, Some(Reason::FamilyMissing), None);
             }
-            let Some(report) = report else {
+            if report.is_none() {
                 return out(record.result, record.reason, None);
-            };
+            }
             let Some(l) = line(p.id) else {
                 return out(
                     ProbeResult::Inconclusive,
@@ -295,7 +295,6 @@ pub fn path_results(
                 SourceOutcome::WrongPeer => (ProbeResult::Failed, Reason::WrongPeer),
                 _ => (ProbeResult::Failed, Reason::NoSuccessBeforeGiveUp),
             };
-            let _ = report;
             out(result, Some(reason), None)
         })
         .collect()
@@ -321,11 +320,7 @@ pub fn apply(record: &mut ProbeRecord, planned: &[PlannedPath], slow_threshold: 
         .rev()
         .max_by_key(|p| severity(p.result));
     if let Some(w) = worst {
-        let id = PathId {
-            protocol: w.protocol,
-            family: w.family,
-            payload: w.payload,
-        };
+        let id = w.id();
         let what = match w.reason {
             Some(Reason::MtuBlackHole) => format!(
                 "path {id}: full-size packets never got through while small ones did (MTU black hole)"
@@ -361,11 +356,7 @@ pub fn text_lines(probes: &[ProbeRecord]) -> String {
     let mut rows: BTreeMap<(u8, PathId), Row> = BTreeMap::new();
     for p in probes {
         for (i, x) in p.paths.iter().enumerate() {
-            let id = PathId {
-                protocol: x.protocol,
-                family: x.family,
-                payload: x.payload,
-            };
+            let id = x.id();
             // The main path first, then in id order.
             let row = rows.entry((u8::from(i != 0), id)).or_default();
             row.counts[severity(x.result) as usize] += 1;
@@ -539,12 +530,7 @@ mod tests {
             .iter()
             .map(|p| {
                 (
-                    format!(
-                        "{}/{}/{}",
-                        p.protocol.as_str(),
-                        p.family.as_str(),
-                        p.payload.as_str()
-                    ),
+                    p.id().to_string(),
                     p.result.as_str(),
                     p.reason.map(|r| r.as_str()),
                     p.ttfp_seconds,
@@ -631,17 +617,7 @@ mod tests {
             Duration::from_secs(5),
         )
         .iter()
-        .map(|p| {
-            (
-                format!(
-                    "{}/{}/{}",
-                    p.protocol.as_str(),
-                    p.family.as_str(),
-                    p.payload.as_str()
-                ),
-                p.reason,
-            )
-        })
+        .map(|p| (p.id().to_string(), p.reason))
         .collect();
         assert_eq!(
             got,

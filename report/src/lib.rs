@@ -582,6 +582,17 @@ pub struct PathResult {
     pub ttfp_seconds: Option<f64>,
 }
 
+impl PathResult {
+    /// Protocol, family and payload (`tcp/ipv4/small` when displayed).
+    pub fn id(&self) -> PathId {
+        PathId {
+            protocol: self.protocol,
+            family: self.family,
+            payload: self.payload,
+        }
+    }
+}
+
 /// What `target-server probe` writes to its termination log and stdout (one JSON line).
 ///
 /// All `f64` times are seconds on the source's monotonic clock since its own process
