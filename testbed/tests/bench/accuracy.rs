@@ -112,7 +112,7 @@ const JITTER: Duration = Duration::from_millis(500);
 ///
 /// `gated`: whether the simulated agent gates readiness (its default, as Calico does); off,
 /// the delay lands after Ready, in TTFP.
-fn fault_around(d: Duration, gated: bool) -> String {
+pub(super) fn fault_around(d: Duration, gated: bool) -> String {
     let lo = d.saturating_sub(JITTER);
     format!(
         "rules:\n  - nodes: {{all: true}}\n    program_delay: {{uniform: [{}, {}]}}\n    agent: {{gates_readiness: {gated}}}\n",

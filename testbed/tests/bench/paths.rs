@@ -53,12 +53,7 @@ pub fn run(opts: &Opts) -> Vec<Table> {
     let mut misses = Vec::new();
     for d in delays {
         let delay = Duration::from_secs_f64(d);
-        let lo = delay.saturating_sub(Duration::from_millis(500));
-        tb.set_fault(&format!(
-            "rules:\n  - nodes: {{all: true}}\n    program_delay: {{uniform: [{}, {}]}}\n    agent: {{gates_readiness: false}}\n",
-            humantime::format_duration(lo),
-            humantime::format_duration(delay + Duration::from_millis(500))
-        ));
+        tb.set_fault(&super::accuracy::fault_around(delay, false));
         eprintln!("paths: program_delay {d}s, {pairs} probes");
         let give_up = humantime::format_duration(delay + Duration::from_secs(30)).to_string();
         let (_, report, out) = tb.gate(&[
