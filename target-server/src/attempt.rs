@@ -54,7 +54,8 @@ pub enum AttemptResult {
 }
 
 impl AttemptResult {
-    fn fail(kind: ErrorKind) -> Self {
+    /// A failure of `kind` without a peer.
+    pub(crate) fn fail(kind: ErrorKind) -> Self {
         AttemptResult::Failure { kind, peer: None }
     }
 }

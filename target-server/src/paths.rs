@@ -189,10 +189,7 @@ pub async fn attempt(
     };
     let result = tokio::time::timeout(timeout, work)
         .await
-        .unwrap_or(AttemptResult::Failure {
-            kind: ErrorKind::Timeout,
-            peer: None,
-        });
+        .unwrap_or(AttemptResult::fail(ErrorKind::Timeout));
     AttemptOutcome {
         sent,
         received: origin.elapsed_seconds(),
@@ -216,19 +213,13 @@ async fn tcp_pad(
         .header(CONTENT_TYPE, "application/octet-stream")
         .body(Full::new(Bytes::from(vec![b'x'; bytes as usize])));
     let Ok(req) = req else {
-        return AttemptResult::Failure {
-            kind: ErrorKind::Reset,
-            peer: None,
-        };
+        return AttemptResult::fail(ErrorKind::Reset);
     };
     match http_exchange(target, timeout, req).await {
-        Err(kind) => AttemptResult::Failure { kind, peer: None },
+        Err(kind) => AttemptResult::fail(kind),
         Ok((status, body)) => match judge(status, &body, expect_pod) {
             AttemptResult::Success if pad_len(&body) != Some(bytes as usize) => {
-                AttemptResult::Failure {
-                    kind: ErrorKind::HttpStatus,
-                    peer: None,
-                }
+                AttemptResult::fail(ErrorKind::HttpStatus)
             }
             other => other,
         },
@@ -285,13 +276,12 @@ async fn udp_exchange(
     id: u64,
     expect_pod: &str,
 ) -> AttemptResult {
-    let fail = |e: &std::io::Error| AttemptResult::Failure {
-        kind: if e.raw_os_error() == Some(libc::EMSGSIZE) {
+    let fail = |e: &std::io::Error| {
+        AttemptResult::fail(if e.raw_os_error() == Some(libc::EMSGSIZE) {
             ErrorKind::Unreachable
         } else {
             crate::attempt::classify_io(e)
-        },
-        peer: None,
+        })
     };
     let v6 = target.is_ipv6();
     let local: SocketAddr = if v6 {
@@ -508,12 +498,6 @@ mod tests {
         let _ = server.await;
         // Nothing listens now: the kernel's port unreachable is `refused`.
         let gone = attempt(origin, spec(Payload::Small), None, 3, "t-1", t).await;
-        assert_eq!(
-            gone.result,
-            AttemptResult::Failure {
-                kind: ErrorKind::Refused,
-                peer: None
-            }
-        );
+        assert_eq!(gone.result, AttemptResult::fail(ErrorKind::Refused));
     }
 }
