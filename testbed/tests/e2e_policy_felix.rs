@@ -110,9 +110,11 @@ fn policy_kinds_on_real_felix_match_the_ipset_truth_healthy_slow_and_under_400_p
     let healthy_apply = mean_apply(&before, &after);
 
     // A slow Felix on node-2 (every dataplane write 2 s late): a new source is admitted
-    // on node-2 ~2 s after its IP is known, which is ~1 s after its Ready (the source's
-    // own Felix and its readiness probe take the rest), and the probe says so, matching
-    // the truth.
+    // on node-2 at least one such write after its IP is known — ~1 s after its Ready
+    // when node-2's Felix is idle, several seconds when the write queues behind the
+    // target's own endpoint programming on node-2 (seen in CI: 4.06 s, truth 3.98 s) —
+    // and the probe says so, matching the ruleset's truth (`check_policy`); healthy
+    // admissions are ~0 s.
     tb.set_fault("rules:\n  - nodes: {names: [node-2]}\n    agent_io: {delay: 2s}\n");
     // A node-2 pod's own programming takes several such writes (up to ~6 s, before its
     // Ready): the gate rightly judges that (slow, and over --max-ttfp's 5 s p95), but it
@@ -126,8 +128,8 @@ fn policy_kinds_on_real_felix_match_the_ipset_truth_healthy_slow_and_under_400_p
         .find(|(p, _, _)| p["target"]["node"] == "node-2")
         .unwrap_or_else(|| panic!("no policy probe targets node-2: {report:#}"));
     assert!(
-        (0.5..3.0).contains(ttfp),
-        "TTFP {ttfp:.3} s into node-2 under agent_io 2s: {p:#}"
+        *ttfp >= 0.5,
+        "TTFP {ttfp:.3} s into node-2 under agent_io 2s shows no delayed write: {p:#}"
     );
     no_breach_nothing_left(&tb, &report, &out);
     tb.set_fault("rules: []\n");
