@@ -509,6 +509,7 @@ mod tests {
             result,
             reason,
             ttfp_seconds: None,
+            retransmits: None,
         };
         r.paths = vec![
             path(Payload::Small, ProbeResult::Success, None),

@@ -738,6 +738,7 @@ mod tests {
             result,
             reason,
             ttfp_seconds: ttfp,
+            retransmits: None,
         };
         rec.paths = vec![
             path(

@@ -256,9 +256,15 @@ pub fn path_results(
                 result,
                 reason,
                 ttfp_seconds: ttfp,
+                retransmits: None,
             };
             if i == 0 {
-                return out(record.result, record.reason, record.ttfp_seconds);
+                return PathResult {
+                    retransmits: report
+                        .filter(|r| r.first_success_sent.is_some())
+                        .and_then(|r| r.first_success_retransmits),
+                    ..out(record.result, record.reason, record.ttfp_seconds)
+                };
             }
             if p.addr.is_none() {
                 return out(ProbeResult::Inconclusive, Some(Reason::FamilyMissing), None);
@@ -275,12 +281,16 @@ pub fn path_results(
             };
             if let Some(sent) = l.first_success_sent {
                 let ttfp = ready_at.map(|r| ((sent - r).max(0.0) * 1e6).round() / 1e6);
-                return if l.hold_failures > 0 {
+                let judged = if l.hold_failures > 0 {
                     out(ProbeResult::Failed, Some(Reason::LostAfterSuccess), ttfp)
                 } else if ttfp.is_some_and(|t| t > slow_threshold.as_secs_f64()) {
                     out(ProbeResult::Slow, Some(Reason::TtfpOverThreshold), ttfp)
                 } else {
                     out(ProbeResult::Success, None, ttfp)
+                };
+                return PathResult {
+                    retransmits: l.retransmits,
+                    ..judged
                 };
             }
             let small = PathId {
@@ -352,6 +362,8 @@ pub fn text_lines(probes: &[ProbeRecord]) -> String {
         counts: [usize; 4],
         ttfps: Vec<f64>,
         bad: BTreeMap<&'static str, Vec<String>>,
+        /// Node pairs whose first success needed TCP retransmissions.
+        retransmitted: Vec<String>,
     }
     let mut rows: BTreeMap<(u8, PathId), Row> = BTreeMap::new();
     for p in probes {
@@ -370,6 +382,10 @@ pub fn text_lines(probes: &[ProbeRecord]) -> String {
                     .or_default()
                     .push(format!("{} → {}", p.source.node, p.target.node));
             }
+            if x.retransmits.is_some_and(|n| n > 0) {
+                row.retransmitted
+                    .push(format!("{} → {}", p.source.node, p.target.node));
+            }
         }
     }
     if rows.is_empty() {
@@ -378,7 +394,7 @@ pub fn text_lines(probes: &[ProbeRecord]) -> String {
     let mut out = String::from("\npaths (each probe's source dialed all of them):\n");
     let _ = writeln!(
         out,
-        "  {:<15} {:>7} {:>5} {:>6} {:>12} {:>9}  not passing",
+        "  {:<15} {:>7} {:>5} {:>6} {:>12} {:>9}  not passing; first success only after TCP retransmits",
         "path", "success", "slow", "failed", "inconclusive", "p50 ttfp"
     );
     for ((_, id), mut row) in rows {
@@ -387,15 +403,19 @@ pub fn text_lines(probes: &[ProbeRecord]) -> String {
             .ttfps
             .get(row.ttfps.len().saturating_sub(1) / 2)
             .map_or("-".to_string(), |t| format!("{t:.2}s"));
-        let bad: Vec<String> = row
+        let listed = |what: &str, pairs: &[String]| {
+            let shown: Vec<&str> = pairs.iter().take(3).map(String::as_str).collect();
+            let more = if pairs.len() > 3 { ", …" } else { "" };
+            format!("{what} ×{} ({}{more})", pairs.len(), shown.join(", "))
+        };
+        let mut bad: Vec<String> = row
             .bad
             .iter()
-            .map(|(reason, pairs)| {
-                let shown: Vec<&str> = pairs.iter().take(3).map(String::as_str).collect();
-                let more = if pairs.len() > 3 { ", …" } else { "" };
-                format!("{reason} ×{} ({}{more})", pairs.len(), shown.join(", "))
-            })
+            .map(|(reason, pairs)| listed(reason, pairs))
             .collect();
+        if !row.retransmitted.is_empty() {
+            bad.push(listed("after_tcp_retransmits", &row.retransmitted));
+        }
         let _ = writeln!(
             out,
             "  {:<15} {:>7} {:>5} {:>6} {:>12} {:>9}  {}",
@@ -503,6 +523,7 @@ mod tests {
             path: path.parse().unwrap(),
             bytes: None,
             first_success_sent: first,
+            retransmits: None,
             attempts: 3,
             failures: 3,
             last_error: None,
@@ -594,6 +615,55 @@ mod tests {
             "{text}"
         );
         assert_eq!(text_lines(&[crate::record::tests::sample_record()]), "");
+    }
+
+    #[test]
+    fn a_first_success_after_tcp_retransmits_is_carried_per_path_and_listed_in_the_text() {
+        let planned = cfg(&[PathProtocol::Tcp, PathProtocol::Udp], Payload::Small, &[])
+            .plan(&["10.1.0.5".into()], 8080);
+        let mut report = crate::record::tests::sample_report();
+        report.ready_at = Some(1.0);
+        report.first_success_sent = Some(1.2);
+        report.first_success_retransmits = Some(2);
+        report.paths = vec![line("udp/ipv4/small", Some(1.1), SourceOutcome::Success)];
+        let mut slow = record(ProbeResult::Success, None, report.clone());
+        apply(&mut slow, &planned, Duration::from_secs(5));
+        let got: Vec<_> = slow.paths.iter().map(|p| p.retransmits).collect();
+        assert_eq!(
+            got,
+            [Some(2), None],
+            "tcp main path carries it, UDP has none"
+        );
+        assert_eq!(
+            slow.result,
+            ProbeResult::Success,
+            "a retransmit is no failure"
+        );
+        // An extra TCP path's own count, and 0 is not listed.
+        let planned = cfg(&[PathProtocol::Tcp], Payload::Mtu, &[]).plan(&["10.1.0.5".into()], 8080);
+        report.first_success_retransmits = Some(0);
+        let mut mtu = line("tcp/ipv4/mtu", Some(1.4), SourceOutcome::Success);
+        mtu.retransmits = Some(3);
+        report.paths = vec![mtu];
+        let mut r = record(ProbeResult::Success, None, report);
+        apply(&mut r, &planned, Duration::from_secs(5));
+        assert_eq!(r.paths[1].retransmits, Some(3));
+        let text = text_lines(&[slow, r]);
+        let row = |id: &str| {
+            text.lines()
+                .find(|l| l.starts_with(&format!("  {id}")))
+                .unwrap_or_else(|| panic!("no {id} row: {text}"))
+                .to_owned()
+        };
+        assert!(
+            row("tcp/ipv4/small").contains("after_tcp_retransmits ×1 (node-1 → node-2)"),
+            "{text}"
+        );
+        assert!(
+            row("tcp/ipv4/mtu").contains("after_tcp_retransmits ×1"),
+            "{text}"
+        );
+        assert!(!row("udp/ipv4/small").contains("retransmits"), "{text}");
     }
 
     #[test]

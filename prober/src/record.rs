@@ -613,6 +613,7 @@ pub(crate) mod tests {
             ready_at: ready,
             first_success_sent: success,
             first_success_received: success.map(|s| s + 0.001),
+            first_success_retransmits: None,
             ttfp_seconds: raw.map(|v| v.max(0.0)),
             raw_ttfp_seconds: raw,
             attempts_before_success: 12,

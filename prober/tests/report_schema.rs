@@ -33,6 +33,7 @@ fn source_report(outcome: SourceOutcome, ready: Option<f64>, success: Option<f64
         ready_at: ready,
         first_success_sent: success,
         first_success_received: success.map(|s| s + 0.002),
+        first_success_retransmits: None,
         ttfp_seconds: raw.map(|v| v.max(0.0)),
         raw_ttfp_seconds: raw,
         attempts_before_success: 4,

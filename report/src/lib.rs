@@ -557,6 +557,10 @@ pub struct SourcePath {
     pub bytes: Option<u32>,
     /// Earliest send time among successful attempts (null without one).
     pub first_success_sent: Option<f64>,
+    /// TCP paths: segments retransmitted on that attempt's connection (as
+    /// [`SourceReport::first_success_retransmits`]); absent for UDP or when unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retransmits: Option<u32>,
     /// Attempts sent before that one (all of them without a success).
     pub attempts: u64,
     /// Of those, how many failed.
@@ -580,6 +584,13 @@ pub struct PathResult {
     /// This path's first good packet after the source's Ready (its `ready_at`, as the
     /// main TTFP), floored at 0; null without a success.
     pub ttfp_seconds: Option<f64>,
+    /// TCP paths with a success: segments the kernel retransmitted on the connection
+    /// of the first successful attempt. More than 0: the path first passed only after
+    /// TCP's retransmission back-off (packets lost and sent again; RFC 6298), which its
+    /// TTFP includes — loss that a TCP-only prober would report as a slow success.
+    /// Absent for UDP, without a success, or from a source that predates it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retransmits: Option<u32>,
 }
 
 impl PathResult {
@@ -624,6 +635,12 @@ pub struct SourceReport {
     pub first_success_sent: Option<f64>,
     /// When that attempt's answer arrived.
     pub first_success_received: Option<f64>,
+    /// TCP segments the kernel retransmitted on that attempt's connection
+    /// (`tcpi_total_retrans`, tcp(7)): more than 0 means the first success came only
+    /// after TCP's retransmission back-off, which its time includes (issue 33). Added
+    /// field (absent when unknown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_success_retransmits: Option<u32>,
     /// `first_success_sent − ready_at` floored at 0 (null unless both exist).
     pub ttfp_seconds: Option<f64>,
     /// `first_success_sent − ready_at`, may be negative.

@@ -42,6 +42,7 @@ fn source_report() -> SourceReport {
         ready_at: Some(0.512),
         first_success_sent: Some(4.602),
         first_success_received: Some(4.603),
+        first_success_retransmits: None,
         ttfp_seconds: Some(4.09),
         raw_ttfp_seconds: Some(4.09),
         attempts_before_success: 46,

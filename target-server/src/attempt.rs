@@ -22,6 +22,7 @@ use hyper::header::{CONNECTION, HOST, USER_AGENT};
 use hyper::{Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use std::net::SocketAddr;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::time::Duration;
 use tokio::net::TcpStream;
 
@@ -72,6 +73,10 @@ pub struct AttemptOutcome {
     /// On a success: the target's programming wait as its answer carried it
     /// (`programming` in its `GET /` document; `None` from a target that predates it).
     pub peer_programming: Option<PodProgramming>,
+    /// TCP attempts that got an answer: segments the kernel retransmitted on this
+    /// attempt's connection ([`tcp_retransmits`]); `None` for UDP, failures, or when
+    /// the count could not be read.
+    pub retransmits: Option<u32>,
 }
 
 /// Run one attempt against `target` and time it on `origin`'s clock. Never fails: every
@@ -83,16 +88,17 @@ pub async fn dial(
     timeout: Duration,
 ) -> AttemptOutcome {
     let sent = origin.elapsed_seconds();
-    let (result, peer_programming) =
+    let (result, peer_programming, retransmits) =
         match tokio::time::timeout(timeout, exchange(target, expect_pod, timeout)).await {
-            Ok((r, p)) => (r, p),
-            Err(_elapsed) => (AttemptResult::fail(ErrorKind::Timeout), None),
+            Ok(done) => done,
+            Err(_elapsed) => (AttemptResult::fail(ErrorKind::Timeout), None, None),
         };
     AttemptOutcome {
         sent,
         received: origin.elapsed_seconds(),
         result,
         peer_programming,
+        retransmits,
     }
 }
 
@@ -100,13 +106,16 @@ async fn exchange(
     target: SocketAddr,
     expect_pod: &str,
     timeout: Duration,
-) -> (AttemptResult, Option<PodProgramming>) {
-    let (result, body) = exchange_body(target, expect_pod, timeout).await;
-    let programming = match (&result, body) {
-        (AttemptResult::Success, Some(body)) => peer_programming(&body),
+) -> (AttemptResult, Option<PodProgramming>, Option<u32>) {
+    let (result, answer) = exchange_body(target, expect_pod, timeout).await;
+    let Some((body, retransmits)) = answer else {
+        return (result, None, None);
+    };
+    let programming = match &result {
+        AttemptResult::Success => peer_programming(&body),
         _ => None,
     };
-    (result, programming)
+    (result, programming, retransmits)
 }
 
 /// The `programming` member of a target's `GET /` document, if it parses.
@@ -119,7 +128,7 @@ async fn exchange_body(
     target: SocketAddr,
     expect_pod: &str,
     timeout: Duration,
-) -> (AttemptResult, Option<Bytes>) {
+) -> (AttemptResult, Option<(Bytes, Option<u32>)>) {
     let req = Request::get("/")
         .header(HOST, target.to_string())
         .header(CONNECTION, "close")
@@ -130,9 +139,24 @@ async fn exchange_body(
         return (AttemptResult::fail(ErrorKind::Reset), None);
     };
     match http_exchange(target, timeout, req).await {
-        Ok((status, body)) => (judge(status, &body, expect_pod), Some(body)),
+        Ok(answer) => (
+            judge(answer.status, &answer.body, expect_pod),
+            Some((answer.body, answer.retransmits)),
+        ),
         Err(kind) => (AttemptResult::fail(kind), None),
     }
+}
+
+/// What one HTTP exchange got back ([`http_exchange`]).
+#[derive(Debug, Clone)]
+pub struct HttpAnswer {
+    /// The answer's status.
+    pub status: StatusCode,
+    /// Its body (at most [`MAX_BODY_BYTES`]).
+    pub body: Bytes,
+    /// Segments the kernel retransmitted on the connection up to the answer's end
+    /// ([`tcp_retransmits`]; `None` when it could not be read).
+    pub retransmits: Option<u32>,
 }
 
 /// One HTTP/1.1 exchange over a fresh TCP connection to `target` (`TCP_NODELAY`; the
@@ -144,11 +168,14 @@ pub async fn http_exchange(
     target: SocketAddr,
     timeout: Duration,
     req: Request<Full<Bytes>>,
-) -> Result<(StatusCode, Bytes), ErrorKind> {
+) -> Result<HttpAnswer, ErrorKind> {
     let stream = TcpStream::connect(target)
         .await
         .map_err(|e| classify_io(&e))?;
     let _ = stream.set_nodelay(true);
+    // A second descriptor of the socket, to read its TCP_INFO once the answer is in
+    // (hyper owns and closes the first one); dropped at the end of this call.
+    let info_fd = stream.as_fd().try_clone_to_owned().ok();
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(|e| classify_hyper(&e))?;
@@ -166,13 +193,46 @@ pub async fn http_exchange(
         .collect()
         .await
     {
-        Ok(b) => Ok((status, b.to_bytes())),
+        Ok(b) => Ok(HttpAnswer {
+            status,
+            body: b.to_bytes(),
+            retransmits: info_fd
+                .as_ref()
+                .and_then(|fd| tcp_retransmits(fd.as_fd()).ok()),
+        }),
         Err(e) => Err(match e.downcast_ref::<hyper::Error>() {
             Some(h) => classify_hyper(h),
             None if status == StatusCode::OK => ErrorKind::WrongPeer,
             None => ErrorKind::HttpStatus,
         }),
     }
+}
+
+/// Segments the kernel retransmitted on the TCP socket `fd` so far: `tcpi_total_retrans`
+/// of `getsockopt(IPPROTO_TCP, TCP_INFO)` (tcp(7); Linux `include/uapi/linux/tcp.h`),
+/// SYNs included. More than 0 on a successful attempt means its answer came only after
+/// TCP's retransmission back-off (RFC 6298: an RTO of 1 s before the first RTT sample,
+/// Linux's floor of 200 ms after it), which the attempt's time includes. Errors: the
+/// `getsockopt` call failing (not a TCP socket, closed).
+pub fn tcp_retransmits(fd: BorrowedFd<'_>) -> std::io::Result<u32> {
+    // SAFETY: all-zero bytes are a valid `tcp_info` (plain integers).
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: `fd` is open for the call (borrowed); `info` and `len` are valid for
+    // writes of the sizes given, and the kernel writes at most `len` bytes.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(info.tcpi_total_retrans)
 }
 
 /// Decide an answer: 200 + `{"pod": expect_pod}` is the only success (pure).

@@ -184,28 +184,33 @@ pub async fn attempt(
             PathProtocol::Tcp => {
                 tcp_pad(spec.target, packet_bytes.unwrap_or(0), expect_pod, timeout).await
             }
-            PathProtocol::Udp => udp_exchange(spec.target, packet_bytes, id, expect_pod).await,
+            PathProtocol::Udp => (
+                udp_exchange(spec.target, packet_bytes, id, expect_pod).await,
+                None,
+            ),
         }
     };
-    let result = tokio::time::timeout(timeout, work)
+    let (result, retransmits) = tokio::time::timeout(timeout, work)
         .await
-        .unwrap_or(AttemptResult::fail(ErrorKind::Timeout));
+        .unwrap_or((AttemptResult::fail(ErrorKind::Timeout), None));
     AttemptOutcome {
         sent,
         received: origin.elapsed_seconds(),
         result,
         peer_programming: None,
+        retransmits,
     }
 }
 
 /// `POST /pad` with `bytes` bytes of body; success on 200, the expected pod, and a
-/// `pad` of the same length back.
+/// `pad` of the same length back. With the connection's retransmitted segments when
+/// an answer came.
 async fn tcp_pad(
     target: SocketAddr,
     bytes: u32,
     expect_pod: &str,
     timeout: Duration,
-) -> AttemptResult {
+) -> (AttemptResult, Option<u32>) {
     let req = Request::post("/pad")
         .header(HOST, target.to_string())
         .header(CONNECTION, "close")
@@ -213,16 +218,19 @@ async fn tcp_pad(
         .header(CONTENT_TYPE, "application/octet-stream")
         .body(Full::new(Bytes::from(vec![b'x'; bytes as usize])));
     let Ok(req) = req else {
-        return AttemptResult::fail(ErrorKind::Reset);
+        return (AttemptResult::fail(ErrorKind::Reset), None);
     };
     match http_exchange(target, timeout, req).await {
-        Err(kind) => AttemptResult::fail(kind),
-        Ok((status, body)) => match judge(status, &body, expect_pod) {
-            AttemptResult::Success if pad_len(&body) != Some(bytes as usize) => {
-                AttemptResult::fail(ErrorKind::HttpStatus)
-            }
-            other => other,
-        },
+        Err(kind) => (AttemptResult::fail(kind), None),
+        Ok(answer) => {
+            let result = match judge(answer.status, &answer.body, expect_pod) {
+                AttemptResult::Success if pad_len(&answer.body) != Some(bytes as usize) => {
+                    AttemptResult::fail(ErrorKind::HttpStatus)
+                }
+                other => other,
+            };
+            (result, answer.retransmits)
+        }
     }
 }
 

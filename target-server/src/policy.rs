@@ -397,6 +397,7 @@ mod tests {
             } else {
                 Status::Failed(ErrorKind::Timeout)
             },
+            retransmits: None,
         }
     }
 

@@ -313,6 +313,7 @@ fn source_path(
         path: spec.id(),
         bytes: packet_bytes,
         first_success_sent: r.first_success_sent,
+        retransmits: r.first_success_retransmits,
         attempts: r.attempts_before_success,
         failures: r.failures_before_success,
         last_error: r.last_error,

@@ -55,6 +55,8 @@ pub struct Attempt {
     pub received: f64,
     /// Result.
     pub status: Status,
+    /// TCP segments retransmitted on the attempt's connection (when it got an answer).
+    pub retransmits: Option<u32>,
 }
 
 /// The attempt log plus the first wrong peer seen.
@@ -107,6 +109,7 @@ impl Tally {
             sent: sent_estimate,
             received: sent_estimate,
             status: Status::InFlight,
+            retransmits: None,
         });
         self.attempts.len() - 1
     }
@@ -119,6 +122,7 @@ impl Tally {
         };
         a.sent = outcome.sent;
         a.received = outcome.received;
+        a.retransmits = outcome.retransmits;
         if let (AttemptResult::Success, Some(p)) = (&outcome.result, outcome.peer_programming) {
             if self
                 .target_programming
@@ -283,6 +287,7 @@ impl Tally {
             ready_at: ctx.ready_at.map(round_us),
             first_success_sent: first_success_sent.map(round_us),
             first_success_received: first_success.map(|s| round_us(s.received)),
+            first_success_retransmits: first_success.and_then(|s| s.retransmits),
             ttfp_seconds: raw_ttfp.map(|r| round_us(r.max(0.0))),
             raw_ttfp_seconds: raw_ttfp.map(round_us),
             attempts_before_success,
@@ -391,6 +396,7 @@ mod tests {
             received,
             result: AttemptResult::Success,
             peer_programming: None,
+            retransmits: None,
         }
     }
 
@@ -400,6 +406,7 @@ mod tests {
             received,
             result: AttemptResult::Failure { kind, peer: None },
             peer_programming: None,
+            retransmits: None,
         }
     }
 
@@ -510,6 +517,7 @@ mod tests {
                         peer: Some(format!("other-{i}")),
                     },
                     peer_programming: None,
+                    retransmits: None,
                 },
             );
         }
@@ -652,6 +660,7 @@ mod tests {
             ready_at: Some(123456.123457),
             first_success_sent: Some(123456.123457),
             first_success_received: Some(123456.123457),
+            first_success_retransmits: Some(u32::MAX),
             ttfp_seconds: Some(123456.123457),
             raw_ttfp_seconds: Some(-123456.123457),
             attempts_before_success: u64::MAX,
@@ -726,6 +735,7 @@ mod tests {
                 }
             },
             peer_programming: p,
+            retransmits: None,
         };
         t.finish(b, with(0.1, 0.15, Some(prog(1.0)), true));
         // Received earlier than the one kept: ignored.
@@ -761,6 +771,7 @@ mod tests {
             path: "udp/ipv6/mtu".parse().unwrap(),
             bytes: Some(9216),
             first_success_sent: Some(123456.123457),
+            retransmits: Some(u32::MAX),
             attempts: u64::MAX,
             failures: u64::MAX,
             last_error: Some(ErrorKind::HttpStatus),
@@ -803,6 +814,7 @@ mod tests {
                 attempts: 650,
                 failures: 650,
                 hold_failures: 650,
+                retransmits: Some(12),
                 ..path.clone()
             })
             .collect();

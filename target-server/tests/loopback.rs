@@ -4,7 +4,7 @@
 //! termination log and SIGTERM handling.
 
 use firstpacket_report::{MAX_SOURCE_REPORT_BYTES, SOURCE_REPORT_SCHEMA};
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -951,6 +951,77 @@ fn extra_paths_are_dialed_beside_the_main_one_and_reported_each() {
     }
     assert_eq!(p[3]["last_error"], "refused", "{}", p[3]);
     assert!(p[3]["first_success_sent"].is_null());
+    // Nothing is lost on loopback: TCP lines say 0 retransmits, UDP ones say nothing.
+    assert_eq!(r["first_success_retransmits"], 0, "{r:#}");
+    let retrans: Vec<&Value> = p.iter().map(|x| &x["retransmits"]).collect();
+    assert_eq!(
+        retrans,
+        [
+            &json!(0),
+            &Value::Null,
+            &Value::Null,
+            &Value::Null,
+            &json!(0),
+            &Value::Null
+        ],
+        "{r:#}"
+    );
     target.sigterm();
     let _ = target.finish(Duration::from_secs(5));
+}
+
+/// A first success that came only after TCP's retransmission back-off says so (issue
+/// 33): in a network namespace of its own (`unshare --user --map-root-user --net`), an
+/// nftables rule drops every TCP segment carrying data on its way into `serve` for the
+/// first second (handshakes pass; on the input hook, as a lossy network would: a drop on
+/// the output hook fails the send locally, which Linux does not count as a
+/// retransmission); the attempts sent meanwhile succeed once their request is
+/// retransmitted after the rule goes. The report's first success — the earliest-sent
+/// one — carries the kernel's retransmission count on the main path and on the
+/// `tcp/mtu` path, and its answer came at least one retransmission timeout (200 ms,
+/// Linux's floor) after it was sent; the UDP path has no count.
+#[test]
+fn a_first_success_after_tcp_retransmits_carries_their_count() {
+    let script = format!(
+        r#"set -e
+ip link set lo up
+nft add table inet fp
+nft add chain inet fp in '{{ type filter hook input priority 0; }}'
+nft add rule inet fp in tcp dport 8080 'tcp flags & psh == psh' drop
+POD_NAME=tgt-rt {BIN} serve --port 8080 >/dev/null 2>&1 &
+SERVE=$!
+sleep 0.3
+(sleep 1; nft delete table inet fp) &
+FIRSTPACKET_READY_WAIT=0s POD_NAME=src-rt {BIN} probe --target 127.0.0.1:8080 \
+  --expect-pod tgt-rt --port 8081 --attempt-timeout 2s --hold 500ms --give-up 10s \
+  --mtu 1500 --path tcp/mtu=127.0.0.1:8080,udp/small=127.0.0.1:8080 2>/dev/null || true
+kill $SERVE; wait
+"#
+    );
+    let out = Command::new("unshare")
+        .args(["--user", "--map-root-user", "--net", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run unshare (util-linux)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "unshare + nft (user and network namespaces, nftables) failed: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = parse_report(&stdout);
+    assert_eq!(r["outcome"], "success", "{r:#}");
+    let rt = r["first_success_retransmits"].as_u64().expect("a count");
+    assert!(rt >= 1, "no retransmit counted: {r:#}");
+    let waited =
+        r["first_success_received"].as_f64().unwrap() - r["first_success_sent"].as_f64().unwrap();
+    assert!(waited >= 0.2, "answered {waited:.3} s after sending: {r:#}");
+    let p = r["paths"].as_array().expect("paths");
+    assert_eq!(p[0]["path"], "tcp/ipv4/mtu");
+    assert!(
+        p[0]["retransmits"].as_u64().is_some_and(|n| n >= 1),
+        "{r:#}"
+    );
+    assert_eq!(p[1]["path"], "udp/ipv4/small");
+    assert!(p[1]["retransmits"].is_null(), "{r:#}");
 }

@@ -33,7 +33,8 @@ pub fn paths(report: &Value) -> Vec<(String, String, String, String)> {
 }
 
 /// Each successful path's TTFP within [−50 ms, dial interval + 50 ms] of the probe's
-/// truth TTFP (the pair's dataplane is one for every protocol and size).
+/// truth TTFP (the pair's dataplane is one for every protocol and size), TCP ones with a
+/// retransmission count and UDP ones without.
 pub fn paths_near_truth(truth: &[TruthEvent], report: &Value, out: &str) {
     for p in report["probes"].as_array().expect("probes") {
         let want = testbed::truth::truth_ttfp(
@@ -59,6 +60,16 @@ pub fn paths_near_truth(truth: &[TruthEvent], report: &Value, out: &str) {
                 "{} path {}: TTFP {t:.3}s vs truth {want:.3}s\n{out}",
                 p["id"],
                 id(x)
+            );
+            // A TCP path's first success carries the kernel's retransmission count from
+            // the source's own socket; UDP has none.
+            assert_eq!(
+                x["retransmits"].is_u64(),
+                x["protocol"] == "tcp",
+                "{} path {}: retransmits {}",
+                p["id"],
+                id(x),
+                x["retransmits"]
             );
         }
     }
