@@ -110,6 +110,11 @@ fn paths_table_is_complete() {
     }
     let tables = bench::paths::run(&smoke());
     check(&tables, &[bench::paths::PATHS]);
+    // Eight paths a probe, both families: a row for each.
+    let rows: std::collections::BTreeSet<&str> =
+        tables[0].rows.iter().map(|r| r[1].as_str()).collect();
+    assert_eq!(rows.len(), 8, "{rows:?}");
+    assert!(rows.iter().any(|p| p.contains("/ipv6/")), "{rows:?}");
 }
 
 #[test]

@@ -1,13 +1,16 @@
-//! Accuracy of each path (issue 33): `prober gate --protocols tcp,udp --payload mtu`, every
-//! path's TTFP against the testbed's truth, in the TTFP accuracy table's shape.
+//! Accuracy of each path (issue 33): `prober gate --protocols tcp,udp --payload mtu
+//! --ip-families ipv4,ipv6`, every path's TTFP against the testbed's truth, in the TTFP
+//! accuracy table's shape.
 //!
-//! One 3-node testbed on the simulated agent, not gating readiness (the delay lands after
+//! One 3-node dual-stack testbed (`testbed up --ip-families ipv4,ipv6`) on the simulated
+//! agent, not gating readiness (the delay lands after
 //! Ready, in TTFP), program delays jittered ±0.5 s as in the accuracy section (a fixed
 //! delay phase-locks the dial ticks to the moment the path comes up). One gate per
-//! delay; each probe's four paths (TCP and UDP, small and full-size) are dialed by the
-//! same source, and each path's truth is the pair's §6 truth TTFP (one dataplane carries
-//! every protocol and size; with no path fault in force none of them is held back
-//! apart).
+//! delay; each probe's eight paths (TCP and UDP, small and full-size, IPv4 and IPv6) are
+//! dialed by the same source, and each path's truth is the pair's §6 truth TTFP (one
+//! dataplane carries every protocol and size, and the simulated agent admits a pod's
+//! IPv4 and IPv6 addresses in the same step; with no path fault in force none of them is
+//! held back apart).
 use super::{ms, stats, Opts, Table};
 use crate::common::Testbed;
 use serde_json::Value;
@@ -26,7 +29,12 @@ fn delays(opts: &Opts) -> (Vec<f64>, usize) {
 
 pub fn run(opts: &Opts) -> Vec<Table> {
     let (delays, pairs) = delays(opts);
-    let tb = Testbed::up("bench-paths", 3, "rules: []\n", &[]);
+    let tb = Testbed::up(
+        "bench-paths",
+        3,
+        "rules: []\n",
+        &["--ip-families", "ipv4,ipv6"],
+    );
     let mut t = Table::new(
         PATHS,
         &format!(
@@ -34,9 +42,11 @@ pub fn run(opts: &Opts) -> Vec<Table> {
              (fault `program_delay: {{uniform: [D − 0.5 s, D + 0.5 s]}}` on every node, \
              `agent: {{gates_readiness: false}}`), {pairs} `cross_node` probes per delay in \
              one `prober gate --kinds cross_node --pairs {pairs} --concurrency 5 --protocols \
-             tcp,udp --payload mtu` each: every probe's source dials the four paths side by \
-             side, each with the dial interval (100 ms). Target as TTFP's: p95 within [0, \
-             dial interval + 50 ms], never below −50 ms."
+             tcp,udp --payload mtu --ip-families ipv4,ipv6` each, on a dual-stack testbed \
+             (`testbed up --ip-families ipv4,ipv6`): every probe's source dials the eight \
+             paths side by side, each with the dial interval (100 ms); each path's truth is \
+             the pair's (the simulated agent admits both of a pod's addresses in one step). \
+             Target as TTFP's: p95 within [0, dial interval + 50 ms], never below −50 ms."
         ),
         &[
             "delay D (±0.5 s)",
@@ -71,6 +81,8 @@ pub fn run(opts: &Opts) -> Vec<Table> {
             "tcp,udp",
             "--payload",
             "mtu",
+            "--ip-families",
+            "ipv4,ipv6",
         ]);
         let truth = tb.truth();
         let mut errs: BTreeMap<String, Vec<f64>> = BTreeMap::new();
