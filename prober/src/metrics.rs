@@ -463,17 +463,28 @@ impl Metrics {
                     reasons.push(("failed", Reason::MtuBlackHole.as_str()));
                 }
                 for (result, reason) in reasons {
-                    let _ = self.path_probes.with_label_values(&[
-                        kind.as_str(),
-                        id.protocol.as_str(),
-                        id.family.as_str(),
-                        id.payload.as_str(),
-                        result,
-                        reason,
-                    ]);
+                    let _ = self.path_probe_counter(kind.as_str(), id, result, reason);
                 }
             }
         }
+    }
+
+    /// The `firstpacket_path_probes_total` series of one kind, path, result and reason.
+    fn path_probe_counter(
+        &self,
+        kind: &str,
+        id: &firstpacket_report::PathId,
+        result: &str,
+        reason: &str,
+    ) -> prometheus::IntCounter {
+        self.path_probes.with_label_values(&[
+            kind,
+            id.protocol.as_str(),
+            id.family.as_str(),
+            id.payload.as_str(),
+            result,
+            reason,
+        ])
     }
 
     /// Counts one finished probe everywhere (module docs), `now_unix` = wall time.
@@ -487,21 +498,17 @@ impl Metrics {
             self.ttfp.with_label_values(&[kind]).observe(t);
         }
         for p in &rec.paths {
-            let (protocol, family, payload) =
-                (p.protocol.as_str(), p.family.as_str(), p.payload.as_str());
-            self.path_probes
-                .with_label_values(&[
-                    kind,
-                    protocol,
-                    family,
-                    payload,
-                    p.result.as_str(),
-                    reason_label(p.reason),
-                ])
+            let id = p.id();
+            self.path_probe_counter(kind, &id, p.result.as_str(), reason_label(p.reason))
                 .inc();
             if let Some(t) = p.ttfp_seconds {
                 self.path_ttfp
-                    .with_label_values(&[kind, protocol, family, payload])
+                    .with_label_values(&[
+                        kind,
+                        id.protocol.as_str(),
+                        id.family.as_str(),
+                        id.payload.as_str(),
+                    ])
                     .observe(t);
             }
         }

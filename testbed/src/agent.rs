@@ -793,16 +793,14 @@ impl Inner {
             }
         }
         let mut have = self.broken_peers.lock().unwrap_or_else(|p| p.into_inner());
+        // Per family (`detail.family`): each family's truth TTFP follows its own routes
+        // (truth::truth_family_ttfp).
         let emit = |kind: TruthKind, peer: &str, family: IpFamily, reason: &str| {
-            if family == IpFamily::Ipv4 {
-                self.truth.emit(TruthEvent::node(
-                    kind,
-                    &self.node.name,
-                    json!({"peer": peer, "reason": reason}),
-                ));
-            } else {
-                tracing::info!(node = %self.node.name, peer, %family, reason, ?kind, "agent: peer route");
-            }
+            self.truth.emit(TruthEvent::node(
+                kind,
+                &self.node.name,
+                json!({"peer": peer, "reason": reason, "family": family.to_string()}),
+            ));
         };
         for ((peer, family), reason) in &want {
             if have.contains_key(&(peer.clone(), *family)) {

@@ -6,6 +6,7 @@
 //! [`truth_ttfp`] computes a pair's true TTFP from the log (§6 formula).
 
 use crate::dataplane::PodNet;
+use crate::plan::IpFamily;
 use serde::{Deserialize, Serialize};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -286,7 +287,8 @@ pub fn truth_programming_wait(events: &[TruthEvent], pod_uid: &str) -> Option<f6
 /// `peer_route_restored` (`node` = the node that lost the route, `detail.peer` = the
 /// peer whose block it lost; when the event names a pod (`uid`, fault `stale_routes`:
 /// only that pod's IP is blackholed on `node`) it counts only for pairs with that pod).
-/// Same-node pairs have no peer routes.
+/// Same-node pairs have no peer routes. This is the IPv4 path's (the primary family):
+/// route events of another family (`detail.family`, [`truth_family_ttfp`]) do not count.
 ///
 /// Returns `None` when the source never passed readiness, either pod's node is unknown,
 /// or the path never came up in the log.
@@ -295,12 +297,33 @@ pub fn truth_ttfp(
     source_pod_uid: &str,
     target_pod_uid: &str,
 ) -> Option<f64> {
+    truth_family_ttfp(events, source_pod_uid, target_pod_uid, IpFamily::Ipv4)
+}
+
+/// [`truth_ttfp`] of the pair's path in one IP family (issue 33, dual-stack testbeds):
+/// the same endpoint events (an endpoint admits both of a pod's addresses in one step),
+/// and the peer-route events of that family only — `detail.family` (`ipv4`, `ipv6`;
+/// absent means `ipv4`, as in logs written before dual-stack).
+pub fn truth_family_ttfp(
+    events: &[TruthEvent],
+    source_pod_uid: &str,
+    target_pod_uid: &str,
+    family: IpFamily,
+) -> Option<f64> {
     let ready = events
         .iter()
         .filter(|e| e.event == TruthKind::ReadinessOk && e.uid.as_deref() == Some(source_pod_uid))
         .map(|e| e.t)
         .fold(None, |m: Option<f64>, t| Some(m.map_or(t, |m| m.min(t))))?;
-    Some(path_up_from(events, source_pod_uid, target_pod_uid, ready)? - ready)
+    Some(path_up_in(events, source_pod_uid, target_pod_uid, ready, family)? - ready)
+}
+
+/// The IP family a peer-route event is about (`detail.family`; absent: IPv4).
+fn event_family(e: &TruthEvent) -> Option<IpFamily> {
+    match e.detail.get("family").and_then(|f| f.as_str()) {
+        None => Some(IpFamily::Ipv4),
+        Some(f) => f.parse().ok(),
+    }
 }
 
 /// The earliest time (Unix seconds) at or after `from` at which every part of the path
@@ -317,6 +340,17 @@ pub fn path_up_from(
     source_pod_uid: &str,
     target_pod_uid: &str,
     from: f64,
+) -> Option<f64> {
+    path_up_in(events, source_pod_uid, target_pod_uid, from, IpFamily::Ipv4)
+}
+
+/// [`path_up_from`] in one IP family ([`truth_family_ttfp`]).
+fn path_up_in(
+    events: &[TruthEvent],
+    source_pod_uid: &str,
+    target_pod_uid: &str,
+    from: f64,
+    family: IpFamily,
 ) -> Option<f64> {
     let uid_is = |e: &TruthEvent, u: &str| e.uid.as_deref() == Some(u);
     let node_of = |u: &str| {
@@ -344,6 +378,7 @@ pub fn path_up_from(
                     .is_some_and(|u| u != source_pod_uid && u != target_pod_uid);
                 src_node != dst_node
                     && !pod_scoped_elsewhere
+                    && event_family(e) == Some(family)
                     && ((node == Some(&src_node) && peer == Some(&dst_node))
                         || (node == Some(&dst_node) && peer == Some(&src_node)))
             }
@@ -498,6 +533,29 @@ mod tests {
         rm.detail = json!({"peer": "node-3"});
         evs.push(rm);
         assert_eq!(truth_ttfp(&evs, "s", "t"), Some(2.0));
+    }
+
+    #[test]
+    fn a_route_event_counts_only_for_its_own_family() {
+        let mut evs = pair(4.0, 5.0, 3.0);
+        let mut rm = ev(0.5, TruthKind::PeerRouteRemoved, None, "node-2");
+        rm.detail = json!({"peer": "node-1", "reason": "family_broken", "family": "ipv6"});
+        let mut back = ev(20.0, TruthKind::PeerRouteRestored, None, "node-2");
+        back.detail = rm.detail.clone();
+        evs.push(rm);
+        evs.push(back);
+        assert_eq!(truth_ttfp(&evs, "s", "t"), Some(2.0), "IPv4 unaffected");
+        assert_eq!(
+            truth_family_ttfp(&evs, "s", "t", IpFamily::Ipv6),
+            Some(17.0)
+        );
+        // Without `family` an event is IPv4's (logs from before dual-stack).
+        let mut evs = pair(4.0, 5.0, 3.0);
+        let mut rm = ev(0.5, TruthKind::PeerRouteRemoved, None, "node-2");
+        rm.detail = json!({"peer": "node-1"});
+        evs.push(rm);
+        assert_eq!(truth_ttfp(&evs, "s", "t"), None);
+        assert_eq!(truth_family_ttfp(&evs, "s", "t", IpFamily::Ipv6), Some(2.0));
     }
 
     #[test]

@@ -10,6 +10,7 @@ mod common;
 
 use common::paths::{assert_only_cross_node_paths_fail, gate_every_path, paths, paths_near_truth};
 use common::{validate, Testbed, SERIAL};
+use testbed::plan::IpFamily;
 
 #[test]
 fn every_path_passes_healthy_and_a_missing_family_is_family_missing() {
@@ -106,7 +107,7 @@ fn every_path_passes_healthy_and_a_missing_family_is_family_missing() {
         tb.set_fault(&format!(
             "rules:\n  - nodes: {{all: true}}\n    program_delay: 200ms\n    {fault}\n"
         ));
-        let (code, report, out) = gate_every_path(&tb, 3);
+        let (code, report, out) = gate_every_path(&tb, 3, &[]);
         assert_eq!(code, 1, "{fault} must fail the gate: {out}");
         assert_eq!(paths(&report).len(), 6 * 4, "{fault}\n{out}");
         assert_only_cross_node_paths_fail(&report, &broken, reason, &out);
@@ -139,28 +140,14 @@ fn a_dual_stack_testbed_passes_per_family_and_a_broken_family_fails_only_its_pat
         "rules:\n  - nodes: {all: true}\n    agent: {gates_readiness: false}\n    program_delay: 2s\n",
         &["--ip-families", "ipv4,ipv6"],
     );
-    let families = ["--ip-families", "ipv4,ipv6", "--protocols", "tcp,udp"];
-    let gate = |extra: &[&str]| {
-        let mut args = vec![
-            "--kinds",
-            "cross_node,same_node",
-            "--pairs",
-            "3",
-            "--hold",
-            "1s",
-        ];
-        args.extend_from_slice(&families);
-        args.extend_from_slice(extra);
-        tb.gate(&args)
-    };
-    let (code, report, out) = gate(&[]);
-    validate(&report);
+    let gate = || gate_every_path(&tb, 3, &["--ip-families", "ipv4,ipv6"]);
+    let (code, report, out) = gate();
     assert_eq!(code, 0, "S1 on a dual-stack testbed: {out}");
     let got = paths(&report);
-    assert_eq!(got.len(), 6 * 4, "{got:?}\n{out}");
+    assert_eq!(got.len(), 6 * 8, "{got:?}\n{out}");
     let v6: Vec<&(String, String, String, String)> =
         got.iter().filter(|p| p.1.contains("/ipv6/")).collect();
-    assert_eq!(v6.len(), 6 * 2, "{out}");
+    assert_eq!(v6.len(), 6 * 4, "{out}");
     for (kind, path, result, reason) in &got {
         assert_eq!(
             (result.as_str(), reason.as_str()),
@@ -173,13 +160,34 @@ fn a_dual_stack_testbed_passes_per_family_and_a_broken_family_fails_only_its_pat
     tb.set_fault(
         "rules:\n  - nodes: {all: true}\n    agent: {gates_readiness: false}\n    program_delay: 200ms\n    family_broken: ipv6\n",
     );
-    let (code, report, out) = gate(&["--give-up", "5s"]);
-    validate(&report);
+    let (code, report, out) = gate();
     assert_eq!(code, 1, "{out}");
     assert_only_cross_node_paths_fail(
         &report,
-        &["tcp/ipv6/small", "udp/ipv6/small"],
+        &[
+            "tcp/ipv6/small",
+            "tcp/ipv6/mtu",
+            "udp/ipv6/small",
+            "udp/ipv6/mtu",
+        ],
         "no_success_before_give_up",
         &out,
     );
+    // The truth agrees per family: the IPv6 routes between the nodes are gone (never
+    // up again while the fault holds), the IPv4 path is up.
+    let truth = tb.truth();
+    for p in report["probes"].as_array().expect("probes") {
+        let (s, t) = (
+            p["source"]["uid"].as_str().unwrap(),
+            p["target"]["uid"].as_str().unwrap(),
+        );
+        let v6 = testbed::truth::truth_family_ttfp(&truth, s, t, IpFamily::Ipv6);
+        assert!(testbed::truth::truth_ttfp(&truth, s, t).is_some(), "{p:#}");
+        assert_eq!(
+            v6.is_none(),
+            p["kind"] == "cross_node",
+            "{} IPv6 truth {v6:?}",
+            p["id"]
+        );
+    }
 }

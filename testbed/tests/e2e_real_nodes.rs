@@ -590,7 +590,7 @@ fn a_lowered_link_mtu_is_caught_on_real_felix_and_real_kubelets() {
     ) else {
         return;
     };
-    let (code, report, out) = common::paths::gate_every_path(&tb, 3);
+    let (code, report, out) = common::paths::gate_every_path(&tb, 3, &[]);
     assert_eq!(code, 1, "a lowered link MTU must fail the gate: {out}");
     assert_eq!(common::paths::paths(&report).len(), 6 * 4, "{out}");
     common::paths::assert_only_cross_node_paths_fail(

@@ -32,21 +32,24 @@ pub fn paths(report: &Value) -> Vec<(String, String, String, String)> {
     out
 }
 
-/// Each successful path's TTFP within [−50 ms, dial interval + 50 ms] of the probe's
-/// truth TTFP (the pair's dataplane is one for every protocol and size), TCP ones with a
+/// Each successful path's TTFP within [−50 ms, dial interval + 50 ms] of the pair's
+/// truth TTFP in the path's family (one dataplane carries every protocol and size), TCP
+/// ones with a
 /// retransmission count and UDP ones without.
 pub fn paths_near_truth(truth: &[TruthEvent], report: &Value, out: &str) {
     for p in report["probes"].as_array().expect("probes") {
-        let want = testbed::truth::truth_ttfp(
-            truth,
-            p["source"]["uid"].as_str().unwrap(),
-            p["target"]["uid"].as_str().unwrap(),
-        )
-        .unwrap_or_else(|| panic!("no truth for {p:#}"));
         for x in p["paths"].as_array().expect("paths") {
             let Some(t) = x["ttfp_seconds"].as_f64() else {
                 continue;
             };
+            let family = x["family"].as_str().unwrap().parse().expect("a family");
+            let want = testbed::truth::truth_family_ttfp(
+                truth,
+                p["source"]["uid"].as_str().unwrap(),
+                p["target"]["uid"].as_str().unwrap(),
+                family,
+            )
+            .unwrap_or_else(|| panic!("no {family} truth for {p:#}"));
             let err = t - want;
             eprintln!(
                 "{} {} {}: ttfp {t:.3} truth {want:.3} error {:+.0} ms",
@@ -76,11 +79,11 @@ pub fn paths_near_truth(truth: &[TruthEvent], report: &Value, out: &str) {
 }
 
 /// `prober gate --kinds cross_node,same_node --pairs PAIRS --hold 1s --give-up 5s
-/// --protocols tcp,udp --payload mtu`: every path of the pod-to-pod kinds, four per
-/// probe, a failing path given up after 5 s.
-pub fn gate_every_path(tb: &super::Testbed, pairs: usize) -> (i32, Value, String) {
+/// --protocols tcp,udp --payload mtu EXTRA…`: every path of the pod-to-pod kinds, four
+/// per probe and family, a failing path given up after 5 s.
+pub fn gate_every_path(tb: &super::Testbed, pairs: usize, extra: &[&str]) -> (i32, Value, String) {
     let pairs = pairs.to_string();
-    let (code, report, out) = tb.gate(&[
+    let mut args = vec![
         "--kinds",
         "cross_node,same_node",
         "--pairs",
@@ -93,7 +96,9 @@ pub fn gate_every_path(tb: &super::Testbed, pairs: usize) -> (i32, Value, String
         "tcp,udp",
         "--payload",
         "mtu",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let (code, report, out) = tb.gate(&args);
     super::validate(&report);
     (code, report, out)
 }
