@@ -10,6 +10,20 @@
 //! backend) dataplane itself; the testbed's own allow-set gate is off on such nodes, and
 //! ground truth is read from the node's ruleset ([`crate::ruleset`]), never from Felix.
 //!
+//! Dual-stack (`testbed up --agent calico --ip-families ipv4,ipv6`, with the simulated
+//! kubelet and kube-proxy): Felix runs with `ipv6Support` and an IPv6 IPPool is in the
+//! datastore ([`datastore`]); Felix takes each pod's IPv6 address from `status.podIPs`
+//! into its WorkloadEndpoint's `ipNetworks` as a `/128`
+//! (libcalico-go/lib/backend/k8s/conversion/conversion.go `getPodIPs`,
+//! workload_endpoint_default.go) and programs the node's `ip6 filter`/`raw`/`mangle`/`nat`
+//! tables (through `ip6tables-nft-restore`, wrapped for `agent_io` like the IPv4 tool),
+//! the pod's `/128` route and the interface's IPv6 sysctls (`proxy_ndp`, `forwarding`,
+//! `accept_ra`: felix/dataplane/linux/endpoint_mgr.go `configureProcSysForInterface`).
+//! The truth stays IPv4: [`crate::ruleset`] reads `table ip filter` and IPv4 routes only,
+//! so `endpoint_programmed` says when the IPv4 dispatch is in (Felix applies both
+//! families' tables in the same apply, in parallel: felix/dataplane/linux/int_dataplane.go
+//! `apply`); no truth event is written from the `ip6` tables.
+//!
 //! Versions: `calico` alone means [`DEFAULT_VERSION`] (the version the XDP apply-loop
 //! incident upgraded to, docs/scenarios.md S2); the calico-node pods' image tag names the
 //! version a node runs (`docker.io/calico/node:vX.Y.Z`), so `testbed agent roll --image
