@@ -21,8 +21,11 @@
 //! stamps each line as it reads it ([`read_lines_stamped`]), and the truth carries that
 //! stamp (checked here: the line arrives 0.1 ms after `nft` returns). Reading costs
 //! two idle processes per node and a few microseconds per ruleset line; nothing polls.
-//! What it cannot see: packets themselves (a rule that is present but wrong), and state
-//! changed while a monitor restarts is taken from a fresh snapshot, stamped late.
+//! What it cannot see: packets themselves (a rule that is present but wrong), state
+//! changed while a monitor restarts (taken from a fresh snapshot, stamped late), and
+//! IPv6: on a dual-stack testbed with real Felix the endpoint's truth is its IPv4
+//! dispatch and route only (Felix's `table ip6 filter` chains and `/128` routes are not
+//! modelled by [`crate::ruleset`], and no event is written from them).
 //!
 //! The kubelet tells the watch which pods exist ([`NodeWatch::endpoint_added`] /
 //! [`NodeWatch::endpoint_removed`]) through the node's agent; the [`Registry`] maps IPs
