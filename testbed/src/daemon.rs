@@ -497,6 +497,7 @@ pub async fn start_nodes(
                 endpoints: args.agent.version().is_some(),
                 services: real_proxy,
                 policies: args.agent.version().is_some(),
+                ipv6: plan.has_ipv6(),
             };
             let w = crate::truth_watch::NodeWatch::start(
                 &n.name,

@@ -19,10 +19,11 @@
 //! tables (through `ip6tables-nft-restore`, wrapped for `agent_io` like the IPv4 tool),
 //! the pod's `/128` route and the interface's IPv6 sysctls (`proxy_ndp`, `forwarding`,
 //! `accept_ra`: felix/dataplane/linux/endpoint_mgr.go `configureProcSysForInterface`).
-//! The truth stays IPv4: [`crate::ruleset`] reads `table ip filter` and IPv4 routes only,
-//! so `endpoint_programmed` says when the IPv4 dispatch is in (Felix applies both
-//! families' tables in the same apply, in parallel: felix/dataplane/linux/int_dataplane.go
-//! `apply`); no truth event is written from the `ip6` tables.
+//! The truth is read from both families' real state: on a dual-stack node an endpoint
+//! is programmed once `table ip filter` and `table ip6 filter` both dispatch its
+//! interface and its `/32` and `/128` are both routed to it ([`crate::ruleset`],
+//! [`crate::truth_watch::Watching::ipv6`]); the policy truth ([`crate::ipset_watch`])
+//! reads the IPv4 IP sets only.
 //!
 //! Versions: `calico` alone means [`DEFAULT_VERSION`] (the version the XDP apply-loop
 //! incident upgraded to, docs/scenarios.md S2); the calico-node pods' image tag names the
