@@ -1032,14 +1032,15 @@ fn named_nodes(report: &Value) -> BTreeSet<String> {
 /// `testbed up` refuses real kube-proxy with IPv6), and Felix programs IPv6 too: one more
 /// gate with every path (`--protocols tcp,udp --payload mtu --ip-families ipv4,ipv6`)
 /// passes with each IPv4 and IPv6 path `success`, each path's TTFP within tolerance of
-/// the truth read from the nodes' IPv4 ruleset (the truth machinery reads no `ip6`
-/// table; Felix applies both families' tables in the same apply, in parallel:
-/// felix/dataplane/linux/int_dataplane.go `apply`); and a pod's interface is
+/// the truth read from the nodes' rulesets (on a dual-stack node an endpoint is
+/// programmed once `table ip filter` and `table ip6 filter` both dispatch it and both
+/// its `/32` and `/128` are routed: testbed/src/ruleset.rs); and a pod's interface is
 /// dispatched by Felix's own chains in the node's `table ip6 filter`
 /// (felix/rules/dispatch.go), behind the dispatch chains' final drop of unknown
-/// interfaces: with node-2's Felix stopped a new pod there is not dispatched and TCP
-/// over IPv6 to it fails, dropped by that rule (its counter grows), and once Felix runs
-/// again the pod is dispatched and the same connection succeeds.
+/// interfaces: with node-2's Felix stopped a new pod there is not dispatched, has no
+/// `endpoint_programmed`, and TCP over IPv6 to it fails, dropped by that rule (its
+/// counter grows); once Felix runs again the pod is dispatched, its
+/// `endpoint_programmed` is written, and the same connection succeeds.
 #[test]
 fn healthy_gates_on_real_felix_have_no_false_failures() {
     let _g = lock();
@@ -1217,10 +1218,28 @@ fn healthy_gates_on_real_felix_have_no_false_failures() {
         }
         n
     };
+    let uid = tb.kubectl(&[
+        "get",
+        "pod",
+        "v6-node-2-0",
+        "-o",
+        "jsonpath={.metadata.uid}",
+    ]);
+    let programmed_at = || {
+        tb.truth()
+            .into_iter()
+            .find(|e| e.event == TruthKind::EndpointProgrammed && e.uid.as_deref() == Some(&uid))
+            .map(|e| e.t)
+    };
     let drops0 = unknown_drops(&ip6_filter());
     let connected = dial("1");
     let t = ip6_filter();
-    let before = (dispatched(&t), connected, unknown_drops(&t) > drops0);
+    let before = (
+        dispatched(&t),
+        connected,
+        unknown_drops(&t) > drops0,
+        programmed_at().is_some(),
+    );
     let routes = in_netns("node-2", &["ip", "-6", "route", "show", "dev", &iface]).1;
     drop(resume);
     assert!(
@@ -1229,9 +1248,9 @@ fn healthy_gates_on_real_felix_have_no_false_failures() {
     );
     assert_eq!(
         before,
-        (false, false, true),
+        (false, false, true, false),
         "with Felix stopped, {iface} (dispatched, IPv6 connected, dropped by Felix's \
-         unknown-interface rule) to {pod_ip6}"
+         unknown-interface rule, endpoint_programmed) to {pod_ip6}"
     );
     let ip6 = poll_until(Duration::from_secs(20), ip6_filter, |t| dispatched(t));
     assert!(
@@ -1254,6 +1273,11 @@ fn healthy_gates_on_real_felix_have_no_false_failures() {
     assert!(
         after,
         "IPv6 to {pod_ip6} still fails after Felix programmed {iface}"
+    );
+    let at = poll_until(Duration::from_secs(10), programmed_at, Option::is_some);
+    assert!(
+        at.is_some(),
+        "no endpoint_programmed for {uid} after Felix resumed"
     );
     tb.kubectl(&["delete", "-f", &path, "--wait=false"]);
     println!(
