@@ -25,7 +25,8 @@
 //! interface is dispatched both ways in `table ip6 filter` too and its IPv6 `/128` is
 //! routed to it (the route snapshot then takes `ip -6 route show` too), so
 //! `endpoint_programmed` is the later of the two families and `endpoint_revoked` comes
-//! when either goes; the events carry the IPv4 address as `ip`, as everywhere.
+//! when either goes; the events carry the IPv4 address as `ip`, as everywhere, and
+//! `detail.families` names the families checked (`["ipv4"]` or `["ipv4", "ipv6"]`).
 //!
 //! What it cannot see: packets themselves (a rule that is present but wrong), and state
 //! changed while a monitor restarts is taken from a fresh snapshot, stamped late.
@@ -276,7 +277,8 @@ impl Inner {
                     TruthEvent::pod(
                         TruthKind::EndpointProgrammed,
                         &net,
-                        json!({ "method": "ruleset", "dispatch": ["cali-from-wl-dispatch", "cali-to-wl-dispatch"] }),
+                        json!({ "method": "ruleset", "dispatch": ["cali-from-wl-dispatch", "cali-to-wl-dispatch"],
+                                "families": if self.watching.ipv6 { &["ipv4", "ipv6"][..] } else { &["ipv4"][..] } }),
                     ),
                     at,
                 );
