@@ -273,8 +273,9 @@ pub struct UpArgs {
     /// IP families of the nodes and pods, comma-separated: `ipv4` (the default) or
     /// `ipv4,ipv6` (dual-stack, IPv4 primary: every node gets an IPv6 address and pod
     /// block beside its IPv4 ones and every pod an IPv6 address, second in
-    /// `status.podIPs`; docs/src/testbed.md). IPv6 needs the simulated agent, kubelet
-    /// and kube-proxy and no hollow nodes.
+    /// `status.podIPs`; docs/src/testbed.md). IPv6 needs the simulated kubelet and
+    /// kube-proxy and no hollow nodes; the agent may be the simulated one or real Felix
+    /// (`--agent calico`, which then programs IPv6 too: [`crate::calico`]).
     #[arg(long, value_delimiter = ',', default_value = "ipv4")]
     pub ip_families: Vec<crate::plan::IpFamily>,
 }
@@ -283,7 +284,9 @@ impl UpArgs {
     /// Whether `--ip-families` asks for a dual-stack testbed. Errors: a list that is
     /// not `ipv4` or `ipv4,ipv6` (IPv4 is always the primary family; IPv6-only
     /// testbeds do not exist), or IPv6 with a component that does not support it yet
-    /// (`--agent calico`, `--kubelet real`, `--kube-proxy real`, `--hollow-nodes`).
+    /// (`--kubelet real`, `--kube-proxy real`, `--hollow-nodes`). Real Felix
+    /// (`--agent calico[:VERSION]`) is accepted: it runs with `ipv6Support`
+    /// ([`crate::calico::datastore::felix_configuration`]).
     pub fn dual_stack(&self) -> Result<bool> {
         use crate::plan::IpFamily::{Ipv4, Ipv6};
         let ipv6 = match self.ip_families.as_slice() {
@@ -300,9 +303,6 @@ impl UpArgs {
         };
         if ipv6 {
             let mut not_yet = Vec::new();
-            if self.agent != crate::calico::AgentChoice::Sim {
-                not_yet.push(format!("--agent {}", self.agent.as_arg()));
-            }
             if self.kubelet == crate::realnode::KubeletChoice::Real {
                 not_yet.push("--kubelet real".to_owned());
             }
@@ -315,8 +315,8 @@ impl UpArgs {
             if !not_yet.is_empty() {
                 bail!(
                     "--ip-families ipv4,ipv6: IPv6 is not yet supported with {} (dual-stack \
-                     testbeds run the simulated agent, kubelet and kube-proxy, without hollow \
-                     nodes); drop it or use --ip-families ipv4",
+                     testbeds run the simulated kubelet and kube-proxy, without hollow nodes, \
+                     and the simulated agent or real Felix); drop it or use --ip-families ipv4",
                     not_yet.join(", ")
                 );
             }
@@ -1187,7 +1187,8 @@ mod tests {
     }
 
     #[test]
-    fn ip_families_default_to_ipv4_and_refuse_ipv6_with_real_or_hollow_components() {
+    fn ip_families_default_to_ipv4_accept_real_felix_and_refuse_ipv6_with_other_real_or_hollow_components(
+    ) {
         assert!(!up_args(&[]).unwrap().dual_stack().unwrap(), "default ipv4");
         for f in ["ipv4,ipv6", "ipv6,ipv4"] {
             assert!(up_args(&["--ip-families", f])
@@ -1201,9 +1202,15 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("IPv4 is always there"));
+        // Real Felix programs IPv6 too (with the simulated kubelet and kube-proxy).
+        for agent in ["calico", "calico:v3.29.5"] {
+            assert!(up_args(&["--ip-families", "ipv4,ipv6", "--agent", agent])
+                .unwrap()
+                .dual_stack()
+                .unwrap());
+        }
         for extra in [
-            &["--agent", "calico"][..],
-            &["--kubelet", "real"],
+            &["--kubelet", "real"][..],
             &["--kube-proxy", "real"],
             &["--hollow-nodes", "3"],
         ] {

@@ -366,10 +366,11 @@ async fn install_calico(
         version.to_owned(),
     );
     let pool = pod_cidr(plan);
+    let pool6 = pod_cidr6(plan);
     host.handle()
         .spawn(async move {
             let api = ep.client().await?;
-            crate::calico::datastore::install(&api, &crd, &v, &pool).await
+            crate::calico::datastore::install(&api, &crd, &v, &pool, pool6.as_deref()).await
         })
         .await
         .context("Calico datastore task")?
@@ -381,6 +382,14 @@ async fn install_calico(
 /// The cluster's pod CIDR (every node's block is a /24 of it).
 pub fn pod_cidr(plan: &Plan) -> String {
     format!("10.{}.0.0/16", plan.index)
+}
+
+/// A dual-stack cluster's IPv6 pod prefix: the plan's ULA `G::/48` (every node's IPv6
+/// block `G:<i>::/120` lies in it, [`Plan::with_ipv6`]); `None` on an IPv4-only plan.
+pub fn pod_cidr6(plan: &Plan) -> Option<String> {
+    let b = plan.bridge_ip6?.segments();
+    let g = std::net::Ipv6Addr::new(b[0], b[1], b[2], 0, 0, 0, 0, 0);
+    Some(format!("{g}/48"))
 }
 
 /// Starts the node components of every node against `endpoint` (whichever API server
@@ -488,6 +497,7 @@ pub async fn start_nodes(
                 endpoints: args.agent.version().is_some(),
                 services: real_proxy,
                 policies: args.agent.version().is_some(),
+                ipv6: plan.has_ipv6(),
             };
             let w = crate::truth_watch::NodeWatch::start(
                 &n.name,

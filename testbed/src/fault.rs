@@ -94,7 +94,7 @@
 //!   family are unaffected), restored after; see [`Rule::family_broken`] for the truth
 //!   it writes. `ipv6` is refused on an IPv4-only testbed naming the line
 //!   ([`FaultFile::check_families`]). It applies with either agent like `cross_node`
-//!   (dual-stack testbeds run only the simulated one).
+//!   (the peer routes are the testbed's own, on real Felix's nodes too).
 //! - `cni_add_delay: D` (duration distribution): time a CNI ADD through `testbed cni`
 //!   ([`crate::cni`], a real container runtime's sandbox) waits before the pod's
 //!   network is wired, as a slow CNI plugin (IPAM, datastore writes) makes it; the

@@ -19,7 +19,11 @@
 //! IPv4 host route (`A` or `A/32`) `dev X`. [`RulesetState::dispatched`] maps each
 //! such interface to its routed addresses. Negated (`iifname != "X"`) and wildcard
 //! (`iifname "cali*"`) matches never count, nor a `goto` whose chain names another
-//! interface.
+//! interface. On a dual-stack node ([`RulesetState::dual_stack`]: Felix with
+//! `ipv6Support` writes the same chains through `ip6tables-nft-restore`) `X` is
+//! dispatched only when `table ip6 filter` has both rules too and the main table an
+//! IPv6 host route (`A` or `A/128`) `dev X` as well ([`RulesetState::dispatched6`]
+//! gives those addresses).
 //!
 //! **kube-proxy, nftables mode** (Kubernetes `pkg/proxy/nftables/proxier.go`), in
 //! `table ip kube-proxy`. Chain names come from `servicePortChainNameBase`
@@ -62,8 +66,9 @@
 //! - Whether the dispatch chains or kube-proxy's `services` chain are reached from a
 //!   hook (`cali-FORWARD`, `nat-prerouting`), the policy verdicts inside
 //!   `cali-fw-X`/`cali-tw-X`, conntrack, ipsets, iptables-legacy rules, Felix's
-//!   nftables (`table ip calico`) or eBPF dataplanes, IPv6 (`ip6` tables, IPv6
-//!   endpoints), kube-proxy `external-…` chains (NodePort, ExternalIP, LoadBalancer)
+//!   nftables (`table ip calico`) or eBPF dataplanes, kube-proxy's IPv6 tables and
+//!   IPv6 Service endpoints, IPv6 workload dispatch on a node not made with
+//!   [`RulesetState::dual_stack`], kube-proxy `external-…` chains (NodePort, ExternalIP, LoadBalancer)
 //!   and chain names kube-proxy truncated with `...`.
 //! - IPv4 routes of an interface vanish **without** `Deleted` lines when the link is
 //!   deleted — and also when it is set administratively down (observed: `ip link set
@@ -77,14 +82,15 @@
 //!   detectable here: restart the monitor and load a snapshot
 //!   ([`RulesetState::load_nft_snapshot`], [`RulesetState::load_route_snapshot`]).
 //!
-//! Memory holds only what matters: for the two tables above, the chain names/handles
+//! Memory holds only what matters: for the tables above (`ip filter`, `ip6 filter`,
+//! `ip kube-proxy`), the chain names/handles
 //! and the rules that carry a dispatch, endpoint-jump or DNAT fact, the `goto`
-//! elements of `service-ips`, and the main-table IPv4 host routes. Deleting a
+//! elements of `service-ips`, and the main-table IPv4 and IPv6 host routes. Deleting a
 //! rule, chain, table, element or route removes every trace of it; there is no history.
 //! Unknown or malformed lines are ignored, never a panic.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// Workload interfaces are those whose name starts with this (Calico's default
 /// `InterfacePrefix`).
@@ -146,6 +152,11 @@ pub struct RulesetState {
     routes: Routes,
     /// Interfaces with both dispatch rules, as of the last generation line or snapshot.
     committed_dispatch: BTreeSet<String>,
+    /// The same in `table ip6 filter` (counted only when `ipv6`).
+    committed_dispatch6: BTreeSet<String>,
+    /// The node is dual-stack ([`RulesetState::dual_stack`]): an interface is dispatched
+    /// only when both families are.
+    ipv6: bool,
     /// Service endpoints, as of the last generation line or snapshot.
     committed_services: BTreeSet<ServiceEndpointKey>,
     /// What the last returned change (or the start) left the caller knowing.
@@ -161,6 +172,27 @@ impl RulesetState {
     /// Empty state: no rules, no routes, nothing reported.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Empty state of a dual-stack node: an interface counts as dispatched only when
+    /// `table ip6 filter` dispatches it both ways too and it has an IPv6 host route
+    /// (`A` or `A/128`, main table) beside the IPv4 one — Felix with `ipv6Support`
+    /// writes the same dispatch chains through `ip6tables-nft-restore`
+    /// (felix/rules/dispatch.go) and the pod's `/128` route.
+    pub fn dual_stack() -> Self {
+        RulesetState {
+            ipv6: true,
+            ..Self::default()
+        }
+    }
+
+    /// Whether `dev` is dispatched now: both dispatch rules and a host route, in each
+    /// family the node has.
+    fn is_dispatched(&self, dev: &str) -> bool {
+        self.committed_dispatch.contains(dev)
+            && self.routes.has_dev(dev, false)
+            && (!self.ipv6
+                || (self.committed_dispatch6.contains(dev) && self.routes.has_dev(dev, true)))
     }
 
     /// One `nft -a monitor` line. Object lines update the working ruleset; at a
@@ -197,8 +229,8 @@ impl RulesetState {
         }
     }
 
-    /// Interface `iface` is gone or was set down: its IPv4 routes went with it (the
-    /// kernel prints no `Deleted` line for them).
+    /// Interface `iface` is gone or was set down: its routes went with it (the kernel
+    /// prints no `Deleted` line for its IPv4 ones).
     pub fn link_removed(&mut self, iface: &str) -> Option<Change> {
         self.routes.remove_dev(iface);
         self.diff_devs(&[iface.to_string()])
@@ -210,15 +242,18 @@ impl RulesetState {
     pub fn load_nft_snapshot(&mut self, text: &str) -> Option<Change> {
         self.nft = NftState::from_listing(text);
         self.nft.filter.touched_ifaces.clear();
-        self.committed_dispatch = self.nft.dispatch_ifaces();
+        self.nft.filter6.touched_ifaces.clear();
+        self.committed_dispatch = self.nft.filter.dispatch_ifaces();
+        self.committed_dispatch6 = self.nft.filter6.dispatch_ifaces();
         self.committed_services = self.nft.service_endpoints();
         self.nft.kube_proxy.dirty = false;
         self.services_recomputed = true;
         self.diff()
     }
 
-    /// Replaces the route part of the state with an `ip -4 route show` text. Returns
-    /// the change against what was last returned.
+    /// Replaces the route part of the state with an `ip -4 route show` text (followed
+    /// by `ip -6 route show`'s on a dual-stack node). Returns the change against what
+    /// was last returned.
     pub fn load_route_snapshot(&mut self, text: &str) -> Option<Change> {
         let mut routes = Routes::default();
         for line in text.lines() {
@@ -231,15 +266,26 @@ impl RulesetState {
     }
 
     /// Workload interfaces the ruleset dispatches now (both dispatch rules as of the
-    /// last generation line, and at least one host route `dev X`), each with its
-    /// routed IPv4 addresses.
+    /// last generation line, and at least one host route `dev X`; on a dual-stack node
+    /// both in each family), each with its routed IPv4 addresses.
     pub fn dispatched(&self) -> BTreeMap<String, BTreeSet<Ipv4Addr>> {
         self.committed_dispatch
             .iter()
-            .filter_map(|iface| {
-                let ips = self.routes.ips_of(iface);
-                (!ips.is_empty()).then(|| (iface.clone(), ips))
-            })
+            .filter(|iface| self.is_dispatched(iface))
+            .map(|iface| (iface.clone(), self.routes.ips_of(iface)))
+            .collect()
+    }
+
+    /// The IPv6 host routes of each interface [`Self::dispatched`] holds (empty on an
+    /// IPv4-only node).
+    pub fn dispatched6(&self) -> BTreeMap<String, BTreeSet<Ipv6Addr>> {
+        if !self.ipv6 {
+            return BTreeMap::new();
+        }
+        self.committed_dispatch
+            .iter()
+            .filter(|iface| self.is_dispatched(iface))
+            .map(|iface| (iface.clone(), self.routes.ips6_of(iface)))
             .collect()
     }
 
@@ -259,13 +305,22 @@ impl RulesetState {
     /// elements and kept rules); kube-proxy rewrites its whole `service-ips` map in
     /// every sync transaction anyway, so that transaction's own lines cost more).
     fn commit_nft(&mut self) -> Option<Change> {
-        let touched: Vec<String> = self.nft.filter.touched_ifaces.drain().collect();
+        let mut touched: Vec<String> = self.nft.filter.touched_ifaces.drain().collect();
         for iface in &touched {
             if self.nft.filter.dispatches(iface) {
                 self.committed_dispatch.insert(iface.clone());
             } else {
                 self.committed_dispatch.remove(iface);
             }
+        }
+        let touched6: Vec<String> = self.nft.filter6.touched_ifaces.drain().collect();
+        for iface in touched6 {
+            if self.nft.filter6.dispatches(&iface) {
+                self.committed_dispatch6.insert(iface.clone());
+            } else {
+                self.committed_dispatch6.remove(&iface);
+            }
+            touched.push(iface);
         }
         if self.nft.kube_proxy.dirty {
             self.committed_services = self.nft.service_endpoints();
@@ -282,7 +337,7 @@ impl RulesetState {
     fn diff_devs(&mut self, devs: &[String]) -> Option<Change> {
         let mut change = Change::default();
         for dev in devs {
-            let now = self.committed_dispatch.contains(dev) && self.routes.has_dev(dev);
+            let now = self.is_dispatched(dev);
             let was = self.reported_dispatched.contains(dev);
             if now && !was {
                 self.reported_dispatched.insert(dev.clone());
@@ -305,7 +360,7 @@ impl RulesetState {
         let dispatched: BTreeSet<String> = self
             .committed_dispatch
             .iter()
-            .filter(|iface| self.routes.has_dev(iface))
+            .filter(|iface| self.is_dispatched(iface))
             .cloned()
             .collect();
         let (services_added, services_removed) = self.diff_services();
@@ -356,18 +411,18 @@ impl RulesetState {
 enum TableSel {
     /// `table ip filter` (Felix through iptables-nft).
     Filter,
+    /// `table ip6 filter` (Felix through ip6tables-nft, `ipv6Support`).
+    Filter6,
     /// `table ip kube-proxy`.
     KubeProxy,
 }
 
 impl TableSel {
     fn of(family: &str, table: &str) -> Option<TableSel> {
-        if family != "ip" {
-            return None;
-        }
-        match unquote(table) {
-            "filter" => Some(TableSel::Filter),
-            "kube-proxy" => Some(TableSel::KubeProxy),
+        match (family, unquote(table)) {
+            ("ip", "filter") => Some(TableSel::Filter),
+            ("ip6", "filter") => Some(TableSel::Filter6),
+            ("ip", "kube-proxy") => Some(TableSel::KubeProxy),
             _ => None,
         }
     }
@@ -506,6 +561,15 @@ impl TableState {
         self.touched_ifaces.insert(iface.clone());
     }
 
+    /// Interfaces with both a from- and a to-workload dispatch rule.
+    fn dispatch_ifaces(&self) -> BTreeSet<String> {
+        self.dispatch_rules
+            .keys()
+            .filter(|iface| self.dispatches(iface))
+            .cloned()
+            .collect()
+    }
+
     /// True when `iface` has both a from- and a to-dispatch rule.
     fn dispatches(&self, iface: &str) -> bool {
         self.dispatch_rules
@@ -597,6 +661,7 @@ impl TableState {
 #[derive(Debug, Default)]
 struct NftState {
     filter: TableState,
+    filter6: TableState,
     kube_proxy: TableState,
 }
 
@@ -604,6 +669,7 @@ impl NftState {
     fn table(&mut self, sel: TableSel) -> &mut TableState {
         match sel {
             TableSel::Filter => &mut self.filter,
+            TableSel::Filter6 => &mut self.filter6,
             TableSel::KubeProxy => &mut self.kube_proxy,
         }
     }
@@ -620,6 +686,7 @@ impl NftState {
         };
         if verb == "flush" && object == "ruleset" {
             self.filter.clear();
+            self.filter6.clear();
             self.kube_proxy.clear();
             return;
         }
@@ -792,16 +859,6 @@ impl NftState {
         st
     }
 
-    /// Interfaces with both a from- and a to-workload dispatch rule.
-    fn dispatch_ifaces(&self) -> BTreeSet<String> {
-        self.filter
-            .dispatch_rules
-            .keys()
-            .filter(|iface| self.filter.dispatches(iface))
-            .cloned()
-            .collect()
-    }
-
     /// Service endpoints reachable through `service-ips` → service chain → endpoint
     /// chain with DNAT.
     fn service_endpoints(&self) -> BTreeSet<ServiceEndpointKey> {
@@ -893,7 +950,7 @@ fn rule_fact(sel: TableSel, text: &str) -> Option<RuleFact> {
     let toks: Vec<&str> = tokens(text).collect();
     let next = |i: usize| toks.get(i + 1).map(|t| unquote(t));
     match sel {
-        TableSel::Filter => {
+        TableSel::Filter | TableSel::Filter6 => {
             let (mut iif, mut oif) = (None, None);
             let mut gotos = Vec::new();
             for (i, tok) in toks.iter().enumerate() {
@@ -1037,15 +1094,16 @@ fn parse_elements(body: &str) -> Vec<(String, Option<String>)> {
 // ---------------------------------------------------------------------------------
 // routes
 
-/// Identity of an IPv4 route in the main table (the kernel's FIB alias key).
+/// Identity of a host route in the main table (the kernel's IPv4 FIB alias key; an
+/// IPv6 route's TOS is 0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct RouteKey {
-    dst: Ipv4Addr,
+    dst: IpAddr,
     tos: u8,
     metric: u32,
 }
 
-/// Main-table IPv4 host routes.
+/// Main-table host routes (IPv4 `/32`, IPv6 `/128`).
 #[derive(Debug, Default)]
 struct Routes {
     /// Key → device (`None`: not a unicast device route, e.g. `blackhole`).
@@ -1094,21 +1152,45 @@ impl Routes {
         }
     }
 
-    fn has_dev(&self, dev: &str) -> bool {
-        self.by_dev.contains_key(dev)
+    /// Whether `dev` has a host route of the family (`v6`).
+    fn has_dev(&self, dev: &str, v6: bool) -> bool {
+        self.by_dev
+            .get(dev)
+            .is_some_and(|keys| keys.iter().any(|k| k.dst.is_ipv6() == v6))
     }
 
     fn ips_of(&self, dev: &str) -> BTreeSet<Ipv4Addr> {
         self.by_dev
             .get(dev)
-            .map(|keys| keys.iter().map(|k| k.dst).collect())
+            .map(|keys| {
+                keys.iter()
+                    .filter_map(|k| match k.dst {
+                        IpAddr::V4(a) => Some(a),
+                        IpAddr::V6(_) => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn ips6_of(&self, dev: &str) -> BTreeSet<Ipv6Addr> {
+        self.by_dev
+            .get(dev)
+            .map(|keys| {
+                keys.iter()
+                    .filter_map(|k| match k.dst {
+                        IpAddr::V6(a) => Some(a),
+                        IpAddr::V4(_) => None,
+                    })
+                    .collect()
+            })
             .unwrap_or_default()
     }
 }
 
 /// Parses one `ip route` / `ip monitor route` line: (deleted, key, device of a unicast
-/// route). `None` for lines that do not matter: not IPv4, not a host route, not the
-/// main table, not a route at all.
+/// route). `None` for lines that do not matter: not a host route (IPv4 `A`/`A/32`,
+/// IPv6 `A`/`A/128`), not the main table, not a route at all.
 fn parse_route_line(line: &str) -> Option<(bool, RouteKey, Option<String>)> {
     let mut s = line.trim();
     if let Some(rest) = s.strip_prefix("[ROUTE]") {
@@ -1129,11 +1211,12 @@ fn parse_route_line(line: &str) -> Option<(bool, RouteKey, Option<String>)> {
         _ => (true, 0),
     };
     let dst_word = *words.get(dst_at)?;
-    let dst: Ipv4Addr = dst_word
-        .strip_suffix("/32")
-        .unwrap_or(dst_word)
-        .parse()
-        .ok()?;
+    let dst: IpAddr = match dst_word.split_once('/') {
+        None => dst_word.parse().ok()?,
+        Some((a, "32")) => IpAddr::V4(a.parse().ok()?),
+        Some((a, "128")) => IpAddr::V6(a.parse().ok()?),
+        Some(_) => return None,
+    };
     let (mut dev, mut tos, mut metric, mut multipath) = (None, 0u8, 0u32, false);
     let mut i = dst_at + 1;
     while i < words.len() {
@@ -2119,10 +2202,127 @@ blackhole 10.7.1.0/24 proto bird
         );
     }
 
+    /// Felix's dispatch of IF1 both ways in one table (`ip` or `ip6`), one transaction.
+    fn felix_dispatch(family: &str, generation: u64) -> String {
+        format!(
+            "add table {family} filter # handle 1\n\
+             create chain {family} filter cali-from-wl-dispatch # handle 1\n\
+             create chain {family} filter cali-to-wl-dispatch # handle 2\n\
+             add rule {family} filter cali-from-wl-dispatch iifname \"{IF1}\" counter packets 0 bytes 0 goto cali-fw-{IF1} # handle 3\n\
+             add rule {family} filter cali-to-wl-dispatch oifname \"{IF1}\" counter packets 0 bytes 0 goto cali-tw-{IF1} # handle 4\n\
+             # new generation {generation} by process 7 (ip6tables-nft-r)\n"
+        )
+    }
+
+    #[test]
+    fn a_dual_stack_node_dispatches_an_interface_only_when_both_families_do() {
+        const V6: &str = "fd21:66db:2e67:1::6";
+        // IPv4-only node: the ip6 table and IPv6 routes change nothing.
+        let mut v4 = RulesetState::new();
+        v4.feed_route(&format!("10.7.1.5 dev {IF1} scope link"));
+        assert_eq!(
+            feed_nft_text(&mut v4, &felix_dispatch("ip", 2)),
+            vec![(6, dispatch_change(&[IF1], &[]))]
+        );
+        assert!(feed_nft_text(&mut v4, &felix_dispatch("ip6", 3)).is_empty());
+        assert_eq!(
+            v4.feed_route(&format!("{V6} dev {IF1} metric 1024 pref medium")),
+            None
+        );
+        assert!(v4.dispatched6().is_empty());
+
+        // Dual-stack: IPv4 dispatch and route are not enough, nor the ip6 rules without
+        // the /128 route; the last of the four completes it.
+        let mut st = RulesetState::dual_stack();
+        assert_eq!(
+            st.feed_route(&format!("10.7.1.5 dev {IF1} scope link")),
+            None
+        );
+        assert!(feed_nft_text(&mut st, &felix_dispatch("ip", 2)).is_empty());
+        assert!(feed_nft_text(&mut st, &felix_dispatch("ip6", 3)).is_empty());
+        assert!(st.dispatched().is_empty());
+        assert_eq!(
+            st.feed_route(&format!("{V6} dev {IF1} metric 1024 pref medium")),
+            Some(dispatch_change(&[IF1], &[]))
+        );
+        assert_eq!(st.dispatched(), routed(&[(IF1, &["10.7.1.5"])]));
+        assert_eq!(
+            st.dispatched6()[IF1],
+            [V6.parse::<Ipv6Addr>().unwrap()].into_iter().collect()
+        );
+        // The ip6 to-dispatch rule goes: revoked, though IPv4 still dispatches.
+        assert_eq!(
+            feed_nft_text(
+                &mut st,
+                "delete rule ip6 filter cali-to-wl-dispatch handle 4\n# new generation 4 by process 7 (ip6tables-nft-r)\n"
+            ),
+            vec![(2, dispatch_change(&[], &[IF1]))]
+        );
+        assert!(feed_nft_text(&mut st, &felix_dispatch("ip6", 5)).len() == 1);
+        // The IPv6 route deleted: revoked; the link removed: nothing left.
+        assert_eq!(
+            st.feed_route(&format!("Deleted {V6} dev {IF1} metric 1024 pref medium")),
+            Some(dispatch_change(&[], &[IF1]))
+        );
+        assert_eq!(
+            st.feed_route(&format!("{V6}/128 dev {IF1} metric 1024")),
+            Some(dispatch_change(&[IF1], &[]))
+        );
+        assert_eq!(st.link_removed(IF1), Some(dispatch_change(&[], &[IF1])));
+        assert!(st.dispatched6().is_empty());
+
+        // Snapshots: both tables from one listing, both families' routes from one text.
+        let mut snap = RulesetState::dual_stack();
+        let listing = format!(
+            "table ip filter {{ # handle 1\n\tchain cali-from-wl-dispatch {{ # handle 1\n\t\tiifname \"{IF1}\" counter packets 0 bytes 0 goto cali-fw-{IF1} # handle 3\n\t}}\n\tchain cali-to-wl-dispatch {{ # handle 2\n\t\toifname \"{IF1}\" counter packets 0 bytes 0 goto cali-tw-{IF1} # handle 4\n\t}}\n}}\n"
+        );
+        let listing6 = listing.replace("table ip filter", "table ip6 filter");
+        assert_eq!(snap.load_nft_snapshot(&listing), None);
+        assert_eq!(
+            snap.load_route_snapshot(&format!("10.7.1.5 dev {IF1} scope link\n{V6} dev {IF1} metric 1024 pref medium\nfe80::/64 dev {IF1} proto kernel metric 256 pref medium\n")),
+            None
+        );
+        assert_eq!(
+            snap.load_nft_snapshot(&format!("{listing}{listing6}")),
+            Some(dispatch_change(&[IF1], &[]))
+        );
+    }
+
+    #[test]
+    fn ipv6_host_routes_parse_and_other_ipv6_routes_do_not() {
+        let v6: IpAddr = "fd21:66db:2e67:1::6".parse().unwrap();
+        let k = RouteKey {
+            dst: v6,
+            tos: 0,
+            metric: 1024,
+        };
+        let dev = Some(IF1.to_string());
+        assert_eq!(
+            parse_route_line(&format!(
+                "fd21:66db:2e67:1::6 dev {IF1} metric 1024 pref medium"
+            )),
+            Some((false, k, dev.clone()))
+        );
+        assert_eq!(
+            parse_route_line(&format!(
+                "Deleted fd21:66db:2e67:1::6/128 dev {IF1} metric 1024 pref medium"
+            )),
+            Some((true, k, dev))
+        );
+        for other in [
+            format!("fe80::/64 dev {IF1} proto kernel metric 256 pref medium"),
+            "fd21:66db:2e67:2::/120 via fd21:66db:2e67::c dev eth0 metric 1024 pref medium".to_string(),
+            format!("local fe80::ecee:eeff:feee:eeee dev {IF1} table local proto kernel metric 0 pref medium"),
+            format!("multicast ff00::/8 dev {IF1} table local proto kernel metric 256 pref medium"),
+        ] {
+            assert_eq!(parse_route_line(&other), None, "{other}");
+        }
+    }
+
     #[test]
     fn route_lines_parse_as_ip_monitor_prints_them() {
         let k = |dst: &str, metric: u32, tos: u8| RouteKey {
-            dst: ip(dst),
+            dst: IpAddr::V4(ip(dst)),
             tos,
             metric,
         };
@@ -2162,7 +2362,6 @@ blackhole 10.7.1.0/24 proto bird
         for ignored in [
             "Deleted fe80::/64 dev tmpx proto kernel metric 256 pref medium",
             "Deleted multicast ff00::/8 dev cali12345678901 table local proto kernel metric 256 pref medium",
-            "2001:db8::1 dev cali12345678901 metric 1024 pref medium",
             "10.7.1.6 dev cali12345678901 table 100 scope link ",
             "Deleted local 169.254.1.1 dev cali12345678901 table local proto kernel scope host src 169.254.1.1 ",
             "blackhole 10.7.1.0/24 ",

@@ -21,8 +21,16 @@
 //! stamps each line as it reads it ([`read_lines_stamped`]), and the truth carries that
 //! stamp (checked here: the line arrives 0.1 ms after `nft` returns). Reading costs
 //! two idle processes per node and a few microseconds per ruleset line; nothing polls.
+//! On a dual-stack node ([`Watching::ipv6`]) an endpoint is programmed only when its
+//! interface is dispatched both ways in `table ip6 filter` too and its IPv6 `/128` is
+//! routed to it (the route snapshot then takes `ip -6 route show` too), so
+//! `endpoint_programmed` is the later of the two families and `endpoint_revoked` comes
+//! when either goes; the events carry the IPv4 address as `ip`, as everywhere, and
+//! `detail.families` names the families checked (`["ipv4"]` or `["ipv4", "ipv6"]`).
+//!
 //! What it cannot see: packets themselves (a rule that is present but wrong), and state
 //! changed while a monitor restarts is taken from a fresh snapshot, stamped late.
+//! The policy truth ([`crate::ipset_watch`]) reads Felix's IPv4 IP sets only.
 //!
 //! The kubelet tells the watch which pods exist ([`NodeWatch::endpoint_added`] /
 //! [`NodeWatch::endpoint_removed`]) through the node's agent; the [`Registry`] maps IPs
@@ -70,6 +78,9 @@ pub struct Watching {
     /// Felix's selector IP sets: `policy_programmed` / `policy_revoked`
     /// ([`crate::ipset_watch`]).
     pub policies: bool,
+    /// The node is dual-stack (Felix with `ipv6Support`): an endpoint is programmed only
+    /// when both families are dispatched and routed ([`RulesetState::dual_stack`]).
+    pub ipv6: bool,
 }
 
 struct Inner {
@@ -129,10 +140,16 @@ impl Source {
         }
     }
 
-    fn snapshot(self) -> &'static [&'static str] {
-        match self {
-            Source::Nft => &["nft", "-a", "list", "ruleset"],
-            Source::Route => &["ip", "-4", "route", "show"],
+    /// The commands whose outputs, one after the other, are the snapshot (`ipv6`: the
+    /// node is dual-stack, its IPv6 routes too).
+    fn snapshot(self, ipv6: bool) -> &'static [&'static [&'static str]] {
+        match (self, ipv6) {
+            (Source::Nft, _) => &[&["nft", "-a", "list", "ruleset"]],
+            (Source::Route, false) => &[&["ip", "-4", "route", "show"]],
+            (Source::Route, true) => &[
+                &["ip", "-4", "route", "show"],
+                &["ip", "-6", "route", "show"],
+            ],
         }
     }
 }
@@ -152,7 +169,11 @@ impl NodeWatch {
             watching,
             truth,
             registry,
-            state: Mutex::new(RulesetState::new()),
+            state: Mutex::new(if watching.ipv6 {
+                RulesetState::dual_stack()
+            } else {
+                RulesetState::new()
+            }),
             local: Arc::default(),
             programmed: Mutex::new(HashSet::new()),
             rules: Arc::default(),
@@ -232,13 +253,23 @@ impl Inner {
         if !self.watching.endpoints {
             return;
         }
-        let dispatched = lock(&self.state).dispatched();
+        let (dispatched, dispatched6) = {
+            let st = lock(&self.state);
+            (st.dispatched(), st.dispatched6())
+        };
         let local: Vec<PodNet> = lock(&self.local).values().cloned().collect();
         let mut programmed = lock(&self.programmed);
         for net in local {
+            // On a dual-stack node the pod's IPv6 /128 must be routed to it too.
             let now = dispatched
                 .get(&net.iface)
-                .is_some_and(|ips| ips.contains(&net.ip));
+                .is_some_and(|ips| ips.contains(&net.ip))
+                && (!self.watching.ipv6
+                    || net.ip6.is_none_or(|ip6| {
+                        dispatched6
+                            .get(&net.iface)
+                            .is_some_and(|ips| ips.contains(&ip6))
+                    }));
             let was = programmed.contains(&net.uid);
             if now && !was {
                 programmed.insert(net.uid.clone());
@@ -246,7 +277,8 @@ impl Inner {
                     TruthEvent::pod(
                         TruthKind::EndpointProgrammed,
                         &net,
-                        json!({ "method": "ruleset", "dispatch": ["cali-from-wl-dispatch", "cali-to-wl-dispatch"] }),
+                        json!({ "method": "ruleset", "dispatch": ["cali-from-wl-dispatch", "cali-to-wl-dispatch"],
+                                "families": if self.watching.ipv6 { &["ipv4", "ipv6"][..] } else { &["ipv4"][..] } }),
                     ),
                     at,
                 );
@@ -367,13 +399,19 @@ async fn monitor_loop(
         // Give the monitor a moment to subscribe before the snapshot, so nothing falls
         // between them (a duplicate is harmless: adds are idempotent).
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let snap = src.snapshot();
-        let text = tokio::process::Command::new(snap[0])
-            .args(&snap[1..])
-            .output()
-            .await
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default();
+        let Some(ipv6) = weak.upgrade().map(|i| i.watching.ipv6) else {
+            return;
+        };
+        let mut text = String::new();
+        for snap in src.snapshot(ipv6) {
+            let out = tokio::process::Command::new(snap[0])
+                .args(&snap[1..])
+                .output()
+                .await
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default();
+            text.push_str(&out);
+        }
         match weak.upgrade() {
             Some(inner) => inner.load_snapshot(src, &text),
             None => return,

@@ -2,8 +2,8 @@
 //! --control-plane real --agent calico --kube-proxy real`; issue 27, docs/design.md §5
 //! "Real node components"): the gate against them with truth read from the nodes'
 //! rulesets, faults acting on the real agent, a rolling 3.29.5 → 3.31.7 upgrade, the
-//! simulated agent's `gates_readiness` judged by the real one, and nothing left after
-//! `down`.
+//! simulated agent's `gates_readiness` judged by the real one, IPv6 through real Felix
+//! on a dual-stack testbed (the healthy gates' testbed), and nothing left after `down`.
 //!
 //! Needs root, the real control plane (`bash scripts/control-plane.sh`, which also builds
 //! kube-proxy) and Felix builds (`FIRSTPACKET_CALICO_SOURCE=… bash scripts/calico.sh`);
@@ -1027,10 +1027,32 @@ fn named_nodes(report: &Value) -> BTreeSet<String> {
 /// Healthy real Felix: 5 gates in a row (100 with `FIRSTPACKET_LONG_TESTS=1`), none
 /// fails and none has a probe other than `success`: the programming wait and the
 /// agents' pages raise no false alarm (issue 29). Warnings are counted and printed.
+///
+/// The testbed is dual-stack (`--ip-families ipv4,ipv6`, so the simulated kube-proxy:
+/// `testbed up` refuses real kube-proxy with IPv6), and Felix programs IPv6 too: one more
+/// gate with every path (`--protocols tcp,udp --payload mtu --ip-families ipv4,ipv6`)
+/// passes with each IPv4 and IPv6 path `success`, each path's TTFP within tolerance of
+/// the truth read from the nodes' rulesets (on a dual-stack node an endpoint is
+/// programmed once `table ip filter` and `table ip6 filter` both dispatch it and both
+/// its `/32` and `/128` are routed: testbed/src/ruleset.rs); and a pod's interface is
+/// dispatched by Felix's own chains in the node's `table ip6 filter`
+/// (felix/rules/dispatch.go), behind the dispatch chains' final drop of unknown
+/// interfaces: with node-2's Felix stopped a new pod there is not dispatched, has no
+/// `endpoint_programmed`, and TCP over IPv6 to it fails, dropped by that rule (its
+/// counter grows); once Felix runs again the pod is dispatched, its
+/// `endpoint_programmed` is written, and the same connection succeeds.
 #[test]
 fn healthy_gates_on_real_felix_have_no_false_failures() {
     let _g = lock();
-    let Some(tb) = up_real_agents("calico-healthy", 3, "rules: []\n", "calico", &[]) else {
+    if !felix_built(&[DEFAULT_VERSION]) {
+        return;
+    }
+    let Some(tb) = Testbed::up_real(
+        "calico-healthy",
+        3,
+        "rules: []\n",
+        &["--agent", "calico", "--ip-families", "ipv4,ipv6"],
+    ) else {
         return;
     };
     let runs = if common::long_tests() { 100 } else { 5 };
@@ -1065,6 +1087,204 @@ fn healthy_gates_on_real_felix_have_no_false_failures() {
         failures.len()
     );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+
+    // IPv6 through Felix's real rules: every path of fresh pod pairs passes.
+    let t6 = std::time::Instant::now();
+    let (code, report, out) = tb.gate(&[
+        "--kinds",
+        "cross_node,same_node",
+        "--pairs",
+        "2",
+        "--hold",
+        "1s",
+        "--give-up",
+        "10s",
+        "--protocols",
+        "tcp,udp",
+        "--payload",
+        "mtu",
+        "--ip-families",
+        "ipv4,ipv6",
+    ]);
+    common::validate(&report);
+    assert_eq!(code, 0, "{out}");
+    let got = common::paths::paths(&report);
+    let probes = report["probes"].as_array().unwrap().len();
+    assert!(probes >= 2, "{out}");
+    assert_eq!(
+        got.len(),
+        8 * probes,
+        "eight paths per probe: {got:?}\n{out}"
+    );
+    assert_eq!(
+        got.iter()
+            .filter(|(_, p, _, _)| p.contains("/ipv6/"))
+            .count(),
+        4 * probes,
+        "{out}"
+    );
+    for (kind, path, result, reason) in &got {
+        assert_eq!(
+            (result.as_str(), reason.as_str()),
+            ("success", "none"),
+            "{kind} {path}\n{out}"
+        );
+    }
+    common::paths::paths_near_truth(&tb.truth(), &report, &out);
+
+    // IPv6 passes only once Felix programs it. node-2's Felix is stopped (SIGSTOP)
+    // while a pod starts there: the pod has its IPv6 address and /128 route (the
+    // testbed's CNI), but its interface is not in Felix's dispatch chains of the node's
+    // `table ip6 filter` (iptables-nft), whose final rule drops unknown `cali*`
+    // interfaces, and TCP over IPv6 from node-1 to it gets nowhere. After SIGCONT Felix
+    // dispatches the interface both ways and the same connection succeeds.
+    let felix = felix_pid(&tb, "node-2").expect("node-2's Felix");
+    let signal = |sig: &str| {
+        std::process::Command::new("kill")
+            .args([sig, &felix.to_string()])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    /// Resumes the stopped Felix however the check ends.
+    struct Resume<F: Fn(&str) -> bool>(F);
+    impl<F: Fn(&str) -> bool> Drop for Resume<F> {
+        fn drop(&mut self) {
+            (self.0)("-CONT");
+        }
+    }
+    let iface = testbed::dataplane::calico_iface_name("default", "v6-node-2-0");
+    let prefix = tb.prefix();
+    let in_netns = |node: &str, argv: &[&str]| {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", &format!("{prefix}-{node}")])
+            .args(argv)
+            .output()
+            .expect("ip netns exec");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let ip6_filter = || in_netns("node-2", &["nft", "list", "table", "ip6", "filter"]).1;
+    let (from, to) = (
+        format!("iifname \"{iface}\""),
+        format!("oifname \"{iface}\""),
+    );
+    let dispatched = |t: &str| {
+        t.lines()
+            .any(|l| l.contains(&from) && l.contains(&format!("goto cali-fw-{iface}")))
+            && t.lines()
+                .any(|l| l.contains(&to) && l.contains(&format!("goto cali-tw-{iface}")))
+    };
+    assert!(signal("-STOP"), "kill -STOP {felix}");
+    let resume = Resume(signal);
+    let path = apply_servers(&tb, "v6", &["node-2"], 1, false);
+    let pod_ip6 = tb.kubectl_until(
+        &[
+            "get",
+            "pod",
+            "v6-node-2-0",
+            "-o",
+            "jsonpath={.status.podIPs[1].ip}",
+        ],
+        Duration::from_secs(20),
+        |o| o.contains(':'),
+    );
+    let pod_ip6 = pod_ip6.trim().to_owned();
+    let url = format!("http://[{pod_ip6}]:8080/readyz");
+    let dial = |max_time: &str| {
+        in_netns(
+            "node-1",
+            &["curl", "-gsf", "--noproxy", "*", "-m", max_time, &url],
+        )
+        .0
+    };
+    // Packets the drops of Felix's to-workload dispatch chains (`cali-to-wl-dispatch`
+    // and its prefix subchains, "Unknown interface": felix/rules/dispatch.go) counted.
+    let unknown_drops = |t: &str| {
+        let mut chain = "";
+        let mut n = 0u64;
+        for l in t.lines().map(str::trim) {
+            if let Some(c) = l.strip_prefix("chain ") {
+                chain = c.trim_end_matches(" {").trim();
+            } else if chain.starts_with("cali-to-wl-dispatch") && l.ends_with("drop") {
+                n += l
+                    .split_whitespace()
+                    .skip_while(|w| *w != "packets")
+                    .nth(1)
+                    .and_then(|w| w.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+        }
+        n
+    };
+    let uid = tb.kubectl(&[
+        "get",
+        "pod",
+        "v6-node-2-0",
+        "-o",
+        "jsonpath={.metadata.uid}",
+    ]);
+    let programmed_at = || {
+        tb.truth()
+            .into_iter()
+            .find(|e| e.event == TruthKind::EndpointProgrammed && e.uid.as_deref() == Some(&uid))
+            .map(|e| e.detail["families"].clone())
+    };
+    let drops0 = unknown_drops(&ip6_filter());
+    let connected = dial("1");
+    let t = ip6_filter();
+    let before = (
+        dispatched(&t),
+        connected,
+        unknown_drops(&t) > drops0,
+        programmed_at().is_some(),
+    );
+    let routes = in_netns("node-2", &["ip", "-6", "route", "show", "dev", &iface]).1;
+    drop(resume);
+    assert!(
+        pod_ip6.contains(':') && routes.lines().any(|l| l.starts_with(&pod_ip6)),
+        "{pod_ip6:?} not routed to {iface}: {routes}"
+    );
+    assert_eq!(
+        before,
+        (false, false, true, false),
+        "with Felix stopped, {iface} (dispatched, IPv6 connected, dropped by Felix's \
+         unknown-interface rule, endpoint_programmed) to {pod_ip6}"
+    );
+    let ip6 = poll_until(Duration::from_secs(20), ip6_filter, |t| dispatched(t));
+    assert!(
+        dispatched(&ip6),
+        "{iface} not dispatched in ip6 filter:\n{ip6}"
+    );
+    for chain in ["cali-from-wl-dispatch", "cali-to-wl-dispatch"] {
+        let c = in_netns("node-2", &["nft", "list", "chain", "ip6", "filter", chain]).1;
+        let last = c
+            .lines()
+            .rev()
+            .find(|l| l.contains("counter"))
+            .unwrap_or("");
+        assert!(
+            last.contains("drop"),
+            "{chain} does not end in a drop:\n{c}"
+        );
+    }
+    let after = poll_until(Duration::from_secs(10), || dial("2"), |ok| *ok);
+    assert!(
+        after,
+        "IPv6 to {pod_ip6} still fails after Felix programmed {iface}"
+    );
+    let families = poll_until(Duration::from_secs(10), programmed_at, Option::is_some);
+    assert_eq!(
+        families,
+        Some(serde_json::json!(["ipv4", "ipv6"])),
+        "endpoint_programmed for {uid} after Felix resumed, from both families' rules"
+    );
+    tb.kubectl(&["delete", "-f", &path, "--wait=false"]);
+    println!(
+        "dual-stack paths gate and ip6 ruleset check on real Felix: {:.1}s",
+        t6.elapsed().as_secs_f64()
+    );
 }
 
 /// Real Felix starved of CPU (`agent_cpu: {quota: 2%}`) on node-2, then paused for 20 s

@@ -12,10 +12,16 @@
 //! - FelixConfiguration `default` ([`felix_configuration`]): `defaultEndpointToHostAction:
 //!   Accept`, the value Calico's own `manifests/calico.yaml` sets for calico-node
 //!   (`FELIX_DEFAULTENDPOINTTOHOSTACTION=ACCEPT`; Felix's built-in default is `Drop`),
-//!   the iptables nf_tables backend, IPv6, BPF and XDP off (the testbed is IPv4-only and
-//!   its Felix is built without cgo, which BPF/XDP need);
+//!   the iptables nf_tables backend, BPF and XDP off (the testbed's Felix is built without
+//!   cgo, which BPF/XDP need), and `ipv6Support` only on a dual-stack testbed (`testbed up
+//!   --ip-families ipv4,ipv6`): Felix then programs `ip6tables` beside `iptables`
+//!   (felix/config/config_params.go `Ipv6Support`; felix/dataplane/linux/int_dataplane.go
+//!   builds the IPv6 tables, endpoint and route managers only `if config.IPv6Enabled`);
 //! - an IPPool over the cluster's pod CIDR with IPIP and VXLAN off: the testbed routes
-//!   every node's pod block to that node itself, as BGP would ([`ip_pool`]);
+//!   every node's pod block to that node itself, as BGP would ([`ip_pool`]); on a
+//!   dual-stack testbed a second one over its IPv6 ULA prefix ([`ip_pool6`]), as
+//!   calico-node creates `default-ipv6-ippool` from `CALICO_IPV6POOL_CIDR`
+//!   (node/pkg/lifecycle/startup/startup.go);
 //! - Tier `default` (order 1 000 000, Calico's `DefaultTierOrder`,
 //!   api/pkg/apis/projectcalico/v3/tier.go).
 //!
@@ -144,7 +150,11 @@ async fn create_or_replace(
 }
 
 /// The FelixConfiguration `default` the testbed runs every Felix with (module docs).
-pub fn felix_configuration() -> Value {
+/// `ipv6`: the testbed is dual-stack, and Felix programs IPv6 too (`ipv6Support`,
+/// felix/config/config_params.go; its IPv6 rules are the IPv4 ones rendered for
+/// `ip6tables`, felix/rules/static.go and felix/rules/dispatch.go, written through
+/// `ip6tables-nft-restore`, felix/environment/feature_detect_linux.go).
+pub fn felix_configuration(ipv6: bool) -> Value {
     json!({
         "apiVersion": CRD_API, "kind": "FelixConfiguration",
         "metadata": { "name": "default" },
@@ -152,7 +162,7 @@ pub fn felix_configuration() -> Value {
             // Calico's manifests/calico.yaml: FELIX_DEFAULTENDPOINTTOHOSTACTION=ACCEPT.
             "defaultEndpointToHostAction": "Accept",
             "iptablesBackend": "NFT",
-            "ipv6Support": false,
+            "ipv6Support": ipv6,
             "bpfEnabled": false,
             "xdpEnabled": false,
             "usageReportingEnabled": false,
@@ -178,18 +188,39 @@ pub fn ip_pool(cidr: &str) -> Value {
     })
 }
 
+/// The IPv6 IPPool over `cidr` (a dual-stack testbed's ULA `/48`, which holds every
+/// node's `/120` pod block, [`crate::plan`]): IPIP and VXLAN off, no NAT, `/120` blocks
+/// as the testbed hands out (Calico's IPv6 default is 122,
+/// libcalico-go/lib/validator/v3/validator.go; the pool must be at least one block).
+/// The name is calico-node's (`default-ipv6-ippool`, node/pkg/lifecycle/startup/startup.go).
+/// The `/48` also holds the underlay's `G::/64`; Felix's iptables dataplane looks at the
+/// pools' members for NAT-outgoing, DSCP and encapsulation (felix/rules/nat.go,
+/// felix/rules/static.go), none of which the testbed uses.
+pub fn ip_pool6(cidr: &str) -> Value {
+    json!({
+        "apiVersion": CRD_API, "kind": "IPPool",
+        "metadata": { "name": "default-ipv6-ippool" },
+        "spec": {
+            "cidr": cidr, "blockSize": 120, "ipipMode": "Never", "vxlanMode": "Never",
+            "natOutgoing": false, "nodeSelector": "all()",
+        },
+    })
+}
+
 /// Installs `crd_dir`'s CRDs and the resources of the module docs for Felix `version`
-/// over pod CIDR `pool_cidr`. Idempotent (existing objects are replaced). Errors: the
-/// first refused step, named.
+/// over pod CIDR `pool_cidr` and, on a dual-stack testbed, the IPv6 pod prefix
+/// `pool6_cidr` (Felix then runs with `ipv6Support`). Idempotent (existing objects are
+/// replaced). Errors: the first refused step, named.
 pub async fn install(
     api: &ApiClient,
     crd_dir: &Path,
     version: &str,
     pool_cidr: &str,
+    pool6_cidr: Option<&str>,
 ) -> Result<()> {
     apply_crds(api, crd_dir).await?;
     let guid = format!("{:032x}", rand::random::<u128>());
-    let objects = [
+    let mut objects = vec![
         (
             "clusterinformations",
             json!({
@@ -199,7 +230,10 @@ pub async fn install(
                           "calicoVersion": version, "clusterGUID": guid },
             }),
         ),
-        ("felixconfigurations", felix_configuration()),
+        (
+            "felixconfigurations",
+            felix_configuration(pool6_cidr.is_some()),
+        ),
         ("ippools", ip_pool(pool_cidr)),
         (
             "tiers",
@@ -210,6 +244,9 @@ pub async fn install(
             }),
         ),
     ];
+    if let Some(cidr) = pool6_cidr {
+        objects.push(("ippools", ip_pool6(cidr)));
+    }
     for (plural, mut obj) in objects {
         let name = obj["metadata"]["name"]
             .as_str()
@@ -343,10 +380,12 @@ mod tests {
 
     #[test]
     fn felix_configuration_sets_calicos_manifest_endpoint_to_host_action() {
-        let c = felix_configuration();
+        let c = felix_configuration(false);
         assert_eq!(c["spec"]["defaultEndpointToHostAction"], "Accept");
         assert_eq!(c["spec"]["iptablesBackend"], "NFT");
+        assert_eq!(c["spec"]["ipv6Support"], false);
         assert_eq!(c["apiVersion"], "crd.projectcalico.org/v1");
+        assert_eq!(felix_configuration(true)["spec"]["ipv6Support"], true);
     }
 
     #[test]
@@ -355,6 +394,11 @@ mod tests {
         assert_eq!(p["spec"]["cidr"], "10.7.0.0/16");
         assert_eq!(p["spec"]["ipipMode"], "Never");
         assert_eq!(p["spec"]["vxlanMode"], "Never");
+        let p6 = ip_pool6("fd12:3456:789a::/48");
+        assert_eq!(p6["metadata"]["name"], "default-ipv6-ippool");
+        assert_eq!(p6["spec"]["cidr"], "fd12:3456:789a::/48");
+        assert_eq!(p6["spec"]["blockSize"], 120);
+        assert_ne!(p6["metadata"]["name"], p["metadata"]["name"]);
     }
 
     #[test]

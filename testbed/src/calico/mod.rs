@@ -10,6 +10,21 @@
 //! backend) dataplane itself; the testbed's own allow-set gate is off on such nodes, and
 //! ground truth is read from the node's ruleset ([`crate::ruleset`]), never from Felix.
 //!
+//! Dual-stack (`testbed up --agent calico --ip-families ipv4,ipv6`, with the simulated
+//! kubelet and kube-proxy): Felix runs with `ipv6Support` and an IPv6 IPPool is in the
+//! datastore ([`datastore`]); Felix takes each pod's IPv6 address from `status.podIPs`
+//! into its WorkloadEndpoint's `ipNetworks` as a `/128`
+//! (libcalico-go/lib/backend/k8s/conversion/conversion.go `getPodIPs`,
+//! workload_endpoint_default.go) and programs the node's `ip6 filter`/`raw`/`mangle`/`nat`
+//! tables (through `ip6tables-nft-restore`, wrapped for `agent_io` like the IPv4 tool),
+//! the pod's `/128` route and the interface's IPv6 sysctls (`proxy_ndp`, `forwarding`,
+//! `accept_ra`: felix/dataplane/linux/endpoint_mgr.go `configureProcSysForInterface`).
+//! The truth is read from both families' real state: on a dual-stack node an endpoint
+//! is programmed once `table ip filter` and `table ip6 filter` both dispatch its
+//! interface and its `/32` and `/128` are both routed to it ([`crate::ruleset`],
+//! [`crate::truth_watch::Watching::ipv6`]); the policy truth ([`crate::ipset_watch`])
+//! reads the IPv4 IP sets only.
+//!
 //! Versions: `calico` alone means [`DEFAULT_VERSION`] (the version the XDP apply-loop
 //! incident upgraded to, docs/scenarios.md S2); the calico-node pods' image tag names the
 //! version a node runs (`docker.io/calico/node:vX.Y.Z`), so `testbed agent roll --image
