@@ -27,7 +27,8 @@
 //! flushed) and asks it for `save` every [`POLL`]: a read of the kernel's sets without
 //! a process spawn (with many sets, every four times the read's
 //! duration, if longer). A change is stamped with the moment of the poll that first
-//! saw it, so the truth is at most one poll late.
+//! saw it, so the truth is at most one poll late; `detail.not_before` says how late it
+//! can be (the previous poll's moment; the commit's own for a rule change).
 //!
 //! The truth line has the simulated agent's fields ([`crate::policy_sync`]):
 //! `namespace`/`pod`/`iface` the isolated pod, `uid`/`ip` the admitted peer, `detail`
@@ -380,6 +381,17 @@ impl SetReader {
     }
 }
 
+/// When a change happened: `at` (the truth line's `t`) is the moment of the commit that
+/// made it, or of the read of the sets that first found it; `not_before` is the
+/// earliest it can have happened — the commit itself, or the start of the read before
+/// (a set change between two reads is seen only by the second: the truth's resolution,
+/// which under load or with many sets is longer than [`POLL`]). Both Unix seconds.
+#[derive(Debug, Clone, Copy)]
+struct Stamp {
+    at: f64,
+    not_before: f64,
+}
+
 /// The node's live workloads by interface (shared with [`crate::truth_watch`]).
 pub type Locals = Arc<std::sync::Mutex<std::collections::HashMap<String, PodNet>>>;
 
@@ -411,6 +423,9 @@ impl Poller {
         let mut who: BTreeMap<Pair, (PodNet, Option<PodNet>)> = BTreeMap::new();
         let mut refs = BTreeMap::new();
         let mut seen_gen = None;
+        // When the previous read of the sets began: a change a read finds first
+        // happened after it.
+        let mut last_read: Option<f64> = None;
         while !self.stop.load(Ordering::Relaxed) {
             let Some(registry) = self.registry.upgrade() else {
                 return;
@@ -433,14 +448,23 @@ impl Poller {
             // What changes with new rules is stamped with the first commit since the
             // last read (a later commit in the same read can only make it early, by
             // less than a read); what changes with the sets alone, with this read.
-            let mut stamp = at;
+            let mut stamp = Stamp {
+                at,
+                not_before: last_read.unwrap_or(at),
+            };
             if seen_gen != Some(gen) {
                 if let Some(r) = self.read_refs() {
                     seen_gen = Some(gen);
                     refs = r;
-                    stamp = first.unwrap_or(at);
+                    if let Some(commit) = first {
+                        stamp = Stamp {
+                            at: commit,
+                            not_before: commit,
+                        };
+                    }
                 }
             }
+            last_read = Some(at);
             let now = admitted_pairs(&sets, &refs, &ips);
             self.transitions(&registry, &mut who, &before, &now, stamp);
             before = now;
@@ -459,7 +483,7 @@ impl Poller {
         who: &mut BTreeMap<Pair, (PodNet, Option<PodNet>)>,
         before: &BTreeMap<Pair, Vec<String>>,
         now: &BTreeMap<Pair, Vec<String>>,
-        at: f64,
+        at: Stamp,
     ) {
         let (added, gone) = diff(before, now);
         for pair in added {
@@ -508,7 +532,7 @@ impl Poller {
         pod: &PodNet,
         peer: Option<&PodNet>,
         sets: &[String],
-        at: f64,
+        at: Stamp,
     ) {
         let mut ev = TruthEvent::pod(kind, pod, json!({}));
         ev.uid = peer.map(|p| p.uid.clone());
@@ -522,8 +546,9 @@ impl Poller {
             "direction": pair.1.as_str(),
             "sets": sets,
             "peer": who,
+            "not_before": (at.not_before * 1e6).round() / 1e6,
         });
-        self.truth.emit_at(ev, Some(at));
+        self.truth.emit_at(ev, Some(at.at));
     }
 }
 
