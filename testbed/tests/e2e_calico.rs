@@ -1090,23 +1090,8 @@ fn healthy_gates_on_real_felix_have_no_false_failures() {
 
     // IPv6 through Felix's real rules: every path of fresh pod pairs passes.
     let t6 = std::time::Instant::now();
-    let (code, report, out) = tb.gate(&[
-        "--kinds",
-        "cross_node,same_node",
-        "--pairs",
-        "2",
-        "--hold",
-        "1s",
-        "--give-up",
-        "10s",
-        "--protocols",
-        "tcp,udp",
-        "--payload",
-        "mtu",
-        "--ip-families",
-        "ipv4,ipv6",
-    ]);
-    common::validate(&report);
+    let (code, report, out) =
+        common::paths::gate_every_path(&tb, 2, &["--give-up", "10s", "--ip-families", "ipv4,ipv6"]);
     assert_eq!(code, 0, "{out}");
     let got = common::paths::paths(&report);
     let probes = report["probes"].as_array().unwrap().len();

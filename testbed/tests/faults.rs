@@ -20,7 +20,8 @@ use testbed::dataplane::{NetFaults, PodNet};
 use testbed::fault::{FaultFile, Faults};
 use testbed::felix::{bind_and_serve, FELIX_METRICS_PORT};
 use testbed::netns::{run_in_netns, NetnsThread};
-use testbed::truth::{read_truth, truth_ttfp, unix_now, TruthEvent, TruthKind};
+use testbed::plan::IpFamily;
+use testbed::truth::{read_truth, truth_family_ttfp, truth_ttfp, unix_now, TruthEvent, TruthKind};
 
 /// One scenario's testbed with `nodes` nodes, checked on drop to leave no netns behind.
 fn new_bed(name: &str, nodes: usize) -> Bed {
@@ -412,9 +413,24 @@ fn family_broken_ipv6_breaks_only_cross_node_ipv6_until_cleared() {
         Ok("a1\n"),
         "cross-node IPv4 back"
     );
+    // The truth names the family: IPv6's path is down, IPv4's (truth_ttfp) is not.
+    bed.truth.emit(TruthEvent::pod(
+        TruthKind::ReadinessOk,
+        &a1,
+        serde_json::json!({}),
+    ));
+    let removed = bed.events(TruthKind::PeerRouteRemoved);
+    assert_eq!(removed.len(), 1, "{removed:?}");
+    assert_eq!(removed[0].detail["family"], "ipv6", "{removed:?}");
+    assert_eq!(removed[0].detail["reason"], "family_broken");
+    let truth = read_truth(&bed.truth_path).expect("read");
     assert!(
-        bed.events(TruthKind::PeerRouteRemoved).is_empty(),
-        "IPv6 routes write no route truth: the IPv4 path is up"
+        truth_ttfp(&truth, &a1.uid, &b.uid).is_some(),
+        "IPv4 path up"
+    );
+    assert!(
+        truth_family_ttfp(&truth, &a1.uid, &b.uid, IpFamily::Ipv6).is_none(),
+        "IPv6 path down"
     );
 
     let cleared = unix_now();
@@ -428,11 +444,14 @@ fn family_broken_ipv6_breaks_only_cross_node_ipv6_until_cleared() {
     assert_eq!(back.as_deref(), Ok("b\n"), "IPv6 never came back");
     assert!(unix_now() - cleared < 2.0);
     assert!(node1_v6_routes().contains("via"), "route as built");
-    assert!(bed.events(TruthKind::PeerRouteRestored).is_empty());
+    let restored = bed.events_until(TruthKind::PeerRouteRestored, 1, EFFECT_TIMEOUT);
+    assert_eq!(restored[0].detail["family"], "ipv6", "{restored:?}");
+    let truth = read_truth(&bed.truth_path).expect("read");
+    assert!(truth_family_ttfp(&truth, &a1.uid, &b.uid, IpFamily::Ipv6).is_some());
 }
 
 #[test]
-fn cross_node_on_a_dual_stack_testbed_breaks_both_families_with_one_event_per_peer() {
+fn cross_node_on_a_dual_stack_testbed_breaks_both_families_with_one_event_per_peer_and_family() {
     let bed = Bed::dual_stack("fp-faults", "xnode6", 2).checking_leftovers();
     let rt = rt();
     let _g = rt.enter();
@@ -449,7 +468,7 @@ fn cross_node_on_a_dual_stack_testbed_breaks_both_families_with_one_event_per_pe
     for p in [&a1, &a2, &b] {
         bed.wait_programmed(&p.uid, Duration::from_secs(2));
     }
-    let removed = bed.events_until(TruthKind::PeerRouteRemoved, 1, EFFECT_TIMEOUT);
+    let removed = bed.events_until(TruthKind::PeerRouteRemoved, 2, EFFECT_TIMEOUT);
     // Both families go in the same reconcile pass; give IPv6 a moment after the event.
     let v6 = poll_until(
         Duration::from_secs(2),
@@ -466,12 +485,17 @@ fn cross_node_on_a_dual_stack_testbed_breaks_both_families_with_one_event_per_pe
     );
     std::thread::sleep(Duration::from_millis(300));
     let removed_now = bed.events(TruthKind::PeerRouteRemoved);
+    let mut families: Vec<&str> = removed_now
+        .iter()
+        .map(|e| e.detail["family"].as_str().unwrap_or("none"))
+        .collect();
+    families.sort_unstable();
     assert_eq!(
-        removed_now.len(),
-        1,
-        "one event per peer, not per family: {removed_now:?}"
+        families,
+        ["ipv4", "ipv6"],
+        "one event per peer and family: {removed_now:?}"
     );
-    assert_eq!(removed[0].detail["reason"], "cross_node");
+    assert!(removed.iter().all(|e| e.detail["reason"] == "cross_node"));
     ag[0].set_faults(FaultFile::default());
     let back = poll_until(
         Duration::from_secs(3),
@@ -481,7 +505,7 @@ fn cross_node_on_a_dual_stack_testbed_breaks_both_families_with_one_event_per_pe
     );
     assert_eq!(back.as_deref(), Ok("b\n"), "IPv6 restored");
     assert_eq!(dial(&a1.netns, b.ip).as_deref(), Ok("b\n"), "IPv4 restored");
-    assert_eq!(bed.events(TruthKind::PeerRouteRestored).len(), 1);
+    assert_eq!(bed.events(TruthKind::PeerRouteRestored).len(), 2);
 }
 
 #[test]

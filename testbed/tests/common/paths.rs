@@ -80,7 +80,8 @@ pub fn paths_near_truth(truth: &[TruthEvent], report: &Value, out: &str) {
 
 /// `prober gate --kinds cross_node,same_node --pairs PAIRS --hold 1s --give-up 5s
 /// --protocols tcp,udp --payload mtu EXTRA…`: every path of the pod-to-pod kinds, four
-/// per probe and family, a failing path given up after 5 s.
+/// per probe and family, a failing path given up after 5 s (unless EXTRA has its own
+/// `--give-up`).
 pub fn gate_every_path(tb: &super::Testbed, pairs: usize, extra: &[&str]) -> (i32, Value, String) {
     let pairs = pairs.to_string();
     let mut args = vec![
@@ -90,13 +91,14 @@ pub fn gate_every_path(tb: &super::Testbed, pairs: usize, extra: &[&str]) -> (i3
         &pairs,
         "--hold",
         "1s",
-        "--give-up",
-        "5s",
         "--protocols",
         "tcp,udp",
         "--payload",
         "mtu",
     ];
+    if !extra.contains(&"--give-up") {
+        args.extend_from_slice(&["--give-up", "5s"]);
+    }
     args.extend_from_slice(extra);
     let (code, report, out) = tb.gate(&args);
     super::validate(&report);
