@@ -190,8 +190,10 @@ far got no answer while the same_node controls passed (diagnosis cross_node_brok
 
 Results: success (TTFP and the pods' programming waits <= --slow-threshold), slow,
 failed (network: no success, lost after success, never Ready, never programmed, wrong
-peer) and inconclusive (not the network's fault: unschedulable, image pull, container
-failed, node not Ready, API error, admission rejected, interrupted).
+peer, MTU black hole, isolation breach, revocation not enforced) and inconclusive (not
+the network's fault: unschedulable, image pull, container failed, node not Ready, API
+error, admission rejected, interrupted, a requested IP family the target lacks). With
+--protocols/--payload/--ip-families a probe takes its worst path's result.
 
 Node-agent correlation: the metrics of the node agents (Calico Felix, Cilium,
 kube-proxy, aws-node; --agent-config, --agent-scrape) on the probes' nodes are scraped

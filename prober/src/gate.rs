@@ -413,11 +413,39 @@ pub fn early_stop(records: &[ProbeRecord], max_failures: u64) -> Option<String> 
         nodes.insert(&p.source.node);
         nodes.insert(&p.target.node);
     }
+    // With several paths (issue 33) the reason can be one path's while the main one
+    // answered: name the silent paths then, not "the cross-node path".
+    let mut silent_paths: BTreeSet<String> = BTreeSet::new();
+    for p in &silent {
+        let main_failed = p
+            .paths
+            .first()
+            .is_none_or(|m| m.reason == Some(Reason::NoSuccessBeforeGiveUp));
+        if main_failed {
+            silent_paths.clear();
+            break;
+        }
+        silent_paths.extend(
+            p.paths
+                .iter()
+                .filter(|x| x.reason == Some(Reason::NoSuccessBeforeGiveUp))
+                .map(|x| x.id().to_string()),
+        );
+    }
+    let (on, what) = if silent_paths.is_empty() {
+        (String::new(), "the cross-node path is".to_owned())
+    } else {
+        let ids = silent_paths.into_iter().collect::<Vec<_>>().join(", ");
+        (
+            format!(" on path(s) {ids}"),
+            format!("cross-node path(s) {ids} are"),
+        )
+    };
     Some(format!(
-        "at the stop, {} cross-node pair(s) over nodes {} had got no answer within the \
+        "at the stop, {} cross-node pair(s) over nodes {} had got no answer{on} within the \
          give-up period and none had passed, while {} same_node control pair(s) had \
-         passed: the cross-node path is \
-         broken and the verdict is already fail; remaining cross-node pairs were not run",
+         passed: {what} broken and the verdict is already fail; remaining cross-node pairs \
+         were not run",
         silent.len(),
         nodes.into_iter().collect::<Vec<_>>().join(", "),
         same.len()
@@ -2254,6 +2282,45 @@ mod tests {
         let mut lost = base.clone();
         lost[3].reason = Some(Reason::LostAfterSuccess);
         assert_eq!(early_stop(&lost, 0), None);
+        // Several paths, the main one answered: the silent paths are named.
+        let path = |id: &str, result: ProbeResult, reason: Option<Reason>| {
+            let id: firstpacket_report::PathId = id.parse().unwrap();
+            firstpacket_report::PathResult {
+                protocol: id.protocol,
+                family: id.family,
+                payload: id.payload,
+                result,
+                reason,
+                ttfp_seconds: None,
+                retransmits: None,
+            }
+        };
+        let mut udp = base.clone();
+        for p in udp.iter_mut().filter(|p| p.kind == "cross_node") {
+            p.reason = Some(Reason::NoSuccessBeforeGiveUp);
+            p.paths = vec![
+                path("tcp/ipv4/small", Success, None),
+                path(
+                    "udp/ipv4/small",
+                    Failed,
+                    Some(Reason::NoSuccessBeforeGiveUp),
+                ),
+            ];
+        }
+        let why = early_stop(&udp, 0).expect("certain");
+        assert!(
+            why.contains("no answer on path(s) udp/ipv4/small")
+                && why.contains("cross-node path(s) udp/ipv4/small are broken"),
+            "{why}"
+        );
+        // The main path silent too: the cross-node path as a whole.
+        udp[2].paths[0] = path(
+            "tcp/ipv4/small",
+            Failed,
+            Some(Reason::NoSuccessBeforeGiveUp),
+        );
+        let why = early_stop(&udp, 0).expect("certain");
+        assert!(why.contains("the cross-node path is broken"), "{why}");
     }
 
     #[test]

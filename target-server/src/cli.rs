@@ -48,7 +48,8 @@ pub enum Command {
 /// `target-server serve`.
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
-    /// TCP port to serve on (all addresses). 0 picks a free port (logged on stderr).
+    /// Port to serve on, all addresses of both families: TCP (HTTP) and UDP (the
+    /// identity answer of `probe --path udp/…`). 0 picks a free port (logged on stderr).
     #[arg(long, env = "FIRSTPACKET_PORT", default_value_t = 8080)]
     pub port: u16,
     /// After SIGTERM: how long `/readyz` keeps answering 503 before the listener

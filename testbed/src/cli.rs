@@ -275,7 +275,7 @@ pub struct UpArgs {
     /// block beside its IPv4 ones and every pod an IPv6 address, second in
     /// `status.podIPs`; docs/src/testbed.md). IPv6 needs the simulated kubelet and
     /// kube-proxy and no hollow nodes; the agent may be the simulated one or real Felix
-    /// (`--agent calico`, which then programs IPv6 too: [`crate::calico`]).
+    /// (`--agent calico`, which then programs IPv6 too).
     #[arg(long, value_delimiter = ',', default_value = "ipv4")]
     pub ip_families: Vec<crate::plan::IpFamily>,
 }

@@ -1421,11 +1421,11 @@ pub struct Rule {
     /// family's cross-node pod traffic from them has nowhere to go (the nodes have no
     /// default route); same-node traffic and the other family are unaffected. Restored
     /// when the rule stops applying. `ipv6` needs a dual-stack testbed
-    /// ([`FaultFile::check_families`]). Truth: for `ipv4`, `peer_route_removed` /
-    /// `peer_route_restored` per peer with `detail.reason` `family_broken` (the IPv4
-    /// path [`crate::truth::truth_ttfp`] models); for `ipv6` only the `fault_changed`
-    /// of the file (`truth_ttfp` is about the IPv4 path, so a route event there would
-    /// mark the IPv4 path down). Carried out by [`crate::agent`] with either agent.
+    /// ([`FaultFile::check_families`]). Truth: `peer_route_removed` /
+    /// `peer_route_restored` per peer with `detail.reason` `family_broken` and
+    /// `detail.family`, so only that family's path is down
+    /// ([`crate::truth::truth_family_ttfp`]; [`crate::truth::truth_ttfp`] is IPv4's).
+    /// Carried out by [`crate::agent`] with either agent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub family_broken: Option<IpFamily>,
     /// New pod IPs blackholed on k other nodes for a while.

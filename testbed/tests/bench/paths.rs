@@ -40,9 +40,10 @@ pub fn run(opts: &Opts) -> Vec<Table> {
         &format!(
             "Signed error = a path's TTFP − the pair's truth TTFP (ms), per program delay D \
              (fault `program_delay: {{uniform: [D − 0.5 s, D + 0.5 s]}}` on every node, \
-             `agent: {{gates_readiness: false}}`), {pairs} `cross_node` probes per delay in \
-             one `prober gate --kinds cross_node --pairs {pairs} --concurrency 5 --protocols \
-             tcp,udp --payload mtu --ip-families ipv4,ipv6` each, on a dual-stack testbed \
+             floored at 0, `agent: {{gates_readiness: false}}`), {pairs} `cross_node` probes \
+             per delay in one `prober gate --kinds cross_node --pairs {pairs} --concurrency 5 \
+             --hold 1s --give-up D+30s --protocols tcp,udp --payload mtu --ip-families \
+             ipv4,ipv6` each, on a dual-stack testbed \
              (`testbed up --ip-families ipv4,ipv6`): every probe's source dials the eight \
              paths side by side, each with the dial interval (100 ms); each path's truth is \
              the pair's truth TTFP in the path's family. \
