@@ -415,23 +415,21 @@ pub fn early_stop(records: &[ProbeRecord], max_failures: u64) -> Option<String> 
     }
     // With several paths (issue 33) the reason can be one path's while the main one
     // answered: name the silent paths then, not "the cross-node path".
-    let mut silent_paths: BTreeSet<String> = BTreeSet::new();
-    for p in &silent {
-        let main_failed = p
-            .paths
+    let main_silent = |p: &&ProbeRecord| {
+        p.paths
             .first()
-            .is_none_or(|m| m.reason == Some(Reason::NoSuccessBeforeGiveUp));
-        if main_failed {
-            silent_paths.clear();
-            break;
-        }
-        silent_paths.extend(
-            p.paths
-                .iter()
-                .filter(|x| x.reason == Some(Reason::NoSuccessBeforeGiveUp))
-                .map(|x| x.id().to_string()),
-        );
-    }
+            .is_none_or(|m| m.reason == Some(Reason::NoSuccessBeforeGiveUp))
+    };
+    let silent_paths: BTreeSet<String> = if silent.iter().any(main_silent) {
+        BTreeSet::new()
+    } else {
+        silent
+            .iter()
+            .flat_map(|p| &p.paths)
+            .filter(|x| x.reason == Some(Reason::NoSuccessBeforeGiveUp))
+            .map(|x| x.id().to_string())
+            .collect()
+    };
     let (on, what) = if silent_paths.is_empty() {
         (String::new(), "the cross-node path is".to_owned())
     } else {
@@ -2283,17 +2281,8 @@ mod tests {
         lost[3].reason = Some(Reason::LostAfterSuccess);
         assert_eq!(early_stop(&lost, 0), None);
         // Several paths, the main one answered: the silent paths are named.
-        let path = |id: &str, result: ProbeResult, reason: Option<Reason>| {
-            let id: firstpacket_report::PathId = id.parse().unwrap();
-            firstpacket_report::PathResult {
-                protocol: id.protocol,
-                family: id.family,
-                payload: id.payload,
-                result,
-                reason,
-                ttfp_seconds: None,
-                retransmits: None,
-            }
+        let path = |id: &str, result, reason| {
+            firstpacket_report::PathResult::new(id.parse().unwrap(), result, reason, None)
         };
         let mut udp = base.clone();
         for p in udp.iter_mut().filter(|p| p.kind == "cross_node") {

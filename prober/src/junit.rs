@@ -499,17 +499,16 @@ mod tests {
 
     #[test]
     fn a_failed_path_is_named_in_its_kinds_failure() {
-        use firstpacket_report::{IpFamily, PathProtocol, PathResult, Payload, Reason};
+        use firstpacket_report::{IpFamily, PathId, PathProtocol, PathResult, Payload, Reason};
         let mut r = crate::record::test_record("p", "n1", "n2", ProbeResult::Failed);
         r.reason = Some(Reason::MtuBlackHole);
-        let path = |payload, result, reason| PathResult {
-            protocol: PathProtocol::Udp,
-            family: IpFamily::Ipv4,
-            payload,
-            result,
-            reason,
-            ttfp_seconds: None,
-            retransmits: None,
+        let path = |payload, result, reason| {
+            let id = PathId {
+                protocol: PathProtocol::Udp,
+                family: IpFamily::Ipv4,
+                payload,
+            };
+            PathResult::new(id, result, reason, None)
         };
         r.paths = vec![
             path(Payload::Small, ProbeResult::Success, None),

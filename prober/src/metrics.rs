@@ -738,14 +738,13 @@ mod tests {
         assert!(!m.render().contains("firstpacket_path_probes_total{"));
         let mut rec = crate::record::test_record("a", "node-1", "node-2", ProbeResult::Failed);
         rec.reason = Some(Reason::MtuBlackHole);
-        let path = |protocol, payload, result, reason, ttfp| PathResult {
-            protocol,
-            family: IpFamily::Ipv4,
-            payload,
-            result,
-            reason,
-            ttfp_seconds: ttfp,
-            retransmits: None,
+        let path = |protocol, payload, result, reason, ttfp| {
+            let id = firstpacket_report::PathId {
+                protocol,
+                family: IpFamily::Ipv4,
+                payload,
+            };
+            PathResult::new(id, result, reason, ttfp)
         };
         rec.paths = vec![
             path(

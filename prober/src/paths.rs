@@ -249,15 +249,7 @@ pub fn path_results(
         .iter()
         .enumerate()
         .map(|(i, p)| {
-            let out = |result: ProbeResult, reason: Option<Reason>, ttfp: Option<f64>| PathResult {
-                protocol: p.id.protocol,
-                family: p.id.family,
-                payload: p.id.payload,
-                result,
-                reason,
-                ttfp_seconds: ttfp,
-                retransmits: None,
-            };
+            let out = |result, reason, ttfp| PathResult::new(p.id, result, reason, ttfp);
             if i == 0 {
                 return PathResult {
                     retransmits: report

@@ -594,6 +594,24 @@ pub struct PathResult {
 }
 
 impl PathResult {
+    /// Path `id`'s result, without a retransmission count.
+    pub fn new(
+        id: PathId,
+        result: ProbeResult,
+        reason: Option<Reason>,
+        ttfp_seconds: Option<f64>,
+    ) -> Self {
+        PathResult {
+            protocol: id.protocol,
+            family: id.family,
+            payload: id.payload,
+            result,
+            reason,
+            ttfp_seconds,
+            retransmits: None,
+        }
+    }
+
     /// Protocol, family and payload (`tcp/ipv4/small` when displayed).
     pub fn id(&self) -> PathId {
         PathId {

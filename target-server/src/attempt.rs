@@ -108,14 +108,14 @@ async fn exchange(
     timeout: Duration,
 ) -> (AttemptResult, Option<PodProgramming>, Option<u32>) {
     let (result, answer) = exchange_body(target, expect_pod, timeout).await;
-    let Some((body, retransmits)) = answer else {
+    let Some(answer) = answer else {
         return (result, None, None);
     };
     let programming = match &result {
-        AttemptResult::Success => peer_programming(&body),
+        AttemptResult::Success => peer_programming(&answer.body),
         _ => None,
     };
-    (result, programming, retransmits)
+    (result, programming, answer.retransmits)
 }
 
 /// The `programming` member of a target's `GET /` document, if it parses.
@@ -128,7 +128,7 @@ async fn exchange_body(
     target: SocketAddr,
     expect_pod: &str,
     timeout: Duration,
-) -> (AttemptResult, Option<(Bytes, Option<u32>)>) {
+) -> (AttemptResult, Option<HttpAnswer>) {
     let req = Request::get("/")
         .header(HOST, target.to_string())
         .header(CONNECTION, "close")
@@ -139,10 +139,7 @@ async fn exchange_body(
         return (AttemptResult::fail(ErrorKind::Reset), None);
     };
     match http_exchange(target, timeout, req).await {
-        Ok(answer) => (
-            judge(answer.status, &answer.body, expect_pod),
-            Some((answer.body, answer.retransmits)),
-        ),
+        Ok(answer) => (judge(answer.status, &answer.body, expect_pod), Some(answer)),
         Err(kind) => (AttemptResult::fail(kind), None),
     }
 }

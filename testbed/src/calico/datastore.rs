@@ -178,14 +178,7 @@ pub fn felix_configuration(ipv6: bool) -> Value {
 /// The IPPool over `cidr` (the cluster's pod CIDR): IPIP and VXLAN off, no NAT, /24
 /// blocks as the testbed hands out.
 pub fn ip_pool(cidr: &str) -> Value {
-    json!({
-        "apiVersion": CRD_API, "kind": "IPPool",
-        "metadata": { "name": "default-ipv4-ippool" },
-        "spec": {
-            "cidr": cidr, "blockSize": 24, "ipipMode": "Never", "vxlanMode": "Never",
-            "natOutgoing": false, "nodeSelector": "all()",
-        },
-    })
+    pool("default-ipv4-ippool", cidr, 24)
 }
 
 /// The IPv6 IPPool over `cidr` (a dual-stack testbed's ULA `/48`, which holds every
@@ -197,11 +190,16 @@ pub fn ip_pool(cidr: &str) -> Value {
 /// pools' members for NAT-outgoing, DSCP and encapsulation (felix/rules/nat.go,
 /// felix/rules/static.go), none of which the testbed uses.
 pub fn ip_pool6(cidr: &str) -> Value {
+    pool("default-ipv6-ippool", cidr, 120)
+}
+
+/// An IPPool `name` over `cidr` with `block_size` blocks, no encapsulation, no NAT.
+fn pool(name: &str, cidr: &str, block_size: u8) -> Value {
     json!({
         "apiVersion": CRD_API, "kind": "IPPool",
-        "metadata": { "name": "default-ipv6-ippool" },
+        "metadata": { "name": name },
         "spec": {
-            "cidr": cidr, "blockSize": 120, "ipipMode": "Never", "vxlanMode": "Never",
+            "cidr": cidr, "blockSize": block_size, "ipipMode": "Never", "vxlanMode": "Never",
             "natOutgoing": false, "nodeSelector": "all()",
         },
     })
