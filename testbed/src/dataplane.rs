@@ -1075,9 +1075,10 @@ impl Dataplane {
     ///   port's `rx_dropped`); towards the node the bridge checks the port it would leave
     ///   by — with br_netfilter on (as on this machine: `net.bridge.bridge-nf-call-iptables`
     ///   is 1 in new namespaces) `br_nf_dev_queue_xmit` drops a DF packet longer than the
-    ///   MTU, else `br_dev_queue_push_xmit` allows the same 4 bytes of slack. Measured
-    ///   here (kernel 6.18, DF packets): from the node up to N + 4 bytes pass, to it up to
-    ///   N (N + 4 with `bridge-nf-call-iptables` 0). The bridge
+    ///   MTU, else `br_dev_queue_push_xmit` allows the same 4 bytes of slack. By those
+    ///   rules, for DF packets: from the node up to N + 4 bytes pass, to it up to N (N + 4
+    ///   with `bridge-nf-call-iptables` 0); the tests hold only that full-size packets
+    ///   (the pod MTU, well above N) vanish both ways. The bridge
     ///   follows its smallest port (`br0`'s MTU drops to N too), so the host netns
     ///   (API server) sends at most N to every node and TCP between a node and the host
     ///   negotiates segments that fit: the control plane keeps working.
